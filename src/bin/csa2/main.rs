@@ -1,0 +1,49 @@
+//! `csa2` — the command-line face of the csa2 backend.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+mod codec;
+mod geometry;
+
+#[derive(Parser)]
+#[command(
+    name = "csa2",
+    version,
+    about = "CSA2 attention, FP4 KV cache and bounded replay for DeepSeek-V4.1-Flash"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Print the per-layer CSA2 plan, KV bytes per token and a capacity plan.
+    Geometry(geometry::Args),
+    /// Encode f32 rows to KV records or decode records to f32 rows.
+    Codec(codec::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Geometry(a) => geometry::run(a),
+        Cmd::Codec(a) => codec::run(a),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Loads the geometry from `--config` or the embedded default.
+pub fn load_geometry(path: Option<&std::path::Path>) -> csa2::Result<csa2::Geometry> {
+    match path {
+        Some(p) => csa2::Geometry::from_path(p),
+        None => Ok(csa2::Geometry::embedded()),
+    }
+}

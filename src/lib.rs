@@ -1,0 +1,17 @@
+//! # csa2 — DeepSeek-V4.1-Flash's KV-cache design for an existing serving engine
+//!
+//! CSA2 attention (Full / Reindex / Reuse layers, lightning indexer, hierarchical candidate pool),
+//! an FP4 KV cache that stores 890 bytes per token, SWA bounded replay with persistent SSD / DRAM
+//! tiers, and fused mHC — one backend with three faces: this Rust API, the C ABI
+//! (`include/csa2.h`) and the `csa2` CLI.
+//!
+//! The normative rules are in the project's SPEC (sections cited on each item); the released model
+//! geometry is compiled in ([`geometry::Geometry::embedded`]).
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod formats;
+pub mod geometry;
+
+pub use error::{Error, Result};
+pub use geometry::{Geometry, KvLayout, LayerPlan, Role};
