@@ -12,6 +12,8 @@
 pub mod error;
 pub mod formats;
 pub mod geometry;
+pub mod npy;
+pub mod tolerance;
 
 pub use error::{Error, Result};
 pub use geometry::{Geometry, KvLayout, LayerPlan, Role};

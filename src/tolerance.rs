@@ -1,0 +1,98 @@
+//! The one tolerance table every numeric test and `csa2 check` uses, and the comparison statistics
+//! (FlashMLA / DeepGEMM style: special values first, then element bounds and cosine).
+
+/// Allowed error of a path against its reference.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tolerance {
+    /// Elementwise: |a − b| ≤ abs + rel·|b|.
+    pub abs: f64,
+    /// Relative part of the element bound.
+    pub rel: f64,
+    /// Upper bound on 1 − cosine(a, b) over the whole tensor.
+    pub cos_diff: f64,
+}
+
+/// Fast f32 path against the f64 reference on the same (already quantized) inputs.
+pub const F32_VS_F64: Tolerance = Tolerance {
+    abs: 1e-5,
+    rel: 1e-5,
+    cos_diff: 1e-9,
+};
+/// Quantized path against quantize→dequantize reference (tight: same codes, f32 accumulation).
+pub const QUANT_VS_QDQ: Tolerance = Tolerance {
+    abs: 1e-4,
+    rel: 1e-4,
+    cos_diff: 1e-8,
+};
+/// Quantized path against the unquantized reference (loose: FP4 / FP8 rounding noise).
+pub const QUANT_VS_EXACT: Tolerance = Tolerance {
+    abs: 0.25,
+    rel: 0.25,
+    cos_diff: 2e-2,
+};
+
+/// Comparison statistics of `actual` against `expected`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Stats {
+    /// Largest |a − b|.
+    pub max_abs: f64,
+    /// Largest |a − b| / max(|b|, tiny).
+    pub max_rel: f64,
+    /// 1 − cos(a, b) (0 for identical; defined as 0 when both are all zero).
+    pub cos_diff: f64,
+    /// Index of the worst element against the tolerance bound.
+    pub worst: usize,
+    /// Elements outside the bound.
+    pub violations: usize,
+    /// Positions where NaN/±Inf differ between the two (checked first).
+    pub special_mismatches: usize,
+}
+
+impl Stats {
+    /// Whether the comparison passed the tolerance.
+    pub fn ok(&self, tol: &Tolerance) -> bool {
+        self.special_mismatches == 0 && self.violations == 0 && self.cos_diff <= tol.cos_diff
+    }
+}
+
+/// Compares `actual` to `expected` under `tol`. Lengths must match (panics otherwise: test helper).
+pub fn compare<A: Into<f64> + Copy, B: Into<f64> + Copy>(
+    actual: &[A],
+    expected: &[B],
+    tol: &Tolerance,
+) -> Stats {
+    assert_eq!(actual.len(), expected.len(), "compare: length mismatch");
+    let mut s = Stats::default();
+    let (mut dot, mut na, mut nb) = (0.0f64, 0.0f64, 0.0f64);
+    let mut worst_ratio = -1.0f64;
+    for (i, (&a, &b)) in actual.iter().zip(expected).enumerate() {
+        let (a, b): (f64, f64) = (a.into(), b.into());
+        if !a.is_finite() || !b.is_finite() {
+            let same = (a.is_nan() && b.is_nan()) || a == b;
+            if !same {
+                s.special_mismatches += 1;
+            }
+            continue;
+        }
+        let d = (a - b).abs();
+        let bound = tol.abs + tol.rel * b.abs();
+        s.max_abs = s.max_abs.max(d);
+        s.max_rel = s.max_rel.max(d / b.abs().max(1e-30));
+        if d > bound {
+            s.violations += 1;
+        }
+        if d / bound > worst_ratio {
+            worst_ratio = d / bound;
+            s.worst = i;
+        }
+        dot += a * b;
+        na += a * a;
+        nb += b * b;
+    }
+    s.cos_diff = if na == 0.0 && nb == 0.0 {
+        0.0
+    } else {
+        (1.0 - dot / (na.sqrt() * nb.sqrt()).max(1e-300)).max(0.0)
+    };
+    s
+}
