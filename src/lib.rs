@@ -9,11 +9,15 @@
 //! geometry is compiled in ([`geometry::Geometry::embedded`]).
 #![deny(missing_docs)]
 
+pub mod cache;
 pub mod error;
 pub mod ffi;
 pub mod formats;
 pub mod geometry;
 pub mod npy;
+pub mod replay;
+pub mod sim;
+pub mod store;
 pub mod tolerance;
 
 pub use error::{Error, Result};

@@ -6,6 +6,8 @@ use std::process::ExitCode;
 mod bench;
 mod codec;
 mod geometry;
+mod ssd_writer;
+mod trace;
 
 #[derive(Parser)]
 #[command(
@@ -26,6 +28,11 @@ enum Cmd {
     Codec(codec::Args),
     /// Measure a kernel family against a baseline run on the same data (e.g. `bench codecs`).
     Bench(bench::Args),
+    /// Replay a Mooncake trace through the KV cache, the SSD/DRAM tiers and the replay planner.
+    Trace(trace::Args),
+    /// Crash-test child: append SSD records until killed (used by tests/ssd_crash.rs).
+    #[command(hide = true)]
+    SsdWriter(ssd_writer::Args),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +41,8 @@ fn main() -> ExitCode {
         Cmd::Geometry(a) => geometry::run(a),
         Cmd::Codec(a) => codec::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Trace(a) => trace::run(a),
+        Cmd::SsdWriter(a) => ssd_writer::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
