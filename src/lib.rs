@@ -13,6 +13,7 @@ pub mod error;
 pub mod formats;
 pub mod geometry;
 pub mod npy;
+pub mod ops;
 pub mod tolerance;
 
 pub use error::{Error, Result};
