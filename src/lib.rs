@@ -18,6 +18,7 @@ pub mod npy;
 pub mod replay;
 pub mod sim;
 pub mod store;
+pub mod ops;
 pub mod tolerance;
 
 pub use error::{Error, Result};
