@@ -13,7 +13,9 @@ pub mod error;
 pub mod formats;
 pub mod geometry;
 pub mod npy;
+pub mod ops;
 pub mod tolerance;
+pub mod weights;
 
 pub use error::{Error, Result};
 pub use geometry::{Geometry, KvLayout, LayerPlan, Role};

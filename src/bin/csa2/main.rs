@@ -5,6 +5,8 @@ use std::process::ExitCode;
 
 mod codec;
 mod geometry;
+mod make_checkpoint;
+mod op;
 
 #[derive(Parser)]
 #[command(
@@ -23,6 +25,10 @@ enum Cmd {
     Geometry(geometry::Args),
     /// Encode f32 rows to KV records or decode records to f32 rows.
     Codec(codec::Args),
+    /// Run one op on .npy inputs (parity harness).
+    Op(op::Args),
+    /// Write a synthetic checkpoint in the released naming, dtypes and shard layout.
+    MakeCheckpoint(make_checkpoint::Args),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +36,8 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Geometry(a) => geometry::run(a),
         Cmd::Codec(a) => codec::run(a),
+        Cmd::Op(a) => op::run(a),
+        Cmd::MakeCheckpoint(a) => make_checkpoint::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
