@@ -20,6 +20,7 @@ pub mod sim;
 pub mod store;
 pub mod ops;
 pub mod tolerance;
+pub mod weights;
 
 pub use error::{Error, Result};
 pub use geometry::{Geometry, KvLayout, LayerPlan, Role};

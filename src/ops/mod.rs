@@ -8,6 +8,7 @@ pub mod attention;
 pub mod candidates;
 pub mod compressor;
 pub mod indexer;
+pub mod mhc;
 pub mod rope;
 pub mod testutil;
 pub mod simd;
