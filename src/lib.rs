@@ -9,6 +9,8 @@
 //! geometry is compiled in ([`geometry::Geometry::embedded`]).
 #![deny(missing_docs)]
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod formats;
 pub mod geometry;
