@@ -1,8 +1,270 @@
 // Does nothing unless the `cuda` feature is on (nothing in the default build needs CUDA).
+//
+// With `cuda`: compiles the explicit kernel list below with nvcc and embeds, per kernel file,
+//   - a fatbin with SASS for sm_90a and sm_100a (no JIT when the driver accepts it),
+//   - PTX for sm_90a and sm_100a as nvcc wrote it (ISA of the toolkit, 9.5 for CUDA 13.5),
+//   - "compat" PTX: the same PTX re-stamped with the oldest ISA that knows the target (8.0 for
+//     sm_90a = CUDA 12.0 drivers, 8.6 for sm_100a = CUDA 12.8), embedded only if ptxas accepts it
+//     under that ISA — what a CUDA 12.x driver can still JIT,
+//   - the flattened source (headers inlined) for a last-resort NVRTC compile at run time.
+// src/cuda/modules.rs tries them in that order; docs/DESIGN.md explains why.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Kernel files (kernels/<name>.cu), one per op family. Explicit on purpose: a new file is a
+/// deliberate act, and the Rust side lists the entry points it expects from each.
+const KERNELS: &[&str] = &[
+    "kv_cache",
+    "compressor",
+    "indexer",
+    "topk",
+    "attention",
+    "mhc",
+];
+/// Headers the kernels include (inlined into the NVRTC source).
+const HEADERS: &[&str] = &["common.cuh"];
+/// (arch, oldest PTX ISA that supports it).
+const ARCHS: &[(&str, &str)] = &[("sm_90a", "8.0"), ("sm_100a", "8.6")];
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
-    println!("cargo:rerun-if-changed=kernels");
+    println!("cargo:rerun-if-env-changed=NVCC");
+    println!("cargo:rerun-if-env-changed=CUDA_HOME");
+    println!("cargo:rerun-if-env-changed=PATH");
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let kdir = root.join("kernels");
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    for f in KERNELS
+        .iter()
+        .map(|k| format!("{k}.cu"))
+        .chain(HEADERS.iter().map(|h| h.to_string()))
+    {
+        println!("cargo:rerun-if-changed=kernels/{f}");
+    }
+
+    let nvcc = find_nvcc();
+    let version = nvcc_version(&nvcc);
+    let ptxas = nvcc.with_file_name("ptxas");
+
+    // Every (kernel, output) compile is independent; run them on all cores.
+    let jobs: Vec<(String, Vec<String>)> = KERNELS
+        .iter()
+        .flat_map(|k| {
+            let src = kdir.join(format!("{k}.cu")).display().to_string();
+            let mut v = Vec::new();
+            for (arch, _) in ARCHS {
+                let o = out.join(format!("{k}.{arch}.ptx")).display().to_string();
+                v.push((
+                    format!("{k} → PTX {arch}"),
+                    args(&["-ptx", &format!("-arch={arch}"), "-o", &o, &src]),
+                ));
+            }
+            let fat = out.join(format!("{k}.fatbin")).display().to_string();
+            let mut fa = vec!["-fatbin".to_string()];
+            for (arch, _) in ARCHS {
+                let a = arch.trim_start_matches("sm_");
+                fa.push("-gencode".into());
+                fa.push(format!("arch=compute_{a},code=sm_{a}"));
+            }
+            fa.extend(args(&["-o", &fat, &src]));
+            v.push((format!("{k} → fatbin"), fa));
+            v
+        })
+        .collect();
+    let common = args(&["-O3", "-std=c++17"]);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .iter()
+            .map(|(what, a)| {
+                let nvcc = &nvcc;
+                let common = &common;
+                let kdir = &kdir;
+                s.spawn(move || {
+                    let o = Command::new(nvcc)
+                        .args(common)
+                        .args(a)
+                        .current_dir(kdir)
+                        .output()
+                        .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
+                    if !o.status.success() {
+                        panic!(
+                            "nvcc failed for {what}:\n{}{}",
+                            String::from_utf8_lossy(&o.stdout),
+                            String::from_utf8_lossy(&o.stderr)
+                        );
+                    }
+                    let err = String::from_utf8_lossy(&o.stderr);
+                    if err.contains("spill") {
+                        println!("cargo:warning=csa2 kernels: {what}: {}", err.trim());
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            if h.join().is_err() {
+                panic!("a kernel compile failed (see the message above)");
+            }
+        }
+    });
+
+    // Compat PTX: re-stamp the ISA version; keep it only if ptxas assembles it under that ISA.
+    for k in KERNELS {
+        for (arch, isa) in ARCHS {
+            let ptx = std::fs::read_to_string(out.join(format!("{k}.{arch}.ptx"))).unwrap();
+            let compat = restamp(&ptx, isa);
+            let path = out.join(format!("{k}.{arch}.compat.ptx"));
+            let ok = match &compat {
+                Some(c) => {
+                    std::fs::write(&path, c).unwrap();
+                    let cub = out.join(format!("{k}.{arch}.compat.cubin"));
+                    Command::new(&ptxas)
+                        .args([&format!("-arch={arch}"), "-o"])
+                        .arg(&cub)
+                        .arg(&path)
+                        .output()
+                        .map(|o| o.status.success())
+                        .unwrap_or(false)
+                }
+                None => false,
+            };
+            if !ok {
+                println!(
+                    "cargo:warning=csa2 kernels: {k} for {arch} needs a PTX ISA newer than {isa}; \
+                     no compat PTX embedded (CUDA 12.x drivers will need NVRTC)"
+                );
+                std::fs::write(&path, "").unwrap();
+            }
+        }
+        std::fs::write(
+            out.join(format!("{k}.flat.cu")),
+            flatten(&kdir, &format!("{k}.cu")),
+        )
+        .unwrap();
+    }
+
+    // The embedded module table.
+    let mut gen = String::new();
+    gen.push_str(&format!(
+        "/// `nvcc --version` of the compiler that built the embedded kernels.\n\
+         pub const NVCC_VERSION: &str = {version:?};\n\
+         /// Every embedded kernel module.\npub static MODULES: &[EmbeddedModule] = &[\n"
+    ));
+    for k in KERNELS {
+        let inc = |suffix: &str, bytes: bool| {
+            let p = out.join(format!("{k}{suffix}")).display().to_string();
+            if bytes {
+                format!("include_bytes!({p:?})")
+            } else {
+                format!("include_str!({p:?})")
+            }
+        };
+        gen.push_str(&format!(
+            "    EmbeddedModule {{ name: {k:?}, fatbin: {}, ptx_sm90a: {}, ptx_sm100a: {}, \
+             compat_ptx_sm90a: {}, compat_ptx_sm100a: {}, source: {} }},\n",
+            inc(".fatbin", true),
+            inc(".sm_90a.ptx", false),
+            inc(".sm_100a.ptx", false),
+            inc(".sm_90a.compat.ptx", false),
+            inc(".sm_100a.compat.ptx", false),
+            inc(".flat.cu", false),
+        ));
+    }
+    gen.push_str("];\n");
+    std::fs::write(out.join("embedded_kernels.rs"), gen).unwrap();
+}
+
+fn args(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+/// nvcc from `NVCC`, then `$CUDA_HOME/bin/nvcc`, then `PATH`.
+fn find_nvcc() -> PathBuf {
+    if let Some(p) = std::env::var_os("NVCC") {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return p;
+        }
+        panic!("NVCC is set to {} but no such file exists", p.display());
+    }
+    if let Some(h) = std::env::var_os("CUDA_HOME") {
+        let p = Path::new(&h).join("bin").join("nvcc");
+        if p.is_file() {
+            return p;
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let p = dir.join("nvcc");
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    panic!(
+        "feature `cuda` needs nvcc and none was found: set NVCC to the nvcc binary, or CUDA_HOME to a \
+         toolkit (CUDA_HOME/bin/nvcc), or put nvcc on PATH. A compile-only toolchain without a GPU: \
+         `export NVCC=\"$(scripts/cuda-env.sh)\"`"
+    );
+}
+
+fn nvcc_version(nvcc: &Path) -> String {
+    let o = Command::new(nvcc)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .find(|l| l.contains("release"))
+        .unwrap_or("unknown")
+        .trim()
+        .to_string()
+}
+
+/// Replaces the `.version X.Y` line of a PTX module; None when the module has none.
+fn restamp(ptx: &str, isa: &str) -> Option<String> {
+    let mut found = false;
+    let s: Vec<String> = ptx
+        .lines()
+        .map(|l| {
+            if !found && l.trim_start().starts_with(".version ") {
+                found = true;
+                format!(".version {isa}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    found.then(|| s.join("\n") + "\n")
+}
+
+/// The source with every `#include "local.cuh"` replaced by the file (once; `#pragma once` dropped).
+fn flatten(dir: &Path, file: &str) -> String {
+    let mut seen = Vec::new();
+    flatten_into(dir, file, &mut seen)
+}
+
+fn flatten_into(dir: &Path, file: &str, seen: &mut Vec<String>) -> String {
+    let text = std::fs::read_to_string(dir.join(file))
+        .unwrap_or_else(|e| panic!("cannot read kernels/{file}: {e}"));
+    let mut out = String::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if t == "#pragma once" {
+            continue;
+        }
+        if let Some(rest) = t.strip_prefix("#include \"") {
+            let inc = rest.trim_end_matches('"').to_string();
+            if !seen.contains(&inc) {
+                seen.push(inc.clone());
+                out.push_str(&flatten_into(dir, &inc, seen));
+            }
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }

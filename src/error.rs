@@ -97,6 +97,14 @@ pub enum Error {
     /// A feature needs something this build or machine lacks (e.g. a CUDA driver).
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A CUDA driver, NVRTC or kernel-launch call failed (feature `cuda`).
+    #[error("CUDA {op} failed: {reason}")]
+    Cuda {
+        /// What was being done (kernel name, copy, module load).
+        op: String,
+        /// The driver's error text.
+        reason: String,
+    },
     /// A bug in csa2 (a caught panic, a broken invariant).
     #[error("internal error: {0}")]
     Internal(String),

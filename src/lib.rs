@@ -10,6 +10,8 @@
 #![deny(missing_docs)]
 
 pub mod cache;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod ffi;
 pub mod formats;

@@ -1,0 +1,107 @@
+//! GPU validation: every CUDA kernel against the CPU path at model shapes on fresh random inputs,
+//! then timed (CUDA events, 3 warm-ups, median of N) beside the device's measured copy bandwidth.
+//!
+//! Run through `tests/gpu/validate.sh` (it builds this with `--features cuda` and keeps the log);
+//! directly: `cargo run --release --features cuda --example gpu_validate -- [--iters N] [--seed S]`.
+//! Exit status 0 only when every check passed; 2 when there is no GPU.
+
+#[path = "../tests/cuda_support/mod.rs"]
+mod cuda_support;
+
+use csa2::cuda::Device;
+use cuda_support::checks::{self, Size};
+
+fn main() {
+    let mut iters = 50usize;
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(1);
+    let mut small = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--iters" => iters = args.next().and_then(|v| v.parse().ok()).expect("--iters N"),
+            "--seed" => seed = args.next().and_then(|v| v.parse().ok()).expect("--seed S"),
+            "--small" => small = true,
+            other => {
+                eprintln!("unknown argument {other}; usage: gpu_validate [--iters N] [--seed S] [--small]");
+                std::process::exit(64);
+            }
+        }
+    }
+    println!(
+        "csa2 GPU validation — seed {seed}, {iters} timed iterations, kernels built by {}",
+        csa2::cuda::modules::NVCC_VERSION
+    );
+    let dev = match Device::open(0) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("SKIPPED: {e}");
+            std::process::exit(2);
+        }
+    };
+    println!(
+        "device: {} (compute capability {}.{})",
+        dev.name(),
+        dev.compute_capability().0,
+        dev.compute_capability().1
+    );
+    match dev.preload_all() {
+        Ok(paths) => {
+            for (m, p) in paths {
+                println!("module {m:<11} loaded via {p}");
+            }
+        }
+        Err(e) => {
+            println!("FAIL: cannot load the kernel modules: {e}");
+            std::process::exit(1);
+        }
+    }
+    let bw = match checks::copy_bandwidth(&dev, 20) {
+        Ok(b) => b,
+        Err(e) => {
+            println!("FAIL: copy bandwidth: {e}");
+            std::process::exit(1);
+        }
+    };
+    println!("measured device copy bandwidth (read + write, 1 GiB memcpy D2D): {bw:.0} GB/s\n");
+
+    let size = Size {
+        large: !small,
+        iters,
+    };
+    let mut failed = 0;
+    let mut rows = vec![];
+    for (name, r) in checks::all(&dev, size, seed) {
+        match r {
+            Ok(rep) => {
+                println!("== {} — {}", rep.name, if rep.ok { "PASS" } else { "FAIL" });
+                print!("{}", rep.detail);
+                if !rep.ok {
+                    failed += 1;
+                }
+                if let Some((us, bytes)) = rep.timing {
+                    let gbs = bytes / (us * 1e-6) / 1e9;
+                    rows.push(format!(
+                        "| {:<48} | {:>10.1} | {:>8.0} | {:>5.1} % |",
+                        rep.name,
+                        us,
+                        gbs,
+                        100.0 * gbs / bw
+                    ));
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                println!("== {name} — FAIL (error: {e})");
+            }
+        }
+    }
+    println!("\n| kernel | µs (median) | GB/s | % of copy bw |\n|---|---|---|---|");
+    for r in rows {
+        println!("{r}");
+    }
+    println!("\ncopy bandwidth baseline: {bw:.0} GB/s; {failed} check(s) failed");
+    std::process::exit(if failed == 0 { 0 } else { 1 });
+}

@@ -1,0 +1,121 @@
+// Top-k selection by radix select (SPEC §2: the 512 largest logits, ties → smaller index; the
+// candidate pool uses the same kernel with k = 2048 over block scores).
+//
+// Row t considers its first n = min(n_valid[t], n_cols) keys. -Inf and NaN keys are never selected.
+// If n ≤ k, the row selects 0..n-1 unconditionally (SPEC: "if visible ≤ k, select all visible").
+// Otherwise it selects the k largest selectable keys; if fewer than k are selectable it selects them
+// all. The output row holds the selected indices in ascending index order, padded with -1, so the
+// result is deterministic and comparable bit for bit with the CPU.
+//
+// Launch: grid = T, block = 1024 (the code needs exactly 1024 threads).
+#include "common.cuh"
+
+#define TPB 1024
+#define NWARP (TPB / 32)
+
+// Order-preserving map f32 → u32 (larger float → larger key); -Inf and NaN → 0 (unselectable).
+__device__ __forceinline__ u32 sort_key(float f) {
+    if (f != f || f == CSA2_NEG_INF) return 0u;
+    u32 b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Exclusive block scan of `v` (0/1 flags); returns this thread's prefix, writes the total.
+__device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* warp_tot, u32* total) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u32 x = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        u32 y = __shfl_up_sync(CSA2_FULL_MASK, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_tot[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        u32 w = warp_tot[lane];
+        u32 s = w;
+        for (int o = 1; o < 32; o <<= 1) {
+            u32 y = __shfl_up_sync(CSA2_FULL_MASK, s, o);
+            if (lane >= o) s += y;
+        }
+        warp_tot[lane] = s - w;
+        if (lane == 31) *total = s;
+    }
+    __syncthreads();
+    u32 r = warp_tot[warp] + x - v;
+    __syncthreads();
+    return r;
+}
+
+extern "C" __global__ void __launch_bounds__(TPB) topk_f32(const float* __restrict__ keys, int n_cols,
+                                                           const i32* __restrict__ n_valid, int k,
+                                                           i32* __restrict__ out) {
+    __shared__ u32 hist[256];
+    __shared__ u32 warp_tot[32];
+    __shared__ u32 total;
+    __shared__ u32 sh_prefix, sh_need, sh_zero;
+    int t = blockIdx.x, tid = threadIdx.x;
+    const float* row = keys + (i64)t * n_cols;
+    i32* o = out + (i64)t * k;
+    i64 n = n_valid[t] < n_cols ? n_valid[t] : n_cols;
+    if (n < 0) n = 0;
+
+    if (n <= k) {
+        for (int i = tid; i < k; i += TPB) o[i] = i < n ? i : -1;
+        return;
+    }
+
+    // Radix select of the k-th largest key, 8 bits at a time from the top.
+    u32 prefix = 0, need = (u32)k;
+    if (tid == 0) sh_zero = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += TPB) hist[i] = 0;
+        __syncthreads();
+        u32 hi_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+        u32 zeros = 0;
+        for (i64 i = tid; i < n; i += TPB) {
+            u32 u = sort_key(row[i]);
+            if (shift == 24 && u == 0) ++zeros;
+            if (u != 0 && (u & hi_mask) == prefix) atomicAdd(&hist[(u >> shift) & 0xff], 1u);
+        }
+        if (shift == 24 && zeros) atomicAdd(&sh_zero, zeros);
+        __syncthreads();
+        if (tid == 0) {
+            if (shift == 24 && n - (i64)sh_zero <= (i64)k) {
+                sh_need = 0xffffffffu;  // fewer selectable keys than k: take them all
+            } else {
+                u32 acc = 0;
+                int bkt = 255;
+                for (; bkt > 0; --bkt) {
+                    if (acc + hist[bkt] >= need) break;
+                    acc += hist[bkt];
+                }
+                sh_prefix = prefix | ((u32)bkt << shift);
+                sh_need = need - acc;
+            }
+        }
+        __syncthreads();
+        if (sh_need == 0xffffffffu) break;
+        prefix = sh_prefix;
+        need = sh_need;
+        __syncthreads();
+    }
+    bool take_all = sh_need == 0xffffffffu;
+    u32 thr = prefix;  // the k-th largest key; `need` of its ties are taken, smallest index first
+
+    // Ordered compaction, one tile of 1024 keys at a time.
+    u32 out_base = 0, tie_base = 0;
+    for (i64 base = 0; base < n; base += TPB) {
+        i64 i = base + tid;
+        u32 u = i < n ? sort_key(row[i]) : 0u;
+        u32 gt = take_all ? (u != 0) : (u != 0 && u > thr);
+        u32 eq = (!take_all && u != 0 && u == thr) ? 1u : 0u;
+        u32 tie_rank = block_exclusive_scan(eq, warp_tot, &total);
+        u32 tie_total = total;
+        u32 take = gt || (eq && tie_base + tie_rank < need);
+        u32 rank = block_exclusive_scan(take, warp_tot, &total);
+        if (take) o[out_base + rank] = (i32)i;
+        out_base += total;
+        tie_base += tie_total;
+    }
+    for (u32 i = out_base + tid; i < (u32)k; i += TPB) o[i] = -1;
+}

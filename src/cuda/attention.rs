@@ -1,0 +1,252 @@
+//! Sparse decode attention over NVFP4-DS main-KV pages and MXFP8 SWA pages
+//! (`kernels/attention.cu`; SPEC §2 "Attention").
+
+use super::device::{as_i32, cfg, check_len, launch, Device};
+use crate::error::{Error, Result};
+use crate::formats::{KV_DIM, MXFP8_BYTES, NVFP4_DS_BYTES};
+use cudarc::driver::CudaSlice;
+
+/// Query heads.
+pub const HEADS: usize = 64;
+/// SWA window.
+pub const WINDOW: usize = 128;
+
+/// One paged cache as the attention kernel reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedCache<'a> {
+    /// Page pool bytes (n_pages × page_slots × record bytes, block-planar).
+    pub pages: &'a [u8],
+    /// (requests, max_blocks) i32, -1 = unmapped. Main KV is indexed by entry, SWA by token position.
+    pub block_table: &'a [i32],
+    /// Columns of the block table.
+    pub max_blocks: usize,
+    /// Records per page.
+    pub page_slots: usize,
+}
+
+/// A decode batch.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeBatch<'a> {
+    /// Queries (T, 64, 512) f32, RoPE'd at `pos`.
+    pub q: &'a [f32],
+    /// Selected main-KV entries (T, topk_len) i32, -1 = masked.
+    pub topk: &'a [i32],
+    /// Columns of `topk` (512 for V4.1).
+    pub topk_len: usize,
+    /// Absolute position of each row (T,) i32.
+    pub pos: &'a [i32],
+    /// Request of each row (T,) i32 (a row of both block tables).
+    pub req: &'a [i32],
+    /// SWA window floor per row (T,) i32: the window is [max(p − 127, 0, window_start), p]
+    /// (bounded replay, SPEC §3; 0 when not replaying).
+    pub window_start: &'a [i32],
+    /// Per-head sink logits (64,) f32, or none (no sink).
+    pub sink: Option<&'a [f32]>,
+    /// RoPE inverse frequencies (32,) f64 for the inverse RoPE of output dims 448..511, or none.
+    pub inv_freq: Option<&'a [f64]>,
+    /// Softmax scale (512^-0.5 for V4.1).
+    pub scale: f32,
+}
+
+/// Device buffers of a decode batch (shapes as in [`DecodeBatch`] and [`PagedCache`]).
+#[derive(Debug)]
+#[allow(missing_docs)]
+pub struct DecodeDevBatch<'a> {
+    pub q: &'a CudaSlice<f32>,
+    pub topk: &'a CudaSlice<i32>,
+    pub topk_len: usize,
+    pub pos: &'a CudaSlice<i32>,
+    pub req: &'a CudaSlice<i32>,
+    pub window_start: &'a CudaSlice<i32>,
+    pub main_pages: &'a CudaSlice<u8>,
+    pub main_block_table: &'a CudaSlice<i32>,
+    pub main_max_blocks: usize,
+    pub main_page_slots: usize,
+    pub swa_pages: &'a CudaSlice<u8>,
+    pub swa_block_table: &'a CudaSlice<i32>,
+    pub swa_max_blocks: usize,
+    pub swa_page_slots: usize,
+    pub sink: Option<&'a CudaSlice<f32>>,
+    pub inv_freq: Option<&'a CudaSlice<f64>>,
+    pub scale: f32,
+    /// Rows T.
+    pub rows: usize,
+}
+
+fn check_cache(what: &str, c: &PagedCache, record: usize, requests: usize) -> Result<()> {
+    if c.page_slots == 0 {
+        return Err(Error::invalid(
+            format!("{what} page_slots"),
+            "must be at least 1",
+        ));
+    }
+    check_len(
+        &format!("{what} block_table"),
+        c.block_table.len(),
+        requests * c.max_blocks,
+    )?;
+    let page = c.page_slots * record;
+    if c.pages.len() % page != 0 {
+        return Err(Error::shape(
+            format!("{what} page pool bytes"),
+            format!("a multiple of {page}"),
+            c.pages.len(),
+        ));
+    }
+    let n = (c.pages.len() / page) as i64;
+    if let Some(&b) = c.block_table.iter().find(|&&b| b < -1 || b as i64 >= n) {
+        return Err(Error::invalid(
+            format!("{what} block_table"),
+            format!("block {b} is outside the {n} pages"),
+        ));
+    }
+    Ok(())
+}
+
+impl Device {
+    /// Sparse decode attention. Returns (out (T, 64, 512) f32, lse (T, 64) f32 natural-log
+    /// log-sum-exp over the attended keys without the sink, −Inf for an empty row whose output is 0).
+    ///
+    /// Errors: [`Error::Shape`] / [`Error::Invalid`] for inconsistent inputs, [`Error::Cuda`].
+    pub fn sparse_decode_attention(
+        &self,
+        b: &DecodeBatch,
+        main: &PagedCache,
+        swa: &PagedCache,
+        requests: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let t = b.pos.len();
+        check_len("q values", b.q.len(), t * HEADS * KV_DIM)?;
+        check_len("topk", b.topk.len(), t * b.topk_len)?;
+        check_len("req", b.req.len(), t)?;
+        check_len("window_start", b.window_start.len(), t)?;
+        if let Some(s) = b.sink {
+            check_len("sink", s.len(), HEADS)?;
+        }
+        if let Some(f) = b.inv_freq {
+            check_len("inv_freq", f.len(), 32)?;
+        }
+        if let Some(&r) = b.req.iter().find(|&&r| r < 0 || r as usize >= requests) {
+            return Err(Error::invalid(
+                "req",
+                format!("request {r} is outside 0..{requests}"),
+            ));
+        }
+        if b.pos.iter().any(|&p| p < 0) {
+            return Err(Error::invalid("pos", "positions must be non-negative"));
+        }
+        check_cache("main KV", main, NVFP4_DS_BYTES, requests)?;
+        check_cache("SWA", swa, MXFP8_BYTES, requests)?;
+        let dq = self.upload(b.q)?;
+        let dtk = self.upload(b.topk)?;
+        let dpos = self.upload(b.pos)?;
+        let dreq = self.upload(b.req)?;
+        let dws = self.upload(b.window_start)?;
+        let dmp = self.upload(main.pages)?;
+        let dmbt = self.upload(main.block_table)?;
+        let dsp = self.upload(swa.pages)?;
+        let dsbt = self.upload(swa.block_table)?;
+        let dsink = b.sink.map(|s| self.upload(s)).transpose()?;
+        let dfreq = b.inv_freq.map(|f| self.upload(f)).transpose()?;
+        let mut out = self.zeros::<f32>(t * HEADS * KV_DIM)?;
+        let mut lse = self.zeros::<f32>(t * HEADS)?;
+        self.sparse_decode_attention_dev(
+            &DecodeDevBatch {
+                q: &dq,
+                topk: &dtk,
+                topk_len: b.topk_len,
+                pos: &dpos,
+                req: &dreq,
+                window_start: &dws,
+                main_pages: &dmp,
+                main_block_table: &dmbt,
+                main_max_blocks: main.max_blocks,
+                main_page_slots: main.page_slots,
+                swa_pages: &dsp,
+                swa_block_table: &dsbt,
+                swa_max_blocks: swa.max_blocks,
+                swa_page_slots: swa.page_slots,
+                sink: dsink.as_ref(),
+                inv_freq: dfreq.as_ref(),
+                scale: b.scale,
+                rows: t,
+            },
+            &mut out,
+            &mut lse,
+        )?;
+        let mut o = self.download(&out)?;
+        o.truncate(t * HEADS * KV_DIM);
+        let mut l = self.download(&lse)?;
+        l.truncate(t * HEADS);
+        Ok((o, l))
+    }
+
+    /// Device form of [`Device::sparse_decode_attention`]; `out` (T, 64, 512), `lse` (T, 64).
+    pub fn sparse_decode_attention_dev(
+        &self,
+        b: &DecodeDevBatch,
+        out: &mut CudaSlice<f32>,
+        lse: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        if b.rows == 0 {
+            return Ok(());
+        }
+        if out.len() < b.rows * HEADS * KV_DIM || lse.len() < b.rows * HEADS {
+            return Err(Error::shape(
+                "attention output buffers",
+                b.rows * HEADS * KV_DIM,
+                out.len(),
+            ));
+        }
+        let tl = as_i32("topk_len", b.topk_len)?;
+        let (mmb, mps) = (
+            as_i32("main max_blocks", b.main_max_blocks)?,
+            as_i32("main page_slots", b.main_page_slots)?,
+        );
+        let (smb, sps) = (
+            as_i32("swa max_blocks", b.swa_max_blocks)?,
+            as_i32("swa page_slots", b.swa_page_slots)?,
+        );
+        let null = 0u64;
+        let grid = ((HEADS / 16) as u32, as_i32("rows", b.rows)? as u32);
+        // sparse_decode_attn_f32(q, topk, topk_len, pos, req, window_start, main_pages, main_bt,
+        //   main_max_blocks, main_page_slots, swa_pages, swa_bt, swa_max_blocks, swa_page_slots,
+        //   sink, inv_freq, scale, out, lse)
+        macro_rules! go {
+            ($sink:expr, $freq:expr) => {
+                launch!(
+                    self,
+                    "attention",
+                    "sparse_decode_attn_f32",
+                    cfg(grid, 256),
+                    b.q,
+                    b.topk,
+                    &tl,
+                    b.pos,
+                    b.req,
+                    b.window_start,
+                    b.main_pages,
+                    b.main_block_table,
+                    &mmb,
+                    &mps,
+                    b.swa_pages,
+                    b.swa_block_table,
+                    &smb,
+                    &sps,
+                    $sink,
+                    $freq,
+                    &b.scale,
+                    out,
+                    lse
+                )
+            };
+        }
+        match (b.sink, b.inv_freq) {
+            (Some(s), Some(f)) => go!(s, f),
+            (Some(s), None) => go!(s, &null),
+            (None, Some(f)) => go!(&null, f),
+            (None, None) => go!(&null, &null),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,344 @@
+//! Device handle, per-device module store and launch helpers.
+
+use super::modules::{EmbeddedModule, LoadPath, MODULES};
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A device buffer (what the `_dev` wrappers take and return).
+pub type DeviceBuffer<T> = CudaSlice<T>;
+
+/// One open GPU: its context, one stream every wrapper launches on, and the modules loaded so far.
+pub struct Device {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    cc: (i32, i32),
+    name: String,
+    modules: Mutex<HashMap<&'static str, Arc<Loaded>>>,
+    sync_each_launch: bool,
+}
+
+struct Loaded {
+    module: Arc<CudaModule>,
+    path: LoadPath,
+    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.name)
+            .field("compute_capability", &self.cc)
+            .finish()
+    }
+}
+
+pub(crate) fn cuda_error(op: impl Into<String>, e: impl std::fmt::Display) -> Error {
+    Error::Cuda {
+        op: op.into(),
+        reason: e.to_string(),
+    }
+}
+
+impl Device {
+    /// Whether a CUDA driver library (libcuda) can be loaded on this machine. Never panics.
+    pub fn driver_present() -> bool {
+        // SAFETY: `is_culib_present` only tries to dlopen the driver library and reports success; it
+        // touches no CUDA state.
+        unsafe { cudarc::driver::sys::is_culib_present() }
+    }
+
+    /// Whether an NVRTC library can be loaded (the last-resort module load path).
+    pub fn nvrtc_present() -> bool {
+        // SAFETY: as above, a dlopen probe of libnvrtc.
+        unsafe { cudarc::nvrtc::sys::is_culib_present() }
+    }
+
+    /// Opens GPU `ordinal`.
+    ///
+    /// Errors: [`Error::Unsupported`] when no CUDA driver library is present (checked first: cudarc
+    /// panics when it cannot load libcuda) or the ordinal does not exist; [`Error::Cuda`] when the
+    /// driver fails to create the context.
+    pub fn open(ordinal: usize) -> Result<Device> {
+        if !Self::driver_present() {
+            return Err(Error::Unsupported(
+                "no CUDA driver library (libcuda.so) could be loaded; the CUDA kernels need an NVIDIA \
+                 driver — use the CPU path"
+                    .into(),
+            ));
+        }
+        let count = CudaContext::device_count().map_err(|e| cuda_error("device count", e))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(Error::Unsupported(format!(
+                "CUDA device {ordinal} requested but the driver reports {count} device(s)"
+            )));
+        }
+        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
+            .map_err(|_| {
+                Error::Unsupported("the CUDA driver panicked while opening a device".into())
+            })?
+            .map_err(|e| cuda_error(format!("open device {ordinal}"), e))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(|e| cuda_error("compute capability", e))?;
+        let name = ctx.name().map_err(|e| cuda_error("device name", e))?;
+        let stream = ctx.default_stream();
+        Ok(Device {
+            ctx,
+            stream,
+            cc,
+            name,
+            modules: Mutex::new(HashMap::new()),
+            sync_each_launch: std::env::var_os("CSA2_CUDA_SYNC").is_some_and(|v| v != "0"),
+        })
+    }
+
+    /// The device's marketing name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Compute capability (major, minor).
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.cc
+    }
+    /// The embedded arch matching this device (`sm_90a` for 9.0, `sm_100a` for 10.0), if any.
+    pub fn arch(&self) -> Option<&'static str> {
+        match self.cc {
+            (9, 0) => Some("sm_90a"),
+            (10, 0) => Some("sm_100a"),
+            _ => None,
+        }
+    }
+    /// The stream every wrapper launches on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Waits for all queued work and reports any asynchronous kernel error.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| cuda_error("stream synchronize", e))
+    }
+
+    /// Loads every embedded module now; returns how each was loaded.
+    pub fn preload_all(&self) -> Result<Vec<(&'static str, LoadPath)>> {
+        MODULES
+            .iter()
+            .map(|m| Ok((m.name, self.module(m.name)?.path)))
+            .collect()
+    }
+
+    /// Kernel `func` of embedded module `module` (loaded once per device, then cached).
+    pub(crate) fn function(
+        &self,
+        module: &'static str,
+        func: &'static str,
+    ) -> Result<CudaFunction> {
+        let loaded = self.module(module)?;
+        let mut fs = loaded.functions.lock();
+        if let Some(f) = fs.get(func) {
+            return Ok(f.clone());
+        }
+        let f = loaded
+            .module
+            .load_function(func)
+            .map_err(|e| cuda_error(format!("load kernel {module}::{func}"), e))?;
+        fs.insert(func, f.clone());
+        Ok(f)
+    }
+
+    fn module(&self, name: &'static str) -> Result<Arc<Loaded>> {
+        let mut mods = self.modules.lock();
+        if let Some(m) = mods.get(name) {
+            return Ok(m.clone());
+        }
+        let em = EmbeddedModule::get(name)
+            .ok_or_else(|| Error::Internal(format!("no embedded kernel module `{name}`")))?;
+        let forced = std::env::var("CSA2_CUDA_LOAD").ok();
+        let forced = match forced.as_deref() {
+            None | Some("") => None,
+            Some(s) => Some(LoadPath::from_name(s).ok_or_else(|| {
+                Error::invalid(
+                    "CSA2_CUDA_LOAD",
+                    format!("`{s}` is not one of fatbin, ptx, compat, nvrtc"),
+                )
+            })?),
+        };
+        let mut tried = Vec::new();
+        for path in LoadPath::ORDER {
+            if forced.is_some_and(|f| f != path) {
+                continue;
+            }
+            match self.try_load(em, path) {
+                Ok(module) => {
+                    let l = Arc::new(Loaded {
+                        module,
+                        path,
+                        functions: Mutex::new(HashMap::new()),
+                    });
+                    mods.insert(name, l.clone());
+                    return Ok(l);
+                }
+                Err(e) => tried.push(format!("{path}: {e}")),
+            }
+        }
+        Err(Error::Unsupported(format!(
+            "kernel module `{name}` cannot be loaded on {} (compute capability {}.{}): {}",
+            self.name,
+            self.cc.0,
+            self.cc.1,
+            tried.join("; ")
+        )))
+    }
+
+    fn try_load(
+        &self,
+        em: &EmbeddedModule,
+        path: LoadPath,
+    ) -> std::result::Result<Arc<CudaModule>, String> {
+        use cudarc::nvrtc::{CompileOptions, Ptx};
+        let arch = self.arch();
+        let image = match path {
+            LoadPath::Fatbin => {
+                arch.ok_or("no SASS for this arch")?;
+                Ptx::from_binary(em.fatbin.to_vec())
+            }
+            LoadPath::Ptx => {
+                Ptx::from_src(arch.and_then(|a| em.ptx(a)).ok_or("no PTX for this arch")?)
+            }
+            LoadPath::CompatPtx => Ptx::from_src(
+                arch.and_then(|a| em.compat_ptx(a))
+                    .ok_or("no compat PTX for this arch")?,
+            ),
+            LoadPath::Nvrtc => {
+                if !Self::nvrtc_present() {
+                    return Err("no NVRTC library found".into());
+                }
+                let arch: &'static str = match self.cc {
+                    (9, 0) => "sm_90a",
+                    (10, 0) => "sm_100a",
+                    (8, 0) => "sm_80",
+                    (8, 6) => "sm_86",
+                    (8, 9) => "sm_89",
+                    (9, _) => "sm_90",
+                    (10, _) => "sm_100",
+                    (12, _) => "sm_120",
+                    _ => {
+                        return Err(format!(
+                            "unsupported compute capability {}.{}",
+                            self.cc.0, self.cc.1
+                        ))
+                    }
+                };
+                let opts = CompileOptions {
+                    arch: Some(arch),
+                    options: vec!["-std=c++17".into()],
+                    ..Default::default()
+                };
+                std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(em.source, opts))
+                    .map_err(|_| "NVRTC panicked".to_string())?
+                    .map_err(|e| format!("NVRTC: {e}"))?
+            }
+        };
+        self.ctx.load_module(image).map_err(|e| e.to_string())
+    }
+
+    /// How each module loaded so far was loaded.
+    pub fn load_paths(&self) -> Vec<(&'static str, LoadPath)> {
+        let mut v: Vec<_> = self
+            .modules
+            .lock()
+            .iter()
+            .map(|(k, l)| (*k, l.path))
+            .collect();
+        v.sort_by_key(|(k, _)| *k);
+        v
+    }
+
+    /// Copies a host slice to a new device buffer (a 1-element buffer for an empty slice, so the
+    /// kernel always gets a valid pointer).
+    pub fn upload<T: DeviceRepr + Default + Clone>(&self, host: &[T]) -> Result<CudaSlice<T>> {
+        let r = if host.is_empty() {
+            self.stream.clone_htod(&[T::default()])
+        } else {
+            self.stream.clone_htod(host)
+        };
+        r.map_err(|e| cuda_error("copy host → device", e))
+    }
+
+    /// Copies a device buffer back (synchronizes the stream, so it also reports kernel errors).
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>) -> Result<Vec<T>> {
+        self.stream
+            .clone_dtoh(dev)
+            .map_err(|e| cuda_error("copy device → host (or an earlier kernel)", e))
+    }
+
+    /// A zeroed device buffer of `n` elements (at least one).
+    pub fn zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<T>> {
+        self.stream
+            .alloc_zeros(n.max(1))
+            .map_err(|e| cuda_error(format!("allocate {n} elements"), e))
+    }
+
+    pub(crate) fn after_launch(&self, what: &str) -> Result<()> {
+        if self.sync_each_launch {
+            self.stream
+                .synchronize()
+                .map_err(|e| cuda_error(format!("kernel {what} (synchronized)"), e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Launches `func` with the listed arguments on the device's stream and checks the launch.
+///
+/// Use: `launch!(dev, "module", "kernel", cfg, arg, ...)`; every argument is a reference (`&buf`,
+/// `&mut buf`, `&scalar`); a null pointer is `&0u64`.
+macro_rules! launch {
+    ($dev:expr, $module:expr, $func:expr, $cfg:expr, $($arg:expr),* $(,)?) => {{
+        let dev: &$crate::cuda::Device = $dev;
+        let f = dev.function($module, $func)?;
+        let mut b = dev.stream().launch_builder(&f);
+        $( cudarc::driver::PushKernelArg::arg(&mut b, $arg); )*
+        // SAFETY: the wrapper calling this passes the arguments in the order and with the types of
+        // the kernel's signature (documented at the call) and has validated every buffer length
+        // against the launch shape, so the kernel stays in bounds.
+        unsafe { b.launch($cfg) }
+            .map_err(|e| $crate::cuda::device::cuda_error(format!("launch {}", $func), e))?;
+        dev.after_launch($func)?;
+    }};
+}
+pub(crate) use launch;
+
+/// Grid/block configuration helper.
+pub(crate) fn cfg(grid: (u32, u32), block: u32) -> cudarc::driver::LaunchConfig {
+    cudarc::driver::LaunchConfig {
+        grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Checks a length and converts a count to the kernel's `int`.
+pub(crate) fn check_len(what: &str, found: usize, expected: usize) -> Result<()> {
+    if found != expected {
+        return Err(Error::shape(what, expected, found));
+    }
+    Ok(())
+}
+
+/// A count as the kernels' 32-bit `int`, or an error naming it.
+pub(crate) fn as_i32(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v)
+        .map_err(|_| Error::invalid(what, format!("{v} does not fit the kernel's 32-bit int")))
+}

@@ -1,0 +1,152 @@
+//! The embedded kernel modules and how a device loads them.
+//!
+//! `build.rs` embeds, per kernel file: a fatbin with sm_90a and sm_100a SASS; the PTX for each arch
+//! at the toolkit's ISA (9.5 for CUDA 13.5); a "compat" PTX re-stamped with the oldest ISA that
+//! knows the arch (8.0 for sm_90a, 8.6 for sm_100a; kept only if ptxas assembles it under that ISA);
+//! and the flattened source. A device tries, in order ([`LoadPath`]):
+//! 1. the fatbin — exact SASS, no JIT; needs a driver that accepts CUDA 13 binaries (R580+);
+//! 2. the PTX — JIT by the driver; also needs an R580+ driver (PTX ISA 9.5);
+//! 3. the compat PTX — JIT by CUDA 12.0+ (sm_90a) or 12.8+ (sm_100a) drivers;
+//! 4. NVRTC on the embedded source, if a libnvrtc is loadable — whatever that NVRTC emits, its
+//!    driver can JIT.
+//!
+//! The first that loads wins; the errors of the others are kept for the report. Setting
+//! `CSA2_CUDA_LOAD=fatbin|ptx|compat|nvrtc` forces one path (validation uses it to test each).
+
+use std::fmt;
+
+include!(concat!(env!("OUT_DIR"), "/embedded_kernels.rs"));
+
+/// One kernel file's embedded images.
+#[derive(Debug)]
+pub struct EmbeddedModule {
+    /// Kernel file stem (`kernels/<name>.cu`).
+    pub name: &'static str,
+    /// Fatbin with sm_90a and sm_100a SASS.
+    pub fatbin: &'static [u8],
+    /// PTX for sm_90a at the toolkit's ISA.
+    pub ptx_sm90a: &'static str,
+    /// PTX for sm_100a at the toolkit's ISA.
+    pub ptx_sm100a: &'static str,
+    /// PTX for sm_90a re-stamped to ISA 8.0 (empty when ptxas rejected it).
+    pub compat_ptx_sm90a: &'static str,
+    /// PTX for sm_100a re-stamped to ISA 8.6 (empty when ptxas rejected it).
+    pub compat_ptx_sm100a: &'static str,
+    /// The kernel source with its headers inlined, for NVRTC.
+    pub source: &'static str,
+}
+
+impl EmbeddedModule {
+    /// The embedded module named `name`.
+    pub fn get(name: &str) -> Option<&'static EmbeddedModule> {
+        MODULES.iter().find(|m| m.name == name)
+    }
+    /// PTX at the toolkit ISA for `arch` (`sm_90a` / `sm_100a`).
+    pub fn ptx(&self, arch: &str) -> Option<&'static str> {
+        match arch {
+            "sm_90a" => Some(self.ptx_sm90a),
+            "sm_100a" => Some(self.ptx_sm100a),
+            _ => None,
+        }
+    }
+    /// Compat PTX for `arch`, if embedded.
+    pub fn compat_ptx(&self, arch: &str) -> Option<&'static str> {
+        let p = match arch {
+            "sm_90a" => self.compat_ptx_sm90a,
+            "sm_100a" => self.compat_ptx_sm100a,
+            _ => "",
+        };
+        (!p.is_empty()).then_some(p)
+    }
+}
+
+/// Every `extern "C" __global__` entry point each module must export.
+pub const EXPECTED_KERNELS: &[(&str, &[&str])] = &[
+    (
+        "kv_cache",
+        &[
+            "nvfp4ds_encode_f32",
+            "mxfp4_index_encode_f32",
+            "mxfp8_encode_f32",
+            "kv_decode_f32",
+        ],
+    ),
+    ("compressor", &["compressor_f32"]),
+    (
+        "indexer",
+        &[
+            "indexer_logits_f32",
+            "candidate_block_scores_f32",
+            "candidate_mask_from_blocks",
+        ],
+    ),
+    ("topk", &["topk_f32"]),
+    ("attention", &["sparse_decode_attn_f32"]),
+    ("mhc", &["mega_mhc_bf16"]),
+];
+
+/// The `.entry` names a PTX module defines.
+pub fn ptx_entries(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let rest = l
+                .strip_prefix(".visible .entry ")
+                .or_else(|| l.strip_prefix(".entry "))?;
+            Some(
+                rest.split(|c: char| c == '(' || c.is_whitespace())
+                    .next()?
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The `.version` (PTX ISA) a PTX module declares.
+pub fn ptx_isa(ptx: &str) -> Option<&str> {
+    ptx.lines()
+        .find_map(|l| l.trim().strip_prefix(".version "))
+        .map(str::trim)
+}
+
+/// How a module was loaded on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadPath {
+    /// SASS from the embedded fatbin.
+    Fatbin,
+    /// Driver JIT of the embedded PTX.
+    Ptx,
+    /// Driver JIT of the re-stamped, older-ISA PTX.
+    CompatPtx,
+    /// NVRTC compile of the embedded source at run time.
+    Nvrtc,
+}
+
+impl LoadPath {
+    /// All paths, in the order a device tries them.
+    pub const ORDER: [LoadPath; 4] = [
+        LoadPath::Fatbin,
+        LoadPath::Ptx,
+        LoadPath::CompatPtx,
+        LoadPath::Nvrtc,
+    ];
+    /// Name used by `CSA2_CUDA_LOAD`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LoadPath::Fatbin => "fatbin",
+            LoadPath::Ptx => "ptx",
+            LoadPath::CompatPtx => "compat",
+            LoadPath::Nvrtc => "nvrtc",
+        }
+    }
+    /// Parses a `CSA2_CUDA_LOAD` value.
+    pub fn from_name(s: &str) -> Option<LoadPath> {
+        LoadPath::ORDER.into_iter().find(|p| p.name() == s)
+    }
+}
+
+impl fmt::Display for LoadPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

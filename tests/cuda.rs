@@ -1,0 +1,284 @@
+//! CUDA kernels against the CPU path (feature `cuda`).
+//!
+//! Without a CUDA driver every GPU test prints `SKIPPED: no CUDA driver` and returns (run with
+//! `--nocapture` to see it; `scripts/ci-cuda.sh` counts the skips). The embedded-module tests and the
+//! NVRTC test need no GPU. Larger, timed runs: `tests/gpu/validate.sh`.
+#![cfg(feature = "cuda")]
+
+mod cuda_support;
+
+use csa2::cuda::modules::{ptx_entries, ptx_isa, EmbeddedModule, MODULES, NVCC_VERSION};
+use csa2::cuda::{Device, EXPECTED_KERNELS};
+use csa2::formats::RecordFormat;
+use cuda_support::checks::{self, Report, Size};
+
+const SMALL: Size = Size {
+    large: false,
+    iters: 0,
+};
+
+fn device() -> Option<Device> {
+    if !Device::driver_present() {
+        println!("SKIPPED: no CUDA driver");
+        return None;
+    }
+    match Device::open(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("SKIPPED: no usable CUDA device ({e})");
+            None
+        }
+    }
+}
+
+fn assert_report(r: csa2::Result<Report>) {
+    let r = r.unwrap_or_else(|e| panic!("kernel call failed: {e}"));
+    println!("{}\n{}", r.name, r.detail);
+    assert!(r.ok, "{} failed:\n{}", r.name, r.detail);
+}
+
+// ---- no device needed ---------------------------------------------------------------------------------
+
+#[test]
+fn embedded_ptx_names_every_kernel_for_both_archs() {
+    assert_eq!(MODULES.len(), EXPECTED_KERNELS.len());
+    for (module, kernels) in EXPECTED_KERNELS {
+        let m =
+            EmbeddedModule::get(module).unwrap_or_else(|| panic!("module {module} not embedded"));
+        for arch in ["sm_90a", "sm_100a"] {
+            let ptx = m.ptx(arch).unwrap();
+            assert!(!ptx.is_empty(), "{module} {arch}: empty PTX");
+            assert!(
+                ptx.contains(&format!(".target {arch}")),
+                "{module}: PTX not for {arch}"
+            );
+            let mut entries = ptx_entries(ptx);
+            entries.sort();
+            let mut want: Vec<String> = kernels.iter().map(|s| s.to_string()).collect();
+            want.sort();
+            assert_eq!(entries, want, "{module} {arch}: entry points");
+            let compat = m
+                .compat_ptx(arch)
+                .unwrap_or_else(|| panic!("{module} {arch}: no compat PTX"));
+            let want_isa = if arch == "sm_90a" { "8.0" } else { "8.6" };
+            assert_eq!(ptx_isa(compat), Some(want_isa));
+            assert_eq!(ptx_entries(compat).len(), kernels.len());
+        }
+        // A CUDA fatbin starts with the magic 0xBA55ED50 (little-endian).
+        assert!(
+            m.fatbin.len() > 16 && m.fatbin[..4] == [0x50, 0xED, 0x55, 0xBA],
+            "{module}: not a fatbin"
+        );
+        assert!(
+            !m.source.contains("#include"),
+            "{module}: NVRTC source not flattened"
+        );
+    }
+    assert!(NVCC_VERSION.contains("release"), "{NVCC_VERSION}");
+}
+
+#[test]
+fn e2m1_hardware_convert_only_on_sm100() {
+    // SM90 has no E2M1 conversion instruction (software encoder); SM100 uses cvt…e2m1x2.
+    let m = EmbeddedModule::get("kv_cache").unwrap();
+    assert!(!m.ptx_sm90a.contains("e2m1x2"));
+    assert!(m.ptx_sm100a.contains("cvt.rn.satfinite.e2m1x2.f32"));
+}
+
+#[test]
+fn open_without_driver_is_a_typed_error() {
+    if Device::driver_present() {
+        println!("SKIPPED: a CUDA driver is present (this test covers machines without one)");
+        return;
+    }
+    match Device::open(0) {
+        Err(csa2::Error::Unsupported(msg)) => assert!(msg.contains("driver"), "{msg}"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+}
+
+#[test]
+fn nvrtc_jits_a_kernel_module() {
+    if !Device::nvrtc_present() {
+        println!("SKIPPED: no NVRTC library (install nvidia-cuda-nvrtc and put its lib dir on LD_LIBRARY_PATH)");
+        return;
+    }
+    let m = EmbeddedModule::get("topk").unwrap();
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some("sm_90a"),
+        options: vec!["-std=c++17".into()],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(m.source, opts).expect("NVRTC compile");
+    let text = ptx.to_src();
+    assert_eq!(ptx_entries(&text), vec!["topk_f32".to_string()]);
+}
+
+// ---- GPU against CPU ------------------------------------------------------------------------------------
+
+#[test]
+fn codecs_match_cpu_bit_for_bit() {
+    let Some(dev) = device() else { return };
+    for (i, fmt) in [
+        RecordFormat::Nvfp4Ds,
+        RecordFormat::Mxfp4Index,
+        RecordFormat::Mxfp8,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_report(checks::check_codec(&dev, fmt, SMALL, 100 + i as u64));
+    }
+}
+
+#[test]
+fn unsupported_codec_is_a_typed_error() {
+    let Some(dev) = device() else { return };
+    let mut pages = vec![0u8; 584 * 4];
+    let r = dev.encode_pages(RecordFormat::V4Record, &[0.0; 512], &[0], &mut pages, 4);
+    assert!(matches!(r, Err(csa2::Error::Unsupported(_))), "{r:?}");
+    let r = dev.encode_pages(
+        RecordFormat::Mxfp8,
+        &[0.0; 512],
+        &[4],
+        &mut vec![0u8; 528 * 4],
+        4,
+    );
+    assert!(matches!(r, Err(csa2::Error::Invalid { .. })), "{r:?}");
+}
+
+#[test]
+fn compressor_ratio1_matches_cpu() {
+    let Some(dev) = device() else { return };
+    assert_report(checks::check_compressor(&dev, 1, SMALL, 200));
+}
+
+#[test]
+fn compressor_ratio2_with_carried_pairs_matches_cpu() {
+    let Some(dev) = device() else { return };
+    assert_report(checks::check_compressor(&dev, 2, SMALL, 201));
+}
+
+#[test]
+fn indexer_decode_prefill_and_masked_match_cpu() {
+    let Some(dev) = device() else { return };
+    assert_report(checks::check_indexer(&dev, false, false, SMALL, 300));
+    assert_report(checks::check_indexer(&dev, true, false, SMALL, 301));
+    assert_report(checks::check_indexer(&dev, false, true, SMALL, 302));
+}
+
+#[test]
+fn topk_matches_cpu_exactly() {
+    let Some(dev) = device() else { return };
+    assert_report(checks::check_topk(&dev, SMALL, 400));
+}
+
+#[test]
+fn candidate_pool_matches_cpu_exactly() {
+    let Some(dev) = device() else { return };
+    assert_report(checks::check_candidates(&dev, SMALL, 401));
+}
+
+#[test]
+fn sparse_decode_attention_matches_cpu() {
+    let Some(dev) = device() else { return };
+    assert_report(checks::check_attention(&dev, SMALL, 500));
+}
+
+#[test]
+fn mega_mhc_matches_cpu() {
+    let Some(dev) = device() else { return };
+    assert_report(checks::check_mhc(&dev, true, SMALL, 600));
+    assert_report(checks::check_mhc(&dev, false, SMALL, 601));
+}
+
+/// The device codecs of `kernels/common.cuh`, compiled as host C++ (intrinsics shimmed), against
+/// `csa2::formats::scalar` on every E4M3 / E8M0 / E2M1 code, the special values and 2M random f32 bit
+/// patterns. Needs no GPU, only a C++ compiler.
+#[test]
+fn device_codec_source_matches_cpu_on_host() {
+    use csa2::formats::scalar::*;
+    use rand::{Rng, SeedableRng};
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("host_codecs");
+    let src = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/cuda_support/host_codecs.cpp"
+    );
+    let built = Command::new(&cxx)
+        .args(["-O2", "-std=c++17", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .status();
+    if !built.is_ok_and(|s| s.success()) {
+        println!(
+            "SKIPPED: no working C++ compiler `{cxx}` for the host build of the device codecs"
+        );
+        return;
+    }
+    let mut words: Vec<u32> = (0..=0xffffu32).collect();
+    for f in [
+        0.25f32,
+        0.2500001,
+        -0.25,
+        0.75,
+        1.25,
+        1.75,
+        2.5,
+        3.5,
+        5.0,
+        5.0001,
+        6.5,
+        448.0,
+        449.0,
+        464.0,
+        465.0,
+        -0.0,
+        1e-38,
+        2f32.powi(-9),
+        2f32.powi(-10),
+        1.5 * 2f32.powi(-10),
+    ] {
+        words.push(f.to_bits());
+    }
+    words.extend([
+        0x7f800000, 0xff800000, 0x7fc00000, 0xffc00001, 1, 3, 0x007fffff, 0x00800000,
+    ]);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    words.extend((0..2_000_000).map(|_| rng.random::<u32>()));
+    let mut child = Command::new(&exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(&input).unwrap());
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert_eq!(out.stdout.len(), words.len() * 20);
+    let word = |c: &[u8], i: usize| u32::from_le_bytes([c[i], c[i + 1], c[i + 2], c[i + 3]]);
+    let same = |a: f32, b: u32| a.to_bits() == b || (a.is_nan() && f32::from_bits(b).is_nan());
+    let mut bad = 0;
+    for (w, c) in words.iter().zip(out.stdout.chunks_exact(20)) {
+        let x = f32::from_bits(*w);
+        let cl = ceil_log2(x).unwrap_or(128);
+        let ok = c[0] == e2m1_encode(x)
+            && c[1] == e4m3_encode(x)
+            && c[2] == ((cl + 200) & 0xff) as u8
+            && same(bf16_round(x), word(c, 4))
+            && same(e4m3_decode((*w & 0xff) as u8), word(c, 8))
+            && same(e2m1_decode((*w & 0xf) as u8), word(c, 12))
+            && same(e8m0_decode((*w & 0xff) as u8), word(c, 16));
+        if !ok {
+            bad += 1;
+            if bad < 10 {
+                println!("mismatch for {w:#010x} ({x:e}): device {:?}", &c[..4]);
+            }
+        }
+    }
+    assert_eq!(bad, 0, "{bad} of {} inputs differ", words.len());
+}

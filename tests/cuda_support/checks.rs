@@ -1,0 +1,1065 @@
+//! GPU-vs-CPU checks, shared by `tests/cuda.rs` (small sizes, no timing) and the GPU validation
+//! binary (`examples/gpu_validate.rs`: realistic sizes, CUDA-event timings).
+//!
+//! Every check draws fresh random inputs (seeded; the seed is in the report), runs the kernel through
+//! the host API, compares to the CPU reference (special values first, then element bounds and cosine,
+//! FlashMLA style), and reruns the kernel to check it is bitwise deterministic.
+#![allow(dead_code)]
+
+use super::reference::*;
+use csa2::cuda::attention::{DecodeBatch, DecodeDevBatch, PagedCache};
+use csa2::cuda::compressor::{CarryState, CompressorBatch, CompressorWeights};
+use csa2::cuda::indexer::{IndexCache, IndexerQueries};
+use csa2::cuda::mhc::{MhcDevArgs, MhcInputs, MhcSite};
+use csa2::cuda::Device;
+use csa2::formats::RecordFormat;
+use csa2::geometry::Geometry;
+use csa2::tolerance::{compare, Stats, Tolerance, GPU_BF16_VS_F64, GPU_F32_VS_F64, QUANT_VS_EXACT};
+use csa2::Result;
+use half::bf16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, StandardNormal};
+
+/// Problem sizes: `small` for tests on any GPU in seconds, `large` for validation at model shapes.
+#[derive(Clone, Copy, Debug)]
+pub struct Size {
+    pub large: bool,
+    /// Timed iterations (0 = no timing).
+    pub iters: usize,
+}
+
+#[derive(Debug)]
+pub struct Report {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+    /// (median µs, bytes moved per call) when timed.
+    pub timing: Option<(f64, f64)>,
+}
+
+impl Report {
+    fn new(name: impl Into<String>) -> Report {
+        Report {
+            name: name.into(),
+            ok: true,
+            detail: String::new(),
+            timing: None,
+        }
+    }
+    fn check(&mut self, what: &str, ok: bool, info: impl std::fmt::Display) {
+        self.ok &= ok;
+        self.detail.push_str(&format!(
+            "{} {what}: {info}\n",
+            if ok { "ok  " } else { "FAIL" }
+        ));
+    }
+    fn stats<A: Into<f64> + Copy, B: Into<f64> + Copy>(
+        &mut self,
+        what: &str,
+        a: &[A],
+        b: &[B],
+        tol: &Tolerance,
+    ) -> Stats {
+        let s = compare(a, b, tol);
+        self.check(
+            what,
+            s.ok(tol),
+            format!(
+                "max_abs {:.3e} max_rel {:.3e} 1-cos {:.3e} violations {} special-mismatch {}",
+                s.max_abs, s.max_rel, s.cos_diff, s.violations, s.special_mismatches
+            ),
+        );
+        s
+    }
+}
+
+fn normal(rng: &mut StdRng, n: usize, sd: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let v: f32 = StandardNormal.sample(rng);
+            v * sd
+        })
+        .collect()
+}
+
+fn bits_eq_f32(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Median wall time (µs) of `f` over `iters` runs, timed with CUDA events after 3 warm-ups.
+pub fn time_us(dev: &Device, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    use cudarc::driver::sys::CUevent_flags;
+    for _ in 0..3 {
+        f()?;
+    }
+    let ctx = dev.context();
+    let err = |e: cudarc::driver::DriverError| csa2::Error::Cuda {
+        op: "event".into(),
+        reason: e.to_string(),
+    };
+    let mut v = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let a = ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(err)?;
+        let b = ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(err)?;
+        a.record(dev.stream()).map_err(err)?;
+        f()?;
+        b.record(dev.stream()).map_err(err)?;
+        b.synchronize().map_err(err)?;
+        v.push(a.elapsed_ms(&b).map_err(err)? as f64 * 1e3);
+    }
+    dev.synchronize()?;
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Ok(v[v.len() / 2])
+}
+
+/// Device-to-device copy bandwidth (GB/s, bytes read + bytes written) over a 1 GiB buffer.
+pub fn copy_bandwidth(dev: &Device, iters: usize) -> Result<f64> {
+    let n = 1usize << 30;
+    let src = dev.zeros::<u8>(n)?;
+    let mut dst = dev.zeros::<u8>(n)?;
+    let us = time_us(dev, iters, || {
+        dev.stream()
+            .memcpy_dtod(&src, &mut dst)
+            .map_err(|e| csa2::Error::Cuda {
+                op: "memcpy".into(),
+                reason: e.to_string(),
+            })
+    })?;
+    Ok(2.0 * n as f64 / (us * 1e-6) / 1e9)
+}
+
+/// A pool with `pages` pages and, per request, a shuffled block table of `max_blocks` pages
+/// (requests × max_blocks ≤ pages), every `hole`-th block left unmapped (-1) when `holes`.
+fn block_tables(
+    rng: &mut StdRng,
+    requests: usize,
+    max_blocks: usize,
+    pages: usize,
+    holes: bool,
+) -> Vec<i32> {
+    let mut ids: Vec<i32> = (0..pages as i32).collect();
+    for i in (1..ids.len()).rev() {
+        let j = rng.random_range(0..=i);
+        ids.swap(i, j);
+    }
+    let mut bt: Vec<i32> = ids.into_iter().take(requests * max_blocks).collect();
+    if holes {
+        for (i, b) in bt.iter_mut().enumerate() {
+            if i % 7 == 5 {
+                *b = -1;
+            }
+        }
+    }
+    bt
+}
+
+// ---- 1. codecs ------------------------------------------------------------------------------------------
+
+/// Special values every codec check includes (ties, saturation, NaN, ±0, subnormal scales).
+fn special_row(dim: usize, rng: &mut StdRng) -> Vec<f32> {
+    let specials = [
+        0.25f32,
+        -0.25,
+        0.75,
+        1.25,
+        1.75,
+        2.5,
+        3.5,
+        5.0,
+        -5.0001,
+        6.5,
+        448.0,
+        464.0,
+        1e30,
+        -0.0,
+        0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e-30,
+        -1e-38,
+        2.0e-45,
+        7.0,
+        -7.0,
+        1e-4,
+    ];
+    let mut v = normal(rng, dim, 1.0);
+    for (i, s) in specials.iter().enumerate() {
+        v[(i * 5) % dim] = *s;
+    }
+    v
+}
+
+pub fn check_codec(dev: &Device, fmt: RecordFormat, size: Size, seed: u64) -> Result<Report> {
+    let mut rep = Report::new(format!("codec {}", fmt.name()));
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dim = fmt.dim();
+    let (page_slots, pages, rows) = if size.large {
+        (64, 4096, 65536)
+    } else {
+        (16, 24, 300)
+    };
+    let mut x = Vec::with_capacity(rows * dim);
+    for r in 0..rows {
+        match r % 5 {
+            0 => x.extend(special_row(dim, &mut rng)),
+            1 => x.extend(normal(&mut rng, dim, 1e-3)),
+            2 => x.extend(normal(&mut rng, dim, 300.0)),
+            3 => x.extend(vec![0.0f32; dim]),
+            _ => x.extend(normal(&mut rng, dim, 1.0)),
+        }
+    }
+    // Distinct slots across all pages (page boundaries included), every 11th row skipped (-1).
+    let mut slots: Vec<i64> = (0..(pages * page_slots) as i64).collect();
+    for i in (1..slots.len()).rev() {
+        let j = rng.random_range(0..=i);
+        slots.swap(i, j);
+    }
+    slots.truncate(rows);
+    for (i, s) in slots.iter_mut().enumerate() {
+        if i % 11 == 10 {
+            *s = -1;
+        }
+    }
+    let mut cpu = Pool::new(fmt, page_slots, pages);
+    let init: Vec<u8> = (0..cpu.bytes.len()).map(|i| (i * 31 % 251) as u8).collect();
+    cpu.bytes.copy_from_slice(&init);
+    for (r, &s) in slots.iter().enumerate() {
+        if s >= 0 {
+            cpu.write_slot(s as usize, &x[r * dim..(r + 1) * dim]);
+        }
+    }
+    let mut gpu = init.clone();
+    dev.encode_pages(fmt, &x, &slots, &mut gpu, page_slots)?;
+    let diff = gpu.iter().zip(&cpu.bytes).filter(|(a, b)| a != b).count();
+    rep.check(
+        "page bytes == CPU (incl. untouched slots)",
+        diff == 0,
+        format!("{diff} of {} bytes differ", gpu.len()),
+    );
+    let mut again = init.clone();
+    dev.encode_pages(fmt, &x, &slots, &mut again, page_slots)?;
+    rep.check("bitwise rerun", again == gpu, "");
+
+    let dec = dev.decode_pages(fmt, &cpu.bytes, &slots, page_slots)?;
+    let mut want = vec![0f32; rows * dim];
+    for (r, &s) in slots.iter().enumerate() {
+        if s >= 0 {
+            want[r * dim..(r + 1) * dim].copy_from_slice(&cpu.read_slot(s as usize));
+        }
+    }
+    rep.check("decode == CPU bit for bit", bits_eq_f32(&dec, &want), "");
+
+    if size.iters > 0 {
+        let dx = dev.upload(&x)?;
+        let ds = dev.upload(&slots)?;
+        let mut dp = dev.upload(&gpu)?;
+        let n = slots.len();
+        let us = time_us(dev, size.iters, || {
+            dev.encode_pages_dev(fmt, &dx, &ds, &mut dp, n, page_slots)
+        })?;
+        rep.timing = Some((us, (n * (dim * 4 + 8 + fmt.record_bytes())) as f64));
+    }
+    Ok(rep)
+}
+
+// ---- 2. compressor --------------------------------------------------------------------------------------
+
+pub fn check_compressor(dev: &Device, ratio: usize, size: Size, seed: u64) -> Result<Report> {
+    let mut rep = Report::new(format!("compressor ratio {ratio}"));
+    let mut rng = StdRng::seed_from_u64(seed);
+    let geo = Geometry::embedded();
+    let layer = geo
+        .layers
+        .iter()
+        .find(|l| l.ratio == ratio)
+        .expect("a layer with this ratio");
+    let inv_freq = layer.rope.inv_freqs();
+    let norm_w: Vec<f32> = (0..KV).map(|_| rng.random_range(0.5..1.5)).collect();
+    let k_norm_w: Vec<f32> = (0..IDX).map(|_| rng.random_range(0.5..1.5)).collect();
+    let wk = normal(&mut rng, IDX * KV, (KV as f32).powf(-0.5));
+    let page_slots = 64;
+    // Chunk lengths per request and call: odd and even boundaries, empty chunks, page crossings.
+    let calls: Vec<Vec<usize>> = if size.large {
+        vec![
+            vec![4095, 1, 8192, 2, 77, 300, 129, 1024],
+            vec![1; 8],
+            vec![2, 3, 0, 64, 1, 1, 255, 128],
+        ]
+    } else {
+        vec![
+            vec![1, 2, 65, 130, 0],
+            vec![1, 1, 64, 3, 7],
+            vec![2, 0, 1, 64, 1],
+        ]
+    };
+    let requests = calls[0].len();
+    let total: Vec<usize> = (0..requests)
+        .map(|r| calls.iter().map(|c| c[r]).sum())
+        .collect();
+    let max_blocks = total
+        .iter()
+        .max()
+        .unwrap()
+        .div_ceil(ratio)
+        .div_ceil(page_slots)
+        + 1;
+    let pages = requests * max_blocks + 3;
+    let bt = block_tables(&mut rng, requests, max_blocks, pages, false);
+    let mut main_cpu = Pool::new(RecordFormat::Nvfp4Ds, page_slots, pages);
+    let mut index_cpu = Pool::new(RecordFormat::Mxfp4Index, page_slots, pages);
+    let mut main_gpu = main_cpu.bytes.clone();
+    let mut index_gpu = index_cpu.bytes.clone();
+    let mut st_cpu = CarryState::new(requests);
+    let mut st_gpu = CarryState::new(requests);
+    let mut pos = vec![0i32; requests];
+    let mut ref_rows = vec![];
+    let mut ref_idx = vec![];
+    let mut last_inputs = None;
+    for lens in &calls {
+        let mut cu = vec![0i32];
+        for &l in lens {
+            cu.push(cu.last().unwrap() + l as i32);
+        }
+        let tokens = *cu.last().unwrap() as usize;
+        let kv = normal(&mut rng, tokens * KV, 1.0);
+        let score = normal(&mut rng, tokens * KV, 2.0);
+        let score_opt = (ratio == 2).then_some(score.as_slice());
+        let out = compressor_ref(
+            ratio,
+            &norm_w,
+            &wk,
+            &k_norm_w,
+            &inv_freq,
+            &kv,
+            score_opt,
+            &cu,
+            &pos,
+            &bt,
+            max_blocks,
+            &mut st_cpu,
+            &mut main_cpu,
+            &mut index_cpu,
+        );
+        ref_rows.extend(out.main_rows);
+        ref_idx.extend(out.index_rows);
+        let w = CompressorWeights {
+            ratio,
+            norm_w: &norm_w,
+            wk: &wk,
+            k_norm_w: &k_norm_w,
+            inv_freq: &inv_freq,
+        };
+        let b = CompressorBatch {
+            kv: &kv,
+            score: score_opt,
+            cu_tokens: &cu,
+            start_pos: &pos,
+            block_table: &bt,
+            max_blocks,
+            page_slots,
+        };
+        dev.compress(&w, &b, &mut st_gpu, &mut main_gpu, &mut index_gpu)?;
+        last_inputs = Some((kv, score, cu, pos.clone()));
+        for (p, &l) in pos.iter_mut().zip(lens) {
+            *p += l as i32;
+        }
+    }
+    rep.check(
+        "carry state == CPU",
+        st_cpu == st_gpu,
+        format!("positions {:?}", st_gpu.pos),
+    );
+    for (what, cpu, gpu) in [
+        ("main-KV", &main_cpu, &main_gpu),
+        ("index-K", &index_cpu, &index_gpu),
+    ] {
+        let diff = gpu.iter().zip(&cpu.bytes).filter(|(a, b)| a != b).count();
+        // Codes may flip where the f32 kernel and the f64 reference straddle a rounding boundary.
+        rep.check(
+            &format!("{what} page bytes vs CPU"),
+            (diff as f64) <= 2e-3 * cpu.bytes.len() as f64,
+            format!("{diff} of {} bytes differ", cpu.bytes.len()),
+        );
+    }
+    // Dequantized GPU records against the unquantized reference rows.
+    let gmain = Pool {
+        layout: main_cpu.layout,
+        bytes: main_gpu.clone(),
+    };
+    let gidx = Pool {
+        layout: index_cpu.layout,
+        bytes: index_gpu.clone(),
+    };
+    let (mut got, mut want, mut goti, mut wanti) = (vec![], vec![], vec![], vec![]);
+    for ((r, j, row), (_, _, irow)) in ref_rows.iter().zip(&ref_idx) {
+        let slot = table_slot(&bt[r * max_blocks..(r + 1) * max_blocks], *j, page_slots).unwrap();
+        got.extend(gmain.read_slot(slot));
+        want.extend(row.iter().copied());
+        goti.extend(gidx.read_slot(slot));
+        wanti.extend(irow.iter().copied());
+    }
+    rep.check(
+        "entries written",
+        !ref_rows.is_empty(),
+        format!("{} entries", ref_rows.len()),
+    );
+    rep.stats(
+        "main KV (dequantized) vs unquantized",
+        &got,
+        &want,
+        &QUANT_VS_EXACT,
+    );
+    rep.stats(
+        "index K (dequantized) vs unquantized",
+        &goti,
+        &wanti,
+        &QUANT_VS_EXACT,
+    );
+
+    if size.iters > 0 {
+        let (kv, score, cu, pos) = last_inputs.unwrap();
+        let tokens = *cu.last().unwrap() as usize;
+        let mut main = main_gpu.clone();
+        let mut idx = index_gpu.clone();
+        let w = CompressorWeights {
+            ratio,
+            norm_w: &norm_w,
+            wk: &wk,
+            k_norm_w: &k_norm_w,
+            inv_freq: &inv_freq,
+        };
+        // Host form (includes copies) is what is cheap to time here; report it as such.
+        let mut st = st_gpu.clone();
+        let us = time_us(dev, size.iters.min(10), || {
+            st = st_gpu.clone();
+            dev.compress(
+                &w,
+                &CompressorBatch {
+                    kv: &kv,
+                    score: (ratio == 2).then_some(score.as_slice()),
+                    cu_tokens: &cu,
+                    start_pos: &pos,
+                    block_table: &bt,
+                    max_blocks,
+                    page_slots,
+                },
+                &mut st,
+                &mut main,
+                &mut idx,
+            )
+        })?;
+        rep.timing = Some((us, (tokens * KV * 4 * ratio) as f64));
+        rep.detail
+            .push_str("note: compressor timing includes host↔device copies of the pools\n");
+    }
+    Ok(rep)
+}
+
+// ---- 3. indexer ------------------------------------------------------------------------------------------
+
+pub fn check_indexer(
+    dev: &Device,
+    prefill: bool,
+    masked: bool,
+    size: Size,
+    seed: u64,
+) -> Result<Report> {
+    let mut rep = Report::new(format!(
+        "indexer logits {}{}",
+        if prefill { "prefill" } else { "decode" },
+        if masked { " + candidate mask" } else { "" }
+    ));
+    let mut rng = StdRng::seed_from_u64(seed);
+    let page_slots = 64;
+    let ratio = if masked { 1 } else { 2 };
+    let (requests, ctx) = if size.large {
+        (8, 65536usize)
+    } else {
+        (3, 700)
+    };
+    let entries = ctx / ratio;
+    let max_blocks = entries.div_ceil(page_slots);
+    let pages = requests * max_blocks + 2;
+    let bt = block_tables(&mut rng, requests, max_blocks, pages, !size.large);
+    let mut index = Pool::new(RecordFormat::Mxfp4Index, page_slots, pages);
+    for r in 0..requests {
+        for j in 0..entries {
+            if let Some(slot) = table_slot(
+                &bt[r * max_blocks..(r + 1) * max_blocks],
+                j as i64,
+                page_slots,
+            ) {
+                let row = normal(&mut rng, IDX, 1.0);
+                index.write_slot(slot, &row);
+            }
+        }
+    }
+    // Rows: decode = one per request at assorted positions; prefill = a run of positions per request.
+    let (mut pos, mut req) = (vec![], vec![]);
+    for r in 0..requests {
+        if prefill {
+            let n = if size.large { 16 } else { 9 };
+            let start = ctx - n - r;
+            for p in start..start + n {
+                pos.push(p as i32);
+                req.push(r as i32);
+            }
+        } else {
+            let choices = [0usize, 1, 2, 511 * ratio, 512 * ratio, ctx - 1];
+            pos.push(choices[r % choices.len()].min(ctx - 1) as i32);
+            req.push(r as i32);
+        }
+    }
+    let t = pos.len();
+    let q = normal(&mut rng, t * 32 * IDX, 1.0);
+    let w: Vec<f32> = normal(&mut rng, t * 32, 1.0)
+        .iter()
+        .map(|v| v / 64.0)
+        .collect();
+    let nb = entries.div_ceil(8);
+    let mask: Vec<u8> = (0..t * nb).map(|i| u8::from(i % 3 != 1)).collect();
+    let cand = masked.then_some((mask.as_slice(), nb));
+    let qs = IndexerQueries {
+        q: &q,
+        w: &w,
+        pos: &pos,
+        req: &req,
+    };
+    let cache = IndexCache {
+        pages: &index.bytes,
+        block_table: &bt,
+        max_blocks,
+        page_slots,
+        ratio,
+    };
+    let got = dev.indexer_logits(&qs, &cache, cand, entries)?;
+    let want = indexer_logits_ref(
+        &q, &w, &pos, &req, &bt, max_blocks, &index, ratio, cand, entries,
+    );
+    rep.stats(
+        "logits vs f64 reference (−Inf positions first)",
+        &got,
+        &want,
+        &GPU_F32_VS_F64,
+    );
+    let again = dev.indexer_logits(&qs, &cache, cand, entries)?;
+    rep.check("bitwise rerun", bits_eq_f32(&again, &got), "");
+
+    // Top-512 of these logits: same selection as the CPU top-k of the GPU logits (exact), and of the
+    // f64 logits by overlap (ties / near-ties may swap).
+    let n_valid: Vec<i32> = pos
+        .iter()
+        .map(|&p| ((p as usize + 1) / ratio).min(entries) as i32)
+        .collect();
+    let sel = dev.topk(&got, entries, &n_valid, 512)?;
+    rep.check(
+        "top-512 == CPU top-k of the same logits",
+        sel == topk_ref(&got, entries, &n_valid, 512),
+        "",
+    );
+    let want32: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+    let sel_ref = topk_ref(&want32, entries, &n_valid, 512);
+    let inter = (0..t)
+        .map(|r| {
+            let a: std::collections::HashSet<_> = sel[r * 512..(r + 1) * 512]
+                .iter()
+                .filter(|&&v| v >= 0)
+                .collect();
+            sel_ref[r * 512..(r + 1) * 512]
+                .iter()
+                .filter(|v| **v >= 0 && a.contains(v))
+                .count()
+        })
+        .sum::<usize>();
+    let total = sel_ref.iter().filter(|&&v| v >= 0).count();
+    rep.check(
+        "top-512 overlap with the f64 selection",
+        inter as f64 >= 0.99 * total as f64,
+        format!("{inter} of {total}"),
+    );
+
+    if size.iters > 0 {
+        let dq = dev.upload(&q)?;
+        let dw = dev.upload(&w)?;
+        let dpos = dev.upload(&pos)?;
+        let dreq = dev.upload(&req)?;
+        let dbt = dev.upload(&bt)?;
+        let dpages = dev.upload(&index.bytes)?;
+        let dmask = dev.upload(&mask)?;
+        let mut out = dev.zeros::<f32>(t * entries)?;
+        let us = time_us(dev, size.iters, || {
+            dev.indexer_logits_dev(
+                &dq,
+                &dw,
+                &dpos,
+                &dreq,
+                &dbt,
+                max_blocks,
+                page_slots,
+                &dpages,
+                ratio,
+                masked.then_some((&dmask, nb)),
+                &mut out,
+                t,
+                entries,
+            )
+        })?;
+        let visible: usize = n_valid.iter().map(|&v| v as usize).sum();
+        rep.timing = Some((us, (visible * (68 + 4) + t * 32 * 129 * 4) as f64));
+    }
+    Ok(rep)
+}
+
+// ---- 4. top-k and candidates ------------------------------------------------------------------------------
+
+pub fn check_topk(dev: &Device, size: Size, seed: u64) -> Result<Report> {
+    let mut rep = Report::new("top-k 512 (radix select)");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let n_cols = if size.large { 1 << 20 } else { 5000 };
+    let valids: Vec<i32> = if size.large {
+        vec![1 << 20, 262_144, 65_536, 513, 512, 100_000, 1_000_000, 4096]
+    } else {
+        vec![0, 1, 511, 512, 513, 1023, 1024, 1025, 5000, 4999, 2000, 700]
+    };
+    let t = valids.len();
+    let mut keys = vec![0f32; t * n_cols];
+    for (r, row) in keys.chunks_mut(n_cols).enumerate() {
+        for (i, v) in row.iter_mut().enumerate() {
+            *v = match r % 4 {
+                // Heavy ties: few distinct values.
+                0 => rng.random_range(0..5) as f32,
+                // Non-finite and masked entries mixed in.
+                1 => match i % 13 {
+                    0 => f32::NEG_INFINITY,
+                    5 => f32::NAN,
+                    _ => StandardNormal.sample(&mut rng),
+                },
+                // Mostly −Inf: fewer selectable than k.
+                2 => {
+                    if i % 3 == 0 && i < 900 {
+                        StandardNormal.sample(&mut rng)
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                }
+                _ => StandardNormal.sample(&mut rng),
+            };
+        }
+    }
+    let got = dev.topk(&keys, n_cols, &valids, 512)?;
+    let want = topk_ref(&keys, n_cols, &valids, 512);
+    let bad: Vec<usize> = (0..t)
+        .filter(|&r| got[r * 512..(r + 1) * 512] != want[r * 512..(r + 1) * 512])
+        .collect();
+    rep.check(
+        "selection == CPU (ties → smaller index, −Inf/NaN never)",
+        bad.is_empty(),
+        format!("rows differing: {bad:?}"),
+    );
+    let got2 = dev.topk(&keys, n_cols, &valids, 2048)?;
+    rep.check(
+        "k = 2048 == CPU",
+        got2 == topk_ref(&keys, n_cols, &valids, 2048),
+        "",
+    );
+    if size.iters > 0 {
+        let dk = dev.upload(&keys)?;
+        let dn = dev.upload(&valids)?;
+        let mut out = dev.zeros::<i32>(t * 512)?;
+        let us = time_us(dev, size.iters, || {
+            dev.topk_dev(&dk, n_cols, &dn, 512, &mut out, t)
+        })?;
+        let read: usize = valids
+            .iter()
+            .map(|&v| (v as usize).min(n_cols) * 4 * 5)
+            .sum();
+        rep.timing = Some((us, read as f64));
+        rep.detail.push_str(
+            "note: bytes = 5 passes over the visible keys (4 radix passes + compaction)\n",
+        );
+    }
+    Ok(rep)
+}
+
+pub fn check_candidates(dev: &Device, size: Size, seed: u64) -> Result<Report> {
+    let mut rep = Report::new("candidate pool (block max, pin, top-2048 blocks)");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let n_cols = if size.large { 262_144 } else { 20_000 };
+    let valids: Vec<i32> = vec![
+        n_cols as i32,
+        16_384,
+        16_385,
+        16_383,
+        17_000,
+        8,
+        1,
+        0,
+        19_999,
+    ];
+    let t = valids.len();
+    let keys: Vec<f32> = (0..t * n_cols)
+        .map(|_| rng.random_range(0..1000) as f32 / 100.0)
+        .collect();
+    let (mask, stride) = dev.candidate_mask(&keys, n_cols, &valids)?;
+    let want = candidate_mask_ref(&keys, n_cols, &valids);
+    rep.check(
+        "pool mask == CPU",
+        mask == want && stride == n_cols.div_ceil(8),
+        format!("stride {stride}"),
+    );
+    let kept: Vec<usize> = (0..t)
+        .map(|r| {
+            mask[r * stride..(r + 1) * stride]
+                .iter()
+                .filter(|&&m| m == 1)
+                .count()
+        })
+        .collect();
+    rep.check(
+        "kept blocks ≤ 2048",
+        kept.iter().all(|&k| k <= 2048),
+        format!("{kept:?}"),
+    );
+    Ok(rep)
+}
+
+// ---- 5. attention ------------------------------------------------------------------------------------------
+
+pub fn check_attention(dev: &Device, size: Size, seed: u64) -> Result<Report> {
+    let mut rep = Report::new("sparse decode attention (NVFP4-DS + MXFP8 pages)");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let geo = Geometry::embedded();
+    let inv_freq = geo.layers[20].rope.inv_freqs();
+    let (requests, ctx) = if size.large {
+        (64, 8192usize)
+    } else {
+        (6, 1300)
+    };
+    let page_slots = 64;
+    let main_max = ctx.div_ceil(page_slots);
+    let main_pages = requests * main_max + 1;
+    let main_bt = block_tables(&mut rng, requests, main_max, main_pages, !size.large);
+    let swa_max = ctx.div_ceil(page_slots);
+    let swa_pages = requests * swa_max + 1;
+    let swa_bt = block_tables(&mut rng, requests, swa_max, swa_pages, false);
+    let mut main = Pool::new(RecordFormat::Nvfp4Ds, page_slots, main_pages);
+    let mut swa = Pool::new(RecordFormat::Mxfp8, page_slots, swa_pages);
+    // Only the rows the queries can reach are filled; the rest stay zero bytes (valid records).
+    let pos: Vec<i32> = (0..requests)
+        .map(|r| match r % 6 {
+            0 => 0,
+            1 => 5,
+            2 => 127,
+            3 => 128,
+            4 => (ctx - 1) as i32,
+            _ => (ctx / 2) as i32,
+        })
+        .collect();
+    for r in 0..requests {
+        for j in 0..ctx {
+            if let Some(s) = table_slot(
+                &main_bt[r * main_max..(r + 1) * main_max],
+                j as i64,
+                page_slots,
+            ) {
+                main.write_slot(s, &normal(&mut rng, KV, 1.0));
+            }
+        }
+        let p = pos[r] as usize;
+        for j in p.saturating_sub(127)..=p {
+            if let Some(s) = table_slot(
+                &swa_bt[r * swa_max..(r + 1) * swa_max],
+                j as i64,
+                page_slots,
+            ) {
+                swa.write_slot(s, &normal(&mut rng, KV, 1.0));
+            }
+        }
+    }
+    let topk_len = 512;
+    let mut topk = vec![-1i32; requests * topk_len];
+    for r in 0..requests {
+        let vis = (pos[r] as usize + 1).min(ctx);
+        for i in 0..topk_len {
+            // Row 0: everything masked (the window still has its own token); others: a random subset.
+            if r % 6 != 0 && i < vis && rng.random_range(0..8) != 0 {
+                topk[r * topk_len + i] = rng.random_range(0..vis as i32);
+            }
+        }
+    }
+    let window_start: Vec<i32> = (0..requests)
+        .map(|r| if r % 6 == 4 { pos[r] - 40 } else { 0 })
+        .collect();
+    let q = normal(&mut rng, requests * 64 * KV, 1.0);
+    let sink: Vec<f32> = normal(&mut rng, 64, 1.0);
+    let scale = (KV as f32).powf(-0.5);
+    let b = DecodeBatch {
+        q: &q,
+        topk: &topk,
+        topk_len,
+        pos: &pos,
+        req: &(0..requests as i32).collect::<Vec<_>>(),
+        window_start: &window_start,
+        sink: Some(&sink),
+        inv_freq: Some(&inv_freq),
+        scale,
+    };
+    let mc = PagedCache {
+        pages: &main.bytes,
+        block_table: &main_bt,
+        max_blocks: main_max,
+        page_slots,
+    };
+    let sc = PagedCache {
+        pages: &swa.bytes,
+        block_table: &swa_bt,
+        max_blocks: swa_max,
+        page_slots,
+    };
+    let (out, lse) = dev.sparse_decode_attention(&b, &mc, &sc, requests)?;
+    let (want, want_lse) = attention_ref(
+        &q,
+        &topk,
+        topk_len,
+        &pos,
+        b.req,
+        &window_start,
+        &main,
+        &main_bt,
+        main_max,
+        &swa,
+        &swa_bt,
+        swa_max,
+        Some(&sink),
+        Some(&inv_freq),
+        scale,
+    );
+    rep.stats("output vs f64 reference", &out, &want, &GPU_F32_VS_F64);
+    rep.stats("lse vs f64 reference", &lse, &want_lse, &GPU_F32_VS_F64);
+    rep.check("no NaN in output", out.iter().all(|v| !v.is_nan()), "");
+    let (out2, lse2) = dev.sparse_decode_attention(&b, &mc, &sc, requests)?;
+    rep.check(
+        "bitwise rerun",
+        bits_eq_f32(&out, &out2) && bits_eq_f32(&lse, &lse2),
+        "",
+    );
+    // A fully masked row (no top-k, no window) outputs zeros, lse −Inf.
+    let empty_ws = vec![i32::MAX; requests];
+    let none = vec![-1i32; requests * topk_len];
+    let (o0, l0) = dev.sparse_decode_attention(
+        &DecodeBatch {
+            topk: &none,
+            window_start: &empty_ws,
+            ..b
+        },
+        &mc,
+        &sc,
+        requests,
+    )?;
+    rep.check(
+        "all-masked rows → zeros, lse −Inf",
+        o0.iter().all(|&v| v == 0.0) && l0.iter().all(|&v| v == f32::NEG_INFINITY),
+        "",
+    );
+
+    if size.iters > 0 {
+        let dq = dev.upload(&q)?;
+        let dtk = dev.upload(&topk)?;
+        let dpos = dev.upload(&pos)?;
+        let dreq = dev.upload(b.req)?;
+        let dws = dev.upload(&window_start)?;
+        let dmp = dev.upload(&main.bytes)?;
+        let dmbt = dev.upload(&main_bt)?;
+        let dsp = dev.upload(&swa.bytes)?;
+        let dsbt = dev.upload(&swa_bt)?;
+        let dsink = dev.upload(&sink)?;
+        let dfreq = dev.upload(&inv_freq)?;
+        let mut o = dev.zeros::<f32>(requests * 64 * KV)?;
+        let mut l = dev.zeros::<f32>(requests * 64)?;
+        let db = DecodeDevBatch {
+            q: &dq,
+            topk: &dtk,
+            topk_len,
+            pos: &dpos,
+            req: &dreq,
+            window_start: &dws,
+            main_pages: &dmp,
+            main_block_table: &dmbt,
+            main_max_blocks: main_max,
+            main_page_slots: page_slots,
+            swa_pages: &dsp,
+            swa_block_table: &dsbt,
+            swa_max_blocks: swa_max,
+            swa_page_slots: page_slots,
+            sink: Some(&dsink),
+            inv_freq: Some(&dfreq),
+            scale,
+            rows: requests,
+        };
+        let us = time_us(dev, size.iters, || {
+            dev.sparse_decode_attention_dev(&db, &mut o, &mut l)
+        })?;
+        let keys = topk.iter().filter(|&&v| v >= 0).count() * 288 + requests * 128 * 528;
+        rep.timing = Some((us, (keys + 2 * requests * 64 * KV * 4) as f64));
+    }
+    Ok(rep)
+}
+
+// ---- 6. mHC ----------------------------------------------------------------------------------------------
+
+pub fn check_mhc(dev: &Device, with_y: bool, size: Size, seed: u64) -> Result<Report> {
+    let mut rep = Report::new(format!(
+        "Mega-mHC boundary{}",
+        if with_y { "" } else { " (first sublayer)" }
+    ));
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (t, d) = if size.large { (512, 5120) } else { (6, 640) };
+    let bfv = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+    let x = bfv(normal(&mut rng, t * 4 * d, 1.0));
+    let y = bfv(normal(&mut rng, t * d, 1.0));
+    let post_prev: Vec<f32> = (0..t * 4).map(|_| rng.random_range(0.0..2.0)).collect();
+    let comb_prev: Vec<f32> = (0..t * 16).map(|_| rng.random_range(0.0..0.5)).collect();
+    let mut pre_c: Vec<f32> = (0..t * 4).map(|_| rng.random_range(0.0..1.0)).collect();
+    if !with_y {
+        pre_c
+            .chunks_mut(4)
+            .for_each(|p| p.copy_from_slice(&[1.0, 0.0, 0.0, 0.0]));
+    }
+    let fn_ = normal(&mut rng, 24 * 4 * d, 0.02);
+    let base = normal(&mut rng, 24, 0.5);
+    let scale = vec![0.7f32, 1.1, 0.9];
+    let norm_w: Vec<f32> = (0..d).map(|_| rng.random_range(0.5..1.5)).collect();
+    let site = MhcSite {
+        fn_: &fn_,
+        base: &base,
+        scale: &scale,
+        norm_w: &norm_w,
+        hidden: d,
+    };
+    let inp = MhcInputs {
+        x: &x,
+        y: with_y.then_some(y.as_slice()),
+        post_prev: &post_prev,
+        comb_prev: &comb_prev,
+        pre_carried: &pre_c,
+    };
+    let got = dev.mega_mhc(&site, &inp)?;
+    let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+    let yf: Vec<f32> = y.iter().map(|v| v.to_f32()).collect();
+    let want = mhc_ref(
+        &xf,
+        with_y.then_some(yf.as_slice()),
+        &post_prev,
+        &comb_prev,
+        &pre_c,
+        &fn_,
+        &base,
+        &scale,
+        &norm_w,
+        d,
+    );
+    let f = |v: &[bf16]| v.iter().map(|b| b.to_f32()).collect::<Vec<f32>>();
+    rep.stats(
+        "new streams X' (bf16)",
+        &f(&got.x),
+        &want.x,
+        &GPU_BF16_VS_F64,
+    );
+    rep.stats(
+        "sublayer input (bf16)",
+        &f(&got.x_in),
+        &want.x_in,
+        &GPU_BF16_VS_F64,
+    );
+    rep.stats("pre", &got.pre, &want.pre, &GPU_F32_VS_F64);
+    rep.stats("post", &got.post, &want.post, &GPU_F32_VS_F64);
+    rep.stats("comb (Sinkhorn)", &got.comb, &want.comb, &GPU_F32_VS_F64);
+    let again = dev.mega_mhc(&site, &inp)?;
+    rep.check("bitwise rerun", again == got, "");
+
+    if size.iters > 0 {
+        let dx = dev.upload(&x)?;
+        let dy = dev.upload(&y)?;
+        let dpp = dev.upload(&post_prev)?;
+        let dcp = dev.upload(&comb_prev)?;
+        let dpc = dev.upload(&pre_c)?;
+        let dfn = dev.upload(&fn_)?;
+        let db = dev.upload(&base)?;
+        let ds = dev.upload(&scale)?;
+        let dn = dev.upload(&norm_w)?;
+        let mut xo = dev.zeros::<bf16>(t * 4 * d)?;
+        let mut pre = dev.zeros::<f32>(t * 4)?;
+        let mut post = dev.zeros::<f32>(t * 4)?;
+        let mut comb = dev.zeros::<f32>(t * 16)?;
+        let mut xin = dev.zeros::<bf16>(t * d)?;
+        let a = MhcDevArgs {
+            x: &dx,
+            y: with_y.then_some(&dy),
+            post_prev: &dpp,
+            comb_prev: &dcp,
+            pre_carried: &dpc,
+            fn_: &dfn,
+            base: &db,
+            scale: &ds,
+            norm_w: &dn,
+            hidden: d,
+            tokens: t,
+        };
+        let us = time_us(dev, size.iters, || {
+            dev.mega_mhc_dev(&a, (&mut xo, &mut pre, &mut post, &mut comb, &mut xin))
+        })?;
+        // (2n + 2)·d bf16 per token (the fn matrix is L2-resident and not counted).
+        rep.timing = Some((us, (t * (2 * 4 + 2) * d * 2) as f64));
+    }
+    Ok(rep)
+}
+
+/// Every check, in order.
+pub fn all(dev: &Device, size: Size, seed: u64) -> Vec<(String, Result<Report>)> {
+    let mut v: Vec<(String, Result<Report>)> = vec![];
+    for (i, fmt) in [
+        RecordFormat::Nvfp4Ds,
+        RecordFormat::Mxfp4Index,
+        RecordFormat::Mxfp8,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        v.push((
+            format!("codec {}", fmt.name()),
+            check_codec(dev, fmt, size, seed + i as u64),
+        ));
+    }
+    v.push((
+        "compressor r1".into(),
+        check_compressor(dev, 1, size, seed + 10),
+    ));
+    v.push((
+        "compressor r2".into(),
+        check_compressor(dev, 2, size, seed + 11),
+    ));
+    v.push((
+        "indexer decode".into(),
+        check_indexer(dev, false, false, size, seed + 20),
+    ));
+    v.push((
+        "indexer prefill".into(),
+        check_indexer(dev, true, false, size, seed + 21),
+    ));
+    v.push((
+        "indexer masked".into(),
+        check_indexer(dev, false, true, size, seed + 22),
+    ));
+    v.push(("topk".into(), check_topk(dev, size, seed + 30)));
+    v.push(("candidates".into(), check_candidates(dev, size, seed + 31)));
+    v.push(("attention".into(), check_attention(dev, size, seed + 40)));
+    v.push(("mhc".into(), check_mhc(dev, true, size, seed + 50)));
+    v.push(("mhc first".into(), check_mhc(dev, false, size, seed + 51)));
+    v
+}
