@@ -50,6 +50,9 @@ fn c_smoke_test_passes() {
     let run = Command::new(&exe).output().unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "smoke test failed:\n{stdout}\n{stderr}");
+    assert!(
+        run.status.success(),
+        "smoke test failed:\n{stdout}\n{stderr}"
+    );
     assert!(stdout.contains("C smoke test passed"), "{stdout}");
 }

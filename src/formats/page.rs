@@ -73,7 +73,11 @@ impl PageLayout {
         if pb == 0 || pool_len % pb != 0 {
             return Err(Error::shape(
                 "page pool bytes",
-                format!("a multiple of the page size {pb} ({} slots × {} B)", self.slots, self.format.record_bytes()),
+                format!(
+                    "a multiple of the page size {pb} ({} slots × {} B)",
+                    self.slots,
+                    self.format.record_bytes()
+                ),
                 pool_len,
             ));
         }
@@ -82,7 +86,12 @@ impl PageLayout {
 
     /// Checks a slot mapping against a pool of `pages` pages and returns its `(slot, row)` pairs
     /// sorted by slot, −1 entries left out.
-    fn mapped_slots(&self, slot_mapping: &[i64], pages: usize, what: &str) -> Result<Vec<(usize, usize)>> {
+    fn mapped_slots(
+        &self,
+        slot_mapping: &[i64],
+        pages: usize,
+        what: &str,
+    ) -> Result<Vec<(usize, usize)>> {
         let total = pages * self.slots;
         let mut pairs = Vec::with_capacity(slot_mapping.len());
         for (row, &s) in slot_mapping.iter().enumerate() {
@@ -92,7 +101,10 @@ impl PageLayout {
             if s < 0 || s as u64 >= total as u64 {
                 return Err(Error::invalid(
                     what,
-                    format!("entry {row} = {s} is outside −1 or 0..{total} ({pages} pages × {} slots)", self.slots),
+                    format!(
+                        "entry {row} = {s} is outside −1 or 0..{total} ({pages} pages × {} slots)",
+                        self.slots
+                    ),
                 ));
             }
             pairs.push((s as usize, row));
@@ -109,12 +121,21 @@ impl PageLayout {
     /// Errors: [`Error::Shape`] when `x` is not `slot_mapping.len()` rows or the pool is not whole
     /// pages; [`Error::Invalid`] naming `slot_mapping` for an entry outside −1 or `0..pages·slots`, or
     /// a slot named twice (the result would depend on the write order). Nothing is written on error.
-    pub fn encode_into_pages(&self, x: &[f32], slot_mapping: &[i64], pool: &mut [u8]) -> Result<()> {
+    pub fn encode_into_pages(
+        &self,
+        x: &[f32],
+        slot_mapping: &[i64],
+        pool: &mut [u8],
+    ) -> Result<()> {
         let dim = self.format.dim();
         if x.len() != slot_mapping.len() * dim {
             return Err(Error::shape(
                 "rows to encode (values)",
-                format!("{} ({} slot_mapping entries × {dim})", slot_mapping.len() * dim, slot_mapping.len()),
+                format!(
+                    "{} ({} slot_mapping entries × {dim})",
+                    slot_mapping.len() * dim,
+                    slot_mapping.len()
+                ),
                 x.len(),
             ));
         }

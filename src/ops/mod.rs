@@ -10,6 +10,6 @@ pub mod compressor;
 pub mod indexer;
 pub mod mhc;
 pub mod rope;
-pub mod testutil;
 pub mod simd;
+pub mod testutil;
 pub mod topk;

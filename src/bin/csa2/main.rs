@@ -6,10 +6,10 @@ use std::process::ExitCode;
 mod bench;
 mod codec;
 mod geometry;
-mod ssd_writer;
-mod trace;
 mod make_checkpoint;
 mod op;
+mod ssd_writer;
+mod trace;
 
 #[derive(Parser)]
 #[command(

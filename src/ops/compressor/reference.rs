@@ -60,12 +60,26 @@ pub fn compress(
             .collect();
         let pos = (start_pos / ratio + g) * ratio;
         let mut mkv: Vec<f64> = lat.iter().map(|&v| v as f64).collect();
-        rotate_f64(rope, &mut mkv[KV_DIM - rope.rope_dim()..], pos as u64, Direction::Forward);
+        rotate_f64(
+            rope,
+            &mut mkv[KV_DIM - rope.rope_dim()..],
+            pos as u64,
+            Direction::Forward,
+        );
         let y: Vec<f64> = (0..INDEX_DIM)
-            .map(|i| (0..KV_DIM).map(|c| w.wk[i * KV_DIM + c] as f64 * lat[c] as f64).sum())
+            .map(|i| {
+                (0..KV_DIM)
+                    .map(|c| w.wk[i * KV_DIM + c] as f64 * lat[c] as f64)
+                    .sum()
+            })
             .collect();
         let mut ik = rms_f64(&y, w.k_norm, eps);
-        rotate_f64(rope, &mut ik[INDEX_DIM - rope.rope_dim()..], pos as u64, Direction::Forward);
+        rotate_f64(
+            rope,
+            &mut ik[INDEX_DIM - rope.rope_dim()..],
+            pos as u64,
+            Direction::Forward,
+        );
         latent.extend(lat);
         main_kv.extend(mkv);
         index_k.extend(ik);

@@ -38,16 +38,29 @@ pub fn select(logits: &[f32], visible: usize, out: &mut [i32]) -> usize {
 /// in parallel. Returns the per-row counts.
 ///
 /// Errors: [`Error::Shape`] when the lengths disagree.
-pub fn select_rows(logits: &[f32], n: usize, visible: &[usize], out: &mut [i32]) -> Result<Vec<usize>> {
+pub fn select_rows(
+    logits: &[f32],
+    n: usize,
+    visible: &[usize],
+    out: &mut [i32],
+) -> Result<Vec<usize>> {
     let rows = visible.len();
     if logits.len() != rows * n {
-        return Err(Error::shape("top-k logits", format!("[{rows}, {n}]"), format!("{} values", logits.len())));
+        return Err(Error::shape(
+            "top-k logits",
+            format!("[{rows}, {n}]"),
+            format!("{} values", logits.len()),
+        ));
     }
     if rows == 0 {
         return Ok(Vec::new());
     }
     if out.len() % rows != 0 {
-        return Err(Error::shape("top-k output", format!("{rows} rows"), format!("{} values", out.len())));
+        return Err(Error::shape(
+            "top-k output",
+            format!("{rows} rows"),
+            format!("{} values", out.len()),
+        ));
     }
     let k = out.len() / rows;
     if k == 0 {
