@@ -124,7 +124,11 @@ fn e2m1_half_gap(a: f64) -> f64 {
 
 /// Half an E4M3 ulp at magnitude `a` ≤ 448 (subnormal quantum 2^-9).
 fn e4m3_half_ulp(a: f64) -> f64 {
-    let k = if a > 0.0 { a.log2().floor().max(-6.0) } else { -6.0 };
+    let k = if a > 0.0 {
+        a.log2().floor().max(-6.0)
+    } else {
+        -6.0
+    };
     2f64.powf(k - 4.0)
 }
 
@@ -132,11 +136,21 @@ fn check_bound(fmt: RecordFormat, x: &[f32], rec: &[u8], y: &[f32]) -> Result<()
     let db = fmt.data_bytes();
     let xb: Vec<f64> = x.iter().map(|&v| bf16_round(v) as f64).collect();
     let (block, scales): (usize, Vec<f64>) = match fmt {
-        RecordFormat::Nvfp4Ds => (16, rec[db..].iter().map(|&b| e4m3_decode(b) as f64).collect()),
-        RecordFormat::Mxfp4Index | RecordFormat::Mxfp8 => {
-            (32, rec[db..].iter().map(|&b| e8m0_decode(b) as f64).collect())
-        }
-        RecordFormat::V4Record => (64, rec[db..db + 7].iter().map(|&b| e8m0_decode(b) as f64).collect()),
+        RecordFormat::Nvfp4Ds => (
+            16,
+            rec[db..].iter().map(|&b| e4m3_decode(b) as f64).collect(),
+        ),
+        RecordFormat::Mxfp4Index | RecordFormat::Mxfp8 => (
+            32,
+            rec[db..].iter().map(|&b| e8m0_decode(b) as f64).collect(),
+        ),
+        RecordFormat::V4Record => (
+            64,
+            rec[db..db + 7]
+                .iter()
+                .map(|&b| e8m0_decode(b) as f64)
+                .collect(),
+        ),
         RecordFormat::Fp8Index => (
             128,
             vec![f32::from_le_bytes(rec[db..db + 4].try_into().unwrap()) as f64],
@@ -151,13 +165,22 @@ fn check_bound(fmt: RecordFormat, x: &[f32], rec: &[u8], y: &[f32]) -> Result<()
         }
         let s = scales[i / block];
         let a = xv.abs() / s;
-        let half = if fp4 { e2m1_half_gap(a) } else { e4m3_half_ulp(a.min(448.0)) + (a - 448.0).max(0.0) };
+        let half = if fp4 {
+            e2m1_half_gap(a)
+        } else {
+            e4m3_half_ulp(a.min(448.0)) + (a - 448.0).max(0.0)
+        };
         // 2^-20 relative slack for the f32 rounding of x / s.
         let bound = half * s * (1.0 + 1e-6) + xv.abs() * 2f64.powi(-20);
         prop_assert!(
             (xv - yv).abs() <= bound,
             "{:?} value {}: x {} decoded {} scale {} bound {}",
-            fmt, i, xv, yv, s, bound
+            fmt,
+            i,
+            xv,
+            yv,
+            s,
+            bound
         );
     }
     Ok(())
@@ -170,7 +193,9 @@ fn row(dim: usize) -> impl Strategy<Value = Vec<f32>> {
     })
 }
 
-fn for_each_format(f: impl Fn(RecordFormat) -> Result<(), TestCaseError>) -> Result<(), TestCaseError> {
+fn for_each_format(
+    f: impl Fn(RecordFormat) -> Result<(), TestCaseError>,
+) -> Result<(), TestCaseError> {
     for fmt in RecordFormat::ALL {
         f(fmt)?;
     }
@@ -219,7 +244,10 @@ proptest! {
 // ---- edge rows, expectations derived from SPEC §1 --------------------------------------------
 
 fn nibbles(rec: &[u8], n: usize) -> Vec<u8> {
-    rec[..n / 2].iter().flat_map(|b| [b & 0xF, b >> 4]).collect()
+    rec[..n / 2]
+        .iter()
+        .flat_map(|b| [b & 0xF, b >> 4])
+        .collect()
 }
 
 #[test]
@@ -259,7 +287,10 @@ fn edge_rows_follow_the_spec() {
     x[..ties.len()].copy_from_slice(&ties);
     let r = encode(Mxfp4Index, &x);
     assert_eq!(r[64], 127);
-    assert_eq!(&nibbles(&r, 128)[..ties.len()], &[7, 0, 2, 2, 4, 4, 6, 6, 8, 14]);
+    assert_eq!(
+        &nibbles(&r, 128)[..ties.len()],
+        &[7, 0, 2, 2, 4, 4, 6, 6, 8, 14]
+    );
     let d = decode(Mxfp4Index, &r);
     for (i, &c) in [7u8, 0, 2, 2, 4, 4, 6, 6, 8, 14].iter().enumerate() {
         assert_eq!(d[i].to_bits(), e2m1_decode(c).to_bits());

@@ -5,7 +5,10 @@ use serde_json::{json, Value};
 use std::process::Command;
 
 fn base() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/deepseek_v41_flash_config.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/assets/deepseek_v41_flash_config.json"
+    );
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
@@ -22,7 +25,10 @@ fn run_geometry(config: &str) -> (bool, String) {
         .arg(&p)
         .output()
         .unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -47,27 +53,47 @@ fn malformed_configs_fail_with_one_line_naming_the_field() {
         ("id out of range", "text_config.kv_source_layer_ids", |v| {
             text(v)["kv_source_layer_ids"] = json!([2, 8, 14, 99]);
         }),
-        ("compressed layer with no KV source below it", "text_config.kv_source_layer_ids", |v| {
-            text(v)["kv_source_layer_ids"] = json!([8, 14, 20]);
-        }),
-        ("source with a different ratio", "text_config.kv_source_layer_ids", |v| {
-            text(v)["compress_ratios"][21] = json!(2);
-        }),
-        ("candidate source not Full", "text_config.candidate_source_layer_id", |v| {
-            text(v)["candidate_source_layer_id"] = json!(24);
-        }),
+        (
+            "compressed layer with no KV source below it",
+            "text_config.kv_source_layer_ids",
+            |v| {
+                text(v)["kv_source_layer_ids"] = json!([8, 14, 20]);
+            },
+        ),
+        (
+            "source with a different ratio",
+            "text_config.kv_source_layer_ids",
+            |v| {
+                text(v)["compress_ratios"][21] = json!(2);
+            },
+        ),
+        (
+            "candidate source not Full",
+            "text_config.candidate_source_layer_id",
+            |v| {
+                text(v)["candidate_source_layer_id"] = json!(24);
+            },
+        ),
         ("text_config not an object", "text_config", |v| {
             v["text_config"] = json!([1, 2]);
         }),
-        ("non-increasing ids", "text_config.index_source_layer_ids", |v| {
-            text(v)["index_source_layer_ids"] = json!([2, 8, 8, 14, 20, 24, 28, 32, 36]);
-        }),
+        (
+            "non-increasing ids",
+            "text_config.index_source_layer_ids",
+            |v| {
+                text(v)["index_source_layer_ids"] = json!([2, 8, 8, 14, 20, 24, 28, 32, 36]);
+            },
+        ),
         ("negative count", "text_config.num_attention_heads", |v| {
             text(v)["num_attention_heads"] = json!(-64);
         }),
-        ("list entry of the wrong type", "text_config.compress_ratios", |v| {
-            text(v)["compress_ratios"][5] = json!("two");
-        }),
+        (
+            "list entry of the wrong type",
+            "text_config.compress_ratios",
+            |v| {
+                text(v)["compress_ratios"][5] = json!("two");
+            },
+        ),
         ("zero layers", "text_config.num_hidden_layers", |v| {
             text(v)["num_hidden_layers"] = json!(0);
         }),
@@ -77,9 +103,16 @@ fn malformed_configs_fail_with_one_line_naming_the_field() {
         edit(&mut v);
         let (ok, err) = run_geometry(&v.to_string());
         assert!(!ok, "{what}: accepted");
-        assert_eq!(err.trim_end().lines().count(), 1, "{what}: stderr is not one line:\n{err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{what}: stderr is not one line:\n{err}"
+        );
         assert!(!err.contains("panicked"), "{what}: panicked:\n{err}");
-        assert!(err.contains(&format!("`{field}`")), "{what}: message does not name `{field}`: {err}");
+        assert!(
+            err.contains(&format!("`{field}`")),
+            "{what}: message does not name `{field}`: {err}"
+        );
     }
 }
 

@@ -86,7 +86,12 @@ pub unsafe extern "C" fn csa2_encode_rows(
     boundary("csa2_encode_rows", || {
         let f = format(format_id)?;
         // SAFETY: buffer validity is the caller's contract; null and alignment are checked.
-        let (x, out) = unsafe { (arg_slice(x, n_values, "x")?, arg_slice_mut(out, out_len, "out")?) };
+        let (x, out) = unsafe {
+            (
+                arg_slice(x, n_values, "x")?,
+                arg_slice_mut(out, out_len, "out")?,
+            )
+        };
         encode_rows(f, x, out)
     })
 }
@@ -108,7 +113,12 @@ pub unsafe extern "C" fn csa2_decode_rows(
     boundary("csa2_decode_rows", || {
         let f = format(format_id)?;
         // SAFETY: buffer validity is the caller's contract; null and alignment are checked.
-        let (r, out) = unsafe { (arg_slice(records, len, "records")?, arg_slice_mut(out, n_values, "out")?) };
+        let (r, out) = unsafe {
+            (
+                arg_slice(records, len, "records")?,
+                arg_slice_mut(out, n_values, "out")?,
+            )
+        };
         decode_rows(f, r, out)
     })
 }
@@ -138,7 +148,10 @@ pub unsafe extern "C" fn csa2_encode_into_pages(
             return Err(Error::invalid("slots_per_page", "must be > 0, found 0"));
         }
         let n_values = n_rows.checked_mul(f.dim()).ok_or_else(|| {
-            Error::invalid("n_rows", format!("{n_rows} rows overflow the address space"))
+            Error::invalid(
+                "n_rows",
+                format!("{n_rows} rows overflow the address space"),
+            )
         })?;
         // SAFETY: buffer validity is the caller's contract; null and alignment are checked.
         let (x, map, pool) = unsafe {
@@ -148,6 +161,10 @@ pub unsafe extern "C" fn csa2_encode_into_pages(
                 arg_slice_mut(pool, pool_len, "pool")?,
             )
         };
-        PageLayout { format: f, slots: slots_per_page }.encode_into_pages(x, map, pool)
+        PageLayout {
+            format: f,
+            slots: slots_per_page,
+        }
+        .encode_into_pages(x, map, pool)
     })
 }

@@ -103,7 +103,9 @@ pub unsafe extern "C" fn csa2_geometry_from_json(
 /// `out` must point to a writable pointer slot.
 #[no_mangle]
 pub unsafe extern "C" fn csa2_geometry_embedded(out: *mut *mut Csa2Geometry) -> Csa2Status {
-    boundary("csa2_geometry_embedded", || publish(out, Geometry::embedded()))
+    boundary("csa2_geometry_embedded", || {
+        publish(out, Geometry::embedded())
+    })
 }
 
 /// Frees a handle from `csa2_geometry_from_json` / `csa2_geometry_embedded`. Null is a no-op.
@@ -125,7 +127,10 @@ pub unsafe extern "C" fn csa2_geometry_free(g: *mut Csa2Geometry) {
 /// # Safety
 /// `g` must be a live handle; `out` writable.
 #[no_mangle]
-pub unsafe extern "C" fn csa2_geometry_num_layers(g: *const Csa2Geometry, out: *mut usize) -> Csa2Status {
+pub unsafe extern "C" fn csa2_geometry_num_layers(
+    g: *const Csa2Geometry,
+    out: *mut usize,
+) -> Csa2Status {
     boundary("csa2_geometry_num_layers", || {
         // SAFETY: pointer validity is the caller's contract; null is checked.
         let (g, out) = unsafe { (arg_ref(g, "geometry")?, arg_out(out, "out")?) };

@@ -117,7 +117,10 @@ pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> Result<()>) ->
             Csa2Status::of(&e)
         }
         Err(p) => {
-            set_last_error(format!("{name}: panic (a csa2 bug): {}", panic_message(&*p)));
+            set_last_error(format!(
+                "{name}: panic (a csa2 bug): {}",
+                panic_message(&*p)
+            ));
             Csa2Status::Csa2ErrPanic
         }
     }
@@ -128,7 +131,10 @@ pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> Result<()>) ->
 pub(crate) fn boundary_value<T>(name: &'static str, fallback: T, body: impl FnOnce() -> T) -> T {
     clear_last_error();
     catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|p| {
-        set_last_error(format!("{name}: panic (a csa2 bug): {}", panic_message(&*p)));
+        set_last_error(format!(
+            "{name}: panic (a csa2 bug): {}",
+            panic_message(&*p)
+        ));
         fallback
     })
 }
@@ -169,7 +175,11 @@ fn check_aligned<T>(p: *const T, what: &'static str) -> Result<()> {
 /// # Safety
 /// A non-null `p` must point to `len` initialised `T`s that stay valid and unaliased by writers
 /// for `'a`.
-pub(crate) unsafe fn arg_slice<'a, T>(p: *const T, len: usize, what: &'static str) -> Result<&'a [T]> {
+pub(crate) unsafe fn arg_slice<'a, T>(
+    p: *const T,
+    len: usize,
+    what: &'static str,
+) -> Result<&'a [T]> {
     if p.is_null() {
         return if len == 0 {
             Ok(&[])
@@ -186,7 +196,11 @@ pub(crate) unsafe fn arg_slice<'a, T>(p: *const T, len: usize, what: &'static st
 ///
 /// # Safety
 /// A non-null `p` must point to `len` writable `T`s not aliased by any other live reference for `'a`.
-pub(crate) unsafe fn arg_slice_mut<'a, T>(p: *mut T, len: usize, what: &'static str) -> Result<&'a mut [T]> {
+pub(crate) unsafe fn arg_slice_mut<'a, T>(
+    p: *mut T,
+    len: usize,
+    what: &'static str,
+) -> Result<&'a mut [T]> {
     if p.is_null() {
         return if len == 0 {
             Ok(&mut [])
@@ -249,16 +263,29 @@ mod tests {
         let errs = [
             Error::ConfigJson("x".into()),
             Error::ConfigMissing { field: "f".into() },
-            Error::ConfigInvalid { field: "f".into(), reason: "r".into() },
+            Error::ConfigInvalid {
+                field: "f".into(),
+                reason: "r".into(),
+            },
             Error::shape("a", 1, 2),
             Error::invalid("a", "b"),
             Error::NullPointer("p"),
-            Error::OutOfBlocks { requested: 1, free: 0, evictable: 0 },
-            Error::Corrupt { path: "p".into(), reason: "r".into() },
+            Error::OutOfBlocks {
+                requested: 1,
+                free: 0,
+                evictable: 0,
+            },
+            Error::Corrupt {
+                path: "p".into(),
+                reason: "r".into(),
+            },
             Error::NotFound("k".into()),
             Error::Refused("r".into()),
             Error::io("p", std::io::Error::other("x")),
-            Error::Parse { path: "p".into(), reason: "r".into() },
+            Error::Parse {
+                path: "p".into(),
+                reason: "r".into(),
+            },
             Error::Unsupported("u".into()),
             Error::Internal("i".into()),
         ];
@@ -273,7 +300,9 @@ mod tests {
         let n = csa2_last_error_message(std::ptr::null_mut(), 0);
         let mut buf = vec![0 as c_char; n];
         assert_eq!(csa2_last_error_message(buf.as_mut_ptr(), n), n);
-        let text = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap();
+        let text = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_str()
+            .unwrap();
         assert!(text.contains("boom"), "{text}");
         assert_eq!(boundary("t", || Ok(())), Csa2Status::Csa2Ok);
         assert_eq!(csa2_last_error_message(std::ptr::null_mut(), 0), 0);

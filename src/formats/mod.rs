@@ -12,8 +12,8 @@ pub mod records;
 pub mod scalar;
 
 pub use records::{
-    decode_rows, decode_rows_with, encode_rows, encode_rows_with, RecordFormat, FP8_INDEX_BYTES, INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES,
-    MXFP8_BYTES, NOPE_DIM, NVFP4_DS_BYTES, V4_RECORD_BYTES,
+    decode_rows, decode_rows_with, encode_rows, encode_rows_with, RecordFormat, FP8_INDEX_BYTES,
+    INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, MXFP8_BYTES, NOPE_DIM, NVFP4_DS_BYTES, V4_RECORD_BYTES,
 };
 
 use rayon::prelude::*;

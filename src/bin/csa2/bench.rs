@@ -57,7 +57,14 @@ fn codecs(a: &Args) -> csa2::Result<()> {
         );
         println!(
             "{:<9} {:<7} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
-            "format", "isa", "enc GB/s", "dec GB/s", "memcpy", "enc/cpy", "enc Mrow/s", "dec Mrow/s"
+            "format",
+            "isa",
+            "enc GB/s",
+            "dec GB/s",
+            "memcpy",
+            "enc/cpy",
+            "enc Mrow/s",
+            "dec Mrow/s"
         );
     }
     for fmt in RecordFormat::ALL {
@@ -81,7 +88,11 @@ fn codecs(a: &Args) -> csa2::Result<()> {
                 decode_rows_with(isa, fmt, black_box(&rec), &mut y).expect("sizes are consistent");
                 black_box(&y);
             });
-            let (enc, dec, cpy) = (bytes / t_enc / 1e9, bytes / t_dec / 1e9, bytes / t_copy / 1e9);
+            let (enc, dec, cpy) = (
+                bytes / t_enc / 1e9,
+                bytes / t_dec / 1e9,
+                bytes / t_copy / 1e9,
+            );
             let (enc_rows, dec_rows) = (a.rows as f64 / t_enc / 1e6, a.rows as f64 / t_dec / 1e6);
             if a.json {
                 println!(

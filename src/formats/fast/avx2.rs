@@ -319,11 +319,7 @@ fn decode_e2m1_blocks<const B: usize>(data: &[u8], scales: &[f32], out: &mut [f3
 
 #[target_feature(enable = "avx2")]
 fn decode_mxfp8<const B: usize>(data: &[u8], scale: &[u8], out: &mut [f32]) {
-    for ((di, oi), &sb) in data
-        .chunks_exact(B)
-        .zip(out.chunks_exact_mut(B))
-        .zip(scale)
-    {
+    for ((di, oi), &sb) in data.chunks_exact(B).zip(out.chunks_exact_mut(B)).zip(scale) {
         let s = _mm256_set1_ps(e8m0_decode(sb));
         let (dv, _) = di.as_chunks::<8>();
         let (ov, _) = oi.as_chunks_mut::<8>();

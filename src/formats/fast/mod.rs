@@ -55,7 +55,10 @@ impl Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
         *BEST.get_or_init(|| {
             let top = Isa::supported().pop().unwrap_or(Isa::Scalar);
-            match std::env::var("CSA2_ISA").ok().and_then(|s| Isa::from_name(&s).ok()) {
+            match std::env::var("CSA2_ISA")
+                .ok()
+                .and_then(|s| Isa::from_name(&s).ok())
+            {
                 Some(cap) if cap.is_supported() => cap,
                 _ => top,
             }
@@ -73,12 +76,12 @@ impl Isa {
 
     /// Parses `scalar`, `avx2` or `avx512`.
     pub fn from_name(s: &str) -> Result<Isa> {
-        Isa::ALL
-            .into_iter()
-            .find(|i| i.name() == s)
-            .ok_or_else(|| {
-                Error::invalid("isa", format!("unknown ISA `{s}` (expected scalar, avx2 or avx512)"))
-            })
+        Isa::ALL.into_iter().find(|i| i.name() == s).ok_or_else(|| {
+            Error::invalid(
+                "isa",
+                format!("unknown ISA `{s}` (expected scalar, avx2 or avx512)"),
+            )
+        })
     }
 
     /// Errors with [`Error::Unsupported`] when this CPU cannot run the level.
@@ -109,7 +112,13 @@ fn check_row(fmt: RecordFormat, values: usize, data: usize, scale: usize) {
 /// Panics when the slice lengths are not `fmt.dim()`, `fmt.data_bytes()`, `fmt.scale_bytes()`
 /// (crate-internal callers check them first).
 #[inline]
-pub(crate) fn encode_row(isa: Isa, fmt: RecordFormat, x: &[f32], data: &mut [u8], scale: &mut [u8]) {
+pub(crate) fn encode_row(
+    isa: Isa,
+    fmt: RecordFormat,
+    x: &[f32],
+    data: &mut [u8],
+    scale: &mut [u8],
+) {
     check_row(fmt, x.len(), data.len(), scale.len());
     match isa {
         #[cfg(target_arch = "x86_64")]
