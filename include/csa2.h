@@ -135,6 +135,9 @@ const char *csa2_version(void);
 // Returns the size needed for the whole message including its NUL (0 when there is no error),
 // so a caller can call once with `len = 0` to size the buffer. `buf` may be null when `len` is 0.
 // The message survives this call (it is cleared by the next fallible call).
+//
+// # Safety
+// A non-null `buf` must have room for `len` bytes.
 size_t csa2_last_error_message(char *buf, size_t len);
 
 // Writes the sizes of `format_id` (a `Csa2Format`) to `*out`.

@@ -6,6 +6,9 @@ use super::RecordFormat;
 use crate::error::{Error, Result};
 use rayon::prelude::*;
 
+/// One touched page of a pool and the `(slot, row)` pairs that go into it.
+type PageRun<'a> = (&'a mut [u8], &'a [(usize, usize)]);
+
 /// A view of one block-planar page layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageLayout {
@@ -70,7 +73,7 @@ impl PageLayout {
     /// a whole number of pages.
     pub fn pages_in(&self, pool_len: usize) -> Result<usize> {
         let pb = self.page_bytes();
-        if pb == 0 || pool_len % pb != 0 {
+        if pb == 0 || !pool_len.is_multiple_of(pb) {
             return Err(Error::shape(
                 "page pool bytes",
                 format!(
@@ -149,7 +152,7 @@ impl PageLayout {
         }
         // Cut the pool into the touched pages, each with its run of (slot, row) pairs.
         let pb = self.page_bytes();
-        let mut work: Vec<(&mut [u8], &[(usize, usize)])> = Vec::new();
+        let mut work: Vec<PageRun> = Vec::new();
         let mut rest = pool;
         let mut next_page = 0;
         let mut i = 0;
@@ -167,7 +170,7 @@ impl PageLayout {
         let (db, slots) = (self.format.data_bytes(), self.slots);
         let sb = self.format.scale_bytes();
         let fmt = self.format;
-        let write_page = |(page, run): (&mut [u8], &[(usize, usize)])| {
+        let write_page = |(page, run): PageRun| {
             let (data, scales) = page.split_at_mut(slots * db);
             for &(slot, row) in run {
                 let off = slot % slots;
