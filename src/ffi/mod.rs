@@ -3,7 +3,7 @@
 //! Conventions, for every exported function:
 //! - it returns a [`Csa2Status`] (`CSA2_OK` = 0) unless it is a pure query that cannot fail;
 //! - on failure the message (with the offending values) is kept in a thread-local last error,
-//!   read with [`csa2_last_error_message`]; every call through the boundary clears it first;
+//!   read with [`csa2_last_error_message`]; every fallible call clears it first;
 //! - pointers are checked for null, buffers come with explicit lengths, and nothing is written to
 //!   an output unless the call succeeds;
 //! - a panic never crosses the boundary: it is caught and reported as `CSA2_ERR_PANIC`;
@@ -127,9 +127,9 @@ pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> Result<()>) ->
 }
 
 /// [`boundary`] for functions that cannot report a status (queries, `_free`): a panic is recorded
-/// in the last error and `fallback` is returned.
+/// in the last error and `fallback` is returned. The last error is otherwise left alone, so such a
+/// call between a failure and reading its message does not lose it.
 pub(crate) fn boundary_value<T>(name: &'static str, fallback: T, body: impl FnOnce() -> T) -> T {
-    clear_last_error();
     catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|p| {
         set_last_error(format!(
             "{name}: panic (a csa2 bug): {}",
