@@ -11,7 +11,9 @@ const ROWS: usize = 1024;
 fn codecs(c: &mut Criterion) {
     for fmt in RecordFormat::ALL {
         let n = ROWS * fmt.dim();
-        let x: Vec<f32> = (0..n).map(|i| ((i * 2654435761) % 1000) as f32 * 0.006 - 3.0).collect();
+        let x: Vec<f32> = (0..n)
+            .map(|i| ((i * 2654435761) % 1000) as f32 * 0.006 - 3.0)
+            .collect();
         let mut rec = vec![0u8; ROWS * fmt.record_bytes()];
         let mut y = vec![0f32; n];
         let mut g = c.benchmark_group(format!("codec/{}", fmt.name()));
