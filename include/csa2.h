@@ -8,88 +8,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// Page alignment in bytes: every page (data + scale regions) starts on a 512-B boundary, the TMA
-// alignment vLLM uses for V4.1 records on SM100 (research/vllm_v41.md §3.4).
-#define PAGE_ALIGN 512
-
-// Query heads.
-#define HEADS 64
-
-// SWA window.
-#define WINDOW 128
-
-// Index-query heads.
-#define INDEX_HEADS 32
-
-// Index head dim.
-#define INDEX_HEAD_DIM 128
-
-// Entries per candidate block.
-#define CANDIDATE_BLOCK 8
-
-// Blocks kept in the candidate pool.
-#define CANDIDATE_BLOCKS 2048
-
-// Hyper-connection streams.
-#define STREAMS 4
-
-// Coefficients per site (4 pre + 4 post + 16 comb).
-#define MIX 24
-
-// Largest hidden size the kernel's shared memory holds.
-#define MAX_HIDDEN 5120
-
-// Bytes of one NVFP4-DS main-KV record.
-#define NVFP4_DS_BYTES 288
-
-// Bytes of one MXFP4 index-K record.
-#define MXFP4_INDEX_BYTES 68
-
-// Bytes of one MXFP8 record.
-#define MXFP8_BYTES 528
-
-// Bytes of one V4 record.
-#define V4_RECORD_BYTES 584
-
-// Bytes of one FP8 index-K record.
-#define FP8_INDEX_BYTES 132
-
-// Latent width (values per main-KV / SWA row).
-#define KV_DIM 512
-
-// Index-K width.
-#define INDEX_DIM 128
-
-// NoPE dims of a latent (V4 record).
-#define NOPE_DIM 448
-
-// Largest finite E4M3 value.
-#define E4M3_MAX 448.0
-
-// Tokens per `hash_ids` block in Mooncake traces.
-#define TRACE_BLOCK_TOKENS 512
-
-// One hour in milliseconds.
-#define HOUR_MS 3600000
-
-// Default TTL: 5 minutes.
-#define DEFAULT_TTL_MS ((5 * 60) * 1000)
-
-// Header bytes before the payload.
-#define HEADER_BYTES 64
-
-// Hyper-connection streams (n = 4; `hc_mult` in the config).
-#define HC 4
-
-// Most rotated pairs supported (CSA2 uses 32); lets the fast path keep cos/sin on the stack.
-#define MAX_PAIRS 128
-
-// The indexer's k (SPEC §2: 512).
-#define INDEX_TOPK 512
-
-// FP8 weight block edge (config `weight_block_size = [32, 32]`).
-#define FP8_BLOCK 32
-
 // Status code returned by every fallible C ABI function. Groups: 1xx configuration, 2xx arguments,
 // 3xx cache and store, 4xx I/O and environment, 5xx internal.
 typedef enum {
@@ -209,29 +127,6 @@ typedef struct {
   uint8_t encoder;
 } Csa2LayerInfo;
 
-
-
-
-
-
-
-// Magnitudes of the 8 E2M1 codes (bit 3 is the sign).
-#define E2M1_VALUES { 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, }
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -245,6 +140,9 @@ const char *csa2_version(void);
 // Returns the size needed for the whole message including its NUL (0 when there is no error),
 // so a caller can call once with `len = 0` to size the buffer. `buf` may be null when `len` is 0.
 // The message survives this call (it is cleared by the next fallible call).
+//
+// # Safety
+// A non-null `buf` must have room for `len` bytes.
 size_t csa2_last_error_message(char *buf, size_t len);
 
 // Writes the sizes of `format_id` (a `Csa2Format`) to `*out`.

@@ -5,21 +5,28 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn cdylib_dir() -> PathBuf {
-    // The test binary lives in target/<profile>/deps; the cdylib in target/<profile>.
+    // The test binary lives in target/<profile>/deps. `cargo test` writes the cdylib there and only
+    // `cargo build` copies it up to target/<profile>, so the copy up there may be stale: take the
+    // newer of the two.
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
     let profile = deps.parent().unwrap();
-    for dir in [profile, deps] {
-        if dir.join("libcsa2.so").exists() {
-            return dir.to_path_buf();
-        }
+    let found = [deps, profile]
+        .into_iter()
+        .filter_map(|d| {
+            let m = std::fs::metadata(d.join("libcsa2.so")).ok()?;
+            Some((m.modified().ok()?, d.to_path_buf()))
+        })
+        .max();
+    match found {
+        Some((_, dir)) => dir,
+        None => panic!(
+            "libcsa2.so not found in {} or {}: build the library first (`cargo build --lib` or \
+             `cargo test --all-targets`)",
+            deps.display(),
+            profile.display()
+        ),
     }
-    panic!(
-        "libcsa2.so not found in {} or {}: build the library first (`cargo build --lib` or \
-         `cargo test --all-targets`)",
-        profile.display(),
-        deps.display()
-    );
 }
 
 #[test]
@@ -47,7 +54,12 @@ fn c_smoke_test_passes() {
         "compiling smoke.c failed:\n{}",
         String::from_utf8_lossy(&build.stderr)
     );
-    let run = Command::new(&exe).output().unwrap();
+    // cargo puts target/<profile> on LD_LIBRARY_PATH, which outranks the rpath; point it at the
+    // library we linked against.
+    let run = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &lib)
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(

@@ -3,7 +3,7 @@
 //! Conventions, for every exported function:
 //! - it returns a [`Csa2Status`] (`CSA2_OK` = 0) unless it is a pure query that cannot fail;
 //! - on failure the message (with the offending values) is kept in a thread-local last error,
-//!   read with [`csa2_last_error_message`]; every call through the boundary clears it first;
+//!   read with [`csa2_last_error_message`]; every fallible call clears it first;
 //! - pointers are checked for null, buffers come with explicit lengths, and nothing is written to
 //!   an output unless the call succeeds;
 //! - a panic never crosses the boundary: it is caught and reported as `CSA2_ERR_PANIC`;
@@ -130,9 +130,9 @@ pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> Result<()>) ->
 }
 
 /// [`boundary`] for functions that cannot report a status (queries, `_free`): a panic is recorded
-/// in the last error and `fallback` is returned.
+/// in the last error and `fallback` is returned. The last error is otherwise left alone, so such a
+/// call between a failure and reading its message does not lose it.
 pub(crate) fn boundary_value<T>(name: &'static str, fallback: T, body: impl FnOnce() -> T) -> T {
-    clear_last_error();
     catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|p| {
         set_last_error(format!(
             "{name}: panic (a csa2 bug): {}",
@@ -161,7 +161,7 @@ pub(crate) unsafe fn arg_out<'a, T>(p: *mut T, what: &'static str) -> Result<&'a
 }
 
 fn check_aligned<T>(p: *const T, what: &'static str) -> Result<()> {
-    if (p as usize) % std::mem::align_of::<T>() != 0 {
+    if !(p as usize).is_multiple_of(std::mem::align_of::<T>()) {
         return Err(Error::invalid(
             what,
             format!(
@@ -230,8 +230,11 @@ pub extern "C" fn csa2_version() -> *const c_char {
 /// Returns the size needed for the whole message including its NUL (0 when there is no error),
 /// so a caller can call once with `len = 0` to size the buffer. `buf` may be null when `len` is 0.
 /// The message survives this call (it is cleared by the next fallible call).
+///
+/// # Safety
+/// A non-null `buf` must have room for `len` bytes.
 #[no_mangle]
-pub extern "C" fn csa2_last_error_message(buf: *mut c_char, len: usize) -> usize {
+pub unsafe extern "C" fn csa2_last_error_message(buf: *mut c_char, len: usize) -> usize {
     // Not through `boundary_value`: reading the last error must not clear it.
     catch_unwind(|| {
         LAST_ERROR.with(|e| {
@@ -300,24 +303,30 @@ mod tests {
 
         let s = boundary("t", || panic!("boom"));
         assert_eq!(s, Csa2Status::Csa2ErrPanic);
-        let n = csa2_last_error_message(std::ptr::null_mut(), 0);
+        let n = unsafe { csa2_last_error_message(std::ptr::null_mut(), 0) };
         let mut buf = vec![0 as c_char; n];
-        assert_eq!(csa2_last_error_message(buf.as_mut_ptr(), n), n);
+        assert_eq!(unsafe { csa2_last_error_message(buf.as_mut_ptr(), n) }, n);
         let text = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
             .to_str()
             .unwrap();
         assert!(text.contains("boom"), "{text}");
         assert_eq!(boundary("t", || Ok(())), Csa2Status::Csa2Ok);
-        assert_eq!(csa2_last_error_message(std::ptr::null_mut(), 0), 0);
+        assert_eq!(
+            unsafe { csa2_last_error_message(std::ptr::null_mut(), 0) },
+            0
+        );
     }
 
     #[test]
     fn truncation_keeps_utf8_and_terminates() {
         let _ = boundary("t", || Err(Error::invalid("x", "ééé")));
-        let need = csa2_last_error_message(std::ptr::null_mut(), 0);
+        let need = unsafe { csa2_last_error_message(std::ptr::null_mut(), 0) };
         for cap in 1..need {
             let mut buf = vec![0x55 as c_char; cap];
-            assert_eq!(csa2_last_error_message(buf.as_mut_ptr(), cap), need);
+            assert_eq!(
+                unsafe { csa2_last_error_message(buf.as_mut_ptr(), cap) },
+                need
+            );
             let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
             assert!(s.to_bytes().len() < cap);
             assert!(s.to_str().is_ok(), "cap {cap}: not UTF-8");

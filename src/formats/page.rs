@@ -6,6 +6,9 @@ use super::RecordFormat;
 use crate::error::{Error, Result};
 use rayon::prelude::*;
 
+/// One touched page of a pool and the `(slot, row)` pairs that go into it.
+type PageRun<'a> = (&'a mut [u8], &'a [(usize, usize)]);
+
 /// A view of one block-planar page layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageLayout {
@@ -70,7 +73,7 @@ impl PageLayout {
     /// a whole number of pages.
     pub fn pages_in(&self, pool_len: usize) -> Result<usize> {
         let pb = self.page_bytes();
-        if pb == 0 || pool_len % pb != 0 {
+        if pb == 0 || !pool_len.is_multiple_of(pb) {
             return Err(Error::shape(
                 "page pool bytes",
                 format!(
@@ -149,7 +152,7 @@ impl PageLayout {
         }
         // Cut the pool into the touched pages, each with its run of (slot, row) pairs.
         let pb = self.page_bytes();
-        let mut work: Vec<(&mut [u8], &[(usize, usize)])> = Vec::new();
+        let mut work: Vec<PageRun> = Vec::new();
         let mut rest = pool;
         let mut next_page = 0;
         let mut i = 0;
@@ -167,7 +170,7 @@ impl PageLayout {
         let (db, slots) = (self.format.data_bytes(), self.slots);
         let sb = self.format.scale_bytes();
         let fmt = self.format;
-        let write_page = |(page, run): (&mut [u8], &[(usize, usize)])| {
+        let write_page = |(page, run): PageRun| {
             let (data, scales) = page.split_at_mut(slots * db);
             for &(slot, row) in run {
                 let off = slot % slots;
@@ -256,5 +259,95 @@ mod tests {
             }
             assert!(lay.write(&mut page, 4, &rows[0]).is_err());
         }
+    }
+    fn rows(fmt: RecordFormat, n: usize, seed: usize) -> Vec<f32> {
+        (0..n * fmt.dim())
+            .map(|i| (((i + seed) * 2654435761) % 2001) as f32 * 0.003 - 3.0)
+            .collect()
+    }
+
+    /// Every row lands in its slot exactly as `write` would put it; −1 rows and unnamed slots are
+    /// untouched; small (serial) and large (parallel) inputs; slots on page boundaries.
+    #[test]
+    fn encode_into_pages_matches_slot_writes() {
+        for fmt in RecordFormat::ALL {
+            for (n_rows, slots, pages) in [(7, 4, 3), (1100, 64, 20), (300, 16, 40)] {
+                let lay = PageLayout { format: fmt, slots };
+                let x = rows(fmt, n_rows, slots);
+                // A scattered, duplicate-free mapping hitting first and last slots of pages, with
+                // every fifth row skipped.
+                let total = slots * pages;
+                let map: Vec<i64> = (0..n_rows)
+                    .map(|i| {
+                        if i % 5 == 3 {
+                            -1
+                        } else {
+                            ((i * 7919 + slots - 1) % total) as i64
+                        }
+                    })
+                    .collect();
+                let mut uniq = map.iter().filter(|&&s| s >= 0).collect::<Vec<_>>();
+                uniq.sort();
+                uniq.dedup();
+                // 7919 is prime and rows < total slots, so the stride never collides.
+                assert_eq!(uniq.len(), map.iter().filter(|&&s| s >= 0).count());
+                let mut pool = vec![0xA5u8; lay.page_bytes() * pages];
+                lay.encode_into_pages(&x, &map, &mut pool).unwrap();
+                let mut want = vec![0xA5u8; lay.page_bytes() * pages];
+                for (i, &s) in map.iter().enumerate() {
+                    if s >= 0 {
+                        let (p, o) = (s as usize / slots, s as usize % slots);
+                        let page = &mut want[p * lay.page_bytes()..(p + 1) * lay.page_bytes()];
+                        lay.write(page, o, &x[i * fmt.dim()..(i + 1) * fmt.dim()])
+                            .unwrap();
+                    }
+                }
+                assert!(pool == want, "{fmt:?} rows {n_rows} slots {slots}");
+                // And read back through the same mapping (−1 → zeros).
+                let mut back = vec![1f32; x.len()];
+                lay.decode_from_pages(&pool, &map, &mut back).unwrap();
+                let mut one = vec![0f32; fmt.dim()];
+                for (i, &s) in map.iter().enumerate() {
+                    let got = &back[i * fmt.dim()..(i + 1) * fmt.dim()];
+                    if s < 0 {
+                        assert!(got.iter().all(|&v| v == 0.0));
+                    } else {
+                        let p = s as usize / slots;
+                        let page = &pool[p * lay.page_bytes()..(p + 1) * lay.page_bytes()];
+                        lay.read(page, s as usize % slots, &mut one).unwrap();
+                        assert_eq!(got, &one[..]);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_slot_mappings_are_errors_and_write_nothing() {
+        let lay = PageLayout {
+            format: RecordFormat::Mxfp4Index,
+            slots: 4,
+        };
+        let x = rows(lay.format, 3, 0);
+        let mut pool = vec![0u8; lay.page_bytes() * 2];
+        let cases: [(&[i64], &str); 4] = [
+            (&[0, 8, -1], "outside"),
+            (&[0, -2, 1], "outside"),
+            (&[5, 1, 5], "named by rows 0 and 2"),
+            (&[0, 1], "slot_mapping entries"),
+        ];
+        for (map, needle) in cases {
+            let e = lay
+                .encode_into_pages(&x, map, &mut pool)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(needle), "{map:?}: {e}");
+            assert!(pool.iter().all(|&b| b == 0), "{map:?} wrote before failing");
+        }
+        let mut short = vec![0u8; lay.page_bytes() + 1];
+        assert!(lay.encode_into_pages(&x, &[0, 1, 2], &mut short).is_err());
+        let mut out = vec![0f32; 128];
+        assert!(lay.decode_from_pages(&pool, &[8], &mut out).is_err());
+        assert!(lay.decode_from_pages(&pool, &[0, 1], &mut out).is_err());
     }
 }

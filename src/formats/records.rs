@@ -259,7 +259,7 @@ fn encode_fp8_index(x: &[f32], data: &mut [u8], scale: &mut [u8]) {
 }
 
 fn check_rows(fmt: RecordFormat, values: usize, bytes: usize) -> Result<usize> {
-    if values % fmt.dim() != 0 {
+    if !values.is_multiple_of(fmt.dim()) {
         return Err(Error::shape(
             format!("{} input values", fmt.name()),
             format!("a multiple of {} (whole rows)", fmt.dim()),

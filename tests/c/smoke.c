@@ -80,6 +80,8 @@ int main(void) {
     const char *junk = "{\"text_config\": {";
     expect_status(csa2_geometry_from_json(junk, strlen(junk), &bad), CSA2_ERR_CONFIG_JSON, "JSON", "bad JSON");
     CHECK(bad == NULL, "no handle on error");
+    (void)csa2_version(); /* a query that cannot fail keeps the last error */
+    CHECK(strstr(last_error(), "JSON") != NULL, "last error survives csa2_version");
     const char *missing = "{\"hidden_size\": 5120}";
     expect_status(csa2_geometry_from_json(missing, strlen(missing), &bad), CSA2_ERR_CONFIG_MISSING,
                   "num_hidden_layers", "missing field");
