@@ -21,7 +21,7 @@ fn concurrent_sessions_leave_no_leak() {
             CacheSpec::from_geometry(&g, KvLayout::Nvfp4),
             CacheConfig {
                 block_tokens: 256,
-                num_blocks: 48,
+                num_blocks: 24,
                 backing: Backing::Host,
             },
             b"concurrency",
@@ -47,7 +47,11 @@ fn concurrent_sessions_leave_no_leak() {
                 for n in 0..sessions_per_thread() {
                     let id = next_id.fetch_add(1, Ordering::Relaxed);
                     let mut tokens = prompts[((n + th) % 4) as usize].clone();
-                    tokens.extend((0..(n % 700) as u32).map(|t| t + 1_000_000 * th as u32));
+                    // Private tail, unique per session: its full blocks pile up in the LRU and must be evicted.
+                    tokens.extend(
+                        (0..(n % 700) as u32)
+                            .map(|t| t + 1_000_000 * th as u32 + ((n as u32) << 20)),
+                    );
                     let keys = c.hasher().keys(&tokens);
                     c.add_request(id).unwrap();
                     let hit = c.adopt_prefix(id, &keys).unwrap();
@@ -94,6 +98,10 @@ fn concurrent_sessions_leave_no_leak() {
     assert_eq!(st.session_bytes, 0);
     assert_eq!(st.cached_blocks + st.free_blocks, st.total_blocks);
     assert!(st.prefix_hits > 0, "sessions shared prefixes");
+    assert!(
+        st.evictions > 0,
+        "the pool was small enough to force evictions"
+    );
     assert!(st.allocated_bytes <= st.total_blocks * st.slab_bytes);
     eprintln!(
         "sessions {}, out-of-blocks {}, evictions {}, prefix hits {}/{}",

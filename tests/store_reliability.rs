@@ -239,30 +239,38 @@ fn a_reader_racing_a_writer_sees_nothing_or_the_whole_record() {
     let mut c = cfg(d.path(), 1 << 30);
     c.io_chunk_bytes = 512; // many small writes per record widen the race window
     let s = Arc::new(SsdStore::open(c, clock).unwrap().0);
-    for i in 0..40 {
-        let (k, v) = rec(11, i, 200_000);
+    let mut complete_reads = 0;
+    for i in 0..30 {
+        let (k, v) = rec(11, i, 100_000);
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let reader = {
-            let s = s.clone();
+            let (s, done) = (s.clone(), done.clone());
             std::thread::spawn(move || {
                 let mut seen = 0;
-                for _ in 0..2000 {
-                    match s.get(&k).unwrap() {
-                        None => {}
-                        Some(got) => {
-                            let mut want = Vec::new();
-                            synthetic_payload(&k, got.len(), &mut want);
-                            assert_eq!(got, want, "a partial or wrong record was served");
-                            seen += 1;
-                        }
+                let mut want = Vec::new();
+                // Poll until the writer is done, then once more.
+                loop {
+                    let finished = done.load(std::sync::atomic::Ordering::Acquire);
+                    if let Some(got) = s.get(&k).unwrap() {
+                        synthetic_payload(&k, got.len(), &mut want);
+                        assert_eq!(got, want, "a partial or wrong record was served");
+                        seen += 1;
+                    }
+                    if finished {
+                        return seen;
                     }
                 }
-                seen
             })
         };
         s.put(&k, &v).unwrap();
-        reader.join().unwrap();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        complete_reads += reader.join().unwrap();
         assert_eq!(s.get(&k).unwrap().as_deref(), Some(&v[..]));
     }
+    assert!(
+        complete_reads >= 30,
+        "the final read of every round sees the record"
+    );
     assert_eq!(s.stats().corrupt, 0);
 }
 

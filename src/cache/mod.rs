@@ -707,7 +707,12 @@ impl CacheManager {
                 bytes.len(),
             ));
         }
-        self.check_unsealed(b, b as u64)?;
+        if self.sealed[b].load(Ordering::Acquire) {
+            return Err(Error::invalid(
+                "block",
+                format!("{block} is a published prefix block (read-only)"),
+            ));
+        }
         self.slabs[b].write().copy_from_slice(bytes);
         Ok(())
     }

@@ -250,7 +250,6 @@ struct Tiers {
     demand_dram: DramPool,
     demand_ssd: HashSet<PrefixKey>,
     demand_ssd_bytes: u64,
-    buf: Vec<u8>,
 }
 
 impl Tiers {
@@ -262,8 +261,9 @@ impl Tiers {
         if self.ssd.contains(key) {
             return Ok(());
         }
-        crate::store::ssd::synthetic_payload(key, len, &mut self.buf);
-        match self.ssd.put(key, &self.buf) {
+        match self.ssd.put_with(key, len, |buf| {
+            crate::store::ssd::synthetic_payload(key, len, buf)
+        }) {
             Ok(_) | Err(Error::Refused(_)) => Ok(()),
             Err(e) => Err(e),
         }
@@ -343,7 +343,6 @@ pub fn run(trace: &[TraceRequest], cfg: &SimConfig, progress: &dyn Fn(usize)) ->
         demand_dram,
         demand_ssd: HashSet::new(),
         demand_ssd_bytes: 0,
-        buf: Vec::new(),
     };
     let bt = cfg.block_tokens;
     let snap_bytes = spec.snapshot_bytes();

@@ -467,6 +467,16 @@ impl SsdStore {
         Ok(())
     }
 
+    /// Closes the active segment and opens the next one; a closed segment with no live record goes.
+    fn roll_segment(&self, inner: &mut Inner) -> Result<()> {
+        let prev = inner.active;
+        Self::create_segment(&self.cfg, prev + 1, inner)?;
+        if inner.segments.get(&prev).is_some_and(|s| s.live == 0) {
+            Self::delete_segment(inner, prev)?;
+        }
+        Ok(())
+    }
+
     /// Removes `key` from the index and marks its record dead on disk.
     fn drop_entry(inner: &mut Inner, key: &PrefixKey, mark: bool) -> Result<()> {
         let Some(e) = inner.index.remove(key) else {
@@ -522,19 +532,31 @@ impl SsdStore {
     /// lifetime (counted in [`SsdStats::refused`]); [`Error::Invalid`] for a payload over 4 GiB or
     /// larger than a whole tier; [`Error::Io`].
     pub fn put(&self, key: &PrefixKey, payload: &[u8]) -> Result<bool> {
-        let rec = HEADER_BYTES as u64 + payload.len() as u64;
-        if payload.len() > u32::MAX as usize || rec > self.cfg.capacity_bytes {
+        self.put_with(key, payload.len(), |buf| buf.extend_from_slice(payload))
+    }
+
+    /// As [`SsdStore::put`] for a payload of `len` bytes that `fill` appends to an empty buffer,
+    /// called only once the record is admitted (a refused or duplicate write costs no payload work).
+    ///
+    /// Errors: as [`SsdStore::put`]; [`Error::Shape`] when `fill` produces another length.
+    pub fn put_with(
+        &self,
+        key: &PrefixKey,
+        len: usize,
+        fill: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<bool> {
+        let rec = HEADER_BYTES as u64 + len as u64;
+        if len > u32::MAX as usize || rec > self.cfg.capacity_bytes {
             return Err(Error::invalid(
                 "payload",
                 format!(
-                    "{} bytes cannot fit a tier of {} bytes (records are < 4 GiB)",
-                    payload.len(),
+                    "{len} bytes cannot fit a tier of {} bytes (records are < 4 GiB)",
                     self.cfg.capacity_bytes
                 ),
             ));
         }
         let _w = self.writer.lock();
-        let (file, path, offset, seg) = {
+        {
             let mut guard = self.inner.lock();
             let inner = &mut *guard;
             if let Some(e) = inner.index.get_mut(key) {
@@ -556,14 +578,20 @@ impl SsdStore {
                     self.cfg.min_lifetime_ms as f64 / 3.6e6
                 )));
             }
+        }
+        // Admitted. Only this writer adds bytes, so the room made above stays available while the
+        // payload is produced outside the metadata lock.
+        let mut owned = Vec::with_capacity(len);
+        fill(&mut owned);
+        if owned.len() != len {
+            return Err(Error::shape("payload from fill", len, owned.len()));
+        }
+        let payload = &owned[..];
+        let (file, path, offset, seg) = {
+            let mut guard = self.inner.lock();
+            let inner = &mut *guard;
             if inner.segments[&inner.active].size >= self.cfg.segment_bytes {
-                let next = inner.active + 1;
-                Self::create_segment(&self.cfg, next, inner)?;
-                // A closed segment whose records all died can go now.
-                let prev = next - 1;
-                if inner.segments.get(&prev).is_some_and(|s| s.live == 0) {
-                    Self::delete_segment(inner, prev)?;
-                }
+                self.roll_segment(inner)?;
             }
             let active = inner.active;
             let s = inner.segments.get_mut(&active).expect("active segment");
@@ -580,9 +608,10 @@ impl SsdStore {
         let chunk = self.cfg.io_chunk_bytes;
         // Header and payload go out in bounded pwrite calls; the index learns of the record only
         // after the last byte (and the sync), so no reader can see it half written.
-        while written < total {
+        let mut res = Ok(());
+        while written < total && res.is_ok() {
             let n = chunk.min(total - written);
-            let res = if written < HEADER_BYTES {
+            res = if written < HEADER_BYTES {
                 let mut buf = Vec::with_capacity(n);
                 let h_end = (written + n).min(HEADER_BYTES);
                 buf.extend_from_slice(&header[written..h_end]);
@@ -592,11 +621,18 @@ impl SsdStore {
                 let p = written - HEADER_BYTES;
                 file.write_all_at(&payload[p..p + n], offset + written as u64)
             };
-            res.map_err(|e| Error::io(&path, e))?;
             written += n;
         }
-        if self.cfg.fsync == FsyncPolicy::Always {
-            file.sync_data().map_err(|e| Error::io(&path, e))?;
+        if res.is_ok() && self.cfg.fsync == FsyncPolicy::Always {
+            res = file.sync_data();
+        }
+        if let Err(e) = res {
+            // A failed record leaves a gap no scan can cross: later records go to a new segment.
+            let mut inner = self.inner.lock();
+            if inner.active == seg {
+                self.roll_segment(&mut inner)?;
+            }
+            return Err(Error::io(&path, e));
         }
         let mut guard = self.inner.lock();
         let inner = &mut *guard;

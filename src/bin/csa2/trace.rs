@@ -273,6 +273,9 @@ fn print_summary(name: &str, reports: &[SimReport], c: Option<&Comparison>, wall
     }
 }
 
+/// Picks one byte count out of a sample.
+type Pick = fn(&sim::Sample) -> u64;
+
 fn plot(path: &Path, reports: &[SimReport]) -> csa2::Result<()> {
     use plotters::prelude::*;
     let err = |e: String| Error::Internal(format!("plot {}: {e}", path.display()));
@@ -281,15 +284,13 @@ fn plot(path: &Path, reports: &[SimReport]) -> csa2::Result<()> {
     let areas = root.split_evenly((reports.len().max(1), 1));
     for (r, area) in reports.iter().zip(areas) {
         let t_max = r.samples.last().map_or(1, |s| s.t_ms).max(1) as f64 / 60_000.0;
-        let series: [(&str, RGBColor, Box<dyn Fn(&sim::Sample) -> u64>); 4] = [
-            ("HBM (blocks + SWA rings)", BLUE, Box::new(|s| s.hbm_bytes)),
-            ("SSD files", RED, Box::new(|s| s.ssd_bytes)),
-            ("DRAM snapshots", GREEN, Box::new(|s| s.dram_bytes)),
-            (
-                "persistent demand (unbounded tiers)",
-                BLACK,
-                Box::new(|s| s.persistent_demand_bytes),
-            ),
+        let series: [(&str, RGBColor, Pick); 4] = [
+            ("HBM (blocks + SWA rings)", BLUE, |s| s.hbm_bytes),
+            ("SSD files", RED, |s| s.ssd_bytes),
+            ("DRAM snapshots", GREEN, |s| s.dram_bytes),
+            ("persistent demand (unbounded tiers)", BLACK, |s| {
+                s.persistent_demand_bytes
+            }),
         ];
         let y_max = r
             .samples
