@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod ffi;
 pub mod formats;
 pub mod geometry;
 pub mod npy;
