@@ -627,6 +627,43 @@ pub fn check_disjoint(inputs: &[&View<'_>], outputs: &[&View<'_>]) -> Result<()>
     Ok(())
 }
 
+/// Validates a `DLTensor` exactly as every csa2 op does and writes a one-line description
+/// (`"float32[2, 3] host"`) into `buf` (capacity `len` bytes, NUL-terminated, truncated if short).
+///
+/// For bindings to check what they hand over before calling an op; costs no more than the check.
+/// `t` is borrowed for the call only. Thread-safe. Errors: every error of [`View::from_raw`]
+/// (`CSA2_ERR_NULL_POINTER`, `CSA2_ERR_SHAPE`, `CSA2_ERR_INVALID_ARGUMENT`, `CSA2_ERR_UNSUPPORTED`),
+/// with the reason in the last error.
+///
+/// # Safety
+/// `t` must be null or point to a readable `DLTensor` whose `shape`/`strides` arrays hold `ndim`
+/// entries; `buf` must be null or writable for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_dlpack_describe(
+    t: *const DLTensor,
+    buf: *mut std::ffi::c_char,
+    len: usize,
+) -> super::Csa2Status {
+    super::boundary("csa2_dlpack_describe", || {
+        // SAFETY: forwarded caller contract (see above).
+        let v = unsafe { View::from_raw(t, "tensor") }?;
+        let place = match v.device() {
+            Device::Host => "host".to_string(),
+            Device::Cuda(i) => format!("cuda:{i}"),
+        };
+        let text = format!("{}{:?} {place}", v.dtype().name(), v.shape());
+        if !buf.is_null() && len > 0 {
+            let n = text.len().min(len - 1);
+            // SAFETY: `buf` is writable for `len` ≥ n + 1 bytes (caller's contract).
+            unsafe {
+                std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+                *buf.add(n) = 0;
+            }
+        }
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -848,41 +885,4 @@ mod tests {
         let vb = unsafe { View::from_raw(&b, "out") }.unwrap();
         check_disjoint(&[&va], &[&vb]).unwrap();
     }
-}
-
-/// Validates a `DLTensor` exactly as every csa2 op does and writes a one-line description
-/// (`"float32[2, 3] host"`) into `buf` (capacity `len` bytes, NUL-terminated, truncated if short).
-///
-/// For bindings to check what they hand over before calling an op; costs no more than the check.
-/// `t` is borrowed for the call only. Thread-safe. Errors: every error of [`View::from_raw`]
-/// (`CSA2_ERR_NULL_POINTER`, `CSA2_ERR_SHAPE`, `CSA2_ERR_INVALID_ARGUMENT`, `CSA2_ERR_UNSUPPORTED`),
-/// with the reason in the last error.
-///
-/// # Safety
-/// `t` must be null or point to a readable `DLTensor` whose `shape`/`strides` arrays hold `ndim`
-/// entries; `buf` must be null or writable for `len` bytes.
-#[no_mangle]
-pub unsafe extern "C" fn csa2_dlpack_describe(
-    t: *const DLTensor,
-    buf: *mut std::ffi::c_char,
-    len: usize,
-) -> super::Csa2Status {
-    super::boundary("csa2_dlpack_describe", || {
-        // SAFETY: forwarded caller contract (see above).
-        let v = unsafe { View::from_raw(t, "tensor") }?;
-        let place = match v.device() {
-            Device::Host => "host".to_string(),
-            Device::Cuda(i) => format!("cuda:{i}"),
-        };
-        let text = format!("{}{:?} {place}", v.dtype().name(), v.shape());
-        if !buf.is_null() && len > 0 {
-            let n = text.len().min(len - 1);
-            // SAFETY: `buf` is writable for `len` ≥ n + 1 bytes (caller's contract).
-            unsafe {
-                std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
-                *buf.add(n) = 0;
-            }
-        }
-        Ok(())
-    })
 }
