@@ -1,4 +1,4 @@
-//! The `repr(C)` DLPack mirror (src/ffi/dlpack.rs) against the real `dlpack.h`: a C program
+//! The `repr(C)` DLPack mirror (src/ffi/dlpack.rs) against the real `dlpack.h` (include/dlpack/, vendored unmodified): a C program
 //! compiled by the system compiler prints every size, alignment, offset and enum value, and each
 //! must equal what rustc lays out.
 
@@ -9,13 +9,14 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn c_layout() -> BTreeMap<String, u64> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = root.join("tests/c");
     let out = tempfile::tempdir().expect("tempdir");
     let exe = out.path().join("dlpack_layout");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let st = Command::new(&cc)
         .args(["-std=c11", "-Wall", "-Werror", "-I"])
-        .arg(&dir)
+        .arg(root.join("include/dlpack"))
         .arg(dir.join("dlpack_layout.c"))
         .arg("-o")
         .arg(&exe)

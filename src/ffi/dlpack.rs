@@ -5,7 +5,7 @@
 //! value we add is the validation of *borrowed* descriptors (null data with a non-zero size, shape
 //! products that overflow, device pointers where host memory is expected, strides, aliasing between
 //! outputs and inputs). `tests/dlpack_layout.rs` checks every size and offset here against the real
-//! header (`tests/c/dlpack.h`) compiled by the system C compiler. See docs/DESIGN.md.
+//! header (`include/dlpack/dlpack.h`) compiled by the system C compiler. See docs/DESIGN.md.
 //!
 //! Ownership: csa2 never takes ownership of a `DLTensor`. Every export that receives one borrows it
 //! (and the memory it points to) for the duration of the call only; nothing is retained.

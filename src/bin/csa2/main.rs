@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod bench;
 mod codec;
 mod geometry;
 
@@ -23,6 +24,8 @@ enum Cmd {
     Geometry(geometry::Args),
     /// Encode f32 rows to KV records or decode records to f32 rows.
     Codec(codec::Args),
+    /// Measure a kernel family against a baseline run on the same data (e.g. `bench codecs`).
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +33,7 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Geometry(a) => geometry::run(a),
         Cmd::Codec(a) => codec::run(a),
+        Cmd::Bench(a) => bench::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
