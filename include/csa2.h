@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "dlpack/dlpack.h"
 
 // Status code returned by every fallible C ABI function. Groups: 1xx configuration, 2xx arguments,
 // 3xx cache and store, 4xx I/O and environment, 5xx internal.
@@ -193,6 +194,19 @@ Csa2Status csa2_encode_into_pages(int32_t format_id,
                                   size_t n_rows,
                                   uint8_t *pool,
                                   size_t pool_len);
+
+// Validates a `DLTensor` exactly as every csa2 op does and writes a one-line description
+// (`"float32[2, 3] host"`) into `buf` (capacity `len` bytes, NUL-terminated, truncated if short).
+//
+// For bindings to check what they hand over before calling an op; costs no more than the check.
+// `t` is borrowed for the call only. Thread-safe. Errors: every error of [`View::from_raw`]
+// (`CSA2_ERR_NULL_POINTER`, `CSA2_ERR_SHAPE`, `CSA2_ERR_INVALID_ARGUMENT`, `CSA2_ERR_UNSUPPORTED`),
+// with the reason in the last error.
+//
+// # Safety
+// `t` must be null or point to a readable `DLTensor` whose `shape`/`strides` arrays hold `ndim`
+// entries; `buf` must be null or writable for `len` bytes.
+Csa2Status csa2_dlpack_describe(const DLTensor *t, char *buf, size_t len);
 
 // Parses a Hugging Face `config.json` of `len` bytes (UTF-8, no NUL needed) into a new handle
 // stored in `*out`.

@@ -11,9 +11,10 @@
 //!   never undefined behaviour); the enums in the header name the values.
 //!
 //! Handles are opaque and owned by the caller once returned (free them with the matching `_free`).
-//! DLPack tensor exchange will live in its own submodule.
+//! Tensors cross as borrowed DLPack descriptors, validated in [`dlpack`].
 
 mod codec;
+pub mod dlpack;
 mod geometry;
 
 pub use codec::*;

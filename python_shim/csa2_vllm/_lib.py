@@ -1,0 +1,228 @@
+"""ctypes face of the csa2 C ABI (``include/csa2.h``) and the DLPack descriptors it takes.
+
+The library is loaded once per process, on first use: ``$CSA2_LIB`` if set (a path to another
+``libcsa2.so`` build, e.g. one with the ``cuda`` feature), otherwise the copy bundled in this package
+by ``pip install``. Every fallible call returns a status; a non-zero status raises :class:`Csa2Error`
+carrying the library's own message (read from its thread-local last error on the calling thread).
+
+Tensors cross the boundary as borrowed ``DLTensor`` descriptors built here from numpy arrays or
+torch tensors. The descriptor and its shape array live in a :class:`Borrowed` object that the caller
+keeps alive for the duration of the call; csa2 never retains a pointer past the call. Host memory
+(numpy, CPU tensors) always works; CUDA tensors are described as ``kDLCUDA`` and are refused with a
+clear error by a build without CUDA support.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import threading
+from typing import Any, Sequence
+
+__all__ = [
+    "Csa2Error",
+    "DLDevice",
+    "DLDataType",
+    "DLTensor",
+    "Borrowed",
+    "borrow",
+    "lib",
+    "library_path",
+    "version",
+]
+
+
+class Csa2Error(RuntimeError):
+    """A csa2 call failed. ``status`` is the ``Csa2Status`` code, ``message`` the library's text
+    (it names the function, the argument, what was expected and what was found)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"[csa2 status {status}] {message}")
+        self.status = status
+        self.message = message
+
+
+# ---- DLPack mirror (dlpack.h v1.x; checked against the header by the crate's tests) -------------
+
+K_DL_CPU = 1
+K_DL_CUDA = 2
+K_DL_INT, K_DL_UINT, K_DL_FLOAT, K_DL_BFLOAT = 0, 1, 2, 4
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class Borrowed:
+    """A ``DLTensor`` describing someone else's memory, plus everything that must outlive the call
+    (the shape/stride arrays and a reference to the array or tensor itself)."""
+
+    __slots__ = ("desc", "_shape", "_strides", "_owner")
+
+    def __init__(self, data: int, shape: Sequence[int], strides: Sequence[int] | None,
+                 code: int, bits: int, device_type: int, device_id: int, owner: Any):
+        nd = len(shape)
+        self._shape = (ctypes.c_int64 * max(nd, 1))(*shape)
+        self._strides = None if strides is None else (ctypes.c_int64 * max(nd, 1))(*strides)
+        self._owner = owner
+        self.desc = DLTensor(
+            data=data or None,
+            device=DLDevice(device_type, device_id),
+            ndim=nd,
+            dtype=DLDataType(code, bits, 1),
+            shape=ctypes.cast(self._shape, ctypes.POINTER(ctypes.c_int64)),
+            strides=(None if self._strides is None
+                     else ctypes.cast(self._strides, ctypes.POINTER(ctypes.c_int64))),
+            byte_offset=0,
+        )
+
+    @property
+    def ptr(self) -> "ctypes._Pointer[DLTensor]":
+        """``DLTensor*`` to pass to a csa2 function."""
+        return ctypes.pointer(self.desc)
+
+
+_NP_CODES = {
+    "float32": (K_DL_FLOAT, 32), "float16": (K_DL_FLOAT, 16), "bfloat16": (K_DL_BFLOAT, 16),
+    "uint8": (K_DL_UINT, 8), "int32": (K_DL_INT, 32), "int64": (K_DL_INT, 64),
+}
+
+
+def borrow(x: Any) -> Borrowed:
+    """Describes a numpy array or a torch tensor as a ``DLTensor`` (no copy).
+
+    Strides are passed through as they are: csa2 requires compact row-major layout and says so
+    (naming the argument) when it is not met, rather than this layer copying silently.
+    Raises ``TypeError`` for anything else and for element types csa2 does not read.
+    """
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        import torch  # only when a tensor is actually passed
+
+        name = str(x.dtype).removeprefix("torch.")
+        if name not in _NP_CODES:
+            raise TypeError(f"csa2 does not take torch.{name} tensors (takes {sorted(_NP_CODES)})")
+        code, bits = _NP_CODES[name]
+        dev = x.device
+        if dev.type == "cpu":
+            dt, di = K_DL_CPU, 0
+        elif dev.type == "cuda":
+            dt, di = K_DL_CUDA, dev.index if dev.index is not None else torch.cuda.current_device()
+        else:
+            raise TypeError(f"csa2 does not take tensors on device {dev}")
+        # data_ptr() already includes the storage offset, so byte_offset stays 0.
+        return Borrowed(x.data_ptr(), list(x.shape), list(x.stride()), code, bits, dt, di, x)
+    if mod == "numpy":
+        name = x.dtype.name
+        if name not in _NP_CODES:
+            raise TypeError(f"csa2 does not take numpy {name} arrays (takes {sorted(_NP_CODES)})")
+        code, bits = _NP_CODES[name]
+        item = x.dtype.itemsize
+        if any(s % item for s in x.strides):
+            raise TypeError(f"numpy strides {x.strides} are not multiples of the item size {item}")
+        return Borrowed(x.ctypes.data, list(x.shape), [s // item for s in x.strides],
+                        code, bits, K_DL_CPU, 0, x)
+    raise TypeError(f"expected a numpy array or a torch tensor, got {type(x).__name__}")
+
+
+# ---- the library -------------------------------------------------------------------------------
+
+_LOCK = threading.Lock()
+_LIB: ctypes.CDLL | None = None
+_PATH: str | None = None
+
+_T = ctypes.POINTER(DLTensor)
+_C_STATUS = ctypes.c_int32
+
+# name -> (argtypes, restype). Mirrors include/csa2.h; tests/test_lib.py checks each symbol exists.
+SIGNATURES: dict[str, tuple[list, Any]] = {
+    "csa2_version": ([], ctypes.c_char_p),
+    "csa2_last_error_message": ([ctypes.c_char_p, ctypes.c_size_t], ctypes.c_size_t),
+    "csa2_dlpack_describe": ([_T, ctypes.c_char_p, ctypes.c_size_t], _C_STATUS),
+}
+
+
+def library_path() -> str:
+    """Path of the library that is (or would be) loaded: ``$CSA2_LIB``, else the bundled copy."""
+    env = os.environ.get("CSA2_LIB")
+    if env:
+        if not os.path.isfile(env):
+            raise Csa2Error(-1, f"CSA2_LIB={env!r} is not a file")
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, "_csa2*.so")) + glob.glob(os.path.join(here, "_csa2*.dylib")))
+    if not found:
+        raise Csa2Error(-1, "no bundled csa2 library next to csa2_vllm (install with `pip install "
+                            "./python_shim` from the csa2 repository, or set CSA2_LIB)")
+    return found[0]
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library (loaded once, thread-safely), with every signature in ``SIGNATURES``."""
+    global _LIB, _PATH
+    if _LIB is not None:
+        return _LIB
+    with _LOCK:
+        if _LIB is None:
+            path = library_path()
+            handle = ctypes.CDLL(path)
+            for name, (args, res) in SIGNATURES.items():
+                fn = getattr(handle, name)
+                fn.argtypes = args
+                fn.restype = res
+            _PATH, _LIB = path, handle
+    return _LIB
+
+
+def last_error() -> str:
+    """The calling thread's last csa2 error text ('' if none)."""
+    f = lib().csa2_last_error_message
+    n = f(None, 0)
+    if n == 0:
+        return ""
+    buf = ctypes.create_string_buffer(n)
+    f(buf, n)
+    return buf.value.decode("utf-8", errors="replace")
+
+
+def check(status: int, fn: str) -> None:
+    """Raises :class:`Csa2Error` with the library's message when ``status`` is not ``CSA2_OK``."""
+    if status != 0:
+        raise Csa2Error(status, last_error() or f"{fn} failed with status {status} (no message)")
+
+
+def call(fn: str, *args: Any) -> None:
+    """Calls ``fn`` (a status-returning export) and raises on failure."""
+    check(getattr(lib(), fn)(*args), fn)
+
+
+def version() -> str:
+    """The library version string."""
+    return lib().csa2_version().decode()
+
+
+def describe(x: Any) -> str:
+    """What csa2 sees for ``x`` after its DLPack validation, e.g. ``"float32[2, 3] host"``.
+
+    Raises :class:`Csa2Error` with csa2's reason when the descriptor would be refused by an op."""
+    b = borrow(x)
+    buf = ctypes.create_string_buffer(256)
+    call("csa2_dlpack_describe", b.ptr, buf, len(buf))
+    return buf.value.decode()

@@ -1,0 +1,67 @@
+"""vLLM general plugin entry point (``vllm.general_plugins``: ``csa2 = csa2_vllm.plugin:register``).
+
+vLLM calls :func:`register` in every process it starts (API server, engine core, each worker),
+possibly more than once per process; it must stay cheap and idempotent. Importing this module
+imports nothing heavy: vLLM is imported inside ``register``, and our model and layer modules are
+handed to vLLM as class-path strings, so they load only if a DeepSeek-V4.1 model is built.
+
+What it registers (vLLM 0.33 interfaces, see docs/VLLM.md):
+
+* attention backend ``CSA2_RS`` — a new ``AttentionBackendEnum`` member via
+  ``register_backend("CSA2_RS", "csa2_vllm.backend.Csa2SparseMLABackend")``, so that
+  ``--attention-config '{"backend": "CSA2_RS"}'`` parses. If the enum cannot grow (a member of that
+  name exists already from another package), it falls back to overriding ``CUSTOM``.
+* architecture ``DeepseekV41ForCausalLM`` → ``csa2_vllm.model:Csa2DeepseekV41ForCausalLM``, which
+  builds vLLM's own model and swaps the attention layer class only when ``CSA2_RS`` is selected.
+  Registering the backend alone is not enough for V4.1: the model picks its attention *layer class*
+  in ``nvidia/model.py::_select_dsv4_attn_cls`` and never asks the backend registry for an impl.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from . import BACKEND_NAME
+
+MODEL_ARCH = "DeepseekV41ForCausalLM"
+MODEL_PATH = "csa2_vllm.model:Csa2DeepseekV41ForCausalLM"
+BACKEND_PATH = "csa2_vllm.backend.Csa2SparseMLABackend"
+
+_lock = threading.Lock()
+_registered = False
+
+
+def register() -> None:
+    """Registers the ``CSA2_RS`` backend and the V4.1 model wrapper with vLLM (idempotent)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        from vllm import ModelRegistry
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+        member = AttentionBackendEnum.__members__.get(BACKEND_NAME)
+        if member is None:
+            try:
+                register_backend(BACKEND_NAME, BACKEND_PATH)
+            except ValueError:
+                # The enum refused a new member: take the CUSTOM placeholder instead.
+                register_backend(AttentionBackendEnum.CUSTOM, BACKEND_PATH)
+        elif member.get_path() != BACKEND_PATH:
+            register_backend(member, BACKEND_PATH)
+        ModelRegistry.register_model(MODEL_ARCH, MODEL_PATH)
+        _registered = True
+
+
+def backend_member():
+    """The ``AttentionBackendEnum`` member that means "csa2" (``CSA2_RS``, else ``CUSTOM`` when that
+    carries our class path), or ``None`` before :func:`register`."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    member = AttentionBackendEnum.__members__.get(BACKEND_NAME)
+    if member is not None:
+        return member
+    custom = AttentionBackendEnum.CUSTOM
+    if custom.is_overridden() and custom.get_path() == BACKEND_PATH:
+        return custom
+    return None

@@ -1,0 +1,15 @@
+"""Tests run against the real vLLM 0.33.0 install (CPU only) and the csa2 library named by
+``$CSA2_LIB`` or bundled by ``pip install ./python_shim``. See python_shim/run_tests.sh."""
+
+import os
+
+import pytest
+
+# vLLM's plugin loader honours this allowlist; keep it to our plugin so unrelated plugins that
+# happen to be installed do not run in the tests.
+os.environ.setdefault("VLLM_PLUGINS", "csa2")
+
+
+@pytest.fixture(autouse=True)
+def _no_env_selection(monkeypatch):
+    monkeypatch.delenv("CSA2_VLLM_BACKEND", raising=False)

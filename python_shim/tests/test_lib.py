@@ -1,0 +1,78 @@
+"""The ctypes layer: library loading, signatures, DLPack descriptors, errors with csa2's text."""
+
+import numpy as np
+import pytest
+import torch
+
+from csa2_vllm import _lib
+
+
+def test_library_loads_once_with_every_signature():
+    a = _lib.lib()
+    assert _lib.lib() is a
+    for name in _lib.SIGNATURES:
+        assert hasattr(a, name), name
+    assert _lib.version().count(".") == 2
+
+
+@pytest.mark.parametrize(
+    "x, text",
+    [
+        (np.zeros((2, 3), np.float32), "float32[2, 3] host"),
+        (torch.zeros(4, 64, 512, dtype=torch.bfloat16), "bfloat16[4, 64, 512] host"),
+        (torch.zeros(0, 512), "float32[0, 512] host"),
+        (torch.arange(6, dtype=torch.int32).reshape(1, 6), "int32[1, 6] host"),
+        (torch.zeros(8, 3)[2:5], "float32[3, 3] host"),  # storage offset handled by data_ptr
+        (torch.zeros(5, 1, 7)[:, :, :].expand(5, 1, 7), "float32[5, 1, 7] host"),
+    ],
+)
+def test_valid_tensors_are_described(x, text):
+    assert _lib.describe(x) == text
+
+
+def test_non_contiguous_tensor_is_refused_with_csa2s_reason():
+    with pytest.raises(_lib.Csa2Error) as e:
+        _lib.describe(torch.zeros(4, 6).t())
+    assert e.value.status == 200
+    assert "csa2_dlpack_describe: tensor.strides" in e.value.message
+    assert "[1, 6]" in e.value.message and ".contiguous()" in e.value.message
+    assert _lib.describe(torch.zeros(4, 6).t().contiguous()) == "float32[6, 4] host"
+
+
+def test_cuda_descriptor_is_described_but_not_dereferenced():
+    # A device pointer is validated as a descriptor; host access would be refused by ops.
+    b = _lib.Borrowed(0x7F0000000000, [4], None, _lib.K_DL_FLOAT, 32, _lib.K_DL_CUDA, 1, None)
+    import ctypes
+
+    buf = ctypes.create_string_buffer(64)
+    _lib.call("csa2_dlpack_describe", b.ptr, buf, 64)
+    assert buf.value == b"float32[4] cuda:1"
+
+
+def test_malformed_descriptors_raise_typed_errors():
+    import ctypes
+
+    buf = ctypes.create_string_buffer(64)
+    with pytest.raises(_lib.Csa2Error) as e:
+        _lib.call("csa2_dlpack_describe", None, buf, 64)
+    assert e.value.status == 202 and "tensor" in e.value.message
+    b = _lib.Borrowed(0, [3], None, _lib.K_DL_FLOAT, 32, _lib.K_DL_CPU, 0, None)
+    with pytest.raises(_lib.Csa2Error) as e:
+        _lib.call("csa2_dlpack_describe", b.ptr, buf, 64)
+    assert e.value.status == 202
+    b = _lib.Borrowed(0, [1 << 40, 1 << 40], None, _lib.K_DL_FLOAT, 32, _lib.K_DL_CPU, 0, None)
+    with pytest.raises(_lib.Csa2Error, match="overflows"):
+        _lib.call("csa2_dlpack_describe", b.ptr, buf, 64)
+    b = _lib.Borrowed(0, [2], None, 5, 64, _lib.K_DL_CPU, 0, None)  # complex64
+    with pytest.raises(_lib.Csa2Error, match="tensor.dtype"):
+        _lib.call("csa2_dlpack_describe", b.ptr, buf, 64)
+    # The error is per call: a later success clears it.
+    assert _lib.describe(np.zeros(1, np.uint8)) == "uint8[1] host"
+    assert _lib.last_error() == ""
+
+
+def test_unsupported_python_types_are_type_errors():
+    with pytest.raises(TypeError):
+        _lib.borrow([1.0, 2.0])
+    with pytest.raises(TypeError):
+        _lib.borrow(torch.zeros(2, dtype=torch.complex64))
