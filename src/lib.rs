@@ -9,6 +9,7 @@
 //! geometry is compiled in ([`geometry::Geometry::embedded`]).
 #![deny(missing_docs)]
 
+pub mod backend;
 pub mod error;
 pub mod formats;
 pub mod geometry;
