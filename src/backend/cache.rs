@@ -3,9 +3,8 @@
 //!
 //! The backend never computes an address itself. It asks the cache to encode rows into the slots of
 //! a request's compressed entries (the cache owns the slot mapping, SPEC §1 block-planar pages), to
-//! hand back the stored records of a range of entries as planar runs (data bytes, then scale bytes —
-//! exactly the shape of a block-planar page, so a paged manager hands out its pages unchanged), to
-//! keep each layer's SWA window and to carry the compressor's half-finished pair between steps.
+//! hand back the stored records of a range of entries (standalone records, the layout the indexer
+//! and attention kernels take; a paged manager gathers them from its block-planar pages), to keep each layer's SWA window and to carry the compressor's half-finished pair between steps.
 //!
 //! What lives where (SPEC §0):
 //! - global KV (main-KV and index-K records) only for KV-source (Full) layers, one entry per `ratio`
@@ -17,6 +16,8 @@
 use crate::error::{Error, Result};
 use crate::formats::RecordFormat;
 use crate::geometry::{Geometry, Role};
+use crate::ops::compressor::CompressorState;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 
@@ -64,45 +65,6 @@ impl CacheFormats {
             Region::Index => self.index,
         }
     }
-}
-
-/// A contiguous run of stored records in planar form: `count` records' data bytes back to back,
-/// then their scale bytes back to back (one block-planar page, or part of one).
-#[derive(Debug, Clone, Copy)]
-pub struct RecordRun<'a> {
-    /// Compressed-entry index of the first record in the run.
-    pub first: usize,
-    /// Records in the run.
-    pub count: usize,
-    /// `count × data_bytes` bytes.
-    pub data: &'a [u8],
-    /// `count × scale_bytes` bytes.
-    pub scales: &'a [u8],
-}
-
-impl RecordRun<'_> {
-    /// Decodes record `i` of the run (0-based inside the run) into `out`.
-    #[inline]
-    pub fn decode(&self, fmt: RecordFormat, i: usize, out: &mut [f32]) {
-        let (d, s) = (fmt.data_bytes(), fmt.scale_bytes());
-        fmt.decode_row(
-            &self.data[i * d..(i + 1) * d],
-            &self.scales[i * s..(i + 1) * s],
-            out,
-        );
-    }
-}
-
-/// The token of an unfinished ratio-m group, carried across steps (SPEC §2 "chunk/decode
-/// boundaries"): absolute position and the f32 kv and gate-score rows of each pending token.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PairCarry {
-    /// Positions of the pending tokens (fewer than `ratio`), ascending.
-    pub positions: Vec<usize>,
-    /// Their compressor kv rows, `positions.len() × 512`.
-    pub kv: Vec<f32>,
-    /// Their gate-score rows, `positions.len() × 512`.
-    pub score: Vec<f32>,
 }
 
 /// A saved SWA window of several layers (the DRAM-tier snapshot payload).
@@ -174,14 +136,15 @@ pub trait KvCache: Send + Sync {
         first: usize,
         rows: &[f32],
     ) -> Result<()>;
-    /// The stored records of entries `range` as planar runs in entry order.
-    fn runs(
+    /// The stored records of entries `range`, standalone (each record's data bytes then its scale
+    /// bytes) and in entry order: borrowed when the storage is contiguous, gathered otherwise.
+    fn records(
         &self,
         req: ReqId,
         layer: usize,
         region: Region,
         range: Range<usize>,
-    ) -> Result<Vec<RecordRun<'_>>>;
+    ) -> Result<Cow<'_, [u8]>>;
     /// Stores SWA rows (n × 512, already RoPE'd) of `layer` for positions `first .. first + n`. A
     /// write that does not continue the window (`first` ≠ the end held) restarts it at `first`.
     /// Only the last `window` positions are kept.
@@ -197,17 +160,19 @@ pub trait KvCache: Send + Sync {
     fn swa_restore(&mut self, req: ReqId, snap: &SwaSnapshot) -> Result<()>;
     /// Drops the SWA windows of `layers` (a snapshot miss / a finished turn's decoder state).
     fn swa_drop(&mut self, req: ReqId, layers: &[usize]) -> Result<()>;
-    /// The compressor carry of a KV-source layer, mutable.
-    fn carry(&mut self, req: ReqId, layer: usize) -> Result<&mut PairCarry>;
+    /// The compressor state of a KV-source layer (the half-finished group carried between steps),
+    /// `None` until first set.
+    fn carry(&mut self, req: ReqId, layer: usize) -> Result<&mut Option<CompressorState>>;
+    /// Drops every compressor carry of a request (a snapshot miss: the carry is not persisted).
+    fn carry_drop(&mut self, req: ReqId) -> Result<()>;
     /// Measured bytes.
     fn usage(&self) -> CacheUsage;
 }
 
 #[derive(Debug, Default)]
-struct Planar {
+struct Records {
     count: usize,
-    data: Vec<u8>,
-    scales: Vec<u8>,
+    bytes: Vec<u8>,
 }
 
 #[derive(Debug)]
@@ -219,14 +184,13 @@ struct Ring {
 
 #[derive(Debug)]
 struct ReqState {
-    global: HashMap<(usize, Region), Planar>,
+    global: HashMap<(usize, Region), Records>,
     swa: Vec<Option<Ring>>,
-    carry: HashMap<usize, PairCarry>,
+    carry: HashMap<usize, Option<CompressorState>>,
 }
 
-/// A per-request contiguous cache: each KV-source layer's records of a request in one growing planar
-/// buffer (all data bytes, then a separate buffer of all scale bytes — one ever-growing page), and
-/// one ring of `window` SWA records per layer. Unbounded (limited by host memory); no sharing of
+/// A per-request contiguous cache: each KV-source layer's records of a request in one growing buffer
+/// of standalone records (what the indexer and attention kernels read without a gather), and one ring of `window` SWA records per layer. Unbounded (limited by host memory); no sharing of
 /// prefixes between requests. Enough for tests, the CLI sessions and the A/B harness; serving uses
 /// the paged manager.
 #[derive(Debug)]
@@ -297,23 +261,21 @@ impl ContiguousCache {
         use rayon::prelude::*;
         self.check_kv_layer(layer)?;
         let fmt = self.formats.of(region);
-        let first = self.entries(req, layer)?;
         let st = self.req_mut(req)?;
         let p = st.global.entry((layer, region)).or_default();
-        let (d, s) = (fmt.data_bytes(), fmt.scale_bytes());
+        let (rb, d) = (fmt.record_bytes(), fmt.data_bytes());
         let base = p.count;
-        p.data.resize((base + n) * d, 0);
-        p.scales.resize((base + n) * s, 0);
+        p.bytes.reserve_exact(n * rb);
+        p.bytes.resize((base + n) * rb, 0);
         const CH: usize = 256;
-        p.data[base * d..]
-            .par_chunks_mut(CH * d)
-            .zip(p.scales[base * s..].par_chunks_mut(CH * s))
+        p.bytes[base * rb..]
+            .par_chunks_mut(CH * rb)
             .enumerate()
-            .for_each(|(c, (dd, ss))| {
+            .for_each(|(c, chunk)| {
                 let mut row = vec![0f32; fmt.dim()];
-                for (k, (dr, sr)) in dd.chunks_exact_mut(d).zip(ss.chunks_exact_mut(s)).enumerate()
-                {
-                    make(first + c * CH + k, &mut row);
+                for (k, rec) in chunk.chunks_exact_mut(rb).enumerate() {
+                    make(base + c * CH + k, &mut row);
+                    let (dr, sr) = rec.split_at_mut(d);
                     fmt.encode_row(&row, dr, sr);
                 }
             });
@@ -394,28 +356,27 @@ impl KvCache for ContiguousCache {
                 ),
             ));
         }
-        let (d, s) = (fmt.data_bytes(), fmt.scale_bytes());
+        let (rb, d) = (fmt.record_bytes(), fmt.data_bytes());
         let end = (first + n).max(p.count);
-        p.data.resize(end * d, 0);
-        p.scales.resize(end * s, 0);
+        p.bytes.resize(end * rb, 0);
         for (i, row) in rows.chunks_exact(fmt.dim()).enumerate() {
             let e = first + i;
-            let (dr, sr) = (&mut p.data[e * d..(e + 1) * d], &mut p.scales[e * s..(e + 1) * s]);
+            let (dr, sr) = p.bytes[e * rb..(e + 1) * rb].split_at_mut(d);
             fmt.encode_row(row, dr, sr);
         }
         p.count = end;
         Ok(())
     }
 
-    fn runs(
+    fn records(
         &self,
         req: ReqId,
         layer: usize,
         region: Region,
         range: Range<usize>,
-    ) -> Result<Vec<RecordRun<'_>>> {
+    ) -> Result<Cow<'_, [u8]>> {
         self.check_kv_layer(layer)?;
-        let fmt = self.formats.of(region);
+        let rb = self.formats.of(region).record_bytes();
         let st = self.req(req)?;
         let count = st.global.get(&(layer, region)).map_or(0, |p| p.count);
         if range.end > count || range.start > range.end {
@@ -425,16 +386,10 @@ impl KvCache for ContiguousCache {
             ));
         }
         if range.is_empty() {
-            return Ok(vec![]);
+            return Ok(Cow::Borrowed(&[]));
         }
         let p = &st.global[&(layer, region)];
-        let (d, s) = (fmt.data_bytes(), fmt.scale_bytes());
-        Ok(vec![RecordRun {
-            first: range.start,
-            count: range.len(),
-            data: &p.data[range.start * d..range.end * d],
-            scales: &p.scales[range.start * s..range.end * s],
-        }])
+        Ok(Cow::Borrowed(&p.bytes[range.start * rb..range.end * rb]))
     }
 
     fn swa_write(&mut self, req: ReqId, layer: usize, first: usize, rows: &[f32]) -> Result<()> {
@@ -572,9 +527,14 @@ impl KvCache for ContiguousCache {
         Ok(())
     }
 
-    fn carry(&mut self, req: ReqId, layer: usize) -> Result<&mut PairCarry> {
+    fn carry(&mut self, req: ReqId, layer: usize) -> Result<&mut Option<CompressorState>> {
         self.check_kv_layer(layer)?;
         Ok(self.req_mut(req)?.carry.entry(layer).or_default())
+    }
+
+    fn carry_drop(&mut self, req: ReqId) -> Result<()> {
+        self.req_mut(req)?.carry.clear();
+        Ok(())
     }
 
     fn usage(&self) -> CacheUsage {
@@ -584,18 +544,19 @@ impl KvCache for ContiguousCache {
         };
         for st in self.reqs.values() {
             for ((_, region), p) in &st.global {
-                let used = p.data.len() + p.scales.len();
+                let used = p.bytes.len();
                 match region {
                     Region::Main => u.main_bytes += used,
                     Region::Index => u.index_bytes += used,
                 }
-                u.global_allocated += p.data.capacity() + p.scales.capacity();
+                u.global_allocated += p.bytes.capacity();
             }
             u.swa_bytes += st.swa.iter().flatten().map(|r| r.data.capacity()).sum::<usize>();
             u.carry_bytes += st
                 .carry
                 .values()
-                .map(|c| (c.kv.capacity() + c.score.capacity()) * 4)
+                .flatten()
+                .map(|c| c.pending_tokens() * 2 * crate::formats::KV_DIM * 4)
                 .sum::<usize>();
         }
         u
@@ -627,17 +588,11 @@ mod tests {
             encode_rows(f.main, &x, &mut rec).unwrap();
             let mut want = vec![0f32; 5 * 512];
             decode_rows(f.main, &rec, &mut want).unwrap();
-            let runs = c.runs(1, 2, Region::Main, 1..5).unwrap();
-            let mut got = vec![0f32; 512];
-            let mut i = 1;
-            for r in &runs {
-                for k in 0..r.count {
-                    r.decode(f.main, k, &mut got);
-                    assert_eq!(got, want[i * 512..(i + 1) * 512]);
-                    i += 1;
-                }
-            }
-            assert_eq!(i, 5);
+            let recs = c.records(1, 2, Region::Main, 1..5).unwrap();
+            assert_eq!(&recs[..], &rec[f.main.record_bytes()..]);
+            let mut got = vec![0f32; 4 * 512];
+            decode_rows(f.main, &recs, &mut got).unwrap();
+            assert_eq!(got, want[512..]);
         }
     }
 
@@ -654,7 +609,7 @@ mod tests {
         assert!(e.to_string().contains("gap"), "{e}");
         let e = c.write_entries(9, 2, Region::Index, 0, &[0.0; 100]).unwrap_err();
         assert!(e.to_string().contains("multiple of 128"), "{e}");
-        assert!(c.runs(9, 2, Region::Main, 0..1).is_err());
+        assert!(c.records(9, 2, Region::Main, 0..1).is_err());
         let mut out = vec![0f32; 512];
         assert!(c.swa_read(9, 0, 0..1, &mut out).is_err());
     }
