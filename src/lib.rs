@@ -10,10 +10,14 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+pub mod cache;
 pub mod error;
 pub mod formats;
 pub mod geometry;
 pub mod npy;
+pub mod replay;
+pub mod sim;
+pub mod store;
 pub mod tolerance;
 
 pub use error::{Error, Result};

@@ -5,6 +5,8 @@ use std::process::ExitCode;
 
 mod codec;
 mod geometry;
+mod ssd_writer;
+mod trace;
 
 #[derive(Parser)]
 #[command(
@@ -23,6 +25,11 @@ enum Cmd {
     Geometry(geometry::Args),
     /// Encode f32 rows to KV records or decode records to f32 rows.
     Codec(codec::Args),
+    /// Replay a Mooncake trace through the KV cache, the SSD/DRAM tiers and the replay planner.
+    Trace(trace::Args),
+    /// Crash-test child: append SSD records until killed (used by tests/ssd_crash.rs).
+    #[command(hide = true)]
+    SsdWriter(ssd_writer::Args),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +37,8 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Geometry(a) => geometry::run(a),
         Cmd::Codec(a) => codec::run(a),
+        Cmd::Trace(a) => trace::run(a),
+        Cmd::SsdWriter(a) => ssd_writer::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
