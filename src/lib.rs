@@ -18,7 +18,9 @@ pub mod npy;
 pub mod replay;
 pub mod sim;
 pub mod store;
+pub mod ops;
 pub mod tolerance;
+pub mod weights;
 
 pub use error::{Error, Result};
 pub use geometry::{Geometry, KvLayout, LayerPlan, Role};

@@ -7,6 +7,8 @@ mod codec;
 mod geometry;
 mod ssd_writer;
 mod trace;
+mod make_checkpoint;
+mod op;
 
 #[derive(Parser)]
 #[command(
@@ -30,6 +32,10 @@ enum Cmd {
     /// Crash-test child: append SSD records until killed (used by tests/ssd_crash.rs).
     #[command(hide = true)]
     SsdWriter(ssd_writer::Args),
+    /// Run one op on .npy inputs (parity harness).
+    Op(op::Args),
+    /// Write a synthetic checkpoint in the released naming, dtypes and shard layout.
+    MakeCheckpoint(make_checkpoint::Args),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +45,8 @@ fn main() -> ExitCode {
         Cmd::Codec(a) => codec::run(a),
         Cmd::Trace(a) => trace::run(a),
         Cmd::SsdWriter(a) => ssd_writer::run(a),
+        Cmd::Op(a) => op::run(a),
+        Cmd::MakeCheckpoint(a) => make_checkpoint::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
