@@ -12,6 +12,7 @@
 pub mod backend;
 pub mod cache;
 pub mod error;
+pub mod ffi;
 pub mod formats;
 pub mod geometry;
 pub mod npy;

@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod bench;
 mod codec;
 mod geometry;
 mod ssd_writer;
@@ -36,6 +37,8 @@ enum Cmd {
     Op(op::Args),
     /// Write a synthetic checkpoint in the released naming, dtypes and shard layout.
     MakeCheckpoint(make_checkpoint::Args),
+    /// Measure a kernel family against a baseline run on the same data (e.g. `bench codecs`).
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Cmd::SsdWriter(a) => ssd_writer::run(a),
         Cmd::Op(a) => op::run(a),
         Cmd::MakeCheckpoint(a) => make_checkpoint::run(a),
+        Cmd::Bench(a) => bench::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
