@@ -73,7 +73,7 @@ fn rms_rows(x: &mut [f32], w: &[f32], eps: f64) {
     });
 }
 
-fn rows_of_span<'a>(x: &'a [f32], width: usize, r: &std::ops::Range<usize>) -> &'a [f32] {
+fn rows_of_span<'a, T>(x: &'a [T], width: usize, r: &std::ops::Range<usize>) -> &'a [T] {
     &x[r.start * width..r.end * width]
 }
 

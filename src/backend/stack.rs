@@ -149,10 +149,10 @@ impl Model {
     /// fit in host memory as 40 distinct f32 layers; the compute is unchanged).
     pub fn synthetic(scale: Scale, seed: u64, share: bool) -> Result<Model> {
         let g = scale.geometry();
-        let mut reps: HashMap<(Role, usize), Arc<LayerWeights>> = HashMap::new();
+        let mut reps: HashMap<(&'static str, usize), Arc<LayerWeights>> = HashMap::new();
         let mut layers = Vec::with_capacity(g.num_layers);
         for lp in &g.layers {
-            let key = (lp.role, lp.ratio);
+            let key = (lp.role.as_str(), lp.ratio);
             let w = match reps.get(&key) {
                 Some(w) if share => w.clone(),
                 _ => {

@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod ab;
 mod bench;
 mod codec;
 mod geometry;
@@ -10,6 +11,7 @@ mod ssd_writer;
 mod trace;
 mod make_checkpoint;
 mod op;
+mod run;
 
 #[derive(Parser)]
 #[command(
@@ -39,6 +41,10 @@ enum Cmd {
     MakeCheckpoint(make_checkpoint::Args),
     /// Measure a kernel family against a baseline run on the same data (e.g. `bench codecs`).
     Bench(bench::Args),
+    /// Run a multi-turn agentic session through the 40-layer stack (prefix hits, snapshots, replay).
+    Run(run::Args),
+    /// A/B: the CSA2 backend vs the launch-day backend on identical inputs (bytes, decode, prefill).
+    Ab(ab::Args),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +57,8 @@ fn main() -> ExitCode {
         Cmd::Op(a) => op::run(a),
         Cmd::MakeCheckpoint(a) => make_checkpoint::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Run(a) => run::run(a),
+        Cmd::Ab(a) => ab::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
