@@ -9,6 +9,6 @@ pub mod candidates;
 pub mod compressor;
 pub mod indexer;
 pub mod rope;
-pub mod testutil;
 pub mod simd;
+pub mod testutil;
 pub mod topk;

@@ -3,8 +3,11 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod bench;
+mod check;
 mod codec;
 mod geometry;
+mod op;
 
 #[derive(Parser)]
 #[command(
@@ -23,6 +26,12 @@ enum Cmd {
     Geometry(geometry::Args),
     /// Encode f32 rows to KV records or decode records to f32 rows.
     Codec(codec::Args),
+    /// Run one CSA2 op on .npy inputs (fast path or --reference); formats in docs/OPS.md.
+    Op(op::Args),
+    /// Benchmark the CPU fast paths (`csa2 bench ops`).
+    Bench(bench::Args),
+    /// Run every op fast vs reference on random edge-case inputs; non-zero exit on failure.
+    Check(check::Args),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +39,9 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Geometry(a) => geometry::run(a),
         Cmd::Codec(a) => codec::run(a),
+        Cmd::Op(a) => op::run(a),
+        Cmd::Check(a) => check::run(a),
+        Cmd::Bench(a) => bench::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -44,7 +44,11 @@ pub fn attention(
             });
     } else {
         let per = h.div_ceil(rayon::current_num_threads()).div_ceil(HB) * HB;
-        for (ti, (o, l)) in out.chunks_mut(h * KV_DIM).zip(lse.chunks_mut(h)).enumerate() {
+        for (ti, (o, l)) in out
+            .chunks_mut(h * KV_DIM)
+            .zip(lse.chunks_mut(h))
+            .enumerate()
+        {
             let (kf, n) = gather(&rows[ti], &main, &swa);
             o.par_chunks_mut(per * KV_DIM)
                 .zip(l.par_chunks_mut(per))
@@ -76,7 +80,15 @@ multiversion!(
 
 /// Attention of `lse.len()` heads (q rows `q`, output rows `out`) over the `n` rows of `kf`.
 #[inline(always)]
-fn heads_body<const L: usize>(q: &[f32], kf: &[f32], n: usize, scale: f32, sink: &[f32], out: &mut [f32], lse: &mut [f32]) {
+fn heads_body<const L: usize>(
+    q: &[f32],
+    kf: &[f32],
+    n: usize,
+    scale: f32,
+    sink: &[f32],
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
     let h = lse.len();
     if n == 0 {
         out.fill(0.0);
@@ -91,7 +103,11 @@ fn heads_body<const L: usize>(q: &[f32], kf: &[f32], n: usize, scale: f32, sink:
         let w = L.min(n - c0);
         for (d, t) in tile.iter_mut().enumerate() {
             for l in 0..L {
-                t[l] = if l < w { kf[(c0 + l) * KV_DIM + d] } else { 0.0 };
+                t[l] = if l < w {
+                    kf[(c0 + l) * KV_DIM + d]
+                } else {
+                    0.0
+                };
             }
         }
         let mut h0 = 0;
@@ -100,7 +116,9 @@ fn heads_body<const L: usize>(q: &[f32], kf: &[f32], n: usize, scale: f32, sink:
             let mut acc = [[0f32; L]; HB];
             if hb == HB {
                 let qb: [&[f32; KV_DIM]; HB] = std::array::from_fn(|i| {
-                    q[(h0 + i) * KV_DIM..][..KV_DIM].try_into().expect("one head row")
+                    q[(h0 + i) * KV_DIM..][..KV_DIM]
+                        .try_into()
+                        .expect("one head row")
                 });
                 for d in 0..KV_DIM {
                     let kv = &tile[d];

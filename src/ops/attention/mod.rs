@@ -60,12 +60,18 @@ impl KvRows<'_> {
     }
     fn check(&self, what: &str) -> Result<()> {
         match self {
-            KvRows::F32(x) if x.len() % KV_DIM != 0 => {
-                Err(Error::shape(what, "[N, 512] f32", format!("{} values", x.len())))
-            }
+            KvRows::F32(x) if x.len() % KV_DIM != 0 => Err(Error::shape(
+                what,
+                "[N, 512] f32",
+                format!("{} values", x.len()),
+            )),
             KvRows::Records(f, _) if f.dim() != KV_DIM => Err(Error::invalid(
                 what,
-                format!("format {} holds {} values per row, expected 512", f.name(), f.dim()),
+                format!(
+                    "format {} holds {} values per row, expected 512",
+                    f.name(),
+                    f.dim()
+                ),
             )),
             KvRows::Records(f, b) if b.len() % f.record_bytes() != 0 => Err(Error::shape(
                 what,
@@ -129,27 +135,51 @@ pub struct TokenRows {
 }
 
 /// Validates every input and resolves the attended rows of each token.
-pub fn plan(p: &AttentionParams, inp: &AttentionInputs, main: &KvRows, swa: &KvRows) -> Result<Vec<TokenRows>> {
+pub fn plan(
+    p: &AttentionParams,
+    inp: &AttentionInputs,
+    main: &KvRows,
+    swa: &KvRows,
+) -> Result<Vec<TokenRows>> {
     main.check("main KV")?;
     swa.check("SWA KV")?;
     let t = inp.positions.len();
     let h = p.heads;
     if h == 0 || p.window == 0 {
-        return Err(Error::invalid("attention params", "heads and window must be > 0"));
+        return Err(Error::invalid(
+            "attention params",
+            "heads and window must be > 0",
+        ));
     }
     if inp.q.len() != t * h * KV_DIM {
-        return Err(Error::shape("attention q", format!("[T={t}, {h}, 512]"), format!("{} values", inp.q.len())));
+        return Err(Error::shape(
+            "attention q",
+            format!("[T={t}, {h}, 512]"),
+            format!("{} values", inp.q.len()),
+        ));
     }
     if inp.sink.len() != h {
-        return Err(Error::shape("attention sink", format!("[{h}]"), format!("{} values", inp.sink.len())));
+        return Err(Error::shape(
+            "attention sink",
+            format!("[{h}]"),
+            format!("{} values", inp.sink.len()),
+        ));
     }
     let k = if t == 0 { 0 } else { inp.topk.len() / t };
     if inp.topk.len() != t * k {
-        return Err(Error::shape("attention topk", format!("[T={t}, K]"), format!("{} values", inp.topk.len())));
+        return Err(Error::shape(
+            "attention topk",
+            format!("[T={t}, K]"),
+            format!("{} values", inp.topk.len()),
+        ));
     }
     if let Some(l) = inp.topk_len {
         if l.len() != t {
-            return Err(Error::shape("attention topk_len", format!("[T={t}]"), format!("{} values", l.len())));
+            return Err(Error::shape(
+                "attention topk_len",
+                format!("[T={t}]"),
+                format!("{} values", l.len()),
+            ));
         }
     }
     if !(inp.replay_start.len() <= 1 || inp.replay_start.len() == t) {
@@ -164,7 +194,12 @@ pub fn plan(p: &AttentionParams, inp: &AttentionInputs, main: &KvRows, swa: &KvR
         if let Some(i) = v.iter().position(|x| !x.is_finite()) {
             return Err(Error::invalid(
                 name,
-                format!("non-finite value {} at token {}, element {}", v[i], i / row, i % row),
+                format!(
+                    "non-finite value {} at token {}, element {}",
+                    v[i],
+                    i / row,
+                    i % row
+                ),
             ));
         }
     }

@@ -58,7 +58,12 @@ impl CandidateParams {
 
 /// Selects the candidate blocks of one logits row (fast path) into `out` (`num_blocks` values;
 /// a shorter `out` keeps fewer blocks); returns how many were kept.
-pub fn select_blocks(p: &CandidateParams, logits: &[f32], visible: usize, out: &mut [i32]) -> usize {
+pub fn select_blocks(
+    p: &CandidateParams,
+    logits: &[f32],
+    visible: usize,
+    out: &mut [i32],
+) -> usize {
     let visible = visible.min(logits.len());
     let nblocks = visible.div_ceil(p.block_size);
     let mut scores = vec![0f32; nblocks];
@@ -84,10 +89,18 @@ pub fn select_blocks_rows(
     p.validate()?;
     let rows = visible.len();
     if logits.len() != rows * n {
-        return Err(Error::shape("candidate logits", format!("[{rows}, {n}]"), format!("{} values", logits.len())));
+        return Err(Error::shape(
+            "candidate logits",
+            format!("[{rows}, {n}]"),
+            format!("{} values", logits.len()),
+        ));
     }
     if out.len() != rows * p.num_blocks {
-        return Err(Error::shape("candidate blocks", format!("[{rows}, {}]", p.num_blocks), format!("{} values", out.len())));
+        return Err(Error::shape(
+            "candidate blocks",
+            format!("[{rows}, {}]", p.num_blocks),
+            format!("{} values", out.len()),
+        ));
     }
     if n == 0 {
         out.fill(-1);
@@ -156,7 +169,10 @@ mod tests {
 
     #[test]
     fn all_minus_inf_blocks_are_never_kept_but_the_newest_is_pinned() {
-        let p = CandidateParams { block_size: 8, num_blocks: 4 };
+        let p = CandidateParams {
+            block_size: 8,
+            num_blocks: 4,
+        };
         let row = vec![f32::NEG_INFINITY; 40];
         let kept = both(&p, &row, 37);
         assert_eq!(kept, vec![4, -1, -1, -1]);
@@ -171,7 +187,10 @@ mod tests {
     #[test]
     fn random_rows_match_reference() {
         let mut r = rand::rngs::StdRng::seed_from_u64(9);
-        let p = CandidateParams { block_size: 8, num_blocks: 64 };
+        let p = CandidateParams {
+            block_size: 8,
+            num_blocks: 64,
+        };
         for n in [1usize, 7, 8, 9, 511, 512, 513, 2000] {
             let row: Vec<f32> = (0..n).map(|_| r.random_range(0..6) as f32).collect();
             for v in [n, n / 2, n.saturating_sub(1)] {

@@ -47,7 +47,11 @@ pub fn finish(c: &Compressor, first_entry: usize, pooled: Vec<f32>) -> Compresse
         .par_chunks_mut(KV_DIM)
         .zip(main_kv.par_chunks_mut(KV_DIM))
         .zip(index_k.par_chunks_mut(INDEX_DIM))
-        .zip(main_rec.par_chunks_mut(NVFP4_DS_BYTES).zip(idx_rec.par_chunks_mut(MXFP4_INDEX_BYTES)))
+        .zip(
+            main_rec
+                .par_chunks_mut(NVFP4_DS_BYTES)
+                .zip(idx_rec.par_chunks_mut(MXFP4_INDEX_BYTES)),
+        )
         .zip(pooled.par_chunks(KV_DIM))
         .enumerate()
         .for_each(|(g, ((((lat, mkv), ik), (mr, ir)), pool))| {
@@ -58,7 +62,8 @@ pub fn finish(c: &Compressor, first_entry: usize, pooled: Vec<f32>) -> Compresse
             let pos = ((first_entry + g) * m) as u64;
             let half = c.rope.rope_dim() / 2;
             let (mut cos, mut sin) = ([0f32; MAX_PAIRS], [0f32; MAX_PAIRS]);
-            c.rope.cos_sin(pos, Direction::Forward, &mut cos[..half], &mut sin[..half]);
+            c.rope
+                .cos_sin(pos, Direction::Forward, &mut cos[..half], &mut sin[..half]);
             mkv.copy_from_slice(lat);
             c.rope.rotate_row(mkv, &cos[..half], &sin[..half]);
             let (d, s) = mr.split_at_mut(256);

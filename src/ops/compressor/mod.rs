@@ -96,13 +96,22 @@ impl<'a> Compressor<'a> {
     /// for weights of the wrong length.
     pub fn new(ratio: usize, eps: f64, rope: Rope, w: CompressorWeights<'a>) -> Result<Self> {
         if !(ratio == 1 || ratio == 2) {
-            return Err(Error::invalid("ratio", format!("the compressor supports ratio 1 or 2, found {ratio}")));
+            return Err(Error::invalid(
+                "ratio",
+                format!("the compressor supports ratio 1 or 2, found {ratio}"),
+            ));
         }
         if !(eps.is_finite() && eps >= 0.0) {
-            return Err(Error::invalid("eps", format!("must be finite and ≥ 0, found {eps}")));
+            return Err(Error::invalid(
+                "eps",
+                format!("must be finite and ≥ 0, found {eps}"),
+            ));
         }
         if rope.rope_dim() > INDEX_DIM {
-            return Err(Error::invalid("rope_dim", format!("must be ≤ {INDEX_DIM}, found {}", rope.rope_dim())));
+            return Err(Error::invalid(
+                "rope_dim",
+                format!("must be ≤ {INDEX_DIM}, found {}", rope.rope_dim()),
+            ));
         }
         for (name, v, want) in [
             ("compressor norm", w.norm.len(), KV_DIM),
@@ -110,13 +119,22 @@ impl<'a> Compressor<'a> {
             ("compressor k_norm", w.k_norm.len(), INDEX_DIM),
         ] {
             if v != want {
-                return Err(Error::shape(name, format!("{want} values"), format!("{v} values")));
+                return Err(Error::shape(
+                    name,
+                    format!("{want} values"),
+                    format!("{v} values"),
+                ));
             }
         }
         for (name, v) in [("norm", w.norm), ("wk", w.wk), ("k_norm", w.k_norm)] {
             check_finite(name, v, 1)?;
         }
-        Ok(Compressor { ratio, eps, rope, w })
+        Ok(Compressor {
+            ratio,
+            eps,
+            rope,
+            w,
+        })
     }
 
     /// Compression ratio m.
@@ -130,23 +148,51 @@ impl<'a> Compressor<'a> {
     /// Errors: [`Error::Invalid`] when `score` is missing for ratio 2 (or given for ratio 1), when a
     /// fresh state does not start on a group boundary, or for non-finite inputs; [`Error::Shape`]
     /// for wrong lengths. The state is unchanged on error.
-    pub fn compress(&self, state: &mut CompressorState, kv: &[f32], score: Option<&[f32]>) -> Result<Compressed> {
+    pub fn compress(
+        &self,
+        state: &mut CompressorState,
+        kv: &[f32],
+        score: Option<&[f32]>,
+    ) -> Result<Compressed> {
         let (first_entry, pooled) = self.pool(state, kv, score)?;
         Ok(cpu::finish(self, first_entry, pooled))
     }
 
     /// Checks the inputs, pools complete groups (f32) and advances the state.
-    fn pool(&self, state: &mut CompressorState, kv: &[f32], score: Option<&[f32]>) -> Result<(usize, Vec<f32>)> {
+    fn pool(
+        &self,
+        state: &mut CompressorState,
+        kv: &[f32],
+        score: Option<&[f32]>,
+    ) -> Result<(usize, Vec<f32>)> {
         let m = self.ratio;
         if kv.len() % KV_DIM != 0 {
-            return Err(Error::shape("compressor kv", "[T, 512]", format!("{} values", kv.len())));
+            return Err(Error::shape(
+                "compressor kv",
+                "[T, 512]",
+                format!("{} values", kv.len()),
+            ));
         }
         let t = kv.len() / KV_DIM;
         match (m, score) {
-            (2, None) => return Err(Error::invalid("score", "ratio 2 needs the gate scores (T, 512)")),
-            (1, Some(_)) => return Err(Error::invalid("score", "ratio 1 has no gate; pass no score")),
+            (2, None) => {
+                return Err(Error::invalid(
+                    "score",
+                    "ratio 2 needs the gate scores (T, 512)",
+                ))
+            }
+            (1, Some(_)) => {
+                return Err(Error::invalid(
+                    "score",
+                    "ratio 1 has no gate; pass no score",
+                ))
+            }
             (_, Some(s)) if s.len() != kv.len() => {
-                return Err(Error::shape("compressor score", format!("[T={t}, 512]"), format!("{} values", s.len())))
+                return Err(Error::shape(
+                    "compressor score",
+                    format!("[T={t}, 512]"),
+                    format!("{} values", s.len()),
+                ))
             }
             _ => {}
         }
@@ -181,8 +227,14 @@ impl<'a> Compressor<'a> {
                 dst.copy_from_slice(&row(g, &state.pending_kv, kv));
             } else {
                 let s = score.unwrap_or(&[]);
-                let (k0, k1) = (row(2 * g, &state.pending_kv, kv), row(2 * g + 1, &state.pending_kv, kv));
-                let (s0, s1) = (row(2 * g, &state.pending_score, s), row(2 * g + 1, &state.pending_score, s));
+                let (k0, k1) = (
+                    row(2 * g, &state.pending_kv, kv),
+                    row(2 * g + 1, &state.pending_kv, kv),
+                );
+                let (s0, s1) = (
+                    row(2 * g, &state.pending_score, s),
+                    row(2 * g + 1, &state.pending_score, s),
+                );
                 cpu::gate_pool(&k0, &k1, &s0, &s1, dst);
             }
         }
@@ -207,7 +259,12 @@ fn check_finite(name: &str, v: &[f32], row: usize) -> Result<()> {
     if let Some(i) = v.iter().position(|x| !x.is_finite()) {
         return Err(Error::invalid(
             name,
-            format!("non-finite value {} at row {}, column {}", v[i], i / row, i % row),
+            format!(
+                "non-finite value {} at row {}, column {}",
+                v[i],
+                i / row,
+                i % row
+            ),
         ));
     }
     Ok(())
@@ -215,7 +272,10 @@ fn check_finite(name: &str, v: &[f32], row: usize) -> Result<()> {
 
 /// Records for `count` entries.
 pub(crate) fn record_buffers(count: usize) -> (Vec<u8>, Vec<u8>) {
-    (vec![0u8; count * NVFP4_DS_BYTES], vec![0u8; count * MXFP4_INDEX_BYTES])
+    (
+        vec![0u8; count * NVFP4_DS_BYTES],
+        vec![0u8; count * MXFP4_INDEX_BYTES],
+    )
 }
 
 #[cfg(test)]

@@ -59,25 +59,27 @@ pub fn dense(pr: &Prepared, keys: IndexKeys, out: &mut [f32]) {
     let threads = rayon::current_num_threads();
     if t >= threads * QB {
         // Prefill: query blocks in parallel, each decoding a tile once for all its queries.
-        out.par_chunks_mut(QB * n).enumerate().for_each(|(bi, rows)| {
-            let t0 = bi * QB;
-            let nq = rows.len() / n;
-            let max_vis = pr.vis[t0..t0 + nq].iter().copied().max().unwrap_or(0);
-            let mut ids = Vec::with_capacity(KEYS_PER_TASK);
-            let mut start = 0;
-            while start < max_vis {
-                let end = (start + KEYS_PER_TASK).min(max_vis);
-                ids.clear();
-                ids.extend(start as u32..end as u32);
-                let mut outs: Vec<&mut [f32]> =
-                    rows.chunks_mut(n).map(|r| &mut r[start..end]).collect();
-                score_ids(pr, t0, &keys, &ids, &mut outs);
-                start = end;
-            }
-            for r in rows.chunks_mut(n) {
-                r[max_vis..].fill(f32::NEG_INFINITY);
-            }
-        });
+        out.par_chunks_mut(QB * n)
+            .enumerate()
+            .for_each(|(bi, rows)| {
+                let t0 = bi * QB;
+                let nq = rows.len() / n;
+                let max_vis = pr.vis[t0..t0 + nq].iter().copied().max().unwrap_or(0);
+                let mut ids = Vec::with_capacity(KEYS_PER_TASK);
+                let mut start = 0;
+                while start < max_vis {
+                    let end = (start + KEYS_PER_TASK).min(max_vis);
+                    ids.clear();
+                    ids.extend(start as u32..end as u32);
+                    let mut outs: Vec<&mut [f32]> =
+                        rows.chunks_mut(n).map(|r| &mut r[start..end]).collect();
+                    score_ids(pr, t0, &keys, &ids, &mut outs);
+                    start = end;
+                }
+                for r in rows.chunks_mut(n) {
+                    r[max_vis..].fill(f32::NEG_INFINITY);
+                }
+            });
     } else {
         // Decode / short batches: split each query's keys across threads.
         for (ti, row) in out.chunks_mut(n).enumerate() {
@@ -164,7 +166,11 @@ fn score_ids_body<const L: usize>(
             }
             let lg = tile_logits::<L>(&q[t * hp..(t + 1) * hp], &w[t * hp..(t + 1) * hp], &tile);
             for (k, (d, &j)) in dst.iter_mut().zip(chunk).enumerate() {
-                *d = if (j as usize) < vis[t] { lg[k] } else { f32::NEG_INFINITY };
+                *d = if (j as usize) < vis[t] {
+                    lg[k]
+                } else {
+                    f32::NEG_INFINITY
+                };
             }
         }
     }
@@ -172,7 +178,11 @@ fn score_ids_body<const L: usize>(
 
 /// `Σ_h w[h] · ReLU(q[h] · key_l)` for the L keys of `tile`.
 #[inline(always)]
-fn tile_logits<const L: usize>(q: &[[f32; INDEX_DIM]], w: &[f32], tile: &[[f32; L]; INDEX_DIM]) -> [f32; L] {
+fn tile_logits<const L: usize>(
+    q: &[[f32; INDEX_DIM]],
+    w: &[f32],
+    tile: &[[f32; L]; INDEX_DIM],
+) -> [f32; L] {
     let mut logit = [0f32; L];
     for (qb, wb) in q.chunks_exact(HB).zip(w.chunks_exact(HB)) {
         let mut acc = [[0f32; L]; HB];
@@ -196,7 +206,11 @@ fn tile_logits<const L: usize>(q: &[[f32; INDEX_DIM]], w: &[f32], tile: &[[f32; 
 
 /// Decodes entries `ids` into the transposed tile (missing lanes zero).
 #[inline(always)]
-fn decode_tile<const L: usize>(keys: &IndexKeys<'_>, ids: &[u32], tile: &mut [[f32; L]; INDEX_DIM]) {
+fn decode_tile<const L: usize>(
+    keys: &IndexKeys<'_>,
+    ids: &[u32],
+    tile: &mut [[f32; L]; INDEX_DIM],
+) {
     if ids.len() < L {
         for row in tile.iter_mut() {
             row.fill(0.0);
@@ -213,8 +227,10 @@ fn decode_tile<const L: usize>(keys: &IndexKeys<'_>, ids: &[u32], tile: &mut [[f
         }
         IndexKeys::Mxfp4(k) => {
             for (l, &j) in ids.iter().enumerate() {
-                let rec: &[u8; MXFP4_INDEX_BYTES] =
-                    k[j as usize * MXFP4_INDEX_BYTES..][..MXFP4_INDEX_BYTES].try_into().unwrap();
+                let rec: &[u8; MXFP4_INDEX_BYTES] = k[j as usize * MXFP4_INDEX_BYTES..]
+                    [..MXFP4_INDEX_BYTES]
+                    .try_into()
+                    .unwrap();
                 for b in 0..4 {
                     let s = e8m0_decode(rec[64 + b]);
                     let lut = scaled_lut(s);

@@ -48,7 +48,11 @@ impl IndexKeys<'_> {
             IndexKeys::Mxfp4(k) => (k.len(), MXFP4_INDEX_BYTES, "index keys k_mxfp4 (u8)"),
         };
         if n % unit != 0 {
-            return Err(Error::shape(what, format!("[N, {unit}]"), format!("{n} values")));
+            return Err(Error::shape(
+                what,
+                format!("[N, {unit}]"),
+                format!("{n} values"),
+            ));
         }
         Ok(())
     }
@@ -83,7 +87,10 @@ impl QueryQuant {
             "none" => Ok(QueryQuant::None),
             "mxfp4" => Ok(QueryQuant::Mxfp4),
             "fp8" => Ok(QueryQuant::Fp8),
-            _ => Err(Error::invalid("q_quant", format!("expected none, mxfp4 or fp8, found `{s}`"))),
+            _ => Err(Error::invalid(
+                "q_quant",
+                format!("expected none, mxfp4 or fp8, found `{s}`"),
+            )),
         }
     }
     /// Quantises and dequantises one 128-value head row in place.
@@ -140,9 +147,17 @@ pub fn visible(pos: i64, m: usize) -> usize {
 }
 
 /// Validates shapes; returns the per-token visible counts.
-fn check(p: &IndexerParams, qs: &IndexerQueries, keys: &IndexKeys, out_len: usize) -> Result<Vec<usize>> {
+fn check(
+    p: &IndexerParams,
+    qs: &IndexerQueries,
+    keys: &IndexKeys,
+    out_len: usize,
+) -> Result<Vec<usize>> {
     if p.ratio == 0 {
-        return Err(Error::invalid("ratio", "the indexer needs a compressed layer (ratio ≥ 1), found 0"));
+        return Err(Error::invalid(
+            "ratio",
+            "the indexer needs a compressed layer (ratio ≥ 1), found 0",
+        ));
     }
     if p.heads == 0 {
         return Err(Error::invalid("heads", "must be > 0"));
@@ -157,18 +172,33 @@ fn check(p: &IndexerParams, qs: &IndexerQueries, keys: &IndexKeys, out_len: usiz
         ));
     }
     if qs.w.len() != t * p.heads {
-        return Err(Error::shape("indexer w", format!("[T={t}, {}]", p.heads), format!("{} values", qs.w.len())));
+        return Err(Error::shape(
+            "indexer w",
+            format!("[T={t}, {}]", p.heads),
+            format!("{} values", qs.w.len()),
+        ));
     }
     let n = keys.len();
     if out_len != t * n {
-        return Err(Error::shape("indexer logits", format!("[T={t}, N={n}]"), format!("{out_len} values")));
+        return Err(Error::shape(
+            "indexer logits",
+            format!("[T={t}, N={n}]"),
+            format!("{out_len} values"),
+        ));
     }
     crate::ops::rope::check_positions(qs.positions)?;
-    let vis: Vec<usize> = qs.positions.iter().map(|&pos| visible(pos, p.ratio)).collect();
+    let vis: Vec<usize> = qs
+        .positions
+        .iter()
+        .map(|&pos| visible(pos, p.ratio))
+        .collect();
     if let Some((i, &v)) = vis.iter().enumerate().find(|(_, &v)| v > n) {
         return Err(Error::shape(
             "index keys",
-            format!("at least {v} entries (token {i} at position {} with ratio {})", qs.positions[i], p.ratio),
+            format!(
+                "at least {v} entries (token {i} at position {} with ratio {})",
+                qs.positions[i], p.ratio
+            ),
             format!("{n} entries"),
         ));
     }
@@ -179,7 +209,12 @@ fn check(p: &IndexerParams, qs: &IndexerQueries, keys: &IndexKeys, out_len: usiz
 ///
 /// Errors: [`Error::Shape`] for inconsistent shapes or too few keys for a query's visible range,
 /// [`Error::Invalid`] for ratio 0 or a negative position.
-pub fn logits(p: &IndexerParams, qs: &IndexerQueries, keys: IndexKeys, out: &mut [f32]) -> Result<()> {
+pub fn logits(
+    p: &IndexerParams,
+    qs: &IndexerQueries,
+    keys: IndexKeys,
+    out: &mut [f32],
+) -> Result<()> {
     let vis = check(p, qs, &keys, out.len())?;
     let prepared = cpu::Prepared::new(p, qs, vis);
     cpu::dense(&prepared, keys, out);
@@ -221,17 +256,28 @@ pub fn pools_of(
         return Ok(Vec::new());
     }
     if blocks.len() % t != 0 {
-        return Err(Error::shape("candidate blocks", format!("[T={t}, B]"), format!("{} values", blocks.len())));
+        return Err(Error::shape(
+            "candidate blocks",
+            format!("[T={t}, B]"),
+            format!("{} values", blocks.len()),
+        ));
     }
     let b = blocks.len() / t;
     let nblocks = n.div_ceil(cp.block_size);
     (0..t)
         .map(|i| {
-            let mut ids: Vec<i32> = blocks[i * b..(i + 1) * b].iter().copied().take_while(|&x| x >= 0).collect();
+            let mut ids: Vec<i32> = blocks[i * b..(i + 1) * b]
+                .iter()
+                .copied()
+                .take_while(|&x| x >= 0)
+                .collect();
             if let Some(&bad) = ids.iter().find(|&&x| x as usize >= nblocks) {
                 return Err(Error::invalid(
                     "blocks",
-                    format!("token {i}: block {bad} is past the {n} keys ({nblocks} blocks of {})", cp.block_size),
+                    format!(
+                        "token {i}: block {bad} is past the {n} keys ({nblocks} blocks of {})",
+                        cp.block_size
+                    ),
                 ));
             }
             ids.sort_unstable();

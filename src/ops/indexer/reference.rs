@@ -5,7 +5,12 @@ use super::{visible, IndexKeys, IndexerParams, IndexerQueries, INDEX_DIM};
 
 /// Dense logits (tokens, entries) in f64; −∞ where not visible, and outside `pools` when given
 /// (`pools[t]` = entry ids the query may score).
-pub fn logits(p: &IndexerParams, qs: &IndexerQueries, keys: IndexKeys, pools: Option<&[Vec<u32>]>) -> Vec<f64> {
+pub fn logits(
+    p: &IndexerParams,
+    qs: &IndexerQueries,
+    keys: IndexKeys,
+    pools: Option<&[Vec<u32>]>,
+) -> Vec<f64> {
     let n = keys.len();
     let t = qs.positions.len();
     let mut out = vec![f64::NEG_INFINITY; t * n];
@@ -20,7 +25,8 @@ pub fn logits(p: &IndexerParams, qs: &IndexerQueries, keys: IndexKeys, pools: Op
                 r
             })
             .collect();
-        let allowed: Option<std::collections::HashSet<u32>> = pools.map(|pl| pl[ti].iter().copied().collect());
+        let allowed: Option<std::collections::HashSet<u32>> =
+            pools.map(|pl| pl[ti].iter().copied().collect());
         for j in 0..vis {
             if let Some(a) = &allowed {
                 if !a.contains(&(j as u32)) {

@@ -19,11 +19,21 @@ fn case(rng: &mut Rng, n: usize, positions: Vec<i64>) -> Case {
     let k = rand_normal(rng, n * INDEX_DIM, 1.0);
     let mut k_mx = vec![0u8; n * MXFP4_INDEX_BYTES];
     encode_rows(RecordFormat::Mxfp4Index, &k, &mut k_mx).unwrap();
-    Case { q, w, k, k_mx, positions }
+    Case {
+        q,
+        w,
+        k,
+        k_mx,
+        positions,
+    }
 }
 
 fn run_both(p: &IndexerParams, c: &Case, keys: IndexKeys) -> (Vec<f32>, Vec<f64>) {
-    let qs = IndexerQueries { q: &c.q, w: &c.w, positions: &c.positions };
+    let qs = IndexerQueries {
+        q: &c.q,
+        w: &c.w,
+        positions: &c.positions,
+    };
     let mut out = vec![0f32; c.positions.len() * keys.len()];
     logits(p, &qs, keys, &mut out).unwrap();
     let r = reference::logits(p, &qs, keys, None);
@@ -36,15 +46,23 @@ fn visibility_around_every_multiple_of_the_ratio() {
     for m in [1usize, 2] {
         let n = 300;
         // p from 0 up to the last position whose visible count fits n, stepping over m·j − 1, m·j, m·j + 1.
-        let positions: Vec<i64> = (0..(n * m) as i64).filter(|p| p % 37 < 3 || p % 37 > 34).collect();
+        let positions: Vec<i64> = (0..(n * m) as i64)
+            .filter(|p| p % 37 < 3 || p % 37 > 34)
+            .collect();
         let c = case(&mut rng, n, positions.clone());
         let p = IndexerParams::new(m);
         let (out, r) = run_both(&p, &c, IndexKeys::F32(&c.k));
         for (ti, &pos) in positions.iter().enumerate() {
             let vis = (pos as usize + 1) / m;
             let row = &out[ti * n..(ti + 1) * n];
-            assert!(row[..vis].iter().all(|v| v.is_finite()), "m {m} p {pos}: visible entries finite");
-            assert!(row[vis..].iter().all(|&v| v == f32::NEG_INFINITY), "m {m} p {pos}: entry {vis} hidden");
+            assert!(
+                row[..vis].iter().all(|v| v.is_finite()),
+                "m {m} p {pos}: visible entries finite"
+            );
+            assert!(
+                row[vis..].iter().all(|&v| v == f32::NEG_INFINITY),
+                "m {m} p {pos}: entry {vis} hidden"
+            );
         }
         let s = compare(&out, &r, &F32_VS_F64);
         assert!(s.ok(&F32_VS_F64), "m {m}: {s:?}");
@@ -55,10 +73,16 @@ fn visibility_around_every_multiple_of_the_ratio() {
 fn mxfp4_keys_and_quantised_queries_match_the_reference() {
     let mut rng = Rng::new(2);
     // Enough queries for the prefill path (query blocks) and a single query for the decode path.
-    for positions in [(0..40).map(|i| 100 + 97 * i).collect::<Vec<i64>>(), vec![4095]] {
+    for positions in [
+        (0..40).map(|i| 100 + 97 * i).collect::<Vec<i64>>(),
+        vec![4095],
+    ] {
         let c = case(&mut rng, 4096, positions);
         for qq in [QueryQuant::None, QueryQuant::Mxfp4, QueryQuant::Fp8] {
-            let p = IndexerParams { query_quant: qq, ..IndexerParams::new(1) };
+            let p = IndexerParams {
+                query_quant: qq,
+                ..IndexerParams::new(1)
+            };
             let (out, r) = run_both(&p, &c, IndexKeys::Mxfp4(&c.k_mx));
             let s = compare(&out, &r, &F32_VS_F64);
             assert!(s.ok(&F32_VS_F64), "{qq:?}: {s:?}");
@@ -78,10 +102,17 @@ fn pooled_scoring_masks_outside_the_blocks() {
     let n = 1000;
     let c = case(&mut rng, n, vec![999, 500, 7]);
     let p = IndexerParams::new(1);
-    let cp = CandidateParams { block_size: 8, num_blocks: 4 };
+    let cp = CandidateParams {
+        block_size: 8,
+        num_blocks: 4,
+    };
     // Token 0: blocks 124 (newest), 3 and 0 listed out of order; token 1: none; token 2: block 0.
     let blocks = vec![124, 3, 0, -1, -1, 9, 9, 9, 0, -1, -1, -1];
-    let qs = IndexerQueries { q: &c.q, w: &c.w, positions: &c.positions };
+    let qs = IndexerQueries {
+        q: &c.q,
+        w: &c.w,
+        positions: &c.positions,
+    };
     let mut out = vec![0f32; 3 * n];
     logits_in_blocks(&p, &qs, IndexKeys::Mxfp4(&c.k_mx), &blocks, &cp, &mut out).unwrap();
     let vis = [1000, 501, 8];
@@ -95,7 +126,14 @@ fn pooled_scoring_masks_outside_the_blocks() {
     assert_eq!(finite, want);
     assert!(out[n..2 * n].iter().all(|&v| v == f32::NEG_INFINITY));
     // A block id past the keys is an error naming it.
-    let e = logits_in_blocks(&p, &qs, IndexKeys::F32(&c.k), &[200, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1], &cp, &mut out);
+    let e = logits_in_blocks(
+        &p,
+        &qs,
+        IndexKeys::F32(&c.k),
+        &[200, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1],
+        &cp,
+        &mut out,
+    );
     assert!(e.unwrap_err().to_string().contains("block 200"));
 }
 
@@ -127,8 +165,14 @@ fn integer_logits_tie_to_the_smaller_index() {
     // Among equal logits the smallest indices win: every selected entry of the boundary value has a
     // smaller index than every unselected one.
     let kth = out[sel[511] as usize];
-    let max_sel = sel.iter().filter(|&&j| out[j as usize] == kth).max().unwrap();
-    let min_unsel = (0..n as i32).filter(|j| !sel.contains(j) && out[*j as usize] == kth).min();
+    let max_sel = sel
+        .iter()
+        .filter(|&&j| out[j as usize] == kth)
+        .max()
+        .unwrap();
+    let min_unsel = (0..n as i32)
+        .filter(|j| !sel.contains(j) && out[*j as usize] == kth)
+        .min();
     if let Some(u) = min_unsel {
         assert!(max_sel < &u);
     }
@@ -138,12 +182,38 @@ fn integer_logits_tie_to_the_smaller_index() {
 fn bad_inputs_are_errors() {
     let mut rng = Rng::new(5);
     let c = case(&mut rng, 10, vec![9]);
-    let qs = IndexerQueries { q: &c.q, w: &c.w, positions: &c.positions };
+    let qs = IndexerQueries {
+        q: &c.q,
+        w: &c.w,
+        positions: &c.positions,
+    };
     let mut out = vec![0f32; 10];
     assert!(logits(&IndexerParams::new(0), &qs, IndexKeys::F32(&c.k), &mut out).is_err());
-    let e = logits(&IndexerParams::new(1), &IndexerQueries { positions: &[20], ..qs }, IndexKeys::F32(&c.k), &mut out);
+    let e = logits(
+        &IndexerParams::new(1),
+        &IndexerQueries {
+            positions: &[20],
+            ..qs
+        },
+        IndexKeys::F32(&c.k),
+        &mut out,
+    );
     assert!(e.unwrap_err().to_string().contains("at least 21 entries"));
-    let e = logits(&IndexerParams::new(1), &IndexerQueries { positions: &[-3], ..qs }, IndexKeys::F32(&c.k), &mut out);
+    let e = logits(
+        &IndexerParams::new(1),
+        &IndexerQueries {
+            positions: &[-3],
+            ..qs
+        },
+        IndexKeys::F32(&c.k),
+        &mut out,
+    );
     assert!(e.is_err());
-    assert!(logits(&IndexerParams::new(1), &qs, IndexKeys::F32(&c.k[..100]), &mut out).is_err());
+    assert!(logits(
+        &IndexerParams::new(1),
+        &qs,
+        IndexKeys::F32(&c.k[..100]),
+        &mut out
+    )
+    .is_err());
 }

@@ -1,7 +1,7 @@
 //! RoPE fast path: cos/sin once per token (f64 → f32), shared by all heads; tokens in parallel.
 
-use super::{Direction, Rope};
 use super::MAX_PAIRS;
+use super::{Direction, Rope};
 use rayon::prelude::*;
 
 /// Values per parallel task; smaller inputs run on the calling thread.
@@ -18,7 +18,14 @@ pub fn rotate_pairs(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 }
 
 /// Rotates `x` (tokens, heads, dim) in place; shapes already checked by [`Rope::apply`].
-pub fn apply(rope: &Rope, x: &mut [f32], heads: usize, dim: usize, positions: &[i64], dir: Direction) {
+pub fn apply(
+    rope: &Rope,
+    x: &mut [f32],
+    heads: usize,
+    dim: usize,
+    positions: &[i64],
+    dir: Direction,
+) {
     let token_len = heads * dim;
     if token_len == 0 {
         return;

@@ -131,7 +131,10 @@ impl Rope {
         if len != want {
             return Err(Error::shape(
                 "rope input x",
-                format!("[T={}, H={heads}, D={dim}] = {want} values", positions.len()),
+                format!(
+                    "[T={}, H={heads}, D={dim}] = {want} values",
+                    positions.len()
+                ),
                 format!("{len} values"),
             ));
         }
@@ -208,7 +211,11 @@ mod tests {
         let mut x = vec![0f32; 100];
         assert!(rope.apply(&mut x, 1, 100, &[0], Direction::Forward).is_ok());
         assert!(rope.apply(&mut x, 1, 50, &[0], Direction::Forward).is_err());
-        assert!(rope.apply(&mut x, 1, 100, &[-1], Direction::Forward).is_err());
-        assert!(rope.apply(&mut x, 2, 100, &[0], Direction::Forward).is_err());
+        assert!(rope
+            .apply(&mut x, 1, 100, &[-1], Direction::Forward)
+            .is_err());
+        assert!(rope
+            .apply(&mut x, 2, 100, &[0], Direction::Forward)
+            .is_err());
     }
 }
