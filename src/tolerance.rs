@@ -31,6 +31,14 @@ pub const QUANT_VS_EXACT: Tolerance = Tolerance {
     cos_diff: 2e-2,
 };
 
+/// An output rounded to bf16 (the compressor latent) against its f64 reference: an f32 difference
+/// of one ulp before the rounding may move the value by one bf16 step (2^-7 relative at worst).
+pub const BF16_ROUNDED: Tolerance = Tolerance {
+    abs: 1e-6,
+    rel: 1.0 / 128.0,
+    cos_diff: 1e-7,
+};
+
 /// Comparison statistics of `actual` against `expected`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct Stats {

@@ -1,4 +1,15 @@
-//! Op families (ARCHITECTURE.md): each has `mod.rs` (params, shape validation, dispatch), `cpu.rs`
-//! (the fast CPU path) and `reference.rs` (readable f64 references used by tests and `csa2 check`).
+//! CSA2 attention ops on the CPU (SPEC §2), one folder per op family.
+//!
+//! Each family has `mod.rs` (parameters validated once, dispatch), `cpu.rs` (the fast path: rayon
+//! threads, SIMD with runtime feature detection) and `reference.rs` (a readable f64 reference used
+//! by the tests and by `csa2 check`). Tensor and file formats: `docs/OPS.md`.
 
+pub mod attention;
+pub mod candidates;
+pub mod compressor;
+pub mod indexer;
 pub mod mhc;
+pub mod rope;
+pub mod simd;
+pub mod testutil;
+pub mod topk;
