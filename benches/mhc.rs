@@ -5,12 +5,17 @@
 //! `cargo bench --bench mhc` (env: CSA2_BENCH_TOKENS="1,16,256,4096", CSA2_BENCH_D=5120,
 //! CSA2_BENCH_SECONDS=2 per measurement).
 
-use csa2::ops::mhc::{cpu, BoundaryIn, BoundaryOut, Coeffs, MhcParams, MixWeights, PostUpdate, HC, MIX};
+use csa2::ops::mhc::{
+    cpu, BoundaryIn, BoundaryOut, Coeffs, MhcParams, MixWeights, PostUpdate, HC, MIX,
+};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::time::{Duration, Instant};
 
 fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
-    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
 }
 
 fn fill(rng: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
@@ -56,7 +61,10 @@ fn main() {
     let t = best(budget, || dst.copy_from_slice(&src));
     let memcpy_gbs = 2.0 * (n * 4) as f64 / t.as_secs_f64() / 1e9;
     drop((src, dst));
-    println!("mHC boundary, d = {d}, threads = {}", rayon::current_num_threads());
+    println!(
+        "mHC boundary, d = {d}, threads = {}",
+        rayon::current_num_threads()
+    );
     println!("memcpy 256 MiB: {memcpy_gbs:.1} GB/s (read + write)");
     println!(
         "{:>6} | {:>11} {:>8} | {:>11} {:>8} | {:>7} | {:>9}",

@@ -48,7 +48,10 @@ impl Scale {
         match s {
             "tiny" => Ok(Scale::Tiny),
             "full" => Ok(Scale::Full),
-            _ => Err(Error::invalid("scale", format!("expected tiny or full, found {s:?}"))),
+            _ => Err(Error::invalid(
+                "scale",
+                format!("expected tiny or full, found {s:?}"),
+            )),
         }
     }
     /// `tiny` / `full`.
@@ -121,7 +124,10 @@ pub fn scale_name(weight: &str) -> String {
 /// Errors: [`Error::Invalid`] when `layer` is not a backbone layer of `g`.
 pub fn layer_specs(g: &Geometry, layer: usize) -> Result<Vec<TensorSpec>> {
     let plan = g.layers.get(layer).ok_or_else(|| {
-        Error::invalid("layer", format!("{layer} is out of range 0..{}", g.num_layers))
+        Error::invalid(
+            "layer",
+            format!("{layer} is out of range 0..{}", g.num_layers),
+        )
     })?;
     let (d, h, hd, ql) = (g.hidden_size, g.num_heads, g.head_dim, g.q_lora_rank);
     let (og, ol) = (g.o_groups, g.o_lora_rank);
@@ -335,11 +341,14 @@ impl Checkpoint {
                 .and_then(|m| m.as_object())
                 .ok_or_else(|| parse_err(&index, "no `weight_map` object"))?;
             for (name, file) in map {
-                let file = file
-                    .as_str()
-                    .ok_or_else(|| parse_err(&index, format!("weight_map[{name}] is not a string")))?;
+                let file = file.as_str().ok_or_else(|| {
+                    parse_err(&index, format!("weight_map[{name}] is not a string"))
+                })?;
                 if file.contains('/') || file.contains("..") {
-                    return Err(parse_err(&index, format!("shard name {file:?} leaves the directory")));
+                    return Err(parse_err(
+                        &index,
+                        format!("shard name {file:?} leaves the directory"),
+                    ));
                 }
                 if !files.iter().any(|f| f == file) {
                     files.push(file.to_string());
@@ -403,16 +412,21 @@ impl Checkpoint {
     /// Errors: [`Error::NotFound`] naming the tensor.
     pub fn raw(&self, name: &str) -> Result<(Dtype, &[usize], &[u8])> {
         let &i = self.where_is.get(name).ok_or_else(|| {
-            Error::NotFound(format!("tensor `{name}` is not in the checkpoint at {}", self.dir.display()))
+            Error::NotFound(format!(
+                "tensor `{name}` is not in the checkpoint at {}",
+                self.dir.display()
+            ))
         })?;
         let s = &self.shards[i];
         let info = s.meta.info(name).expect("indexed at open");
         let (a, b) = info.data_offsets;
         let base = 8 + s.header;
-        let bytes = s
-            .map
-            .get(base + a..base + b)
-            .ok_or_else(|| parse_err(&s.path, format!("tensor `{name}` runs past the end of the file")))?;
+        let bytes = s.map.get(base + a..base + b).ok_or_else(|| {
+            parse_err(
+                &s.path,
+                format!("tensor `{name}` runs past the end of the file"),
+            )
+        })?;
         Ok((info.dtype, &info.shape, bytes))
     }
 
@@ -431,7 +445,11 @@ impl Checkpoint {
             ))
         })?;
         if found != shape {
-            return Err(Error::shape(format!("tensor `{name}`"), shape_str(shape), shape_str(found)));
+            return Err(Error::shape(
+                format!("tensor `{name}`"),
+                shape_str(shape),
+                shape_str(found),
+            ));
         }
         let path = &self.shards[self.where_is[name]].path;
         match dtype {
@@ -473,7 +491,11 @@ impl Checkpoint {
             ))
         })?;
         if sshape != [br, bc] {
-            return Err(Error::shape(format!("tensor `{sname}`"), shape_str(&[br, bc]), shape_str(sshape)));
+            return Err(Error::shape(
+                format!("tensor `{sname}`"),
+                shape_str(&[br, bc]),
+                shape_str(sshape),
+            ));
         }
         let scales: Vec<f32> = match sd {
             Dtype::F8_E8M0 => sbytes.iter().map(|&b| e8m0_decode(b)).collect(),
@@ -489,10 +511,16 @@ impl Checkpoint {
             }
         };
         if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
-            return Err(parse_err(path, format!("scale `{sname}` block {i} is not finite")));
+            return Err(parse_err(
+                path,
+                format!("scale `{sname}` block {i} is not finite"),
+            ));
         }
         if let Some(i) = q.iter().position(|&b| b & 0x7F == 0x7F) {
-            return Err(parse_err(path, format!("FP8 `{name}` element {i} is a NaN code")));
+            return Err(parse_err(
+                path,
+                format!("FP8 `{name}` element {i} is a NaN code"),
+            ));
         }
         let mut out = vec![0.0f32; rows * cols];
         out.par_chunks_mut(cols).enumerate().for_each(|(r, row)| {

@@ -1,8 +1,8 @@
 //! mHC: fused and unfused CPU paths against the f64 reference and each other (SPEC §4).
 
 use csa2::ops::mhc::{
-    boundary, cpu, one_hot_pre, reference, BoundaryIn, BoundaryOut, Coeffs, MhcParams,
-    MixWeights, Path, PostUpdate, HC, MIX,
+    boundary, cpu, one_hot_pre, reference, BoundaryIn, BoundaryOut, Coeffs, MhcParams, MixWeights,
+    Path, PostUpdate, HC, MIX,
 };
 use csa2::tolerance::{compare, Tolerance, F32_VS_F64};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -37,7 +37,9 @@ impl Case {
             y: normal(&mut rng, t * d, 1.0),
             post: (0..t * HC).map(|_| rng.random_range(0.0..2.0)).collect(),
             // Positive and deliberately non-symmetric.
-            comb: (0..t * HC * HC).map(|_| rng.random_range(0.0..1.0)).collect(),
+            comb: (0..t * HC * HC)
+                .map(|_| rng.random_range(0.0..1.0))
+                .collect(),
             pre_prev: (0..t * HC).map(|_| rng.random_range(0.0..1.0)).collect(),
             hc_fn: normal(&mut rng, MIX * HC * d, 1.0 / ((HC * d) as f32).sqrt()),
             base: normal(&mut rng, MIX, 0.5),
@@ -72,7 +74,12 @@ impl Case {
 
 fn check(name: &str, a: &[f32], b: &[f64], tol: &Tolerance) {
     let s = compare(a, b, tol);
-    assert!(s.ok(tol), "{name}: {s:?} (actual {}, expected {})", a[s.worst], b[s.worst]);
+    assert!(
+        s.ok(tol),
+        "{name}: {s:?} (actual {}, expected {})",
+        a[s.worst],
+        b[s.worst]
+    );
 }
 
 fn check_against_reference(c: &Case, inp: &BoundaryIn, path: Path) {
@@ -80,8 +87,18 @@ fn check_against_reference(c: &Case, inp: &BoundaryIn, path: Path) {
     let got = boundary(&p, inp, path).unwrap();
     let want = reference::boundary(&p, inp).unwrap();
     let tag = format!("{path:?} T={} d={}", c.t, c.d);
-    check(&format!("{tag} x_new"), &got.x_new, &want.x_new, &F32_VS_F64);
-    check(&format!("{tag} layer_in"), &got.layer_in, &want.layer_in, &F32_VS_F64);
+    check(
+        &format!("{tag} x_new"),
+        &got.x_new,
+        &want.x_new,
+        &F32_VS_F64,
+    );
+    check(
+        &format!("{tag} layer_in"),
+        &got.layer_in,
+        &want.layer_in,
+        &F32_VS_F64,
+    );
     if inp.next.is_some() {
         let co = got.coeffs.unwrap();
         let (pre, post, comb) = want.flat_coeffs();
@@ -168,17 +185,25 @@ fn collapse_uses_the_carried_pre() {
             let u: Vec<f64> = (0..d)
                 .map(|k| {
                     (0..HC)
-                        .map(|j| pre[tok * HC + j] as f64 * got.x_new[(tok * HC + j) * d + k] as f64)
+                        .map(|j| {
+                            pre[tok * HC + j] as f64 * got.x_new[(tok * HC + j) * d + k] as f64
+                        })
                         .sum()
                 })
                 .collect();
             let r = 1.0 / (u.iter().map(|v| v * v).sum::<f64>() / d as f64 + 1e-20).sqrt();
-            u.iter().zip(&c.norm).map(|(v, &w)| v * r * w as f64).collect()
+            u.iter()
+                .zip(&c.norm)
+                .map(|(v, &w)| v * r * w as f64)
+                .collect()
         };
         let row = &got.layer_in[tok * d..(tok + 1) * d];
         check("carried", row, &collapse(&c.pre_prev), &F32_VS_F64);
         let s = compare(row, &collapse(new_pre), &F32_VS_F64);
-        assert!(!s.ok(&F32_VS_F64), "layer_in also matches the new pre: test has no power");
+        assert!(
+            !s.ok(&F32_VS_F64),
+            "layer_in also matches the new pre: test has no power"
+        );
     }
 }
 
@@ -253,7 +278,12 @@ fn first_site_collapses_stream_zero() {
                 .zip(&c.norm)
                 .map(|(&v, &w)| v as f64 / (ms + 1e-20).sqrt() * w as f64)
                 .collect();
-            check("first", &got.layer_in[tok * c.d..(tok + 1) * c.d], &want, &F32_VS_F64);
+            check(
+                "first",
+                &got.layer_in[tok * c.d..(tok + 1) * c.d],
+                &want,
+                &F32_VS_F64,
+            );
         }
     }
     check_against_reference(&c, &inp, Path::Fused);
@@ -282,7 +312,12 @@ fn zero_streams_stay_finite() {
         assert!(got.x_new.iter().all(|&v| v == 0.0));
         assert!(got.layer_in.iter().all(|&v| v == 0.0));
         let co = got.coeffs.unwrap();
-        assert!(co.pre.iter().chain(&co.post).chain(&co.comb).all(|v| v.is_finite()));
+        assert!(co
+            .pre
+            .iter()
+            .chain(&co.post)
+            .chain(&co.comb)
+            .all(|v| v.is_finite()));
     }
 }
 
@@ -299,34 +334,43 @@ fn chained_boundaries_track_the_reference() {
     let mut x64: Vec<f32> = x.clone();
     let mut carry64: Option<Coeffs> = None;
     for s in &sites {
-        let step = |x: &[f32], carry: &Option<Coeffs>, fast: bool| -> (Vec<f32>, Coeffs, Vec<f64>) {
-            let inp = BoundaryIn {
-                x,
-                update: carry.as_ref().map(|c| PostUpdate {
-                    y: &s.y,
-                    post: &c.post,
-                    comb: &c.comb,
-                }),
-                pre_prev: carry.as_ref().map_or(&pre0[..], |c| &c.pre[..]),
-                next: Some(s.weights()),
-                norm: &s.norm,
+        let step =
+            |x: &[f32], carry: &Option<Coeffs>, fast: bool| -> (Vec<f32>, Coeffs, Vec<f64>) {
+                let inp = BoundaryIn {
+                    x,
+                    update: carry.as_ref().map(|c| PostUpdate {
+                        y: &s.y,
+                        post: &c.post,
+                        comb: &c.comb,
+                    }),
+                    pre_prev: carry.as_ref().map_or(&pre0[..], |c| &c.pre[..]),
+                    next: Some(s.weights()),
+                    norm: &s.norm,
+                };
+                if fast {
+                    let b = boundary(&p, &inp, Path::Fused).unwrap();
+                    let li = b.layer_in.iter().map(|&v| v as f64).collect();
+                    (b.x_new, b.coeffs.unwrap(), li)
+                } else {
+                    let r = reference::boundary(&p, &inp).unwrap();
+                    let (pre, post, comb) = r.flat_coeffs();
+                    let f = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+                    let c = Coeffs {
+                        pre: f(pre),
+                        post: f(post),
+                        comb: f(comb),
+                    };
+                    (r.x_new.iter().map(|&v| v as f32).collect(), c, r.layer_in)
+                }
             };
-            if fast {
-                let b = boundary(&p, &inp, Path::Fused).unwrap();
-                let li = b.layer_in.iter().map(|&v| v as f64).collect();
-                (b.x_new, b.coeffs.unwrap(), li)
-            } else {
-                let r = reference::boundary(&p, &inp).unwrap();
-                let (pre, post, comb) = r.flat_coeffs();
-                let f = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
-                let c = Coeffs { pre: f(pre), post: f(post), comb: f(comb) };
-                (r.x_new.iter().map(|&v| v as f32).collect(), c, r.layer_in)
-            }
-        };
         let (xf, cf, lf) = step(&x, &carry, true);
         let (xr, cr, lr) = step(&x64, &carry64, false);
         let lf32: Vec<f32> = lf.iter().map(|&v| v as f32).collect();
-        let loose = Tolerance { abs: 1e-4, rel: 1e-4, cos_diff: 1e-8 };
+        let loose = Tolerance {
+            abs: 1e-4,
+            rel: 1e-4,
+            cos_diff: 1e-8,
+        };
         check("chain layer_in", &lf32, &lr, &loose);
         (x, carry, x64, carry64) = (xf, Some(cf), xr, Some(cr));
     }
@@ -346,7 +390,10 @@ fn shape_errors_name_the_argument() {
         ..c.input()
     };
     let e = boundary(&p, &inp, Path::Fused).unwrap_err().to_string();
-    assert!(e.contains("y") && e.contains("64") && e.contains("63"), "{e}");
+    assert!(
+        e.contains("y") && e.contains("64") && e.contains("63"),
+        "{e}"
+    );
     let bad_fn = &c.hc_fn[1..];
     let inp = BoundaryIn {
         next: Some(MixWeights {
@@ -358,14 +405,32 @@ fn shape_errors_name_the_argument() {
     let e = boundary(&p, &inp, Path::Unfused).unwrap_err().to_string();
     assert!(e.contains("hc_fn"), "{e}");
     let x_odd = &c.x[..c.x.len() - 3];
-    let inp = BoundaryIn { x: x_odd, ..c.input() };
-    assert!(boundary(&p, &inp, Path::Fused).unwrap_err().to_string().contains("x"));
+    let inp = BoundaryIn {
+        x: x_odd,
+        ..c.input()
+    };
+    assert!(boundary(&p, &inp, Path::Fused)
+        .unwrap_err()
+        .to_string()
+        .contains("x"));
     // Missing coefficient outputs while new weights are given.
     let mut xn = vec![0.0; c.x.len()];
     let mut li = vec![0.0; c.y.len()];
-    let mut out = BoundaryOut { x_new: &mut xn, layer_in: &mut li, coeffs: None };
-    let e = cpu::fused_boundary(&p, &c.input(), &mut out).unwrap_err().to_string();
+    let mut out = BoundaryOut {
+        x_new: &mut xn,
+        layer_in: &mut li,
+        coeffs: None,
+    };
+    let e = cpu::fused_boundary(&p, &c.input(), &mut out)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("coeffs"), "{e}");
-    let bad = MhcParams { sinkhorn_iters: 0, ..p };
-    assert!(boundary(&bad, &c.input(), Path::Fused).unwrap_err().to_string().contains("sinkhorn_iters"));
+    let bad = MhcParams {
+        sinkhorn_iters: 0,
+        ..p
+    };
+    assert!(boundary(&bad, &c.input(), Path::Fused)
+        .unwrap_err()
+        .to_string()
+        .contains("sinkhorn_iters"));
 }

@@ -1,12 +1,12 @@
 //! Synthetic checkpoint → loader round trip, and the errors for missing / misshaped tensors.
 
+use csa2::formats::scalar::{e4m3_decode, e8m0_decode};
 use csa2::geometry::Role;
 use csa2::weights::{
     layer_specs, scale_name,
     synth::{quantize_fp8_block, source_values, write_checkpoint},
     Checkpoint, Scale, Stored, FP8_BLOCK, INDEX_FILE,
 };
-use csa2::formats::scalar::{e4m3_decode, e8m0_decode};
 use csa2::Error;
 use safetensors::{tensor::TensorView, SafeTensors};
 use std::path::Path;
@@ -48,7 +48,8 @@ fn make_checkpoint_then_load_round_trips() {
     assert_eq!(g, Scale::Tiny.geometry());
     let ck = Checkpoint::open(dir.path()).unwrap();
     let index: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join(INDEX_FILE)).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join(INDEX_FILE)).unwrap())
+            .unwrap();
     assert_eq!(index["weight_map"].as_object().unwrap().len(), w.tensors);
     assert_eq!(ck.names().count(), w.tensors);
 
@@ -144,30 +145,63 @@ fn missing_and_misshaped_tensors_are_named() {
 
     // A missing FP8 weight.
     rewrite(dir.path(), "layers.2.attn.wkv.weight", None);
-    let e = Checkpoint::open(dir.path()).unwrap().layer(&g, 2).unwrap_err();
+    let e = Checkpoint::open(dir.path())
+        .unwrap()
+        .layer(&g, 2)
+        .unwrap_err();
     assert!(matches!(e, Error::NotFound(_)), "{e}");
     let m = e.to_string();
-    assert!(m.contains("layers.2.attn.wkv.weight") && m.contains("[512, 256]"), "{m}");
+    assert!(
+        m.contains("layers.2.attn.wkv.weight") && m.contains("[512, 256]"),
+        "{m}"
+    );
 
     // A missing block scale.
     rewrite(dir.path(), &scale_name("layers.3.attn.wq_a.weight"), None);
-    let m = Checkpoint::open(dir.path()).unwrap().layer(&g, 3).unwrap_err().to_string();
-    assert!(m.contains("layers.3.attn.wq_a.scale") && m.contains("[2, 8]"), "{m}");
+    let m = Checkpoint::open(dir.path())
+        .unwrap()
+        .layer(&g, 3)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        m.contains("layers.3.attn.wq_a.scale") && m.contains("[2, 8]"),
+        "{m}"
+    );
 
     // A misshaped bf16 norm: [63] instead of [64].
     let dir2 = tempfile::tempdir().unwrap();
     write_checkpoint(dir2.path(), Scale::Tiny, 1, 2..3).unwrap();
-    rewrite(dir2.path(), "layers.2.attn.q_norm.weight", Some((vec![63], vec![0u8; 126])));
-    let e = Checkpoint::open(dir2.path()).unwrap().layer(&g, 2).unwrap_err();
+    rewrite(
+        dir2.path(),
+        "layers.2.attn.q_norm.weight",
+        Some((vec![63], vec![0u8; 126])),
+    );
+    let e = Checkpoint::open(dir2.path())
+        .unwrap()
+        .layer(&g, 2)
+        .unwrap_err();
     assert!(matches!(e, Error::Shape { .. }), "{e}");
     let m = e.to_string();
-    assert!(m.contains("layers.2.attn.q_norm.weight") && m.contains("[64]") && m.contains("[63]"), "{m}");
+    assert!(
+        m.contains("layers.2.attn.q_norm.weight") && m.contains("[64]") && m.contains("[63]"),
+        "{m}"
+    );
 
     // A misshaped block scale.
-    rewrite(dir2.path(), "layers.2.attn.wkv.scale", Some((vec![16, 4], vec![127u8; 64])));
+    rewrite(
+        dir2.path(),
+        "layers.2.attn.wkv.scale",
+        Some((vec![16, 4], vec![127u8; 64])),
+    );
     let ck = Checkpoint::open(dir2.path()).unwrap();
-    let m = ck.load_f32("layers.2.attn.wkv.weight", &[512, 256]).unwrap_err().to_string();
-    assert!(m.contains("layers.2.attn.wkv.scale") && m.contains("[16, 8]") && m.contains("[16, 4]"), "{m}");
+    let m = ck
+        .load_f32("layers.2.attn.wkv.weight", &[512, 256])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        m.contains("layers.2.attn.wkv.scale") && m.contains("[16, 8]") && m.contains("[16, 4]"),
+        "{m}"
+    );
 }
 
 #[test]

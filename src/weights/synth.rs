@@ -9,7 +9,7 @@
 
 use super::{layer_specs, scale_name, Scale, Stored, TensorSpec, FP8_BLOCK, INDEX_FILE};
 use crate::error::{Error, Result};
-use crate::formats::scalar::{e4m3_encode, e8m0_encode_ceil, e8m0_decode, E4M3_MAX};
+use crate::formats::scalar::{e4m3_encode, e8m0_decode, e8m0_encode_ceil, E4M3_MAX};
 use crate::ops::mhc::HC;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
@@ -32,7 +32,10 @@ pub fn source_values(spec: &TensorSpec, hidden: usize, seed: u64) -> Vec<f32> {
         let dist = Normal::new(0.0f32, sd).expect("sd > 0");
         (0..n).map(|_| dist.sample(rng)).collect()
     };
-    let leaf = spec.name.rsplit_once("layers.").map_or(&spec.name[..], |(_, r)| r);
+    let leaf = spec
+        .name
+        .rsplit_once("layers.")
+        .map_or(&spec.name[..], |(_, r)| r);
     let leaf = leaf.split_once('.').map_or(leaf, |(_, r)| r);
     if leaf.ends_with("_fn") {
         normal(&mut rng, 0.5 / ((HC * hidden) as f32).sqrt(), n)
@@ -47,7 +50,10 @@ pub fn source_values(spec: &TensorSpec, hidden: usize, seed: u64) -> Vec<f32> {
     } else if leaf == "attn.attn_sink" {
         normal(&mut rng, 0.5, n)
     } else if spec.shape.len() == 1 {
-        normal(&mut rng, 0.05, n).into_iter().map(|v| 1.0 + v).collect()
+        normal(&mut rng, 0.05, n)
+            .into_iter()
+            .map(|v| 1.0 + v)
+            .collect()
     } else {
         normal(&mut rng, 1.0 / (spec.shape[1] as f32).sqrt(), n)
     }
@@ -165,12 +171,20 @@ const LAYERS_PER_SHARD: usize = 10;
 /// `config.json`, `model-0000i-of-0000n.safetensors` shards and `model.safetensors.index.json`.
 ///
 /// Errors: [`Error::Invalid`] for an empty or out-of-range layer range, [`Error::Io`] on write.
-pub fn write_checkpoint(dir: &Path, scale: Scale, seed: u64, layers: Range<usize>) -> Result<Written> {
+pub fn write_checkpoint(
+    dir: &Path,
+    scale: Scale,
+    seed: u64,
+    layers: Range<usize>,
+) -> Result<Written> {
     let g = scale.geometry();
     if layers.is_empty() || layers.end > g.num_layers {
         return Err(Error::invalid(
             "layers",
-            format!("{layers:?} must be a non-empty range inside 0..{}", g.num_layers),
+            format!(
+                "{layers:?} must be a non-empty range inside 0..{}",
+                g.num_layers
+            ),
         ));
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
@@ -202,8 +216,12 @@ pub fn write_checkpoint(dir: &Path, scale: Scale, seed: u64, layers: Range<usize
         let path = dir.join(&file);
         let mut meta = std::collections::HashMap::new();
         meta.insert("format".to_string(), "pt".to_string());
-        safetensors::serialize_to_file(tensors.iter().map(|(n, t)| (n.as_str(), t)), Some(meta), &path)
-            .map_err(|e| Error::io(&path, std::io::Error::other(e.to_string())))?;
+        safetensors::serialize_to_file(
+            tensors.iter().map(|(n, t)| (n.as_str(), t)),
+            Some(meta),
+            &path,
+        )
+        .map_err(|e| Error::io(&path, std::io::Error::other(e.to_string())))?;
         out.shards.push(file);
     }
     let index = serde_json::json!({

@@ -10,9 +10,7 @@
 //!   chunk is still in L1; the norm scales u while the tile's rows are still in L2:
 //!   (2n+2)·d values per token. `hc_fn` chunks are reused across the tokens of a tile.
 
-use super::{
-    BoundaryIn, BoundaryOut, CoeffsMut, MhcParams, MixWeights, PostUpdate, HC, MIX,
-};
+use super::{BoundaryIn, BoundaryOut, CoeffsMut, MhcParams, MixWeights, PostUpdate, HC, MIX};
 use crate::error::Result;
 use rayon::prelude::*;
 
@@ -497,7 +495,8 @@ fn token_mix(upd: &Option<PostUpdate>, t: usize) -> TokenMix {
                 comb: [0.0; HC * HC],
             };
             m.post.copy_from_slice(&u.post[t * HC..(t + 1) * HC]);
-            m.comb.copy_from_slice(&u.comb[t * HC * HC..(t + 1) * HC * HC]);
+            m.comb
+                .copy_from_slice(&u.comb[t * HC * HC..(t + 1) * HC * HC]);
             m
         }
         None => unreachable!("callers handle the first site without an update"),
@@ -550,8 +549,7 @@ pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) ->
                     }
                     None => {
                         for j in 0..HC {
-                            xn[j * d + c0..j * d + c1]
-                                .copy_from_slice(&xt[j * d + c0..j * d + c1]);
+                            xn[j * d + c0..j * d + c1].copy_from_slice(&xt[j * d + c0..j * d + c1]);
                         }
                         collapse(d, xn, &pre, c0, c1, u)
                     }
@@ -611,7 +609,14 @@ pub fn coefficients(p: &MhcParams, w: &MixWeights, x: &[f32], out: &mut CoeffsMu
                 let c1 = (c0 + CHUNK).min(d);
                 for tt in 0..nt {
                     let xt = &xs[tt * HC * d..(tt + 1) * HC * d];
-                    dot_mix(d, w.hc_fn, xt, c0, c1, &mut a[tt * MIX_ACC..(tt + 1) * MIX_ACC]);
+                    dot_mix(
+                        d,
+                        w.hc_fn,
+                        xt,
+                        c0,
+                        c1,
+                        &mut a[tt * MIX_ACC..(tt + 1) * MIX_ACC],
+                    );
                 }
                 c0 = c1;
             }

@@ -102,7 +102,10 @@ impl MhcParams {
             ("rms_eps", self.rms_eps),
         ] {
             if !v.is_finite() || v < 0.0 {
-                return Err(Error::invalid(name, format!("must be finite and ≥ 0, found {v}")));
+                return Err(Error::invalid(
+                    name,
+                    format!("must be finite and ≥ 0, found {v}"),
+                ));
             }
         }
         Ok(())
@@ -238,9 +241,19 @@ impl BoundaryIn<'_> {
         if let Some(u) = &self.update {
             check_len("y", &format!("[T={t}, {d}]"), t * d, u.y.len())?;
             check_len("post", &format!("[T={t}, {HC}]"), t * HC, u.post.len())?;
-            check_len("comb", &format!("[T={t}, {HC}, {HC}]"), t * HC * HC, u.comb.len())?;
+            check_len(
+                "comb",
+                &format!("[T={t}, {HC}, {HC}]"),
+                t * HC * HC,
+                u.comb.len(),
+            )?;
         }
-        check_len("pre_prev", &format!("[T={t}, {HC}]"), t * HC, self.pre_prev.len())?;
+        check_len(
+            "pre_prev",
+            &format!("[T={t}, {HC}]"),
+            t * HC,
+            self.pre_prev.len(),
+        )?;
         check_len("norm", &format!("[{d}]"), d, self.norm.len())?;
         if let Some(w) = &self.next {
             w.validate(p)?;
@@ -252,7 +265,12 @@ impl BoundaryIn<'_> {
 impl MixWeights<'_> {
     /// Checks `hc_fn [24, 4d]`, `base [24]`, `scale [3]`.
     pub fn validate(&self, p: &MhcParams) -> Result<()> {
-        check_len("hc_fn", &format!("[{MIX}, {}]", HC * p.hidden), MIX * HC * p.hidden, self.hc_fn.len())?;
+        check_len(
+            "hc_fn",
+            &format!("[{MIX}, {}]", HC * p.hidden),
+            MIX * HC * p.hidden,
+            self.hc_fn.len(),
+        )?;
         check_len("hc_base", &format!("[{MIX}]"), MIX, self.base.len())?;
         check_len("hc_scale", "[3]", 3, self.scale.len())
     }
@@ -262,13 +280,28 @@ impl BoundaryOut<'_> {
     /// Checks the output buffers for T tokens.
     pub fn validate(&self, p: &MhcParams, t: usize, want_coeffs: bool) -> Result<()> {
         let d = p.hidden;
-        check_len("x_new", &format!("[T={t}, {HC}, {d}]"), t * HC * d, self.x_new.len())?;
-        check_len("layer_in", &format!("[T={t}, {d}]"), t * d, self.layer_in.len())?;
+        check_len(
+            "x_new",
+            &format!("[T={t}, {HC}, {d}]"),
+            t * HC * d,
+            self.x_new.len(),
+        )?;
+        check_len(
+            "layer_in",
+            &format!("[T={t}, {d}]"),
+            t * d,
+            self.layer_in.len(),
+        )?;
         match (&self.coeffs, want_coeffs) {
             (Some(c), true) => {
                 check_len("pre out", &format!("[T={t}, {HC}]"), t * HC, c.pre.len())?;
                 check_len("post out", &format!("[T={t}, {HC}]"), t * HC, c.post.len())?;
-                check_len("comb out", &format!("[T={t}, {HC}, {HC}]"), t * HC * HC, c.comb.len())
+                check_len(
+                    "comb out",
+                    &format!("[T={t}, {HC}, {HC}]"),
+                    t * HC * HC,
+                    c.comb.len(),
+                )
             }
             (None, true) => Err(Error::invalid(
                 "coeffs",

@@ -55,18 +55,38 @@ fn read_params(dir: &Path) -> csa2::Result<Params> {
 pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> csa2::Result<()> {
     let prm = read_params(in_dir)?;
     let mut dims = Dims::default();
-    let x = npy::read_checked::<f32>(in_dir, "x", &[Dim::Any("T"), Dim::Fixed(HC), Dim::Any("d")], &mut dims)?;
+    let x = npy::read_checked::<f32>(
+        in_dir,
+        "x",
+        &[Dim::Any("T"), Dim::Fixed(HC), Dim::Any("d")],
+        &mut dims,
+    )?;
     let (t, d) = (x.shape[0], x.shape[2]);
     let y = npy::read_optional::<f32>(in_dir, "y", &[Dim::Any("T"), Dim::Any("d")], &mut dims)?;
-    let post = npy::read_optional::<f32>(in_dir, "post_prev", &[Dim::Any("T"), Dim::Fixed(HC)], &mut dims)?;
+    let post = npy::read_optional::<f32>(
+        in_dir,
+        "post_prev",
+        &[Dim::Any("T"), Dim::Fixed(HC)],
+        &mut dims,
+    )?;
     let comb = npy::read_optional::<f32>(
         in_dir,
         "comb_prev",
         &[Dim::Any("T"), Dim::Fixed(HC), Dim::Fixed(HC)],
         &mut dims,
     )?;
-    let pre = npy::read_optional::<f32>(in_dir, "pre_prev", &[Dim::Any("T"), Dim::Fixed(HC)], &mut dims)?;
-    let hc_fn = npy::read_checked::<f32>(in_dir, "fn", &[Dim::Fixed(MIX), Dim::Fixed(HC * d)], &mut dims)?;
+    let pre = npy::read_optional::<f32>(
+        in_dir,
+        "pre_prev",
+        &[Dim::Any("T"), Dim::Fixed(HC)],
+        &mut dims,
+    )?;
+    let hc_fn = npy::read_checked::<f32>(
+        in_dir,
+        "fn",
+        &[Dim::Fixed(MIX), Dim::Fixed(HC * d)],
+        &mut dims,
+    )?;
     let base = npy::read_checked::<f32>(in_dir, "base", &[Dim::Fixed(MIX)], &mut dims)?;
     let scale = npy::read_checked::<f32>(in_dir, "scale", &[Dim::Fixed(3)], &mut dims)?;
     let norm = npy::read_checked::<f32>(in_dir, "norm", &[Dim::Any("d")], &mut dims)?;
@@ -132,7 +152,9 @@ pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> csa2::Result<()> {
         (b.x_new, b.layer_in, c.pre, c.post, c.comb)
     };
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
-    let w = |name: &str, shape: &[usize], data: &[f32]| npy::write(&out_dir.join(format!("{name}.npy")), shape, data);
+    let w = |name: &str, shape: &[usize], data: &[f32]| {
+        npy::write(&out_dir.join(format!("{name}.npy")), shape, data)
+    };
     w("x_new", &[t, HC, d], &x_new)?;
     w("layer_in", &[t, d], &layer_in)?;
     w("pre", &[t, HC], &pre_o)?;
