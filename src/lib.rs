@@ -9,13 +9,20 @@
 //! geometry is compiled in ([`geometry::Geometry::embedded`]).
 #![deny(missing_docs)]
 
+pub mod cache;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod error;
+pub mod ffi;
 pub mod formats;
 pub mod geometry;
 pub mod npy;
+pub mod ops;
+pub mod replay;
+pub mod sim;
+pub mod store;
 pub mod tolerance;
+pub mod weights;
 
 pub use error::{Error, Result};
 pub use geometry::{Geometry, KvLayout, LayerPlan, Role};

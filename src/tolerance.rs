@@ -31,6 +31,13 @@ pub const QUANT_VS_EXACT: Tolerance = Tolerance {
     cos_diff: 2e-2,
 };
 
+/// An output rounded to bf16 (the compressor latent) against its f64 reference: an f32 difference
+/// of one ulp before the rounding may move the value by one bf16 step (2^-7 relative at worst).
+pub const BF16_ROUNDED: Tolerance = Tolerance {
+    abs: 1e-6,
+    rel: 1.0 / 128.0,
+    cos_diff: 1e-7,
+};
 /// A GPU f32 kernel against the f64 reference on the same (already quantized) inputs: f32
 /// accumulation over long dot products (640 keys × 512 dims in attention, 20,480-long mHC rows) in
 /// a different summation order than the CPU.

@@ -2,21 +2,24 @@
 //!
 //! - [`scalar`]: E2M1, E4M3 (saturating), E8M0 codecs.
 //! - [`records`]: the five record formats, row at a time and over contiguous record buffers.
+//! - [`fast`]: the SIMD row codecs (AVX-512 / AVX2, run-time detection), bit-identical to the
+//!   scalar reference, used by every bulk entry point.
 //! - [`page`]: block-planar cache pages (all slots' data, then all slots' scales).
 
+pub mod fast;
 pub mod page;
 pub mod records;
 pub mod scalar;
 
 pub use records::{
-    decode_rows, encode_rows, RecordFormat, FP8_INDEX_BYTES, INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES,
-    MXFP8_BYTES, NOPE_DIM, NVFP4_DS_BYTES, V4_RECORD_BYTES,
+    decode_rows, decode_rows_with, encode_rows, encode_rows_with, RecordFormat, FP8_INDEX_BYTES,
+    INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, MXFP8_BYTES, NOPE_DIM, NVFP4_DS_BYTES, V4_RECORD_BYTES,
 };
 
 use rayon::prelude::*;
 
 /// Rows per parallel task: below this, the thread hand-off costs more than the work.
-const ROWS_PER_TASK: usize = 256;
+pub(crate) const ROWS_PER_TASK: usize = 256;
 
 /// Applies `f(input_row, output_record)` over rows, in parallel for large inputs.
 pub(crate) fn parallel_rows<F>(dim: usize, rec: usize, x: &[f32], out: &mut [u8], f: F)

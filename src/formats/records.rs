@@ -259,7 +259,7 @@ fn encode_fp8_index(x: &[f32], data: &mut [u8], scale: &mut [u8]) {
 }
 
 fn check_rows(fmt: RecordFormat, values: usize, bytes: usize) -> Result<usize> {
-    if values % fmt.dim() != 0 {
+    if !values.is_multiple_of(fmt.dim()) {
         return Err(Error::shape(
             format!("{} input values", fmt.name()),
             format!("a multiple of {} (whole rows)", fmt.dim()),
@@ -285,10 +285,22 @@ fn check_rows(fmt: RecordFormat, values: usize, bytes: usize) -> Result<usize> {
 /// Encodes `x` (rows × dim f32, row-major) into contiguous records (each: data bytes, then scale
 /// bytes). Errors: [`Error::Shape`] when `x` is not whole rows or `out` has the wrong length.
 pub fn encode_rows(fmt: RecordFormat, x: &[f32], out: &mut [u8]) -> Result<()> {
+    encode_rows_with(super::fast::Isa::best(), fmt, x, out)
+}
+
+/// [`encode_rows`] on a chosen instruction set (benchmarks, A/B tests).
+/// Errors: as [`encode_rows`], plus [`Error::Unsupported`] when this CPU lacks `isa`.
+pub fn encode_rows_with(
+    isa: super::fast::Isa,
+    fmt: RecordFormat,
+    x: &[f32],
+    out: &mut [u8],
+) -> Result<()> {
+    isa.check()?;
     check_rows(fmt, x.len(), out.len())?;
     super::parallel_rows(fmt.dim(), fmt.record_bytes(), x, out, |row, rec| {
         let (d, s) = rec.split_at_mut(fmt.data_bytes());
-        fmt.encode_row(row, d, s);
+        super::fast::encode_row(isa, fmt, row, d, s);
     });
     Ok(())
 }
@@ -296,10 +308,22 @@ pub fn encode_rows(fmt: RecordFormat, x: &[f32], out: &mut [u8]) -> Result<()> {
 /// Decodes contiguous records into `out` (rows × dim f32).
 /// Errors: [`Error::Shape`] on mismatched lengths.
 pub fn decode_rows(fmt: RecordFormat, records: &[u8], out: &mut [f32]) -> Result<()> {
+    decode_rows_with(super::fast::Isa::best(), fmt, records, out)
+}
+
+/// [`decode_rows`] on a chosen instruction set (benchmarks, A/B tests).
+/// Errors: as [`decode_rows`], plus [`Error::Unsupported`] when this CPU lacks `isa`.
+pub fn decode_rows_with(
+    isa: super::fast::Isa,
+    fmt: RecordFormat,
+    records: &[u8],
+    out: &mut [f32],
+) -> Result<()> {
+    isa.check()?;
     check_rows(fmt, out.len(), records.len())?;
     super::parallel_rows_mut(fmt.dim(), fmt.record_bytes(), out, records, |row, rec| {
         let (d, s) = rec.split_at(fmt.data_bytes());
-        fmt.decode_row(d, s, row);
+        super::fast::decode_row(isa, fmt, d, s, row);
     });
     Ok(())
 }

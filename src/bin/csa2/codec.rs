@@ -1,3 +1,6 @@
+use csa2::formats::scalar::{
+    e2m1_decode, e2m1_encode, e4m3_decode, e4m3_encode, e8m0_decode, e8m0_encode_ceil,
+};
 use csa2::formats::{decode_rows, encode_rows, RecordFormat};
 use csa2::Error;
 use std::path::PathBuf;
@@ -7,10 +10,12 @@ pub struct Args {
     /// encode (f32 rows → records) or decode (records → f32 rows).
     #[arg(value_parser = ["encode", "decode"])]
     op: String,
-    /// Record format: nvfp4 (288 B), mxfp4 (68 B), mxfp8 (528 B), v4 (584 B), fp8index (132 B).
+    /// Record format: nvfp4 (288 B), mxfp4 (68 B), mxfp8 (528 B), v4 (584 B), fp8index (132 B);
+    /// or an element codec, one byte per value: e2m1 (code in the low nibble), e4m3 (saturating),
+    /// e8m0 (encode = 2^ceil(log2 v), the scale rule).
     #[arg(long)]
     format: String,
-    /// Input file: little-endian f32 rows (encode) or records back to back (decode).
+    /// Input file: little-endian f32 values (encode) or records / codes back to back (decode).
     #[arg(long = "in")]
     input: PathBuf,
     /// Output file.
@@ -18,44 +23,82 @@ pub struct Args {
     out: PathBuf,
 }
 
+type Element = (fn(f32) -> u8, fn(u8) -> f32);
+
+fn element(name: &str) -> Option<Element> {
+    match name {
+        "e2m1" => Some((e2m1_encode, e2m1_decode)),
+        "e4m3" => Some((e4m3_encode, e4m3_decode)),
+        "e8m0" => Some((e8m0_encode_ceil, e8m0_decode)),
+        _ => None,
+    }
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
 pub fn run(a: Args) -> csa2::Result<()> {
-    let fmt = RecordFormat::from_name(&a.format)?;
     let bytes = std::fs::read(&a.input).map_err(|e| Error::io(&a.input, e))?;
-    let out = if a.op == "encode" {
-        let row_bytes = fmt.dim() * 4;
-        if bytes.len() % row_bytes != 0 {
-            return Err(Error::Parse {
-                path: a.input.clone(),
-                reason: format!(
-                    "{} bytes is not a whole number of {}-value f32 rows ({} B each)",
-                    bytes.len(),
-                    fmt.dim(),
-                    row_bytes
-                ),
-            });
+    let encode = a.op == "encode";
+    let out = if let Some((enc, dec)) = element(&a.format) {
+        if encode {
+            if bytes.len() % 4 != 0 {
+                return Err(Error::Parse {
+                    path: a.input.clone(),
+                    reason: format!("{} bytes is not a whole number of f32 values", bytes.len()),
+                });
+            }
+            f32s(&bytes).into_iter().map(enc).collect()
+        } else {
+            bytes.iter().flat_map(|&b| dec(b).to_le_bytes()).collect()
         }
-        let x: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        let mut recs = vec![0u8; x.len() / fmt.dim() * fmt.record_bytes()];
-        encode_rows(fmt, &x, &mut recs)?;
-        recs
     } else {
-        if bytes.len() % fmt.record_bytes() != 0 {
-            return Err(Error::Parse {
-                path: a.input.clone(),
-                reason: format!(
-                    "{} bytes is not a whole number of {} records ({} B each)",
-                    bytes.len(),
-                    fmt.name(),
-                    fmt.record_bytes()
+        let fmt = RecordFormat::from_name(&a.format).map_err(|_| {
+            Error::invalid(
+                "format",
+                format!(
+                    "unknown format `{}` (expected nvfp4, mxfp4, mxfp8, v4, fp8index, e2m1, e4m3 or e8m0)",
+                    a.format
                 ),
-            });
+            )
+        })?;
+        if encode {
+            let row_bytes = fmt.dim() * 4;
+            if bytes.len() % row_bytes != 0 {
+                return Err(Error::Parse {
+                    path: a.input.clone(),
+                    reason: format!(
+                        "{} bytes is not a whole number of {}-value f32 rows ({} B each)",
+                        bytes.len(),
+                        fmt.dim(),
+                        row_bytes
+                    ),
+                });
+            }
+            let x = f32s(&bytes);
+            let mut recs = vec![0u8; x.len() / fmt.dim() * fmt.record_bytes()];
+            encode_rows(fmt, &x, &mut recs)?;
+            recs
+        } else {
+            if bytes.len() % fmt.record_bytes() != 0 {
+                return Err(Error::Parse {
+                    path: a.input.clone(),
+                    reason: format!(
+                        "{} bytes is not a whole number of {} records ({} B each)",
+                        bytes.len(),
+                        fmt.name(),
+                        fmt.record_bytes()
+                    ),
+                });
+            }
+            let mut x = vec![0f32; bytes.len() / fmt.record_bytes() * fmt.dim()];
+            decode_rows(fmt, &bytes, &mut x)?;
+            x.iter().flat_map(|v| v.to_le_bytes()).collect()
         }
-        let mut x = vec![0f32; bytes.len() / fmt.record_bytes() * fmt.dim()];
-        decode_rows(fmt, &bytes, &mut x)?;
-        x.iter().flat_map(|v| v.to_le_bytes()).collect()
     };
     std::fs::write(&a.out, out).map_err(|e| Error::io(&a.out, e))?;
     Ok(())

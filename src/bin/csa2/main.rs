@@ -3,8 +3,13 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod bench;
 mod codec;
 mod geometry;
+mod make_checkpoint;
+mod op;
+mod ssd_writer;
+mod trace;
 
 #[derive(Parser)]
 #[command(
@@ -23,6 +28,17 @@ enum Cmd {
     Geometry(geometry::Args),
     /// Encode f32 rows to KV records or decode records to f32 rows.
     Codec(codec::Args),
+    /// Measure a kernel family against a baseline run on the same data (e.g. `bench codecs`).
+    Bench(bench::Args),
+    /// Replay a Mooncake trace through the KV cache, the SSD/DRAM tiers and the replay planner.
+    Trace(trace::Args),
+    /// Crash-test child: append SSD records until killed (used by tests/ssd_crash.rs).
+    #[command(hide = true)]
+    SsdWriter(ssd_writer::Args),
+    /// Run one op on .npy inputs (parity harness).
+    Op(op::Args),
+    /// Write a synthetic checkpoint in the released naming, dtypes and shard layout.
+    MakeCheckpoint(make_checkpoint::Args),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +46,11 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Geometry(a) => geometry::run(a),
         Cmd::Codec(a) => codec::run(a),
+        Cmd::Bench(a) => bench::run(a),
+        Cmd::Trace(a) => trace::run(a),
+        Cmd::SsdWriter(a) => ssd_writer::run(a),
+        Cmd::Op(a) => op::run(a),
+        Cmd::MakeCheckpoint(a) => make_checkpoint::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

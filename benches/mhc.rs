@@ -1,0 +1,126 @@
+//! mHC boundary: fused single pass vs the four unfused passes, beside a memcpy measured in the
+//! same run. Prints `T | µs | GB/s` per path; bytes are the modeled activation traffic
+//! ((2n+2)·d f32 per token fused, (4n+4)·d unfused) plus one read of `hc_fn` per call.
+//!
+//! `cargo bench --bench mhc` (env: CSA2_BENCH_TOKENS="1,16,256,4096", CSA2_BENCH_D=5120,
+//! CSA2_BENCH_SECONDS=2 per measurement).
+
+use csa2::ops::mhc::{
+    cpu, BoundaryIn, BoundaryOut, Coeffs, MhcParams, MixWeights, PostUpdate, HC, MIX,
+};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use std::time::{Duration, Instant};
+
+fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
+}
+
+fn fill(rng: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(lo..hi)).collect()
+}
+
+/// Best wall time of `f` over repeated runs for about `budget` (at least 3 runs).
+fn best<F: FnMut()>(budget: Duration, mut f: F) -> Duration {
+    f();
+    let start = Instant::now();
+    let mut best = Duration::MAX;
+    let mut runs = 0;
+    while runs < 3 || start.elapsed() < budget {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed());
+        runs += 1;
+    }
+    best
+}
+
+fn main() {
+    let d: usize = env_or("CSA2_BENCH_D", 5120);
+    let secs: f64 = env_or("CSA2_BENCH_SECONDS", 2.0);
+    let budget = Duration::from_secs_f64(secs);
+    let tokens: Vec<usize> = std::env::var("CSA2_BENCH_TOKENS")
+        .unwrap_or_else(|_| "1,16,256,4096".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let p = MhcParams::new(d);
+    let mut rng = StdRng::seed_from_u64(1);
+    let hc_fn = fill(&mut rng, MIX * HC * d, -0.01, 0.01);
+    let base = fill(&mut rng, MIX, -0.5, 0.5);
+    let scale = vec![1.0f32; 3];
+    let norm = fill(&mut rng, d, 0.9, 1.1);
+    let fn_bytes = (MIX * HC * d * 4) as f64;
+
+    // memcpy baseline over 256 MiB (read + write counted).
+    let n = 64 << 20;
+    let src = fill(&mut rng, n, -1.0, 1.0);
+    let mut dst = vec![0.0f32; n];
+    let t = best(budget, || dst.copy_from_slice(&src));
+    let memcpy_gbs = 2.0 * (n * 4) as f64 / t.as_secs_f64() / 1e9;
+    drop((src, dst));
+    println!(
+        "mHC boundary, d = {d}, threads = {}",
+        rayon::current_num_threads()
+    );
+    println!("memcpy 256 MiB: {memcpy_gbs:.1} GB/s (read + write)");
+    println!(
+        "{:>6} | {:>11} {:>8} | {:>11} {:>8} | {:>7} | {:>9}",
+        "T", "fused µs", "GB/s", "unfused µs", "GB/s", "speedup", "fused/memcpy"
+    );
+    for &t in &tokens {
+        let x = fill(&mut rng, t * HC * d, -1.0, 1.0);
+        let y = fill(&mut rng, t * d, -1.0, 1.0);
+        let post = fill(&mut rng, t * HC, 0.0, 2.0);
+        let comb = fill(&mut rng, t * HC * HC, 0.0, 0.5);
+        let pre = fill(&mut rng, t * HC, 0.0, 1.0);
+        let inp = BoundaryIn {
+            x: &x,
+            update: Some(PostUpdate {
+                y: &y,
+                post: &post,
+                comb: &comb,
+            }),
+            pre_prev: &pre,
+            next: Some(MixWeights {
+                hc_fn: &hc_fn,
+                base: &base,
+                scale: &scale,
+            }),
+            norm: &norm,
+        };
+        let mut x_new = vec![1.0f32; t * HC * d];
+        let mut layer_in = vec![1.0f32; t * d];
+        let mut co = Coeffs::zeros(t);
+        let mut run = |fused: bool| {
+            let mut out = BoundaryOut {
+                x_new: &mut x_new,
+                layer_in: &mut layer_in,
+                coeffs: Some(co.as_mut()),
+            };
+            if fused {
+                cpu::fused_boundary(&p, &inp, &mut out).unwrap()
+            } else {
+                cpu::unfused_boundary(&p, &inp, &mut out).unwrap()
+            }
+        };
+        let tf = best(budget, || run(true));
+        let tu = best(budget, || run(false));
+        let act = (t * d * 4) as f64;
+        let fused_bytes = (2 * HC + 2) as f64 * act + fn_bytes;
+        let unfused_bytes = (4 * HC + 4) as f64 * act + fn_bytes;
+        let gbs = |b: f64, dt: Duration| b / dt.as_secs_f64() / 1e9;
+        println!(
+            "{:>6} | {:>11.1} {:>8.1} | {:>11.1} {:>8.1} | {:>6.2}x | {:>8.2}",
+            t,
+            tf.as_secs_f64() * 1e6,
+            gbs(fused_bytes, tf),
+            tu.as_secs_f64() * 1e6,
+            gbs(unfused_bytes, tu),
+            tu.as_secs_f64() / tf.as_secs_f64(),
+            gbs(fused_bytes, tf) / memcpy_gbs,
+        );
+    }
+}

@@ -1,0 +1,1026 @@
+//! The paged KV-cache manager (the HBM tier; host memory on the CPU build).
+//!
+//! - **Pools**: only the KV-source (Full) layers own global KV ([`spec::CacheSpec`]). A block id
+//!   names `block_tokens` tokens; its slab holds one block-planar main-KV page and one index-K page
+//!   per KV-source layer ([`layout::BlockLayout`]), so a ratio-2 page holds `block_tokens / 2`
+//!   entries and a ratio-1 page `block_tokens`.
+//! - **Block tables and slot mapping**: each request has a block table; compressed entry `j` of a
+//!   ratio-m layer lives in block `table[j·m / block_tokens]`, slot
+//!   `block · (block_tokens/m) + j mod (block_tokens/m)` (vLLM's `block_table[i // S]·S + i % S`,
+//!   research/vllm_v41.md §3.4).
+//! - **Prefix sharing**: full blocks are published under chained SHA-256 keys
+//!   ([`prefix::PrefixHasher`]); a later request adopts them (reference count + 1). Published blocks
+//!   are sealed: their slots can no longer be written, so a replay can never overwrite a shared
+//!   entry (SPEC §3 "never recomputed or overwritten").
+//! - **Eviction**: a block whose count drops to zero stays cached (still findable by key) in an LRU
+//!   list; allocation takes never-used blocks first, then evicts the least recently used cached
+//!   block. A finished request's blocks enter the LRU deepest-first, so a prefix's tail goes before
+//!   its head (vLLM's free-block queue). When nothing is free or evictable, allocation returns
+//!   [`Error::OutOfBlocks`] and changes nothing.
+//! - **Per-request state**: an SWA ring of `window` tokens per layer and the half-finished
+//!   compressor group of every ratio > 1 layer (ratio 2: kv + score, 1024 f32).
+//! - **Accounting** is measured: [`CacheManager::stats`] sums the lengths of the slabs and rings that
+//!   are actually allocated (with [`Backing::Host`]) and of the blocks actually handed out.
+//!
+//! # Thread safety
+//! [`CacheManager`] is `Send + Sync` and meant to be shared (`Arc`). Block metadata (free list, LRU,
+//! prefix index, block tables) sits behind one `parking_lot::Mutex`, held only for bookkeeping, never
+//! during record I/O. Each block's slab has its own `RwLock`, so record reads and writes on different
+//! blocks run in parallel and never wait on allocation. A request's SWA ring and compressor state
+//! sit behind a per-request mutex. A caller must not use a slot after freeing the request that
+//! mapped it (the block may already belong to someone else), as with any paged allocator.
+
+pub mod layout;
+pub mod prefix;
+pub mod spec;
+
+pub use layout::{BlockLayout, PagePlace, RecordKind};
+pub use prefix::{PrefixHasher, PrefixKey};
+pub use spec::{CacheSpec, PoolSpec, PAGE_ALIGN};
+
+use crate::error::{Error, Result};
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// A request (sequence) id chosen by the caller.
+pub type RequestId = u64;
+
+/// Where block slabs live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backing {
+    /// Real host memory: a slab is allocated (zeroed) the first time its block is handed out and
+    /// kept for reuse; records can be written and read.
+    Host,
+    /// Bookkeeping only, for trace simulation: blocks, tables, keys and byte counts behave exactly as
+    /// with `Host`, but no slab memory exists and record access returns [`Error::Unsupported`].
+    Accounting,
+}
+
+/// Cache-manager configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Tokens per block (default 256); a multiple of every KV-source ratio.
+    pub block_tokens: usize,
+    /// Blocks in the pool.
+    pub num_blocks: usize,
+    /// Slab backing.
+    pub backing: Backing,
+}
+
+impl CacheConfig {
+    /// `num_blocks` blocks of 256 tokens in host memory.
+    pub fn host(num_blocks: usize) -> CacheConfig {
+        CacheConfig {
+            block_tokens: 256,
+            num_blocks,
+            backing: Backing::Host,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct BlockMeta {
+    refs: u32,
+    key: Option<PrefixKey>,
+    /// LRU tick while evictable (refs == 0 and key set).
+    tick: Option<u64>,
+}
+
+/// Per-request state that the attention backend touches every step.
+struct SessionState {
+    /// `num_layers × window` SWA records (Host backing), ring slot = position mod window.
+    swa: Vec<u8>,
+    /// Newest SWA position written + 1, per layer (positions `[hi − window, hi)` are readable).
+    swa_hi: Vec<Option<usize>>,
+    /// Half-finished compressor group per pool with ratio > 1 (None = no pending rows).
+    compressor: Vec<Option<Vec<f32>>>,
+}
+
+struct Request {
+    table: Vec<u32>,
+    tokens: usize,
+    session: Arc<Mutex<SessionState>>,
+}
+
+struct Meta {
+    blocks: Vec<BlockMeta>,
+    /// Blocks that hold nothing (never used, or evicted), popped from the end.
+    free: Vec<u32>,
+    /// Evictable cached blocks: tick → block.
+    lru: BTreeMap<u64, u32>,
+    index: HashMap<PrefixKey, u32>,
+    requests: HashMap<RequestId, Request>,
+    tick: u64,
+    evictions: u64,
+    prefix_hits: u64,
+    prefix_queries: u64,
+}
+
+/// Byte and block counts, measured from the allocator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct CacheStats {
+    /// Blocks in the pool.
+    pub total_blocks: usize,
+    /// Blocks referenced by at least one live request.
+    pub used_blocks: usize,
+    /// Unreferenced blocks still holding a published prefix (evictable).
+    pub cached_blocks: usize,
+    /// Blocks holding nothing.
+    pub free_blocks: usize,
+    /// Bytes of one block slab.
+    pub slab_bytes: usize,
+    /// Slab bytes allocated from the host (Host backing) or handed out so far (Accounting).
+    pub allocated_bytes: usize,
+    /// Slab bytes of referenced blocks.
+    pub in_use_bytes: usize,
+    /// Slab bytes of cached, unreferenced blocks.
+    pub cached_bytes: usize,
+    /// Bytes of live SWA rings and compressor states.
+    pub session_bytes: usize,
+    /// Live requests.
+    pub requests: usize,
+    /// Cached blocks evicted so far.
+    pub evictions: u64,
+    /// Prefix blocks found by [`CacheManager::adopt_prefix`] so far.
+    pub prefix_hits: u64,
+    /// Prefix blocks asked for by [`CacheManager::adopt_prefix`] so far.
+    pub prefix_queries: u64,
+}
+
+/// Measured global-KV footprint of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RequestBytes {
+    /// Tokens the request's table covers.
+    pub tokens: usize,
+    /// Blocks in its table.
+    pub blocks: usize,
+    /// Slab bytes of those blocks, read from the allocator.
+    pub slab_bytes: usize,
+    /// Bytes of the records that exist for `tokens` tokens.
+    pub record_bytes: usize,
+    /// `slab_bytes − record_bytes`: page alignment plus the unfilled tail of the last block.
+    pub padding_bytes: usize,
+    /// `slab_bytes / tokens`.
+    pub bytes_per_token: f64,
+}
+
+/// The paged KV-cache manager. See the module docs for the model and thread safety.
+pub struct CacheManager {
+    spec: CacheSpec,
+    config: CacheConfig,
+    layout: BlockLayout,
+    hasher: PrefixHasher,
+    meta: Mutex<Meta>,
+    slabs: Vec<RwLock<Vec<u8>>>,
+    sealed: Vec<AtomicBool>,
+    touched: Vec<AtomicBool>,
+    allocated: AtomicUsize,
+    /// Index of each pool with ratio > 1 in `SessionState::compressor`.
+    comp_slot: Vec<Option<usize>>,
+}
+
+impl std::fmt::Debug for CacheManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheManager")
+            .field("spec", &self.spec.name)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl CacheManager {
+    /// A manager for `spec` with `config`. `model` is a fingerprint of the model (e.g. the config
+    /// file's bytes) that salts the prefix keys.
+    ///
+    /// Errors: [`Error::Invalid`] when `block_tokens` is 0 or not a multiple of a KV-source ratio,
+    /// or when `num_blocks` is 0 or exceeds `u32::MAX`.
+    pub fn new(spec: CacheSpec, config: CacheConfig, model: &[u8]) -> Result<CacheManager> {
+        spec.check_block_tokens(config.block_tokens)?;
+        if config.num_blocks == 0 || config.num_blocks > u32::MAX as usize {
+            return Err(Error::invalid(
+                "num_blocks",
+                format!("must be in 1..=2^32-1, found {}", config.num_blocks),
+            ));
+        }
+        let layout = BlockLayout::new(&spec, config.block_tokens);
+        let hasher = PrefixHasher::new(model, &spec.layout, config.block_tokens);
+        let n = config.num_blocks;
+        let mut comp_slot = Vec::new();
+        let mut k = 0;
+        for p in &spec.pools {
+            if p.ratio > 1 {
+                comp_slot.push(Some(k));
+                k += 1;
+            } else {
+                comp_slot.push(None);
+            }
+        }
+        Ok(CacheManager {
+            meta: Mutex::new(Meta {
+                blocks: vec![BlockMeta::default(); n],
+                // Popped from the end: hand out low ids first.
+                free: (0..n as u32).rev().collect(),
+                lru: BTreeMap::new(),
+                index: HashMap::new(),
+                requests: HashMap::new(),
+                tick: 0,
+                evictions: 0,
+                prefix_hits: 0,
+                prefix_queries: 0,
+            }),
+            slabs: (0..n).map(|_| RwLock::new(Vec::new())).collect(),
+            sealed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            touched: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            allocated: AtomicUsize::new(0),
+            spec,
+            config,
+            layout,
+            hasher,
+            comp_slot,
+        })
+    }
+
+    /// The cache spec.
+    pub fn spec(&self) -> &CacheSpec {
+        &self.spec
+    }
+    /// The configuration.
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+    /// The slab layout of one block.
+    pub fn block_layout(&self) -> &BlockLayout {
+        &self.layout
+    }
+    /// The prefix hasher (salted with this cache's model, layout and block size).
+    pub fn hasher(&self) -> &PrefixHasher {
+        &self.hasher
+    }
+
+    fn new_session(&self) -> SessionState {
+        let host = self.config.backing == Backing::Host;
+        SessionState {
+            swa: if host {
+                vec![0u8; self.spec.swa_ring_bytes()]
+            } else {
+                Vec::new()
+            },
+            swa_hi: vec![None; self.spec.num_layers],
+            compressor: vec![None; self.comp_slot.iter().flatten().count()],
+        }
+    }
+
+    /// Registers a new request with an empty block table.
+    ///
+    /// Errors: [`Error::Invalid`] when the id is already live.
+    pub fn add_request(&self, id: RequestId) -> Result<()> {
+        let session = Arc::new(Mutex::new(self.new_session()));
+        let mut m = self.meta.lock();
+        if m.requests.contains_key(&id) {
+            return Err(Error::invalid(
+                "request",
+                format!("id {id} is already live"),
+            ));
+        }
+        m.requests.insert(
+            id,
+            Request {
+                table: Vec::new(),
+                tokens: 0,
+                session,
+            },
+        );
+        Ok(())
+    }
+
+    /// Longest run of leading `keys` present in the cache (no state change).
+    pub fn lookup_prefix(&self, keys: &[PrefixKey]) -> usize {
+        let m = self.meta.lock();
+        keys.iter().take_while(|k| m.index.contains_key(k)).count()
+    }
+
+    /// Attaches the longest cached run of leading `keys` to request `id`, whose table must be empty;
+    /// each adopted block gains a reference and leaves the LRU. Returns the blocks adopted (the hit
+    /// covers `blocks × block_tokens` tokens).
+    ///
+    /// Errors: [`Error::NotFound`] for an unknown id; [`Error::Invalid`] when its table is not empty.
+    pub fn adopt_prefix(&self, id: RequestId, keys: &[PrefixKey]) -> Result<usize> {
+        let mut guard = self.meta.lock();
+        let m = &mut *guard;
+        let req = m
+            .requests
+            .get(&id)
+            .ok_or_else(|| Error::NotFound(format!("request {id}")))?;
+        if !req.table.is_empty() {
+            return Err(Error::invalid(
+                "request",
+                format!(
+                    "{id} already holds {} blocks; adopt a prefix before allocating",
+                    req.table.len()
+                ),
+            ));
+        }
+        let mut adopted = Vec::new();
+        for k in keys {
+            let Some(&b) = m.index.get(k) else { break };
+            let bm = &mut m.blocks[b as usize];
+            if let Some(t) = bm.tick.take() {
+                m.lru.remove(&t);
+            }
+            bm.refs += 1;
+            adopted.push(b);
+        }
+        m.prefix_queries += keys.len() as u64;
+        m.prefix_hits += adopted.len() as u64;
+        let n = adopted.len();
+        let req = m.requests.get_mut(&id).expect("checked above");
+        req.table = adopted;
+        req.tokens = n * self.config.block_tokens;
+        Ok(n)
+    }
+
+    /// Grows request `id`'s block table to cover `tokens` tokens (never shrinks). New blocks come
+    /// from the free list first, then by evicting the least recently used cached block.
+    ///
+    /// Errors: [`Error::NotFound`] for an unknown id; [`Error::OutOfBlocks`] when the pool cannot
+    /// supply the blocks — then nothing changes, so the caller can free, preempt or retry.
+    pub fn allocate(&self, id: RequestId, tokens: usize) -> Result<()> {
+        let need_blocks = tokens.div_ceil(self.config.block_tokens);
+        let mut guard = self.meta.lock();
+        let m = &mut *guard;
+        let have = m
+            .requests
+            .get(&id)
+            .ok_or_else(|| Error::NotFound(format!("request {id}")))?
+            .table
+            .len();
+        let extra = need_blocks.saturating_sub(have);
+        if extra > m.free.len() + m.lru.len() {
+            return Err(Error::OutOfBlocks {
+                requested: extra,
+                free: m.free.len(),
+                evictable: m.lru.len(),
+            });
+        }
+        let mut fresh = Vec::with_capacity(extra);
+        for _ in 0..extra {
+            let b = match m.free.pop() {
+                Some(b) => b,
+                None => {
+                    let (_, b) = m.lru.pop_first().expect("counted above");
+                    let bm = &mut m.blocks[b as usize];
+                    bm.tick = None;
+                    if let Some(k) = bm.key.take() {
+                        m.index.remove(&k);
+                    }
+                    self.sealed[b as usize].store(false, Ordering::Release);
+                    m.evictions += 1;
+                    b
+                }
+            };
+            m.blocks[b as usize].refs = 1;
+            fresh.push(b);
+        }
+        let req = m.requests.get_mut(&id).expect("checked above");
+        req.table.extend_from_slice(&fresh);
+        req.tokens = req.tokens.max(tokens);
+        drop(guard);
+        for b in fresh {
+            // A slab is allocated (Host) or counted (Accounting) the first time its block is
+            // handed out, and kept for reuse afterwards.
+            if !self.touched[b as usize].swap(true, Ordering::AcqRel) {
+                if self.config.backing == Backing::Host {
+                    *self.slabs[b as usize].write() = vec![0u8; self.layout.slab_bytes];
+                }
+                self.allocated
+                    .fetch_add(self.layout.slab_bytes, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes the first `keys.len()` full blocks of request `id` under `keys` (the chained keys of
+    /// its tokens, [`PrefixHasher::keys`]) after their records are written; they become sealed and
+    /// shareable. Blocks already published (adopted) are skipped; a key already owned by another
+    /// block keeps that block (this one stays private, as vLLM allows duplicates). Returns the blocks
+    /// newly published.
+    ///
+    /// Errors: [`Error::NotFound`] for an unknown id; [`Error::Invalid`] when `keys` names more full
+    /// blocks than the request's tokens fill.
+    pub fn publish(&self, id: RequestId, keys: &[PrefixKey]) -> Result<usize> {
+        let mut guard = self.meta.lock();
+        let m = &mut *guard;
+        let req = m
+            .requests
+            .get(&id)
+            .ok_or_else(|| Error::NotFound(format!("request {id}")))?;
+        let full = req.tokens / self.config.block_tokens;
+        if keys.len() > full.min(req.table.len()) {
+            return Err(Error::invalid(
+                "keys",
+                format!(
+                    "{} keys for request {id}, which fills only {full} full blocks",
+                    keys.len()
+                ),
+            ));
+        }
+        let table = req.table[..keys.len()].to_vec();
+        let mut n = 0;
+        for (k, b) in keys.iter().zip(table) {
+            if m.blocks[b as usize].key.is_some() || m.index.contains_key(k) {
+                continue;
+            }
+            m.blocks[b as usize].key = Some(*k);
+            m.index.insert(*k, b);
+            self.sealed[b as usize].store(true, Ordering::Release);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Frees request `id`: every block loses a reference; published blocks at zero become evictable
+    /// (deepest block first in eviction order), the others return to the free list.
+    ///
+    /// Errors: [`Error::NotFound`] for an unknown id (so a double free is reported, not ignored).
+    pub fn free_request(&self, id: RequestId) -> Result<()> {
+        let mut guard = self.meta.lock();
+        let m = &mut *guard;
+        let req = m
+            .requests
+            .remove(&id)
+            .ok_or_else(|| Error::NotFound(format!("request {id}")))?;
+        // Deepest block first: it gets the oldest tick, so it is evicted before the prefix head.
+        for &b in req.table.iter().rev() {
+            let bm = &mut m.blocks[b as usize];
+            if bm.refs == 0 {
+                return Err(Error::Internal(format!(
+                    "block {b} of request {id} already has no reference"
+                )));
+            }
+            bm.refs -= 1;
+            if bm.refs == 0 {
+                if bm.key.is_some() {
+                    m.tick += 1;
+                    bm.tick = Some(m.tick);
+                    m.lru.insert(m.tick, b);
+                } else {
+                    m.free.push(b);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The block table of request `id` (block ids, one per `block_tokens` tokens).
+    pub fn block_table(&self, id: RequestId) -> Result<Vec<u32>> {
+        let m = self.meta.lock();
+        m.requests
+            .get(&id)
+            .map(|r| r.table.clone())
+            .ok_or_else(|| Error::NotFound(format!("request {id}")))
+    }
+
+    fn place(&self, layer: usize, kind: RecordKind) -> Result<&PagePlace> {
+        self.layout.place(layer, kind).ok_or_else(|| {
+            Error::invalid(
+                "layer",
+                format!(
+                    "layer {layer} has no {kind:?} cache (KV-source layers: {:?})",
+                    self.spec.pools.iter().map(|p| p.layer).collect::<Vec<_>>()
+                ),
+            )
+        })
+    }
+
+    /// Physical slots of compressed entries `entries` of KV-source `layer` for request `id`
+    /// (vLLM slot mapping): slot = block · S + j mod S with S = `block_tokens / ratio`, block =
+    /// `table[j / S]`. Entry `j` covers tokens `[j·m, j·m + m)`.
+    ///
+    /// Errors: [`Error::NotFound`] (request), [`Error::Invalid`] (not a KV-source layer, or entries
+    /// past the request's allocated tokens).
+    pub fn slot_mapping(
+        &self,
+        id: RequestId,
+        layer: usize,
+        entries: Range<usize>,
+    ) -> Result<Vec<u64>> {
+        let place = *self.place(layer, RecordKind::Main)?;
+        let s = place.page.slots;
+        let m = self.meta.lock();
+        let req = m
+            .requests
+            .get(&id)
+            .ok_or_else(|| Error::NotFound(format!("request {id}")))?;
+        let cap = req.table.len() * s;
+        if entries.end > cap {
+            return Err(Error::invalid(
+                "entries",
+                format!(
+                    "{entries:?} of layer {layer} (ratio {}) exceeds the {cap} entries allocated for request {id}",
+                    place.ratio
+                ),
+            ));
+        }
+        Ok(entries
+            .map(|j| req.table[j / s] as u64 * s as u64 + (j % s) as u64)
+            .collect())
+    }
+
+    fn split_slot(&self, place: &PagePlace, slot: u64) -> Result<(usize, usize)> {
+        let s = place.page.slots as u64;
+        let block = (slot / s) as usize;
+        if block >= self.config.num_blocks {
+            return Err(Error::invalid(
+                "slot",
+                format!(
+                    "{slot} is past the pool ({} blocks × {s} slots)",
+                    self.config.num_blocks
+                ),
+            ));
+        }
+        Ok((block, (slot % s) as usize))
+    }
+
+    fn host_only(&self) -> Result<()> {
+        match self.config.backing {
+            Backing::Host => Ok(()),
+            Backing::Accounting => Err(Error::Unsupported(
+                "record access on an accounting-only cache".into(),
+            )),
+        }
+    }
+
+    /// Writes one standalone record (data then scales, `format.record_bytes()` bytes) into `slot`
+    /// of `layer`'s `kind` cache, scattering it into the block-planar page.
+    ///
+    /// Errors: [`Error::Shape`] (record length), [`Error::Invalid`] (layer, slot, or a sealed slot:
+    /// published prefix blocks are read-only), [`Error::Unsupported`] (accounting backing).
+    pub fn write_record(
+        &self,
+        layer: usize,
+        kind: RecordKind,
+        slot: u64,
+        record: &[u8],
+    ) -> Result<()> {
+        self.host_only()?;
+        let place = *self.place(layer, kind)?;
+        let fmt = place.page.format;
+        if record.len() != fmt.record_bytes() {
+            return Err(Error::shape(
+                format!("{} record", fmt.name()),
+                fmt.record_bytes(),
+                record.len(),
+            ));
+        }
+        let (block, s) = self.split_slot(&place, slot)?;
+        self.check_unsealed(block, slot)?;
+        let (d, sc) = place.page.slot_ranges(s);
+        let mut slab = self.slabs[block].write();
+        let page = &mut slab[place.range()];
+        let db = fmt.data_bytes();
+        page[d].copy_from_slice(&record[..db]);
+        page[sc].copy_from_slice(&record[db..]);
+        Ok(())
+    }
+
+    fn check_unsealed(&self, block: usize, slot: u64) -> Result<()> {
+        if self.sealed[block].load(Ordering::Acquire) {
+            return Err(Error::invalid(
+                "slot",
+                format!("{slot} is in block {block}, a published prefix block (read-only)"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads `slot` of `layer`'s `kind` cache as a standalone record into `out`.
+    ///
+    /// Errors as [`CacheManager::write_record`] (sealed slots are readable).
+    pub fn read_record(
+        &self,
+        layer: usize,
+        kind: RecordKind,
+        slot: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        self.host_only()?;
+        let place = *self.place(layer, kind)?;
+        let fmt = place.page.format;
+        if out.len() != fmt.record_bytes() {
+            return Err(Error::shape(
+                format!("{} record", fmt.name()),
+                fmt.record_bytes(),
+                out.len(),
+            ));
+        }
+        let (block, s) = self.split_slot(&place, slot)?;
+        let (d, sc) = place.page.slot_ranges(s);
+        let slab = self.slabs[block].read();
+        let page = &slab[place.range()];
+        let db = fmt.data_bytes();
+        out[..db].copy_from_slice(&page[d]);
+        out[db..].copy_from_slice(&page[sc]);
+        Ok(())
+    }
+
+    /// Encodes `row` (`format.dim()` f32 values, RoPE'd) into `slot` (see [`CacheManager::write_record`]).
+    pub fn write_row(&self, layer: usize, kind: RecordKind, slot: u64, row: &[f32]) -> Result<()> {
+        self.host_only()?;
+        let place = *self.place(layer, kind)?;
+        let (block, s) = self.split_slot(&place, slot)?;
+        self.check_unsealed(block, slot)?;
+        let mut slab = self.slabs[block].write();
+        place.page.write(&mut slab[place.range()], s, row)
+    }
+
+    /// Decodes `slot` into `out` (`format.dim()` f32 values).
+    pub fn read_row(
+        &self,
+        layer: usize,
+        kind: RecordKind,
+        slot: u64,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.host_only()?;
+        let place = *self.place(layer, kind)?;
+        let (block, s) = self.split_slot(&place, slot)?;
+        let slab = self.slabs[block].read();
+        place.page.read(&slab[place.range()], s, out)
+    }
+
+    /// Runs `f` on the whole block-planar page of `(layer, kind)` in `block` (read-only), e.g. to
+    /// copy a block out to a persistent tier. Returns `f`'s result.
+    pub fn with_page<T>(
+        &self,
+        layer: usize,
+        kind: RecordKind,
+        block: u32,
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T> {
+        self.host_only()?;
+        let place = *self.place(layer, kind)?;
+        if block as usize >= self.config.num_blocks {
+            return Err(Error::invalid(
+                "block",
+                format!("{block} is past the pool of {}", self.config.num_blocks),
+            ));
+        }
+        let slab = self.slabs[block as usize].read();
+        Ok(f(&slab[place.range()]))
+    }
+
+    /// Copies a whole block slab out (all layers' pages) — the unit the SSD tier stores.
+    pub fn read_slab(&self, block: u32) -> Result<Vec<u8>> {
+        self.host_only()?;
+        let b = block as usize;
+        if b >= self.config.num_blocks {
+            return Err(Error::invalid(
+                "block",
+                format!("{block} is past the pool of {}", self.config.num_blocks),
+            ));
+        }
+        Ok(self.slabs[b].read().clone())
+    }
+
+    /// Fills a block slab from a persisted copy (a prefix loaded back from the SSD tier) before it
+    /// is published.
+    ///
+    /// Errors: [`Error::Shape`] when `bytes` is not one slab; [`Error::Invalid`] when the block is sealed.
+    pub fn write_slab(&self, block: u32, bytes: &[u8]) -> Result<()> {
+        self.host_only()?;
+        let b = block as usize;
+        if b >= self.config.num_blocks {
+            return Err(Error::invalid(
+                "block",
+                format!("{block} is past the pool of {}", self.config.num_blocks),
+            ));
+        }
+        if bytes.len() != self.layout.slab_bytes {
+            return Err(Error::shape(
+                "slab bytes",
+                self.layout.slab_bytes,
+                bytes.len(),
+            ));
+        }
+        if self.sealed[b].load(Ordering::Acquire) {
+            return Err(Error::invalid(
+                "block",
+                format!("{block} is a published prefix block (read-only)"),
+            ));
+        }
+        self.slabs[b].write().copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn session(&self, id: RequestId) -> Result<Arc<Mutex<SessionState>>> {
+        let m = self.meta.lock();
+        m.requests
+            .get(&id)
+            .map(|r| r.session.clone())
+            .ok_or_else(|| Error::NotFound(format!("request {id}")))
+    }
+
+    fn swa_offset(&self, layer: usize, pos: usize) -> Result<Range<usize>> {
+        if layer >= self.spec.num_layers {
+            return Err(Error::invalid(
+                "layer",
+                format!("{layer} is out of range 0..{}", self.spec.num_layers),
+            ));
+        }
+        let rec = self.spec.swa_format.record_bytes();
+        let o = (layer * self.spec.window + pos % self.spec.window) * rec;
+        Ok(o..o + rec)
+    }
+
+    /// Writes the SWA record of token `pos` for `layer` into request `id`'s ring (slot `pos mod
+    /// window`). Positions must not go backwards by more than the window.
+    ///
+    /// Errors: [`Error::NotFound`], [`Error::Invalid`] (layer, or `pos` older than the ring keeps),
+    /// [`Error::Shape`] (record length), [`Error::Unsupported`] (accounting backing).
+    pub fn swa_write(&self, id: RequestId, layer: usize, pos: usize, record: &[u8]) -> Result<()> {
+        self.host_only()?;
+        let rec = self.spec.swa_format.record_bytes();
+        if record.len() != rec {
+            return Err(Error::shape("SWA record", rec, record.len()));
+        }
+        let r = self.swa_offset(layer, pos)?;
+        let s = self.session(id)?;
+        let mut st = s.lock();
+        let hi = st.swa_hi[layer].unwrap_or(0);
+        if pos + self.spec.window < hi {
+            return Err(Error::invalid(
+                "pos",
+                format!(
+                    "{pos} is older than layer {layer}'s window (newest {})",
+                    hi - 1
+                ),
+            ));
+        }
+        st.swa[r].copy_from_slice(record);
+        st.swa_hi[layer] = Some(hi.max(pos + 1));
+        Ok(())
+    }
+
+    /// Reads the SWA record of token `pos` for `layer` from request `id`'s ring.
+    ///
+    /// Errors: [`Error::NotFound`] when `pos` is not in the window `[newest − window + 1, newest]` or
+    /// nothing was written; otherwise as [`CacheManager::swa_write`].
+    pub fn swa_read(&self, id: RequestId, layer: usize, pos: usize, out: &mut [u8]) -> Result<()> {
+        self.host_only()?;
+        let rec = self.spec.swa_format.record_bytes();
+        if out.len() != rec {
+            return Err(Error::shape("SWA record", rec, out.len()));
+        }
+        let r = self.swa_offset(layer, pos)?;
+        let s = self.session(id)?;
+        let st = s.lock();
+        match st.swa_hi[layer] {
+            Some(hi) if pos < hi && pos + self.spec.window >= hi => {
+                out.copy_from_slice(&st.swa[r]);
+                Ok(())
+            }
+            hi => Err(Error::NotFound(format!(
+                "SWA position {pos} of layer {layer} (window ends at {hi:?})"
+            ))),
+        }
+    }
+
+    /// Copies the SWA windows of the snapshotted layers (`spec.snapshot_layers`) of request `id`,
+    /// in layer order, each window in ring order rotated so the oldest token comes first. This is
+    /// the DRAM-tier snapshot (V4.1: the encoder layers only).
+    pub fn swa_snapshot(&self, id: RequestId) -> Result<Vec<u8>> {
+        self.host_only()?;
+        let rec = self.spec.swa_format.record_bytes();
+        let w = self.spec.window;
+        let s = self.session(id)?;
+        let st = s.lock();
+        let mut out = Vec::with_capacity(self.spec.snapshot_bytes());
+        for &l in &self.spec.snapshot_layers {
+            let hi = st.swa_hi[l].unwrap_or(0);
+            let base = l * w * rec;
+            for i in 0..w {
+                let slot = (hi + i) % w;
+                out.extend_from_slice(&st.swa[base + slot * rec..base + (slot + 1) * rec]);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets (Some) or clears (None) the half-finished compressor group of KV-source `layer` for
+    /// request `id`: `(ratio − 1) × 1024` f32 (ratio 2: one token's kv[512] then score[512]).
+    ///
+    /// Errors: [`Error::Invalid`] when `layer` has ratio ≤ 1 or is not a KV source; [`Error::Shape`].
+    pub fn set_compressor_state(
+        &self,
+        id: RequestId,
+        layer: usize,
+        state: Option<&[f32]>,
+    ) -> Result<()> {
+        let (k, floats) = self.comp_index(layer)?;
+        if let Some(v) = state {
+            if v.len() != floats {
+                return Err(Error::shape("compressor state", floats, v.len()));
+            }
+        }
+        let s = self.session(id)?;
+        s.lock().compressor[k] = state.map(<[f32]>::to_vec);
+        Ok(())
+    }
+
+    /// The half-finished compressor group of `layer` for request `id`, if any.
+    pub fn compressor_state(&self, id: RequestId, layer: usize) -> Result<Option<Vec<f32>>> {
+        let (k, _) = self.comp_index(layer)?;
+        let s = self.session(id)?;
+        let st = s.lock();
+        Ok(st.compressor[k].clone())
+    }
+
+    fn comp_index(&self, layer: usize) -> Result<(usize, usize)> {
+        self.spec
+            .pools
+            .iter()
+            .zip(&self.comp_slot)
+            .find(|(p, _)| p.layer == layer)
+            .and_then(|(p, k)| k.map(|k| (k, p.compressor_state_floats())))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "layer",
+                    format!("layer {layer} is not a KV source with compression ratio > 1"),
+                )
+            })
+    }
+
+    /// Measured global-KV bytes of request `id`: the slab lengths of its blocks as allocated
+    /// (Host) or handed out (Accounting), against the records that exist for its tokens.
+    pub fn request_bytes(&self, id: RequestId) -> Result<RequestBytes> {
+        let (table, tokens) = {
+            let m = self.meta.lock();
+            let r = m
+                .requests
+                .get(&id)
+                .ok_or_else(|| Error::NotFound(format!("request {id}")))?;
+            (r.table.clone(), r.tokens)
+        };
+        let slab_bytes: usize = match self.config.backing {
+            Backing::Host => table
+                .iter()
+                .map(|&b| self.slabs[b as usize].read().len())
+                .sum(),
+            Backing::Accounting => table.len() * self.layout.slab_bytes,
+        };
+        let bt = self.config.block_tokens;
+        let record_bytes = (tokens / bt) * self.layout.record_bytes_for(bt)
+            + self.layout.record_bytes_for(tokens % bt);
+        Ok(RequestBytes {
+            tokens,
+            blocks: table.len(),
+            slab_bytes,
+            record_bytes,
+            padding_bytes: slab_bytes.saturating_sub(record_bytes),
+            bytes_per_token: if tokens == 0 {
+                0.0
+            } else {
+                slab_bytes as f64 / tokens as f64
+            },
+        })
+    }
+
+    /// Block and byte counts now.
+    pub fn stats(&self) -> CacheStats {
+        let m = self.meta.lock();
+        let used = m.blocks.iter().filter(|b| b.refs > 0).count();
+        let cached = m.lru.len();
+        let slab = self.layout.slab_bytes;
+        let host = self.config.backing == Backing::Host;
+        let session_bytes = m
+            .requests
+            .values()
+            .map(|r| {
+                let st = r.session.lock();
+                let ring = if host {
+                    st.swa.len()
+                } else {
+                    self.spec.swa_ring_bytes()
+                };
+                ring + st
+                    .compressor
+                    .iter()
+                    .flatten()
+                    .map(|v| v.len() * 4)
+                    .sum::<usize>()
+            })
+            .sum();
+        CacheStats {
+            total_blocks: m.blocks.len(),
+            used_blocks: used,
+            cached_blocks: cached,
+            free_blocks: m.free.len(),
+            slab_bytes: slab,
+            allocated_bytes: self.allocated.load(Ordering::Relaxed),
+            in_use_bytes: used * slab,
+            cached_bytes: cached * slab,
+            session_bytes,
+            requests: m.requests.len(),
+            evictions: m.evictions,
+            prefix_hits: m.prefix_hits,
+            prefix_queries: m.prefix_queries,
+        }
+    }
+
+    /// Checks the allocator's invariants (for tests and debug builds): every block is exactly one
+    /// of free, cached (in the LRU, keyed, no reference) or used; reference counts equal the number
+    /// of tables holding the block; the prefix index and block keys agree.
+    pub fn check_invariants(&self) -> Result<()> {
+        let m = self.meta.lock();
+        let mut refs = vec![0u32; m.blocks.len()];
+        for r in m.requests.values() {
+            for &b in &r.table {
+                refs[b as usize] += 1;
+            }
+        }
+        let mut in_free = vec![false; m.blocks.len()];
+        for &b in &m.free {
+            if std::mem::replace(&mut in_free[b as usize], true) {
+                return Err(Error::Internal(format!(
+                    "block {b} is twice in the free list"
+                )));
+            }
+        }
+        for (i, bm) in m.blocks.iter().enumerate() {
+            if bm.refs != refs[i] {
+                return Err(Error::Internal(format!(
+                    "block {i}: count {} but {} tables hold it",
+                    bm.refs, refs[i]
+                )));
+            }
+            let cached = bm.tick.is_some_and(|t| m.lru.get(&t) == Some(&(i as u32)));
+            let states = [in_free[i], cached, bm.refs > 0]
+                .iter()
+                .filter(|&&x| x)
+                .count();
+            if states != 1 {
+                return Err(Error::Internal(format!(
+                    "block {i} is in {states} states (free {}, cached {cached}, refs {})",
+                    in_free[i], bm.refs
+                )));
+            }
+            if in_free[i] && bm.key.is_some() {
+                return Err(Error::Internal(format!("free block {i} still has a key")));
+            }
+            if let Some(k) = bm.key {
+                if m.index.get(&k) != Some(&(i as u32)) {
+                    return Err(Error::Internal(format!(
+                        "block {i}'s key is not indexed to it"
+                    )));
+                }
+            }
+        }
+        if m.lru.len() + m.free.len() + m.blocks.iter().filter(|b| b.refs > 0).count()
+            != m.blocks.len()
+        {
+            return Err(Error::Internal("block states do not add up".into()));
+        }
+        Ok(())
+    }
+}
+
+/// The small surface the attention backend uses to reach the cache (implemented by
+/// [`CacheManager`]); all positions are absolute token positions, all entries compressed indices.
+pub trait KvCacheAccess: Send + Sync {
+    /// Physical slots of compressed entries `entries` of KV-source `layer` for request `id`.
+    fn slot_mapping(&self, id: RequestId, layer: usize, entries: Range<usize>) -> Result<Vec<u64>>;
+    /// Writes one standalone record (data then scales) into a slot.
+    fn write_record(&self, layer: usize, kind: RecordKind, slot: u64, record: &[u8]) -> Result<()>;
+    /// Reads one slot as a standalone record.
+    fn read_record(&self, layer: usize, kind: RecordKind, slot: u64, out: &mut [u8]) -> Result<()>;
+    /// Writes token `pos`'s SWA record of `layer`.
+    fn swa_write(&self, id: RequestId, layer: usize, pos: usize, record: &[u8]) -> Result<()>;
+    /// Reads token `pos`'s SWA record of `layer` (inside the window only).
+    fn swa_read(&self, id: RequestId, layer: usize, pos: usize, out: &mut [u8]) -> Result<()>;
+}
+
+impl KvCacheAccess for CacheManager {
+    fn slot_mapping(&self, id: RequestId, layer: usize, entries: Range<usize>) -> Result<Vec<u64>> {
+        CacheManager::slot_mapping(self, id, layer, entries)
+    }
+    fn write_record(&self, layer: usize, kind: RecordKind, slot: u64, record: &[u8]) -> Result<()> {
+        CacheManager::write_record(self, layer, kind, slot, record)
+    }
+    fn read_record(&self, layer: usize, kind: RecordKind, slot: u64, out: &mut [u8]) -> Result<()> {
+        CacheManager::read_record(self, layer, kind, slot, out)
+    }
+    fn swa_write(&self, id: RequestId, layer: usize, pos: usize, record: &[u8]) -> Result<()> {
+        CacheManager::swa_write(self, id, layer, pos, record)
+    }
+    fn swa_read(&self, id: RequestId, layer: usize, pos: usize, out: &mut [u8]) -> Result<()> {
+        CacheManager::swa_read(self, id, layer, pos, out)
+    }
+}
+
+#[cfg(test)]
+mod tests;

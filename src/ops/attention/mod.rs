@@ -1,0 +1,278 @@
+//! Sparse + sliding-window attention with a sink (SPEC §2 "Attention", reference_math §4).
+//!
+//! For a query token at position p, head h (64 heads, MQA: K = V = the 512-d latent):
+//! - attended set = the selected main-KV entries (top-k row, −1 masked, entries past the row's
+//!   valid length ignored even if stale) ∪ the SWA window `[max(p − window + 1, 0, replay_start), p]`
+//!   (row s of the SWA cache = token s);
+//! - `z = (q_h · k) · scale` with scale = 512^-0.5; one softmax over the union, plus a per-head sink
+//!   logit `a_h` that enters the denominator only:
+//!   `o_h = Σ e^(z − M) k / (Σ e^(z − M) + e^(a_h − M))`, `M = max(max z, a_h)`;
+//! - `lse_h = ln Σ e^z` over the attended set, *without* the sink (FlashMLA / FlashInfer
+//!   convention); a row with nothing attended outputs zeros and `lse = −∞` (never NaN).
+//!
+//! The output is before the inverse RoPE on dims 448–511 ([`crate::ops::rope`], separate step).
+//! Shapes: `q` (tokens, heads, 512) f32, main KV (N, 512) f32 or (N, 288) NVFP4-DS, SWA (S, 512) f32
+//! or (S, 528) MXFP8, `topk` (tokens, K) i32, `sink` (heads) f32, `out` (tokens, heads, 512),
+//! `lse` (tokens, heads).
+
+pub mod cpu;
+pub mod reference;
+
+use crate::error::{Error, Result};
+use crate::formats::{RecordFormat, KV_DIM};
+use crate::ops::indexer::visible;
+
+/// Query heads of V4.1.
+pub const HEADS: usize = 64;
+
+/// Rows of a KV cache: f32 or one of the record formats (decoded exactly on use).
+#[derive(Debug, Clone, Copy)]
+pub enum KvRows<'a> {
+    /// (rows, 512) f32.
+    F32(&'a [f32]),
+    /// (rows, record bytes) in the given 512-value format (NVFP4-DS, MXFP8, V4).
+    Records(RecordFormat, &'a [u8]),
+}
+
+impl KvRows<'_> {
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        match self {
+            KvRows::F32(x) => x.len() / KV_DIM,
+            KvRows::Records(f, b) => b.len() / f.record_bytes(),
+        }
+    }
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Row `i` as f32.
+    #[inline]
+    pub fn row(&self, i: usize, out: &mut [f32]) {
+        match self {
+            KvRows::F32(x) => out.copy_from_slice(&x[i * KV_DIM..][..KV_DIM]),
+            KvRows::Records(f, b) => {
+                let rec = &b[i * f.record_bytes()..][..f.record_bytes()];
+                let (d, s) = rec.split_at(f.data_bytes());
+                f.decode_row(d, s, out);
+            }
+        }
+    }
+    fn check(&self, what: &str) -> Result<()> {
+        match self {
+            KvRows::F32(x) if x.len() % KV_DIM != 0 => Err(Error::shape(
+                what,
+                "[N, 512] f32",
+                format!("{} values", x.len()),
+            )),
+            KvRows::Records(f, _) if f.dim() != KV_DIM => Err(Error::invalid(
+                what,
+                format!(
+                    "format {} holds {} values per row, expected 512",
+                    f.name(),
+                    f.dim()
+                ),
+            )),
+            KvRows::Records(f, b) if b.len() % f.record_bytes() != 0 => Err(Error::shape(
+                what,
+                format!("[N, {}] u8 ({})", f.record_bytes(), f.name()),
+                format!("{} bytes", b.len()),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Attention parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionParams {
+    /// Query heads (64).
+    pub heads: usize,
+    /// SWA window in tokens (128).
+    pub window: usize,
+    /// Softmax scale (512^-0.5).
+    pub scale: f32,
+    /// When set, a selected index j must be visible (`j < (p + 1) div ratio`): a guard against stale
+    /// or wrong top-k rows.
+    pub ratio: Option<usize>,
+}
+
+impl Default for AttentionParams {
+    fn default() -> Self {
+        AttentionParams {
+            heads: HEADS,
+            window: 128,
+            scale: (KV_DIM as f32).sqrt().recip(),
+            ratio: None,
+        }
+    }
+}
+
+/// Per-token inputs.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionInputs<'a> {
+    /// (tokens, heads, 512) f32, RoPE'd.
+    pub q: &'a [f32],
+    /// (tokens, K) i32 selected main-KV entries, −1 = none.
+    pub topk: &'a [i32],
+    /// Optional (tokens) valid length of each top-k row; entries at or after it are ignored.
+    pub topk_len: Option<&'a [i32]>,
+    /// (tokens) absolute positions.
+    pub positions: &'a [i64],
+    /// (tokens) window floor from bounded replay, or one value for all tokens; empty = 0.
+    pub replay_start: &'a [i64],
+    /// (heads) sink logits.
+    pub sink: &'a [f32],
+}
+
+/// The rows one token attends: main-KV entry ids and the SWA range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRows {
+    /// Selected main-KV entries (valid ones, in top-k order).
+    pub main: Vec<usize>,
+    /// SWA rows `lo..=hi` (empty when lo > hi).
+    pub swa: std::ops::Range<usize>,
+}
+
+/// Validates every input and resolves the attended rows of each token.
+pub fn plan(
+    p: &AttentionParams,
+    inp: &AttentionInputs,
+    main: &KvRows,
+    swa: &KvRows,
+) -> Result<Vec<TokenRows>> {
+    main.check("main KV")?;
+    swa.check("SWA KV")?;
+    let t = inp.positions.len();
+    let h = p.heads;
+    if h == 0 || p.window == 0 {
+        return Err(Error::invalid(
+            "attention params",
+            "heads and window must be > 0",
+        ));
+    }
+    if inp.q.len() != t * h * KV_DIM {
+        return Err(Error::shape(
+            "attention q",
+            format!("[T={t}, {h}, 512]"),
+            format!("{} values", inp.q.len()),
+        ));
+    }
+    if inp.sink.len() != h {
+        return Err(Error::shape(
+            "attention sink",
+            format!("[{h}]"),
+            format!("{} values", inp.sink.len()),
+        ));
+    }
+    let k = if t == 0 { 0 } else { inp.topk.len() / t };
+    if inp.topk.len() != t * k {
+        return Err(Error::shape(
+            "attention topk",
+            format!("[T={t}, K]"),
+            format!("{} values", inp.topk.len()),
+        ));
+    }
+    if let Some(l) = inp.topk_len {
+        if l.len() != t {
+            return Err(Error::shape(
+                "attention topk_len",
+                format!("[T={t}]"),
+                format!("{} values", l.len()),
+            ));
+        }
+    }
+    if !(inp.replay_start.len() <= 1 || inp.replay_start.len() == t) {
+        return Err(Error::shape(
+            "attention replay_start",
+            format!("one value or [T={t}]"),
+            format!("{} values", inp.replay_start.len()),
+        ));
+    }
+    crate::ops::rope::check_positions(inp.positions)?;
+    for (name, v, row) in [("q", inp.q, h * KV_DIM), ("sink", inp.sink, h)] {
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "non-finite value {} at token {}, element {}",
+                    v[i],
+                    i / row,
+                    i % row
+                ),
+            ));
+        }
+    }
+    let (n, s) = (main.len(), swa.len());
+    (0..t)
+        .map(|i| {
+            let pos = inp.positions[i] as usize;
+            let valid = inp.topk_len.map_or(k, |l| (l[i].max(0) as usize).min(k));
+            let vis = p.ratio.map(|m| visible(pos as i64, m.max(1)));
+            let mut sel = Vec::with_capacity(valid);
+            for (c, &j) in inp.topk[i * k..i * k + valid].iter().enumerate() {
+                if j == -1 {
+                    continue;
+                }
+                if j < -1 || j as usize >= n {
+                    return Err(Error::invalid(
+                        "topk",
+                        format!("token {i}, slot {c}: entry {j} is outside the main KV (0..{n}, or −1)"),
+                    ));
+                }
+                if let Some(v) = vis {
+                    if j as usize >= v {
+                        return Err(Error::invalid(
+                            "topk",
+                            format!("token {i} at position {pos}, slot {c}: entry {j} is not visible (only {v} entries)"),
+                        ));
+                    }
+                }
+                sel.push(j as usize);
+            }
+            let rs = match inp.replay_start.len() {
+                0 => 0,
+                1 => inp.replay_start[0],
+                _ => inp.replay_start[i],
+            }
+            .max(0) as usize;
+            let lo = (pos + 1).saturating_sub(p.window).max(rs);
+            if lo <= pos && pos >= s {
+                return Err(Error::shape(
+                    "SWA KV",
+                    format!("at least {} rows (token {i} at position {pos})", pos + 1),
+                    format!("{s} rows"),
+                ));
+            }
+            Ok(TokenRows { main: sel, swa: lo..(pos + 1).max(lo) })
+        })
+        .collect()
+}
+
+/// Attention (fast path): writes `out` (tokens, heads, 512) and `lse` (tokens, heads).
+///
+/// Errors: [`Error::Shape`] for inconsistent shapes or an SWA cache shorter than a position,
+/// [`Error::Invalid`] for an out-of-range or (with `ratio`) invisible top-k entry.
+pub fn attention(
+    p: &AttentionParams,
+    inp: &AttentionInputs,
+    main: KvRows,
+    swa: KvRows,
+    out: &mut [f32],
+    lse: &mut [f32],
+) -> Result<()> {
+    let rows = plan(p, inp, &main, &swa)?;
+    let t = rows.len();
+    if out.len() != t * p.heads * KV_DIM || lse.len() != t * p.heads {
+        return Err(Error::shape(
+            "attention out / lse",
+            format!("[{t}, {}, 512] and [{t}, {}]", p.heads, p.heads),
+            format!("{} and {} values", out.len(), lse.len()),
+        ));
+    }
+    cpu::attention(p, inp, &rows, main, swa, out, lse);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,282 @@
+//! KV compressor of the Full layers (SPEC §2 "Compressor", reference_math §3).
+//!
+//! Groups never overlap: entry j covers tokens `[j·m, j·m + m)` and is emitted once token
+//! `j·m + m − 1` has been seen (m = 2 on layers 2/8/14, m = 1 on layer 20). Per entry:
+//! 1. pooled: m = 2 → per channel `w0 = softmax(score₀, score₁)[0]`,
+//!    `pooled = w0·kv₀ + (1 − w0)·kv₁`; m = 1 → `pooled = kv`;
+//! 2. `latent = bf16(RMSNorm(pooled, norm, eps))` (eps = 1e-20);
+//! 3. main KV = RoPE(latent) on dims 448–511 at position j·m (the group's first token) → NVFP4-DS
+//!    record (288 B);
+//! 4. index K = RoPE(RMSNorm(wk · latent, k_norm, eps)) on dims 64–127 at j·m → MXFP4 record (68 B);
+//!    the latent is taken *before* RoPE.
+//!
+//! A request's half-finished pair is carried in [`CompressorState`] across prefill chunks and decode
+//! steps, so a pair split across two calls pools exactly as in one call.
+//!
+//! Shapes: `kv`, `score` (tokens, 512) f32; `norm` (512); `wk` (128, 512) row-major (output dim
+//! first, the checkpoint's `[out, in]`); `k_norm` (128).
+
+pub mod cpu;
+pub mod reference;
+
+use crate::error::{Error, Result};
+use crate::formats::{INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
+use crate::ops::rope::Rope;
+
+/// The compressor weights of one Full layer.
+#[derive(Debug, Clone, Copy)]
+pub struct CompressorWeights<'a> {
+    /// RMSNorm weight of the latent, (512).
+    pub norm: &'a [f32],
+    /// Index-K projection, (128, 512) row-major.
+    pub wk: &'a [f32],
+    /// RMSNorm weight of the index K, (128).
+    pub k_norm: &'a [f32],
+}
+
+/// A configured compressor (one Full layer).
+#[derive(Debug, Clone)]
+pub struct Compressor<'a> {
+    ratio: usize,
+    eps: f64,
+    rope: Rope,
+    w: CompressorWeights<'a>,
+}
+
+/// Per-request compressor state: the next position expected and the tokens of the open group.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CompressorState {
+    next_pos: u64,
+    pending_kv: Vec<f32>,
+    pending_score: Vec<f32>,
+}
+
+impl CompressorState {
+    /// A state whose next token is at `start_pos` with no open group. `start_pos` must be a multiple
+    /// of the ratio (checked by [`Compressor::compress`]).
+    pub fn new(start_pos: u64) -> CompressorState {
+        CompressorState {
+            next_pos: start_pos,
+            ..Default::default()
+        }
+    }
+    /// Position of the next token this state expects.
+    pub fn next_pos(&self) -> u64 {
+        self.next_pos
+    }
+    /// Tokens of the open (not yet emitted) group.
+    pub fn pending_tokens(&self) -> usize {
+        self.pending_kv.len() / KV_DIM
+    }
+}
+
+/// Entries emitted by one call, entry ids `first_entry .. first_entry + count`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Compressed {
+    /// Id of the first entry (its group starts at token `first_entry · m`).
+    pub first_entry: usize,
+    /// Entries emitted.
+    pub count: usize,
+    /// (count, 512) f32, bf16-valued, before RoPE.
+    pub latent: Vec<f32>,
+    /// (count, 512) f32: RoPE(latent) at `j·m`, the values the NVFP4-DS record encodes.
+    pub main_kv: Vec<f32>,
+    /// (count, 288) NVFP4-DS records.
+    pub main_kv_nvfp4: Vec<u8>,
+    /// (count, 128) f32: the index K before quantisation.
+    pub index_k: Vec<f32>,
+    /// (count, 68) MXFP4 records.
+    pub index_k_mxfp4: Vec<u8>,
+}
+
+impl<'a> Compressor<'a> {
+    /// Builds a compressor of ratio `ratio` (1 or 2) with RMSNorm `eps` and the layer's `rope`.
+    ///
+    /// Errors: [`Error::Invalid`] for another ratio or a negative / non-finite eps, [`Error::Shape`]
+    /// for weights of the wrong length.
+    pub fn new(ratio: usize, eps: f64, rope: Rope, w: CompressorWeights<'a>) -> Result<Self> {
+        if !(ratio == 1 || ratio == 2) {
+            return Err(Error::invalid(
+                "ratio",
+                format!("the compressor supports ratio 1 or 2, found {ratio}"),
+            ));
+        }
+        if !(eps.is_finite() && eps >= 0.0) {
+            return Err(Error::invalid(
+                "eps",
+                format!("must be finite and ≥ 0, found {eps}"),
+            ));
+        }
+        if rope.rope_dim() > INDEX_DIM {
+            return Err(Error::invalid(
+                "rope_dim",
+                format!("must be ≤ {INDEX_DIM}, found {}", rope.rope_dim()),
+            ));
+        }
+        for (name, v, want) in [
+            ("compressor norm", w.norm.len(), KV_DIM),
+            ("compressor wk", w.wk.len(), INDEX_DIM * KV_DIM),
+            ("compressor k_norm", w.k_norm.len(), INDEX_DIM),
+        ] {
+            if v != want {
+                return Err(Error::shape(
+                    name,
+                    format!("{want} values"),
+                    format!("{v} values"),
+                ));
+            }
+        }
+        for (name, v) in [("norm", w.norm), ("wk", w.wk), ("k_norm", w.k_norm)] {
+            check_finite(name, v, 1)?;
+        }
+        Ok(Compressor {
+            ratio,
+            eps,
+            rope,
+            w,
+        })
+    }
+
+    /// Compression ratio m.
+    pub fn ratio(&self) -> usize {
+        self.ratio
+    }
+
+    /// Feeds the next `T` tokens of a request (fast path): `kv` (T, 512) and, for ratio 2, `score`
+    /// (T, 512). Returns the entries completed by these tokens and advances `state`.
+    ///
+    /// Errors: [`Error::Invalid`] when `score` is missing for ratio 2 (or given for ratio 1), when a
+    /// fresh state does not start on a group boundary, or for non-finite inputs; [`Error::Shape`]
+    /// for wrong lengths. The state is unchanged on error.
+    pub fn compress(
+        &self,
+        state: &mut CompressorState,
+        kv: &[f32],
+        score: Option<&[f32]>,
+    ) -> Result<Compressed> {
+        let (first_entry, pooled) = self.pool(state, kv, score)?;
+        Ok(cpu::finish(self, first_entry, pooled))
+    }
+
+    /// Checks the inputs, pools complete groups (f32) and advances the state.
+    fn pool(
+        &self,
+        state: &mut CompressorState,
+        kv: &[f32],
+        score: Option<&[f32]>,
+    ) -> Result<(usize, Vec<f32>)> {
+        let m = self.ratio;
+        if kv.len() % KV_DIM != 0 {
+            return Err(Error::shape(
+                "compressor kv",
+                "[T, 512]",
+                format!("{} values", kv.len()),
+            ));
+        }
+        let t = kv.len() / KV_DIM;
+        match (m, score) {
+            (2, None) => {
+                return Err(Error::invalid(
+                    "score",
+                    "ratio 2 needs the gate scores (T, 512)",
+                ))
+            }
+            (1, Some(_)) => {
+                return Err(Error::invalid(
+                    "score",
+                    "ratio 1 has no gate; pass no score",
+                ))
+            }
+            (_, Some(s)) if s.len() != kv.len() => {
+                return Err(Error::shape(
+                    "compressor score",
+                    format!("[T={t}, 512]"),
+                    format!("{} values", s.len()),
+                ))
+            }
+            _ => {}
+        }
+        let pending = state.pending_tokens();
+        if (state.next_pos as usize - pending) % m != 0 {
+            return Err(Error::invalid(
+                "start_pos",
+                format!(
+                    "a stateless call must start on a group boundary (a multiple of ratio {m}); position {} needs the carried half pair",
+                    state.next_pos
+                ),
+            ));
+        }
+        check_finite("kv", kv, KV_DIM)?;
+        if let Some(s) = score {
+            check_finite("score", s, KV_DIM)?;
+        }
+        let first_pos = state.next_pos as usize - pending;
+        let total = pending + t;
+        let groups = total / m;
+        let row = |i: usize, pk: &[f32], new: &[f32]| -> Vec<f32> {
+            if i < pending {
+                pk[i * KV_DIM..][..KV_DIM].to_vec()
+            } else {
+                new[(i - pending) * KV_DIM..][..KV_DIM].to_vec()
+            }
+        };
+        let mut pooled = vec![0f32; groups * KV_DIM];
+        for g in 0..groups {
+            let dst = &mut pooled[g * KV_DIM..][..KV_DIM];
+            if m == 1 {
+                dst.copy_from_slice(&row(g, &state.pending_kv, kv));
+            } else {
+                let s = score.unwrap_or(&[]);
+                let (k0, k1) = (
+                    row(2 * g, &state.pending_kv, kv),
+                    row(2 * g + 1, &state.pending_kv, kv),
+                );
+                let (s0, s1) = (
+                    row(2 * g, &state.pending_score, s),
+                    row(2 * g + 1, &state.pending_score, s),
+                );
+                cpu::gate_pool(&k0, &k1, &s0, &s1, dst);
+            }
+        }
+        // Carry the open group's tokens.
+        let rest = total - groups * m;
+        let mut new_kv = Vec::with_capacity(rest * KV_DIM);
+        let mut new_score = Vec::with_capacity(rest * KV_DIM);
+        for i in groups * m..total {
+            new_kv.extend(row(i, &state.pending_kv, kv));
+            if let Some(s) = score {
+                new_score.extend(row(i, &state.pending_score, s));
+            }
+        }
+        state.pending_kv = new_kv;
+        state.pending_score = new_score;
+        state.next_pos += t as u64;
+        Ok((first_pos / m, pooled))
+    }
+}
+
+fn check_finite(name: &str, v: &[f32], row: usize) -> Result<()> {
+    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+        return Err(Error::invalid(
+            name,
+            format!(
+                "non-finite value {} at row {}, column {}",
+                v[i],
+                i / row,
+                i % row
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Records for `count` entries.
+pub(crate) fn record_buffers(count: usize) -> (Vec<u8>, Vec<u8>) {
+    (
+        vec![0u8; count * NVFP4_DS_BYTES],
+        vec![0u8; count * MXFP4_INDEX_BYTES],
+    )
+}
+
+#[cfg(test)]
+mod tests;

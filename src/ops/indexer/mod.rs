@@ -1,0 +1,297 @@
+//! Lightning indexer logits (SPEC §2 "Indexer", reference_math §2).
+//!
+//! For a query at position p with index Q `q[h, 0..128]` (RoPE'd, h < 32) and head weights `w[h]`
+//! (already scaled by `128^-0.5 · 32^-0.5`), the logit of compressed entry j is
+//! `logit[j] = Σ_h w[h] · ReLU(q[h] · k_j)` for the visible entries `j < (p + 1) div m`; every other
+//! entry is −∞. Keys are MXFP4 index-K records (68 B, the cache format, decoded on the fly by the
+//! fast path) or f32 rows. Queries may be fake-quantised first ([`QueryQuant`]).
+//!
+//! Shapes: `q` (tokens, heads, 128) f32, `w` (tokens, heads) f32, `positions` (tokens) i64, keys
+//! (entries, 128) f32 or (entries, 68) u8, logits (tokens, entries) f32.
+
+pub mod cpu;
+pub mod reference;
+
+use crate::error::{Error, Result};
+use crate::formats::{RecordFormat, MXFP4_INDEX_BYTES};
+use crate::ops::candidates::CandidateParams;
+
+/// Index-K / index-Q head dim.
+pub const INDEX_DIM: usize = 128;
+/// Indexer heads of V4.1.
+pub const INDEX_HEADS: usize = 32;
+
+/// Index keys of one sequence: entry j is row j.
+#[derive(Debug, Clone, Copy)]
+pub enum IndexKeys<'a> {
+    /// f32 rows (entries, 128).
+    F32(&'a [f32]),
+    /// MXFP4 index-K records (entries, 68): 64 B E2M1 then 4 E8M0 scales.
+    Mxfp4(&'a [u8]),
+}
+
+impl IndexKeys<'_> {
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        match self {
+            IndexKeys::F32(k) => k.len() / INDEX_DIM,
+            IndexKeys::Mxfp4(k) => k.len() / MXFP4_INDEX_BYTES,
+        }
+    }
+    /// Whether there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn check(&self) -> Result<()> {
+        let (n, unit, what) = match self {
+            IndexKeys::F32(k) => (k.len(), INDEX_DIM, "index keys k (f32)"),
+            IndexKeys::Mxfp4(k) => (k.len(), MXFP4_INDEX_BYTES, "index keys k_mxfp4 (u8)"),
+        };
+        if n % unit != 0 {
+            return Err(Error::shape(
+                what,
+                format!("[N, {unit}]"),
+                format!("{n} values"),
+            ));
+        }
+        Ok(())
+    }
+    /// Entry j as f32 (the exact decoded values for MXFP4).
+    pub fn row(&self, j: usize, out: &mut [f32; INDEX_DIM]) {
+        match self {
+            IndexKeys::F32(k) => out.copy_from_slice(&k[j * INDEX_DIM..][..INDEX_DIM]),
+            IndexKeys::Mxfp4(k) => {
+                let rec = &k[j * MXFP4_INDEX_BYTES..][..MXFP4_INDEX_BYTES];
+                RecordFormat::Mxfp4Index.decode_row(&rec[..64], &rec[64..], out);
+            }
+        }
+    }
+}
+
+/// Fake quantisation applied to the index Q before scoring (quantise → dequantise per head row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueryQuant {
+    /// f32 Q as given.
+    #[default]
+    None,
+    /// MXFP4 (DeepSeek ceil rule, blocks of 32, E8M0 scales): the V4.1 deployment choice.
+    Mxfp4,
+    /// E4M3 with one power-of-two scale per (token, head) (the launch-day FP8 index path).
+    Fp8,
+}
+
+impl QueryQuant {
+    /// Parses `none`, `mxfp4` or `fp8`.
+    pub fn from_name(s: &str) -> Result<QueryQuant> {
+        match s {
+            "none" => Ok(QueryQuant::None),
+            "mxfp4" => Ok(QueryQuant::Mxfp4),
+            "fp8" => Ok(QueryQuant::Fp8),
+            _ => Err(Error::invalid(
+                "q_quant",
+                format!("expected none, mxfp4 or fp8, found `{s}`"),
+            )),
+        }
+    }
+    /// Quantises and dequantises one 128-value head row in place.
+    pub fn apply(self, row: &mut [f32]) {
+        let fmt = match self {
+            QueryQuant::None => return,
+            QueryQuant::Mxfp4 => RecordFormat::Mxfp4Index,
+            QueryQuant::Fp8 => RecordFormat::Fp8Index,
+        };
+        let mut rec = [0u8; 132];
+        let (d, s) = rec[..fmt.record_bytes()].split_at_mut(fmt.data_bytes());
+        fmt.encode_row(row, d, s);
+        fmt.decode_row(d, s, row);
+    }
+}
+
+/// Indexer parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexerParams {
+    /// Compression ratio m of the key source (1 or 2).
+    pub ratio: usize,
+    /// Index heads (32).
+    pub heads: usize,
+    /// Query quantisation.
+    pub query_quant: QueryQuant,
+}
+
+impl IndexerParams {
+    /// V4.1 defaults for a key source of ratio `ratio`.
+    pub fn new(ratio: usize) -> IndexerParams {
+        IndexerParams {
+            ratio,
+            heads: INDEX_HEADS,
+            query_quant: QueryQuant::None,
+        }
+    }
+}
+
+/// One sequence's index queries.
+#[derive(Debug, Clone, Copy)]
+pub struct IndexerQueries<'a> {
+    /// (tokens, heads, 128) f32, RoPE'd.
+    pub q: &'a [f32],
+    /// (tokens, heads) f32, already scaled.
+    pub w: &'a [f32],
+    /// (tokens) absolute positions.
+    pub positions: &'a [i64],
+}
+
+/// Compressed entries a query at `pos` sees with ratio `m`: `(pos + 1) div m` (SPEC §2).
+#[inline]
+pub fn visible(pos: i64, m: usize) -> usize {
+    ((pos.max(-1) + 1) as u64 / m as u64) as usize
+}
+
+/// Validates shapes; returns the per-token visible counts.
+fn check(
+    p: &IndexerParams,
+    qs: &IndexerQueries,
+    keys: &IndexKeys,
+    out_len: usize,
+) -> Result<Vec<usize>> {
+    if p.ratio == 0 {
+        return Err(Error::invalid(
+            "ratio",
+            "the indexer needs a compressed layer (ratio ≥ 1), found 0",
+        ));
+    }
+    if p.heads == 0 {
+        return Err(Error::invalid("heads", "must be > 0"));
+    }
+    keys.check()?;
+    let t = qs.positions.len();
+    if qs.q.len() != t * p.heads * INDEX_DIM {
+        return Err(Error::shape(
+            "indexer q",
+            format!("[T={t}, {}, {INDEX_DIM}]", p.heads),
+            format!("{} values", qs.q.len()),
+        ));
+    }
+    if qs.w.len() != t * p.heads {
+        return Err(Error::shape(
+            "indexer w",
+            format!("[T={t}, {}]", p.heads),
+            format!("{} values", qs.w.len()),
+        ));
+    }
+    let n = keys.len();
+    if out_len != t * n {
+        return Err(Error::shape(
+            "indexer logits",
+            format!("[T={t}, N={n}]"),
+            format!("{out_len} values"),
+        ));
+    }
+    crate::ops::rope::check_positions(qs.positions)?;
+    let vis: Vec<usize> = qs
+        .positions
+        .iter()
+        .map(|&pos| visible(pos, p.ratio))
+        .collect();
+    if let Some((i, &v)) = vis.iter().enumerate().find(|(_, &v)| v > n) {
+        return Err(Error::shape(
+            "index keys",
+            format!(
+                "at least {v} entries (token {i} at position {} with ratio {})",
+                qs.positions[i], p.ratio
+            ),
+            format!("{n} entries"),
+        ));
+    }
+    Ok(vis)
+}
+
+/// Dense logits (tokens, entries) of one sequence (fast path): −∞ where not visible.
+///
+/// Errors: [`Error::Shape`] for inconsistent shapes or too few keys for a query's visible range,
+/// [`Error::Invalid`] for ratio 0 or a negative position.
+pub fn logits(
+    p: &IndexerParams,
+    qs: &IndexerQueries,
+    keys: IndexKeys,
+    out: &mut [f32],
+) -> Result<()> {
+    let vis = check(p, qs, &keys, out.len())?;
+    let prepared = cpu::Prepared::new(p, qs, vis);
+    cpu::dense(&prepared, keys, out);
+    Ok(())
+}
+
+/// Dense logits scored only inside candidate blocks: `blocks` (tokens, B) lists each query's pool
+/// (block ids, −1 ends the list, any order); entries outside it are −∞ (the Reindex rule).
+///
+/// Errors: as [`logits`], plus [`Error::Shape`] when `blocks` is not (tokens, B) and
+/// [`Error::Invalid`] for a block id past the keys.
+pub fn logits_in_blocks(
+    p: &IndexerParams,
+    qs: &IndexerQueries,
+    keys: IndexKeys,
+    blocks: &[i32],
+    cp: &CandidateParams,
+    out: &mut [f32],
+) -> Result<()> {
+    let vis = check(p, qs, &keys, out.len())?;
+    let pools = pools_of(qs.positions.len(), keys.len(), blocks, cp, &vis)?;
+    let prepared = cpu::Prepared::new(p, qs, vis);
+    cpu::pooled(&prepared, keys, &pools, out);
+    Ok(())
+}
+
+/// Turns block lists (T, B) into sorted, visible entry ids per token (the Reindex pool).
+///
+/// Errors: [`Error::Shape`] when `blocks` is not (T, B), [`Error::Invalid`] for a block past the keys.
+pub fn pools_of(
+    t: usize,
+    n: usize,
+    blocks: &[i32],
+    cp: &CandidateParams,
+    vis: &[usize],
+) -> Result<Vec<Vec<u32>>> {
+    cp.validate()?;
+    if t == 0 {
+        return Ok(Vec::new());
+    }
+    if blocks.len() % t != 0 {
+        return Err(Error::shape(
+            "candidate blocks",
+            format!("[T={t}, B]"),
+            format!("{} values", blocks.len()),
+        ));
+    }
+    let b = blocks.len() / t;
+    let nblocks = n.div_ceil(cp.block_size);
+    (0..t)
+        .map(|i| {
+            let mut ids: Vec<i32> = blocks[i * b..(i + 1) * b]
+                .iter()
+                .copied()
+                .take_while(|&x| x >= 0)
+                .collect();
+            if let Some(&bad) = ids.iter().find(|&&x| x as usize >= nblocks) {
+                return Err(Error::invalid(
+                    "blocks",
+                    format!(
+                        "token {i}: block {bad} is past the {n} keys ({nblocks} blocks of {})",
+                        cp.block_size
+                    ),
+                ));
+            }
+            ids.sort_unstable();
+            ids.dedup();
+            Ok(ids
+                .iter()
+                .flat_map(|&blk| {
+                    let s = blk as usize * cp.block_size;
+                    (s..(s + cp.block_size).min(vis[i])).map(|j| j as u32)
+                })
+                .collect())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

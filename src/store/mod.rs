@@ -1,0 +1,20 @@
+//! Persistent tiers behind the HBM cache (SPEC §0 "Persistence"; research/tiered_kv.md §7).
+//!
+//! - [`ssd`]: global KV on SSD, keyed by the chained prefix key; append-only segments, CRC32C per
+//!   record, index rebuilt on restart, 72-h minimum lifetime with admission control.
+//! - [`dram`]: encoder SWA snapshots in host DRAM (10% of RAM, 5-minute TTL, LRU).
+//! - [`clock`]: injected time, so tests and the trace simulator drive the lifetimes.
+//!
+//! What goes where: a block's global KV (every KV-source layer's main and index pages, one slab) is
+//! one SSD record under the block's prefix key; the SWA windows of the encoder layers at a prefix
+//! boundary are one DRAM snapshot under [`crate::cache::PrefixHasher::derived_key`] of the boundary
+//! block. Decoder SWA state is never persisted: after a prefix hit the replay planner
+//! ([`crate::replay`]) rebuilds what is missing.
+
+pub mod clock;
+pub mod dram;
+pub mod ssd;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use dram::{DramConfig, DramPool, DramStats, Snapshot};
+pub use ssd::{FsyncPolicy, RecoveryReport, SsdConfig, SsdStats, SsdStore};

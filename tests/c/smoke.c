@@ -1,0 +1,155 @@
+/* C smoke test of the csa2 ABI: compiled against include/csa2.h and linked to libcsa2.so by
+ * tests/c_smoke.rs. Exercises error paths (null pointers, bad JSON, wrong lengths, bad enum
+ * values, a too-small error buffer) and an encode/decode round trip. Exit 0 = pass. */
+#include "csa2.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures = 0;
+
+#define CHECK(cond, ...)                                                  \
+    do {                                                                  \
+        if (!(cond)) {                                                    \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);          \
+            fprintf(stderr, __VA_ARGS__);                                 \
+            fprintf(stderr, "\n");                                        \
+            failures++;                                                   \
+        }                                                                 \
+    } while (0)
+
+static const char *last_error(void) {
+    static char buf[1024];
+    size_t need = csa2_last_error_message(buf, sizeof buf);
+    return need ? buf : "";
+}
+
+static void expect_status(Csa2Status got, Csa2Status want, const char *needle, const char *what) {
+    CHECK(got == want, "%s: status %d, want %d (%s)", what, (int)got, (int)want, last_error());
+    if (needle) {
+        CHECK(strstr(last_error(), needle) != NULL, "%s: last error \"%s\" lacks \"%s\"", what,
+              last_error(), needle);
+    }
+}
+
+int main(void) {
+    const char *v = csa2_version();
+    CHECK(v != NULL && strlen(v) >= 5, "version");
+    printf("csa2 %s\n", v);
+
+    /* --- geometry ------------------------------------------------------------------------ */
+    Csa2Geometry *g = NULL;
+    expect_status(csa2_geometry_embedded(NULL), CSA2_ERR_NULL_POINTER, "out", "embedded(NULL)");
+    expect_status(csa2_geometry_embedded(&g), CSA2_OK, NULL, "embedded");
+    CHECK(g != NULL, "embedded handle");
+    CHECK(csa2_last_error_message(NULL, 0) == 0, "no error after success");
+
+    size_t n = 0;
+    expect_status(csa2_geometry_num_layers(g, &n), CSA2_OK, NULL, "num_layers");
+    CHECK(n == 40, "num_layers = %zu", n);
+    expect_status(csa2_geometry_num_layers(NULL, &n), CSA2_ERR_NULL_POINTER, "geometry", "num_layers(NULL)");
+
+    Csa2LayerInfo li;
+    expect_status(csa2_geometry_layer(g, 0, &li), CSA2_OK, NULL, "layer 0");
+    CHECK(li.role == CSA2_ROLE_SWA_ONLY && li.kv_source == -1 && li.index_source == -1, "layer 0 plan");
+    expect_status(csa2_geometry_layer(g, 27, &li), CSA2_OK, NULL, "layer 27");
+    CHECK(li.role == CSA2_ROLE_REUSE && li.ratio == 1 && li.kv_source == 20 && li.index_source == 24 &&
+              li.encoder == 0,
+          "layer 27 plan: role %d ratio %u kv %d idx %d", (int)li.role, li.ratio, li.kv_source,
+          li.index_source);
+    expect_status(csa2_geometry_layer(g, 2, &li), CSA2_OK, NULL, "layer 2");
+    CHECK(li.role == CSA2_ROLE_FULL && li.ratio == 2 && li.encoder == 1, "layer 2 plan");
+    expect_status(csa2_geometry_layer(g, 40, &li), CSA2_ERR_INVALID_ARGUMENT, "out of range", "layer 40");
+
+    double bpt = 0;
+    expect_status(csa2_geometry_global_kv_bytes_per_token(g, CSA2_LAYOUT_NVFP4, &bpt), CSA2_OK, NULL, "bytes");
+    CHECK(bpt == 890.0, "890 B/token, got %f", bpt);
+    expect_status(csa2_geometry_global_kv_bytes_per_token(g, CSA2_LAYOUT_V4, &bpt), CSA2_OK, NULL, "bytes v4");
+    CHECK(bpt == 1790.0, "v4 1790 B/token, got %f", bpt);
+    expect_status(csa2_geometry_global_kv_bytes_per_token(g, 7, &bpt), CSA2_ERR_INVALID_ARGUMENT, "layout",
+                  "bad layout");
+    uint64_t swa = 0;
+    expect_status(csa2_geometry_swa_bytes_per_request(g, CSA2_LAYOUT_NVFP4, &swa), CSA2_OK, NULL, "swa");
+    CHECK(swa == 40u * 128u * 528u, "swa bytes %llu", (unsigned long long)swa);
+    csa2_geometry_free(g);
+    csa2_geometry_free(NULL);
+
+    Csa2Geometry *bad = NULL;
+    const char *junk = "{\"text_config\": {";
+    expect_status(csa2_geometry_from_json(junk, strlen(junk), &bad), CSA2_ERR_CONFIG_JSON, "JSON", "bad JSON");
+    CHECK(bad == NULL, "no handle on error");
+    (void)csa2_version(); /* a query that cannot fail keeps the last error */
+    CHECK(strstr(last_error(), "JSON") != NULL, "last error survives csa2_version");
+    const char *missing = "{\"hidden_size\": 5120}";
+    expect_status(csa2_geometry_from_json(missing, strlen(missing), &bad), CSA2_ERR_CONFIG_MISSING,
+                  "num_hidden_layers", "missing field");
+    expect_status(csa2_geometry_from_json(NULL, 10, &bad), CSA2_ERR_NULL_POINTER, "json", "null json");
+
+    /* The error message fits truncated into a tiny buffer, NUL-terminated. */
+    char tiny[8];
+    memset(tiny, 'x', sizeof tiny);
+    size_t need = csa2_last_error_message(tiny, sizeof tiny);
+    CHECK(need > sizeof tiny && tiny[sizeof tiny - 1] == '\0' && strlen(tiny) == sizeof tiny - 1,
+          "truncation: need %zu", need);
+
+    /* --- codecs --------------------------------------------------------------------------- */
+    Csa2FormatInfo fi;
+    expect_status(csa2_format_info(CSA2_FORMAT_NVFP4, &fi), CSA2_OK, NULL, "format info");
+    CHECK(fi.dim == 512 && fi.record_bytes == 288 && fi.data_bytes == 256 && fi.scale_bytes == 32, "nvfp4 info");
+    expect_status(csa2_format_info(-1, &fi), CSA2_ERR_INVALID_ARGUMENT, "format", "bad format");
+
+    enum { ROWS = 3, DIM = 512 };
+    float *x = malloc(sizeof(float) * ROWS * DIM);
+    float *y = malloc(sizeof(float) * ROWS * DIM);
+    uint8_t *rec = malloc(288 * ROWS);
+    for (int i = 0; i < ROWS * DIM; i++) x[i] = sinf(0.37f * (float)i) * (float)(1 + i % 7);
+    expect_status(csa2_encode_rows(CSA2_FORMAT_NVFP4, x, ROWS * DIM, rec, 288 * ROWS), CSA2_OK, NULL, "encode");
+    expect_status(csa2_decode_rows(CSA2_FORMAT_NVFP4, rec, 288 * ROWS, y, ROWS * DIM), CSA2_OK, NULL, "decode");
+    double err = 0, norm = 0;
+    for (int i = 0; i < ROWS * DIM; i++) {
+        err += (x[i] - y[i]) * (x[i] - y[i]);
+        norm += x[i] * x[i];
+    }
+    CHECK(err / norm < 0.02, "round trip relative error %g", err / norm);
+
+    /* wrong lengths and null buffers */
+    expect_status(csa2_encode_rows(CSA2_FORMAT_NVFP4, x, ROWS * DIM - 1, rec, 288 * ROWS), CSA2_ERR_SHAPE,
+                  "multiple of 512", "encode partial row");
+    expect_status(csa2_encode_rows(CSA2_FORMAT_NVFP4, x, ROWS * DIM, rec, 288 * ROWS - 1), CSA2_ERR_SHAPE,
+                  "record buffer", "encode short out");
+    expect_status(csa2_decode_rows(CSA2_FORMAT_NVFP4, rec, 288 * ROWS, y, 7), CSA2_ERR_SHAPE, NULL, "decode short");
+    expect_status(csa2_encode_rows(CSA2_FORMAT_NVFP4, NULL, 512, rec, 288), CSA2_ERR_NULL_POINTER, "x", "null x");
+    expect_status(csa2_decode_rows(CSA2_FORMAT_MXFP8, rec, 288, NULL, 512), CSA2_ERR_NULL_POINTER, "out",
+                  "null out");
+    expect_status(csa2_encode_rows(CSA2_FORMAT_NVFP4, (const float *)((const char *)x + 1), 512, rec, 288),
+                  CSA2_ERR_INVALID_ARGUMENT, "aligned", "misaligned x");
+
+    /* pages: rows 0 and 2 into slots 5 and 0 of a 2-page pool of 4 slots, row 1 skipped */
+    uint8_t *pool = calloc(2 * 4 * 288, 1);
+    int64_t map[ROWS] = {5, -1, 0};
+    expect_status(csa2_encode_into_pages(CSA2_FORMAT_NVFP4, 4, x, map, ROWS, pool, 2 * 4 * 288), CSA2_OK, NULL,
+                  "pages");
+    /* slot 5 = page 1, offset 1: data at 4*288 + 1*256, scales at 4*288 + 4*256 + 1*32 */
+    CHECK(memcmp(pool + 4 * 288 + 256, rec, 256) == 0, "page data of slot 5");
+    CHECK(memcmp(pool + 4 * 288 + 4 * 256 + 32, rec + 256, 32) == 0, "page scales of slot 5");
+    CHECK(memcmp(pool, rec + 2 * 288, 256) == 0, "page data of slot 0");
+    int64_t dup[ROWS] = {1, 1, -1};
+    expect_status(csa2_encode_into_pages(CSA2_FORMAT_NVFP4, 4, x, dup, ROWS, pool, 2 * 4 * 288),
+                  CSA2_ERR_INVALID_ARGUMENT, "slot 1", "duplicate slot");
+    int64_t far[ROWS] = {8, -1, -1};
+    expect_status(csa2_encode_into_pages(CSA2_FORMAT_NVFP4, 4, x, far, ROWS, pool, 2 * 4 * 288),
+                  CSA2_ERR_INVALID_ARGUMENT, "slot_mapping", "slot out of range");
+
+    free(pool);
+    free(x);
+    free(y);
+    free(rec);
+    if (failures) {
+        fprintf(stderr, "%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("C smoke test passed\n");
+    return 0;
+}

@@ -1,0 +1,26 @@
+//! `include/csa2.h` must be exactly what cbindgen generates from `src/ffi` today.
+
+#[test]
+fn header_is_up_to_date() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let config = cbindgen::Config::from_file(format!("{root}/cbindgen.toml")).unwrap();
+    let mut fresh = Vec::new();
+    cbindgen::Builder::new()
+        .with_crate(root)
+        .with_config(config)
+        .generate()
+        .expect("cbindgen could not parse the crate")
+        .write(&mut fresh);
+    let path = format!("{root}/include/csa2.h");
+    if std::env::var_os("CSA2_BLESS").is_some() {
+        std::fs::create_dir_all(format!("{root}/include")).unwrap();
+        std::fs::write(&path, &fresh).unwrap();
+        return;
+    }
+    let committed = std::fs::read(&path).unwrap_or_default();
+    assert!(
+        committed == fresh,
+        "include/csa2.h is stale or missing (the C ABI in src/ffi changed). Regenerate it with\n    \
+         CSA2_BLESS=1 cargo test --test header\nand commit the result."
+    );
+}

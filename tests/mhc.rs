@@ -1,0 +1,436 @@
+//! mHC: fused and unfused CPU paths against the f64 reference and each other (SPEC §4).
+
+use csa2::ops::mhc::{
+    boundary, cpu, one_hot_pre, reference, BoundaryIn, BoundaryOut, Coeffs, MhcParams, MixWeights,
+    Path, PostUpdate, HC, MIX,
+};
+use csa2::tolerance::{compare, Tolerance, F32_VS_F64};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use rand_distr::{Distribution, Normal};
+
+struct Case {
+    d: usize,
+    t: usize,
+    x: Vec<f32>,
+    y: Vec<f32>,
+    post: Vec<f32>,
+    comb: Vec<f32>,
+    pre_prev: Vec<f32>,
+    hc_fn: Vec<f32>,
+    base: Vec<f32>,
+    scale: Vec<f32>,
+    norm: Vec<f32>,
+}
+
+fn normal(rng: &mut StdRng, n: usize, sd: f32) -> Vec<f32> {
+    let dist = Normal::new(0.0f32, sd).unwrap();
+    (0..n).map(|_| dist.sample(rng)).collect()
+}
+
+impl Case {
+    fn new(t: usize, d: usize, seed: u64) -> Case {
+        let mut rng = StdRng::seed_from_u64(seed);
+        Case {
+            d,
+            t,
+            x: normal(&mut rng, t * HC * d, 1.0),
+            y: normal(&mut rng, t * d, 1.0),
+            post: (0..t * HC).map(|_| rng.random_range(0.0..2.0)).collect(),
+            // Positive and deliberately non-symmetric.
+            comb: (0..t * HC * HC)
+                .map(|_| rng.random_range(0.0..1.0))
+                .collect(),
+            pre_prev: (0..t * HC).map(|_| rng.random_range(0.0..1.0)).collect(),
+            hc_fn: normal(&mut rng, MIX * HC * d, 1.0 / ((HC * d) as f32).sqrt()),
+            base: normal(&mut rng, MIX, 0.5),
+            scale: (0..3).map(|_| rng.random_range(0.5..1.5)).collect(),
+            norm: normal(&mut rng, d, 0.1).iter().map(|v| 1.0 + v).collect(),
+        }
+    }
+    fn params(&self) -> MhcParams {
+        MhcParams::new(self.d)
+    }
+    fn weights(&self) -> MixWeights<'_> {
+        MixWeights {
+            hc_fn: &self.hc_fn,
+            base: &self.base,
+            scale: &self.scale,
+        }
+    }
+    fn input(&self) -> BoundaryIn<'_> {
+        BoundaryIn {
+            x: &self.x,
+            update: Some(PostUpdate {
+                y: &self.y,
+                post: &self.post,
+                comb: &self.comb,
+            }),
+            pre_prev: &self.pre_prev,
+            next: Some(self.weights()),
+            norm: &self.norm,
+        }
+    }
+}
+
+fn check(name: &str, a: &[f32], b: &[f64], tol: &Tolerance) {
+    let s = compare(a, b, tol);
+    assert!(
+        s.ok(tol),
+        "{name}: {s:?} (actual {}, expected {})",
+        a[s.worst],
+        b[s.worst]
+    );
+}
+
+fn check_against_reference(c: &Case, inp: &BoundaryIn, path: Path) {
+    let p = c.params();
+    let got = boundary(&p, inp, path).unwrap();
+    let want = reference::boundary(&p, inp).unwrap();
+    let tag = format!("{path:?} T={} d={}", c.t, c.d);
+    check(
+        &format!("{tag} x_new"),
+        &got.x_new,
+        &want.x_new,
+        &F32_VS_F64,
+    );
+    check(
+        &format!("{tag} layer_in"),
+        &got.layer_in,
+        &want.layer_in,
+        &F32_VS_F64,
+    );
+    if inp.next.is_some() {
+        let co = got.coeffs.unwrap();
+        let (pre, post, comb) = want.flat_coeffs();
+        check(&format!("{tag} pre"), &co.pre, &pre, &F32_VS_F64);
+        check(&format!("{tag} post"), &co.post, &post, &F32_VS_F64);
+        check(&format!("{tag} comb"), &co.comb, &comb, &F32_VS_F64);
+    } else {
+        assert!(got.coeffs.is_none());
+    }
+}
+
+/// Widths around the SIMD width (8) and the kernel chunk (256); token counts around the tile (8).
+const DS: [usize; 6] = [1, 8, 37, 256, 300, 520];
+const TS: [usize; 6] = [1, 2, 7, 8, 9, 17];
+
+#[test]
+fn fused_and_unfused_match_f64_reference() {
+    for (i, &d) in DS.iter().enumerate() {
+        for (k, &t) in TS.iter().enumerate() {
+            let c = Case::new(t, d, (i * 10 + k) as u64);
+            check_against_reference(&c, &c.input(), Path::Fused);
+            check_against_reference(&c, &c.input(), Path::Unfused);
+        }
+    }
+}
+
+#[test]
+fn fused_matches_unfused() {
+    for &(t, d) in &[(1usize, 5120usize), (9, 640), (33, 264)] {
+        let c = Case::new(t, d, 99);
+        let p = c.params();
+        let f = boundary(&p, &c.input(), Path::Fused).unwrap();
+        let u = boundary(&p, &c.input(), Path::Unfused).unwrap();
+        let as64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+        check("x_new", &f.x_new, &as64(&u.x_new), &F32_VS_F64);
+        check("layer_in", &f.layer_in, &as64(&u.layer_in), &F32_VS_F64);
+        let (fc, uc) = (f.coeffs.unwrap(), u.coeffs.unwrap());
+        check("pre", &fc.pre, &as64(&uc.pre), &F32_VS_F64);
+        check("post", &fc.post, &as64(&uc.post), &F32_VS_F64);
+        check("comb", &fc.comb, &as64(&uc.comb), &F32_VS_F64);
+    }
+}
+
+/// X'_j = Σ_i C[i, j]·X_i: with C[i][(i+1) % 4] = 1, stream i moves to stream i+1. The transposed
+/// mix (Σ_i C[j, i]·X_i) would move it to i−1 instead.
+#[test]
+fn post_update_orientation_with_a_non_symmetric_comb() {
+    let mut c = Case::new(3, 40, 7);
+    c.comb.iter_mut().for_each(|v| *v = 0.0);
+    for tok in 0..c.t {
+        for i in 0..HC {
+            c.comb[tok * HC * HC + i * HC + (i + 1) % HC] = 1.0;
+        }
+    }
+    c.post.iter_mut().for_each(|v| *v = 0.5);
+    let p = c.params();
+    let d = c.d;
+    for path in [Path::Fused, Path::Unfused] {
+        let got = boundary(&p, &c.input(), path).unwrap();
+        for tok in 0..c.t {
+            for i in 0..HC {
+                let j = (i + 1) % HC;
+                for k in 0..d {
+                    let want = 0.5 * c.y[tok * d + k] + c.x[(tok * HC + i) * d + k];
+                    let have = got.x_new[(tok * HC + j) * d + k];
+                    assert!((have - want).abs() <= 1e-6 * (1.0 + want.abs()), "{path:?}");
+                }
+            }
+        }
+    }
+    check_against_reference(&c, &c.input(), Path::Fused);
+}
+
+/// The sublayer input is collapsed with the carried pre, not with the pre computed from X'.
+#[test]
+fn collapse_uses_the_carried_pre() {
+    let c = Case::new(5, 64, 3);
+    let p = c.params();
+    let d = c.d;
+    let got = boundary(&p, &c.input(), Path::Fused).unwrap();
+    let new_pre = &got.coeffs.as_ref().unwrap().pre;
+    for tok in 0..c.t {
+        let collapse = |pre: &[f32]| -> Vec<f64> {
+            let u: Vec<f64> = (0..d)
+                .map(|k| {
+                    (0..HC)
+                        .map(|j| {
+                            pre[tok * HC + j] as f64 * got.x_new[(tok * HC + j) * d + k] as f64
+                        })
+                        .sum()
+                })
+                .collect();
+            let r = 1.0 / (u.iter().map(|v| v * v).sum::<f64>() / d as f64 + 1e-20).sqrt();
+            u.iter()
+                .zip(&c.norm)
+                .map(|(v, &w)| v * r * w as f64)
+                .collect()
+        };
+        let row = &got.layer_in[tok * d..(tok + 1) * d];
+        check("carried", row, &collapse(&c.pre_prev), &F32_VS_F64);
+        let s = compare(row, &collapse(new_pre), &F32_VS_F64);
+        assert!(
+            !s.ok(&F32_VS_F64),
+            "layer_in also matches the new pre: test has no power"
+        );
+    }
+}
+
+/// With hc_fn = 0 the mixes vanish: pre = sigmoid(base) + eps, post = 2·sigmoid(base), and zero
+/// logits give a uniform comb that Sinkhorn leaves at ≈ 1/4.
+#[test]
+fn zero_mix_gives_closed_form_coefficients() {
+    let mut c = Case::new(2, 16, 5);
+    c.hc_fn.iter_mut().for_each(|v| *v = 0.0);
+    c.base.iter_mut().for_each(|v| *v = 0.0);
+    c.base[1] = 2.0;
+    c.base[HC + 2] = -1.0;
+    let p = c.params();
+    for path in [Path::Fused, Path::Unfused] {
+        let co = boundary(&p, &c.input(), path).unwrap().coeffs.unwrap();
+        for tok in 0..c.t {
+            let pre = &co.pre[tok * HC..(tok + 1) * HC];
+            let post = &co.post[tok * HC..(tok + 1) * HC];
+            assert!((pre[0] - (0.5 + 1e-6)).abs() < 1e-7);
+            assert!((pre[1] - (1.0 / (1.0 + (-2.0f32).exp()) + 1e-6)).abs() < 1e-7);
+            assert!((post[0] - 1.0).abs() < 1e-7);
+            assert!((post[2] - 2.0 / (1.0 + 1.0f32.exp())).abs() < 1e-6);
+            for v in &co.comb[tok * 16..(tok + 1) * 16] {
+                assert!((v - 0.25).abs() < 1e-5, "comb {v}");
+            }
+        }
+    }
+}
+
+/// After 20 iterations every column sums to 1 (the last step), rows nearly so; all positive.
+#[test]
+fn comb_is_doubly_stochastic() {
+    let c = Case::new(16, 24, 11);
+    let co = boundary(&c.params(), &c.input(), Path::Fused)
+        .unwrap()
+        .coeffs
+        .unwrap();
+    for m in co.comb.chunks(16) {
+        for j in 0..HC {
+            let col: f32 = (0..HC).map(|i| m[i * HC + j]).sum();
+            assert!((col - 1.0).abs() < 1e-5, "column sum {col}");
+        }
+        for i in 0..HC {
+            let row: f32 = m[i * HC..(i + 1) * HC].iter().sum();
+            assert!((row - 1.0).abs() < 1e-3, "row sum {row}");
+        }
+        assert!(m.iter().all(|&v| v > 0.0 && v < 1.0));
+    }
+    assert!(co.pre.iter().all(|&v| v > 0.0 && v <= 1.0 + 1e-6));
+    assert!(co.post.iter().all(|&v| v > 0.0 && v < 2.0));
+}
+
+/// First site: no post update, one-hot pre → the input is RMSNorm(stream 0) and X' = X.
+#[test]
+fn first_site_collapses_stream_zero() {
+    let c = Case::new(4, 48, 13);
+    let p = c.params();
+    let pre = one_hot_pre(c.t);
+    let inp = BoundaryIn {
+        update: None,
+        pre_prev: &pre,
+        ..c.input()
+    };
+    for path in [Path::Fused, Path::Unfused] {
+        let got = boundary(&p, &inp, path).unwrap();
+        assert_eq!(got.x_new, c.x);
+        for tok in 0..c.t {
+            let x0 = &c.x[tok * HC * c.d..tok * HC * c.d + c.d];
+            let ms = x0.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / c.d as f64;
+            let want: Vec<f64> = x0
+                .iter()
+                .zip(&c.norm)
+                .map(|(&v, &w)| v as f64 / (ms + 1e-20).sqrt() * w as f64)
+                .collect();
+            check(
+                "first",
+                &got.layer_in[tok * c.d..(tok + 1) * c.d],
+                &want,
+                &F32_VS_F64,
+            );
+        }
+    }
+    check_against_reference(&c, &inp, Path::Fused);
+}
+
+/// After the last site there are no new coefficients; the collapse + norm still run.
+#[test]
+fn final_site_has_no_coefficients() {
+    let c = Case::new(3, 32, 17);
+    let inp = BoundaryIn {
+        next: None,
+        ..c.input()
+    };
+    check_against_reference(&c, &inp, Path::Fused);
+    check_against_reference(&c, &inp, Path::Unfused);
+}
+
+/// All-zero streams and output: zeros out, finite coefficients (the 1e-20 eps keeps rsqrt finite).
+#[test]
+fn zero_streams_stay_finite() {
+    let mut c = Case::new(9, 40, 19);
+    c.x.iter_mut().for_each(|v| *v = 0.0);
+    c.y.iter_mut().for_each(|v| *v = 0.0);
+    for path in [Path::Fused, Path::Unfused] {
+        let got = boundary(&c.params(), &c.input(), path).unwrap();
+        assert!(got.x_new.iter().all(|&v| v == 0.0));
+        assert!(got.layer_in.iter().all(|&v| v == 0.0));
+        let co = got.coeffs.unwrap();
+        assert!(co
+            .pre
+            .iter()
+            .chain(&co.post)
+            .chain(&co.comb)
+            .all(|v| v.is_finite()));
+    }
+}
+
+/// Three boundaries chained (outputs carried as the next inputs) agree with the chained reference.
+#[test]
+fn chained_boundaries_track_the_reference() {
+    let d = 72;
+    let t = 10;
+    let sites: Vec<Case> = (0..3).map(|s| Case::new(t, d, 100 + s)).collect();
+    let p = MhcParams::new(d);
+    let pre0 = one_hot_pre(t);
+    let mut x = sites[0].x.clone();
+    let mut carry: Option<Coeffs> = None;
+    let mut x64: Vec<f32> = x.clone();
+    let mut carry64: Option<Coeffs> = None;
+    for s in &sites {
+        let step =
+            |x: &[f32], carry: &Option<Coeffs>, fast: bool| -> (Vec<f32>, Coeffs, Vec<f64>) {
+                let inp = BoundaryIn {
+                    x,
+                    update: carry.as_ref().map(|c| PostUpdate {
+                        y: &s.y,
+                        post: &c.post,
+                        comb: &c.comb,
+                    }),
+                    pre_prev: carry.as_ref().map_or(&pre0[..], |c| &c.pre[..]),
+                    next: Some(s.weights()),
+                    norm: &s.norm,
+                };
+                if fast {
+                    let b = boundary(&p, &inp, Path::Fused).unwrap();
+                    let li = b.layer_in.iter().map(|&v| v as f64).collect();
+                    (b.x_new, b.coeffs.unwrap(), li)
+                } else {
+                    let r = reference::boundary(&p, &inp).unwrap();
+                    let (pre, post, comb) = r.flat_coeffs();
+                    let f = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+                    let c = Coeffs {
+                        pre: f(pre),
+                        post: f(post),
+                        comb: f(comb),
+                    };
+                    (r.x_new.iter().map(|&v| v as f32).collect(), c, r.layer_in)
+                }
+            };
+        let (xf, cf, lf) = step(&x, &carry, true);
+        let (xr, cr, lr) = step(&x64, &carry64, false);
+        let lf32: Vec<f32> = lf.iter().map(|&v| v as f32).collect();
+        let loose = Tolerance {
+            abs: 1e-4,
+            rel: 1e-4,
+            cos_diff: 1e-8,
+        };
+        check("chain layer_in", &lf32, &lr, &loose);
+        (x, carry, x64, carry64) = (xf, Some(cf), xr, Some(cr));
+    }
+}
+
+#[test]
+fn shape_errors_name_the_argument() {
+    let c = Case::new(4, 16, 23);
+    let p = c.params();
+    let short_y = &c.y[..c.y.len() - 1];
+    let inp = BoundaryIn {
+        update: Some(PostUpdate {
+            y: short_y,
+            post: &c.post,
+            comb: &c.comb,
+        }),
+        ..c.input()
+    };
+    let e = boundary(&p, &inp, Path::Fused).unwrap_err().to_string();
+    assert!(
+        e.contains("y") && e.contains("64") && e.contains("63"),
+        "{e}"
+    );
+    let bad_fn = &c.hc_fn[1..];
+    let inp = BoundaryIn {
+        next: Some(MixWeights {
+            hc_fn: bad_fn,
+            ..c.weights()
+        }),
+        ..c.input()
+    };
+    let e = boundary(&p, &inp, Path::Unfused).unwrap_err().to_string();
+    assert!(e.contains("hc_fn"), "{e}");
+    let x_odd = &c.x[..c.x.len() - 3];
+    let inp = BoundaryIn {
+        x: x_odd,
+        ..c.input()
+    };
+    assert!(boundary(&p, &inp, Path::Fused)
+        .unwrap_err()
+        .to_string()
+        .contains("x"));
+    // Missing coefficient outputs while new weights are given.
+    let mut xn = vec![0.0; c.x.len()];
+    let mut li = vec![0.0; c.y.len()];
+    let mut out = BoundaryOut {
+        x_new: &mut xn,
+        layer_in: &mut li,
+        coeffs: None,
+    };
+    let e = cpu::fused_boundary(&p, &c.input(), &mut out)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("coeffs"), "{e}");
+    let bad = MhcParams {
+        sinkhorn_iters: 0,
+        ..p
+    };
+    assert!(boundary(&bad, &c.input(), Path::Fused)
+        .unwrap_err()
+        .to_string()
+        .contains("sinkhorn_iters"));
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every test of the repository: the Rust suites (unit, integration, property, header drift,
+# the C smoke test), then the Python cross-checks of the codecs against an independent SPEC
+# implementation and ml_dtypes. Self-sufficient on a clean clone: creates .venv-test if missing.
+# Exits non-zero on the first failing stage.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=.venv-test
+if [ ! -x "$venv/bin/python" ]; then
+    echo "== creating $venv (pinned: tests/python/requirements.txt)"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet -r tests/python/requirements.txt
+fi
+
+echo "== cargo test --all-targets (includes tests/c_smoke.rs and tests/header.rs)"
+cargo test --all-targets
+
+echo "== C smoke test (tests/c/smoke.c against include/csa2.h and libcsa2.so)"
+cargo test --test c_smoke -- --nocapture
+
+echo "== pytest tests/python"
+CSA2_BIN="${CSA2_BIN:-target/debug/csa2}" "$venv/bin/python" -m pytest -q tests/python
+
+echo "== all tests passed"

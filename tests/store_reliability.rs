@@ -1,0 +1,327 @@
+//! Reliability of the persistent tiers: torn tails, flipped bits, restart, minimum lifetime,
+//! admission control, TTL expiry, and a reader racing a writer of the same key.
+
+use csa2::cache::PrefixKey;
+use csa2::store::ssd::{crash_test_record, synthetic_payload, HEADER_BYTES};
+use csa2::store::{
+    Clock, DramConfig, DramPool, FsyncPolicy, ManualClock, Snapshot, SsdConfig, SsdStore,
+};
+use csa2::Error;
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+const HOUR: u64 = 3_600_000;
+
+fn cfg(dir: &Path, cap: u64) -> SsdConfig {
+    let mut c = SsdConfig::new(dir, cap);
+    c.fsync = FsyncPolicy::Never;
+    c.segment_bytes = 64 << 10;
+    c
+}
+
+fn rec(seed: u64, i: u64, max: usize) -> (PrefixKey, Vec<u8>) {
+    let (k, len) = crash_test_record(seed, i, max);
+    let mut v = Vec::new();
+    synthetic_payload(&k, len, &mut v);
+    (k, v)
+}
+
+fn segments(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn restart_serves_every_entry() {
+    let d = tempfile::tempdir().unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(5));
+    let recs: Vec<_> = (0..60).map(|i| rec(1, i, 20_000)).collect();
+    {
+        let (s, rep) = SsdStore::open(cfg(d.path(), 1 << 30), clock.clone()).unwrap();
+        assert_eq!(rep.records, 0);
+        for (k, v) in &recs {
+            assert!(s.put(k, v).unwrap());
+        }
+        assert!(
+            !s.put(&recs[0].0, &recs[0].1).unwrap(),
+            "same key: nothing rewritten"
+        );
+        assert!(
+            segments(d.path()).len() > 3,
+            "records span several segments"
+        );
+    }
+    let (s, rep) = SsdStore::open(cfg(d.path(), 1 << 30), clock).unwrap();
+    assert_eq!(rep.records, 60);
+    assert_eq!(rep.corrupt_records, 0);
+    for (k, v) in &recs {
+        assert_eq!(s.get(k).unwrap().as_deref(), Some(&v[..]));
+    }
+    assert_eq!(s.get(&rec(2, 0, 10).0).unwrap(), None);
+}
+
+#[test]
+fn torn_tail_record_is_detected_truncated_and_never_served() {
+    let d = tempfile::tempdir().unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(0));
+    let recs: Vec<_> = (0..5).map(|i| rec(3, i, 3000)).collect();
+    {
+        let mut c = cfg(d.path(), 1 << 30);
+        c.segment_bytes = 1 << 30;
+        let (s, _) = SsdStore::open(c, clock.clone()).unwrap();
+        for (k, v) in &recs {
+            s.put(k, v).unwrap();
+        }
+    }
+    // Cut the last record in the middle of its payload, as a crash during the write would.
+    let seg = segments(d.path()).pop().unwrap();
+    let len = std::fs::metadata(&seg).unwrap().len();
+    let last = (HEADER_BYTES + recs[4].1.len()) as u64;
+    let cut = len - last + HEADER_BYTES as u64 + recs[4].1.len() as u64 / 2;
+    OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    let (s, rep) = SsdStore::open(cfg(d.path(), 1 << 30), clock.clone()).unwrap();
+    assert_eq!(rep.records, 4);
+    assert_eq!(rep.torn_bytes_truncated, cut - (len - last));
+    assert!(
+        rep.notes.iter().any(|n| n.contains("torn record")),
+        "{:?}",
+        rep.notes
+    );
+    assert_eq!(s.get(&recs[4].0).unwrap(), None);
+    for (k, v) in &recs[..4] {
+        assert_eq!(s.get(k).unwrap().as_deref(), Some(&v[..]));
+    }
+    // The store keeps working after the cut, and a torn header (< 64 bytes) is handled too.
+    s.put(&recs[4].0, &recs[4].1).unwrap();
+    drop(s);
+    let seg = segments(d.path()).pop().unwrap();
+    let f = OpenOptions::new().append(true).open(&seg).unwrap();
+    f.write_all_at(b"CSA2\x01", std::fs::metadata(&seg).unwrap().len())
+        .unwrap();
+    let (s, rep) = SsdStore::open(cfg(d.path(), 1 << 30), clock).unwrap();
+    assert_eq!(rep.records, 5);
+    assert_eq!(rep.torn_bytes_truncated, 5);
+    assert_eq!(s.get(&recs[4].0).unwrap().as_deref(), Some(&recs[4].1[..]));
+}
+
+#[test]
+fn flipped_bit_is_detected_on_read_and_on_open() {
+    let d = tempfile::tempdir().unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(0));
+    let recs: Vec<_> = (0..3).map(|i| rec(4, i, 5000)).collect();
+    let mut c = cfg(d.path(), 1 << 30);
+    c.segment_bytes = 1 << 30;
+    let (s, _) = SsdStore::open(c.clone(), clock.clone()).unwrap();
+    for (k, v) in &recs {
+        s.put(k, v).unwrap();
+    }
+    // Flip one payload bit of record 1 behind the store's back.
+    let seg = segments(d.path()).pop().unwrap();
+    let off = (HEADER_BYTES + recs[0].1.len() + HEADER_BYTES + recs[1].1.len() / 3) as u64;
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&seg)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, off).unwrap();
+    f.write_all_at(&[b[0] ^ 0x10], off).unwrap();
+    match s.get(&recs[1].0) {
+        Err(Error::Corrupt { reason, .. }) => assert!(reason.contains("CRC32C"), "{reason}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert_eq!(s.get(&recs[1].0).unwrap(), None, "dropped after detection");
+    assert_eq!(s.stats().corrupt, 1);
+    assert_eq!(s.get(&recs[2].0).unwrap().as_deref(), Some(&recs[2].1[..]));
+    drop(s);
+    // On open the payload check keeps it out of the index; the neighbours survive.
+    let (s, rep) = SsdStore::open(c.clone(), clock.clone()).unwrap();
+    assert_eq!((rep.records, rep.corrupt_records), (2, 1));
+    assert_eq!(s.get(&recs[1].0).unwrap(), None);
+    drop(s);
+    // A flipped header bit stops the scan of that segment: later records are not trusted.
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&seg)
+        .unwrap();
+    let hoff = (HEADER_BYTES + recs[0].1.len() + 20) as u64;
+    f.read_exact_at(&mut b, hoff).unwrap();
+    f.write_all_at(&[b[0] ^ 1], hoff).unwrap();
+    let (s, rep) = SsdStore::open(c, clock).unwrap();
+    assert!(
+        rep.notes.iter().any(|n| n.contains("header CRC32C")),
+        "{:?}",
+        rep.notes
+    );
+    assert_eq!(s.get(&recs[0].0).unwrap().as_deref(), Some(&recs[0].1[..]));
+    assert_eq!(s.get(&recs[1].0).unwrap(), None);
+}
+
+#[test]
+fn minimum_lifetime_admission_and_lru_eviction() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(0));
+    let dyn_clock: Arc<dyn Clock> = clock.clone();
+    // 16 KiB segments, 64 KiB capacity: 4 segments of 2 × 8 KiB records (minus headers).
+    let mut c = cfg(d.path(), 64 << 10);
+    c.segment_bytes = 16 << 10;
+    let (s, _) = SsdStore::open(c.clone(), dyn_clock.clone()).unwrap();
+    let payload = |i: u64| {
+        let k = crash_test_record(9, i, 1).0;
+        let mut v = Vec::new();
+        synthetic_payload(&k, 8192 - HEADER_BYTES, &mut v);
+        (k, v)
+    };
+    let mut stored = Vec::new();
+    for i in 0..8 {
+        let (k, v) = payload(i);
+        s.put(&k, &v).unwrap();
+        stored.push((k, v));
+        clock.advance(1000);
+    }
+    // Full of entries younger than 72 h: the next write is refused and counted, nothing evicted.
+    let (k8, v8) = payload(8);
+    assert!(matches!(s.put(&k8, &v8), Err(Error::Refused(_))));
+    assert_eq!(s.stats().refused, 1);
+    assert_eq!(s.stats().evicted, 0);
+    for (k, v) in &stored {
+        assert_eq!(s.get(k).unwrap().as_deref(), Some(&v[..]));
+    }
+    // Touch the two oldest (segment 1) so segment 2 becomes least recently used.
+    s.get(&stored[0].0).unwrap();
+    s.get(&stored[1].0).unwrap();
+    clock.advance(72 * HOUR);
+    s.put(&k8, &v8).unwrap();
+    let st = s.stats();
+    assert_eq!(st.evicted, 2, "the two least recently used entries went");
+    assert!(st.disk_bytes <= 64 << 10);
+    assert_eq!(s.get(&stored[2].0).unwrap(), None, "evicted: never served");
+    assert_eq!(s.get(&stored[3].0).unwrap(), None);
+    assert!(s.get(&stored[0].0).unwrap().is_some());
+    // Evict one record of a segment whose other record stays live: its state byte is marked.
+    s.get(&stored[5].0).unwrap();
+    let (k9, v9) = payload(9);
+    s.put(&k9, &v9).unwrap();
+    let (k10, v10) = payload(10);
+    s.put(&k10, &v10).unwrap();
+    assert_eq!(s.stats().evicted, 5);
+    assert_eq!(s.get(&stored[4].0).unwrap(), None);
+    assert!(s.get(&stored[5].0).unwrap().is_some());
+    drop(s);
+    // Evicted entries stay evicted across a restart, including one whose segment survives.
+    let (s, rep) = SsdStore::open(c, dyn_clock).unwrap();
+    assert!(rep.dead_records >= 1);
+    assert_eq!(s.get(&stored[4].0).unwrap(), None);
+    assert!(s.get(&stored[5].0).unwrap().is_some());
+    assert_eq!(s.get(&stored[2].0).unwrap(), None);
+    assert_eq!(s.get(&stored[3].0).unwrap(), None);
+    assert!(s.get(&k8).unwrap().is_some());
+    assert!(s.stats().disk_bytes <= 64 << 10);
+}
+
+#[test]
+fn a_reader_racing_a_writer_sees_nothing_or_the_whole_record() {
+    let d = tempfile::tempdir().unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(0));
+    let mut c = cfg(d.path(), 1 << 30);
+    c.io_chunk_bytes = 512; // many small writes per record widen the race window
+    let s = Arc::new(SsdStore::open(c, clock).unwrap().0);
+    let mut complete_reads = 0;
+    for i in 0..30 {
+        let (k, v) = rec(11, i, 100_000);
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (s, done) = (s.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut seen = 0;
+                let mut want = Vec::new();
+                // Poll until the writer is done, then once more.
+                loop {
+                    let finished = done.load(std::sync::atomic::Ordering::Acquire);
+                    if let Some(got) = s.get(&k).unwrap() {
+                        synthetic_payload(&k, got.len(), &mut want);
+                        assert_eq!(got, want, "a partial or wrong record was served");
+                        seen += 1;
+                    }
+                    if finished {
+                        return seen;
+                    }
+                }
+            })
+        };
+        s.put(&k, &v).unwrap();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        complete_reads += reader.join().unwrap();
+        assert_eq!(s.get(&k).unwrap().as_deref(), Some(&v[..]));
+    }
+    assert!(
+        complete_reads >= 30,
+        "the final read of every round sees the record"
+    );
+    assert_eq!(s.stats().corrupt, 0);
+}
+
+#[test]
+fn ttl_expired_snapshot_is_never_served() {
+    let clock = Arc::new(ManualClock::new(0));
+    let pool = DramPool::new(
+        DramConfig {
+            capacity_bytes: 1000,
+            ttl_ms: 300_000,
+        },
+        clock.clone(),
+    )
+    .unwrap();
+    let k = |i| crash_test_record(20, i, 1).0;
+    pool.put(k(0), Snapshot::Bytes(vec![7u8; 400].into()))
+        .unwrap();
+    clock.advance(299_999);
+    assert!(pool.get(&k(0)).is_some(), "1 ms before expiry");
+    clock.advance(1);
+    assert_eq!(
+        pool.get(&k(0)),
+        None,
+        "at the deadline: not served, although not reclaimed"
+    );
+    assert_eq!(pool.stats().expired_on_read, 1);
+    assert_eq!(pool.stats().bytes, 0);
+    // LRU: a, b fit; touching a makes b the victim for c.
+    pool.put(k(1), Snapshot::Sized(400)).unwrap();
+    pool.put(k(2), Snapshot::Sized(400)).unwrap();
+    assert!(pool.get(&k(1)).is_some());
+    pool.put(k(3), Snapshot::Sized(400)).unwrap();
+    assert_eq!(pool.get(&k(2)), None);
+    assert!(pool.get(&k(1)).is_some());
+    assert_eq!(pool.stats().evictions, 1);
+    // Expired snapshots are reclaimed before live ones are evicted.
+    clock.advance(300_000);
+    pool.put(k(4), Snapshot::Sized(900)).unwrap();
+    assert_eq!(pool.stats().evictions, 1);
+    assert_eq!(pool.stats().expired_reclaimed, 2);
+    assert!(matches!(
+        pool.put(k(5), Snapshot::Sized(1001)),
+        Err(Error::Refused(_))
+    ));
+}
+
+#[test]
+fn host_memory_is_read() {
+    let m = csa2::store::dram::host_memory_bytes().unwrap();
+    assert!(m > 64 << 20, "{m}");
+    let c = DramConfig::host_default().unwrap();
+    assert_eq!(c.capacity_bytes, m / 10);
+    assert_eq!(c.ttl_ms, 300_000);
+}
