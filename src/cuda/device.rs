@@ -72,7 +72,9 @@ impl Device {
         // A driver library without a usable device (CUDA_ERROR_NO_DEVICE, a container without the
         // GPU mapped in) is the same situation as no driver for the caller: use the CPU.
         let count = CudaContext::device_count().map_err(|e| {
-            Error::Unsupported(format!("a CUDA driver is installed but reports no usable device: {e}"))
+            Error::Unsupported(format!(
+                "a CUDA driver is installed but reports no usable device: {e}"
+            ))
         })?;
         if ordinal >= count.max(0) as usize {
             return Err(Error::Unsupported(format!(
