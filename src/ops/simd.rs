@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 /// The instruction set the fast paths use on this machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX-512F (+ AVX2/FMA): 16 f32 lanes, 32 vector registers.
+    /// AVX-512F present (kernels run their AVX2 + FMA version; see [`multiversion`]).
     Avx512,
     /// AVX2 + FMA: 8 f32 lanes.
     Avx2,
@@ -55,8 +55,12 @@ fn detect() -> Isa {
     Isa::Portable
 }
 
-/// Calls `$body::<V>(args…)` compiled for the detected ISA, V = [`F32x16`] (AVX-512), [`F32x8`]
-/// (AVX2 + FMA) or [`Portable8`].
+/// Calls `$body::<V>(args…)` compiled for the detected ISA, V = [`F32x8`] (AVX2 + FMA, also used on
+/// AVX-512 machines) or [`Portable8`].
+///
+/// AVX-512 intrinsics need Rust 1.89 while the crate's MSRV is 1.85; on Zen 4 (the dev machine)
+/// 512-bit FMAs are double-pumped and measured no faster than AVX2 (research/toolchain.md §5).
+/// A 16-lane type can be added here once the MSRV moves.
 ///
 /// `$body` must be an `#[inline(always)]` generic function so that its code is generated inside the
 /// `target_feature` wrapper.
@@ -66,22 +70,14 @@ macro_rules! multiversion {
         fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx512f,avx2,fma")]
-                #[allow(clippy::too_many_arguments)]
-                unsafe fn v512($($arg: $ty),*) $(-> $ret)? {
-                    $body::<$crate::ops::simd::F32x16>($($arg),*)
-                }
                 #[target_feature(enable = "avx2,fma")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn v256($($arg: $ty),*) $(-> $ret)? {
                     $body::<$crate::ops::simd::F32x8>($($arg),*)
                 }
-                match $crate::ops::simd::isa() {
-                    // SAFETY: `isa()` reported these CPU features present at run time.
-                    $crate::ops::simd::Isa::Avx512 => return unsafe { v512($($arg),*) },
-                    // SAFETY: as above, AVX2 and FMA were detected.
-                    $crate::ops::simd::Isa::Avx2 => return unsafe { v256($($arg),*) },
-                    $crate::ops::simd::Isa::Portable => {}
+                if $crate::ops::simd::isa() != $crate::ops::simd::Isa::Portable {
+                    // SAFETY: `isa()` reported AVX2 and FMA present at run time.
+                    return unsafe { v256($($arg),*) };
                 }
             }
             $body::<$crate::ops::simd::Portable8>($($arg),*)
@@ -104,9 +100,8 @@ pub fn fma_peak_gflops(millis: u64) -> f64 {
     }
     let secs = t0.elapsed().as_secs_f64();
     std::hint::black_box(sink);
-    // Each iteration: 12 accumulators × L lanes FMAs; L depends on the path taken.
-    let lanes = if isa() == Isa::Avx512 { 16.0 } else { 8.0 };
-    iters as f64 * 12.0 * lanes * 2.0 / secs / 1e9
+    // Each iteration: 12 accumulators × 8 lanes FMAs.
+    iters as f64 * 12.0 * 8.0 * 2.0 / secs / 1e9
 }
 
 /// 12 independent accumulator vectors: enough to cover the FMA latency.
@@ -152,41 +147,6 @@ pub(crate) trait Vf32: Copy {
     fn fmadd(a: Self, b: Self, c: Self) -> Self;
     /// Lane-wise max.
     fn max(a: Self, b: Self) -> Self;
-}
-
-/// 16 lanes of AVX-512.
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-pub(crate) struct F32x16(std::arch::x86_64::__m512);
-
-#[cfg(target_arch = "x86_64")]
-impl Vf32 for F32x16 {
-    const L: usize = 16;
-    #[inline(always)]
-    fn splat(x: f32) -> Self {
-        // SAFETY: only reached inside `target_feature(enable = "avx512f")` code (multiversion!).
-        F32x16(unsafe { std::arch::x86_64::_mm512_set1_ps(x) })
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> Self {
-        // SAFETY: the caller guarantees 16 readable floats; AVX-512F is enabled (see splat).
-        F32x16(unsafe { std::arch::x86_64::_mm512_loadu_ps(p) })
-    }
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32) {
-        // SAFETY: the caller guarantees 16 writable floats; AVX-512F is enabled (see splat).
-        unsafe { std::arch::x86_64::_mm512_storeu_ps(p, self.0) }
-    }
-    #[inline(always)]
-    fn fmadd(a: Self, b: Self, c: Self) -> Self {
-        // SAFETY: AVX-512F is enabled (see splat).
-        F32x16(unsafe { std::arch::x86_64::_mm512_fmadd_ps(a.0, b.0, c.0) })
-    }
-    #[inline(always)]
-    fn max(a: Self, b: Self) -> Self {
-        // SAFETY: AVX-512F is enabled (see splat).
-        F32x16(unsafe { std::arch::x86_64::_mm512_max_ps(a.0, b.0) })
-    }
 }
 
 /// 8 lanes of AVX2 + FMA.

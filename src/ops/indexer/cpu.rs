@@ -1,7 +1,7 @@
 //! Indexer fast path.
 //!
-//! Keys are decoded a tile of `L` entries at a time into a transposed f32 tile `[128][L]` (L = 16 on
-//! AVX-512, 8 on AVX2), so that one vector holds the same dim of L keys. For a block of 8 heads the
+//! Keys are decoded a tile of `L` entries at a time into a transposed f32 tile `[128][L]` (L = 8
+//! lanes of AVX2), so that one vector holds the same dim of L keys. For a block of 8 heads the
 //! kernel then keeps 8 accumulators of L lanes (`acc[h] += q[h][d] · tile[d]`), and the ReLU and the
 //! head weights are applied lane-wise: no horizontal sums. A decoded tile is reused by every query
 //! of a query block (prefill); decode (one query) splits the keys across threads instead.
@@ -185,6 +185,7 @@ fn score_ids_body<V: Vf32>(
 
 /// `Σ_h w[h] · ReLU(q[h] · key_l)` for the V::L keys of `tile` into `out[..V::L]`.
 #[inline(always)]
+#[allow(clippy::needless_range_loop)] // d indexes both the tile rows and every head's q
 fn tile_logits<V: Vf32>(
     q: &[[f32; INDEX_DIM]],
     w: &[f32],

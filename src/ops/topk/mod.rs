@@ -34,6 +34,9 @@ pub fn select(logits: &[f32], visible: usize, out: &mut [i32]) -> usize {
     cpu::select_scored(&logits[..visible], out)
 }
 
+/// One row's work item in [`select_rows`]: (output, count) and (logits, visible).
+type RowJob<'a> = ((&'a mut [i32], &'a mut usize), (&'a [f32], &'a usize));
+
 /// Top-k of every row of `logits` (rows, n) with per-row `visible` counts into `out` (rows, k), rows
 /// in parallel. Returns the per-row counts.
 ///
@@ -67,7 +70,7 @@ pub fn select_rows(
         return Ok(vec![0; rows]);
     }
     let mut counts = vec![0usize; rows];
-    let work = |((o, c), (row, &v)): ((&mut [i32], &mut usize), (&[f32], &usize))| {
+    let work = |((o, c), (row, &v)): RowJob| {
         *c = select(row, v, o);
     };
     let go_parallel = n >= 1 << 14 || rows * n >= 1 << 16;
