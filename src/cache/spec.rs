@@ -170,7 +170,7 @@ impl CacheSpec {
             return Err(Error::invalid("block_tokens", "must be > 0, found 0"));
         }
         for p in &self.pools {
-            if block_tokens % p.ratio != 0 {
+            if !block_tokens.is_multiple_of(p.ratio) {
                 return Err(Error::invalid(
                     "block_tokens",
                     format!(

@@ -166,7 +166,7 @@ impl<'a> Compressor<'a> {
         score: Option<&[f32]>,
     ) -> Result<(usize, Vec<f32>)> {
         let m = self.ratio;
-        if kv.len() % KV_DIM != 0 {
+        if !kv.len().is_multiple_of(KV_DIM) {
             return Err(Error::shape(
                 "compressor kv",
                 "[T, 512]",
@@ -197,7 +197,7 @@ impl<'a> Compressor<'a> {
             _ => {}
         }
         let pending = state.pending_tokens();
-        if (state.next_pos as usize - pending) % m != 0 {
+        if !(state.next_pos as usize - pending).is_multiple_of(m) {
             return Err(Error::invalid(
                 "start_pos",
                 format!(

@@ -255,7 +255,7 @@ pub fn pools_of(
     if t == 0 {
         return Ok(Vec::new());
     }
-    if blocks.len() % t != 0 {
+    if !blocks.len().is_multiple_of(t) {
         return Err(Error::shape(
             "candidate blocks",
             format!("[T={t}, B]"),

@@ -230,7 +230,7 @@ impl BoundaryIn<'_> {
     pub fn validate(&self, p: &MhcParams) -> Result<usize> {
         p.validate()?;
         let d = p.hidden;
-        if self.x.len() % (HC * d) != 0 {
+        if !self.x.len().is_multiple_of(HC * d) {
             return Err(Error::shape(
                 "x",
                 format!("[T, {HC}, {d}] (a multiple of {} f32)", HC * d),

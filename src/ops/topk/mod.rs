@@ -58,7 +58,7 @@ pub fn select_rows(
     if rows == 0 {
         return Ok(Vec::new());
     }
-    if out.len() % rows != 0 {
+    if !out.len().is_multiple_of(rows) {
         return Err(Error::shape(
             "top-k output",
             format!("{rows} rows"),
