@@ -546,6 +546,10 @@ impl<'a> View<'a> {
     pub fn i32s_mut(&mut self) -> Result<&'a mut [i32]> {
         self.typed_mut(DType::I32)
     }
+    /// Mutable `f32` elements (float32 only).
+    pub fn f32s_mut(&mut self) -> Result<&'a mut [f32]> {
+        self.typed_mut(DType::F32)
+    }
     /// Mutable bytes (uint8 only).
     pub fn bytes_mut(&mut self) -> Result<&'a mut [u8]> {
         self.typed_mut(DType::U8)
