@@ -169,3 +169,34 @@ def test_attention_matches_numpy_reference_on_cpu_tensors():
             o = (e[:, None] * kv).sum(0) / (e.sum() + np.exp(float(sink[hh]) - m))
             torch.testing.assert_close(out[i, hh].double(), o, rtol=1e-4, atol=1e-5)
             assert abs(float(lse[i, hh]) - float(torch.logsumexp(z, 0))) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_sparse_fwd_matches_float64_reference(dtype):
+    # The layer's csa2 counterpart of flash_mla_sparse_fwd, on CPU tensors in vLLM's layouts.
+    from csa2_vllm.attention import Csa2DeepseekV4Attention, csa2_sparse_fwd
+
+    assert Csa2DeepseekV4Attention.sparse_fwd is csa2_sparse_fwd
+    g = torch.Generator().manual_seed(11)
+    t, h, m, k = 4, 8, 20, 6
+    q = torch.randn(t, h, 512, generator=g).to(dtype)
+    kv = torch.randn(m, 1, 512, generator=g).to(dtype)
+    idx = torch.randint(-1, m, (t, 1, k), generator=g, dtype=torch.int32)
+    lens = torch.tensor([6, 3, 0, 5], dtype=torch.int32)
+    sink = torch.randn(h, generator=g)
+    scale = 512 ** -0.5
+    out = torch.empty(t, h, 512, dtype=dtype)
+    Csa2DeepseekV4Attention.sparse_fwd(q, kv, idx, lens, scale, sink, out)
+    for i in range(t):
+        rows = [j for j in idx[i, 0, : lens[i]].tolist() if j >= 0]
+        for hh in range(h):
+            if not rows:
+                assert bool((out[i, hh] == 0).all())
+                continue
+            kvr = kv[rows, 0].double()
+            z = kvr @ q[i, hh].double() * scale
+            mx = max(float(z.max()), float(sink[hh]))
+            e = torch.exp(z - mx)
+            o = (e[:, None] * kvr).sum(0) / (e.sum() + np.exp(float(sink[hh]) - mx))
+            tol = 1e-5 if dtype == torch.float32 else 1e-2
+            torch.testing.assert_close(out[i, hh].double(), o, rtol=tol, atol=tol)
