@@ -782,6 +782,14 @@ mod tests {
         let t = desc(buf.as_mut_ptr().cast(), DType::F32, &mut shape, None);
         let e = unsafe { View::from_raw(&t, "q") }.unwrap_err().to_string();
         assert!(e.contains("overflows"), "{e}");
+        // An empty tensor whose other dims multiply past isize (the ops multiply dims).
+        let mut shape = [0i64, i64::MAX, 64];
+        let t = desc(buf.as_mut_ptr().cast(), DType::F32, &mut shape, None);
+        let e = unsafe { View::from_raw(&t, "q") }.unwrap_err().to_string();
+        assert!(e.contains("overflows"), "{e}");
+        let mut shape = [0i64, 1 << 20, 64];
+        let t = desc(std::ptr::null_mut(), DType::F32, &mut shape, None);
+        assert_eq!(unsafe { View::from_raw(&t, "q") }.unwrap().numel(), 0);
         // Byte count overflows isize even though the element count fits.
         let mut shape = [(isize::MAX as i64) / 2];
         let t = desc(buf.as_mut_ptr().cast(), DType::F32, &mut shape, None);

@@ -809,3 +809,186 @@ pub unsafe extern "C" fn csa2_mhc(
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    //! Each export against a direct call of the op it wraps, on the same data: the wrappers must add
+    //! checks, never change results.
+    use super::super::dlpack::{DLDataType, DLDevice, K_DL_CPU};
+    use super::*;
+    use crate::geometry::Geometry;
+    use crate::ops::testutil::{rand_normal, NewRng, Rng};
+
+    /// A float32/int/uint8 host descriptor over `data` with `shape` (kept alive by the caller).
+    fn desc<T>(data: &mut [T], shape: &mut [i64], dtype: DType) -> DLTensor {
+        let (code, bits) = dtype.code_bits();
+        DLTensor {
+            data: data.as_mut_ptr().cast(),
+            device: DLDevice {
+                device_type: K_DL_CPU,
+                device_id: 0,
+            },
+            ndim: shape.len() as i32,
+            dtype: DLDataType {
+                code,
+                bits,
+                lanes: 1,
+            },
+            shape: shape.as_mut_ptr(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        }
+    }
+
+    fn geometry() -> Csa2Geometry {
+        Csa2Geometry {
+            g: Geometry::embedded(),
+        }
+    }
+
+    #[test]
+    fn rope_export_equals_direct_call_and_checks_inverse() {
+        let g = geometry();
+        let mut rng = Rng::new(5);
+        let x0 = rand_normal(&mut rng, 3 * 2 * 128, 1.0);
+        let mut pos = vec![0i64, 127, 4096];
+        let mut want = x0.clone();
+        let rope = Rope::new(&g.g.layers[2].rope).unwrap();
+        rope.apply(&mut want, 2, 128, &pos, Direction::Forward)
+            .unwrap();
+        let mut x = x0.clone();
+        let (mut sx, mut sp) = ([3i64, 2, 128], [3i64]);
+        let tx = desc(&mut x, &mut sx, DType::F32);
+        let tp = desc(&mut pos, &mut sp, DType::I64);
+        let st = unsafe { csa2_rope(&g, 2, &tx, &tp, 0) };
+        assert_eq!(st, Csa2Status::Csa2Ok);
+        assert_eq!(x, want);
+        assert_eq!(
+            unsafe { csa2_rope(&g, 2, &tx, &tp, 2) },
+            Csa2Status::Csa2ErrInvalidArgument
+        );
+        assert_eq!(
+            unsafe { csa2_rope(&g, 999, &tx, &tp, 0) },
+            Csa2Status::Csa2ErrInvalidArgument
+        );
+    }
+
+    #[test]
+    fn compress_export_equals_direct_call_and_refuses_a_split_pair() {
+        let g = geometry();
+        let layer = g.g.layers.iter().position(|l| l.ratio == 2).unwrap();
+        let mut rng = Rng::new(6);
+        let (t, e) = (4usize, 2usize);
+        let mut kv = rand_normal(&mut rng, t * 512, 1.0);
+        let mut score = rand_normal(&mut rng, t * 512, 1.0);
+        let mut norm = vec![1.0f32; 512];
+        let mut wk = rand_normal(&mut rng, 128 * 512, 0.04);
+        let mut k_norm = vec![1.0f32; 128];
+        let c = Compressor::new(
+            2,
+            g.g.rms_norm_eps,
+            Rope::new(&g.g.layers[layer].rope).unwrap(),
+            CompressorWeights {
+                norm: &norm,
+                wk: &wk,
+                k_norm: &k_norm,
+            },
+        )
+        .unwrap();
+        let want = c
+            .compress(&mut CompressorState::new(6), &kv, Some(&score))
+            .unwrap();
+        let (mut main, mut index) = (vec![0u8; e * 288], vec![0u8; e * 68]);
+        let mut shapes = [
+            vec![t as i64, 512],
+            vec![t as i64, 512],
+            vec![512],
+            vec![128, 512],
+            vec![128],
+            vec![e as i64, 288],
+            vec![e as i64, 68],
+        ];
+        let [s0, s1, s2, s3, s4, s5, s6] = &mut shapes;
+        let d = [
+            desc(&mut kv, s0, DType::F32),
+            desc(&mut score, s1, DType::F32),
+            desc(&mut norm, s2, DType::F32),
+            desc(&mut wk, s3, DType::F32),
+            desc(&mut k_norm, s4, DType::F32),
+            desc(&mut main, s5, DType::U8),
+            desc(&mut index, s6, DType::U8),
+        ];
+        let call = |start: i64| unsafe {
+            csa2_compress(
+                &g,
+                layer as u32,
+                &d[0],
+                &d[1],
+                &d[2],
+                &d[3],
+                &d[4],
+                start,
+                &d[5],
+                &d[6],
+            )
+        };
+        assert_eq!(call(6), Csa2Status::Csa2Ok);
+        assert_eq!(main, want.main_kv_nvfp4);
+        assert_eq!(index, want.index_k_mxfp4);
+        // A start inside a pair needs state this stateless call does not keep: refused.
+        assert_eq!(call(7), Csa2Status::Csa2ErrInvalidArgument);
+    }
+
+    #[test]
+    fn topk_and_candidates_exports_equal_direct_calls() {
+        let mut rng = Rng::new(7);
+        let (t, n, k) = (3usize, 40usize, 5usize);
+        let mut logits = rand_normal(&mut rng, t * n, 1.0);
+        let mut pos = vec![2i64, 17, 39];
+        let vis: Vec<usize> = pos
+            .iter()
+            .map(|&p| crate::ops::indexer::visible(p, 1))
+            .collect();
+        let mut want = vec![0i32; t * k];
+        let counts = crate::ops::topk::select_rows(&logits, n, &vis, &mut want).unwrap();
+        let (mut out, mut cnt) = (vec![0i32; t * k], vec![0i32; t]);
+        let (mut sl, mut sp, mut so, mut sc) = (
+            [t as i64, n as i64],
+            [t as i64],
+            [t as i64, k as i64],
+            [t as i64],
+        );
+        let tl = desc(&mut logits, &mut sl, DType::F32);
+        let tp = desc(&mut pos, &mut sp, DType::I64);
+        let to = desc(&mut out, &mut so, DType::I32);
+        let tc = desc(&mut cnt, &mut sc, DType::I32);
+        assert_eq!(
+            unsafe { csa2_topk(&tl, &tp, 1, &to, &tc) },
+            Csa2Status::Csa2Ok
+        );
+        assert_eq!(out, want);
+        assert_eq!(cnt, counts.iter().map(|&c| c as i32).collect::<Vec<_>>());
+
+        let p = CandidateParams {
+            block_size: 4,
+            num_blocks: 3,
+        };
+        let mut want = vec![0i32; t * 3];
+        let lf = logits.clone();
+        crate::ops::candidates::select_blocks_rows(&p, &lf, n, &vis, &mut want).unwrap();
+        let mut blocks = vec![0i32; t * 3];
+        let mut sb = [t as i64, 3];
+        let tb = desc(&mut blocks, &mut sb, DType::I32);
+        assert_eq!(
+            unsafe { csa2_candidates(&tl, &tp, 1, 4, &tb) },
+            Csa2Status::Csa2Ok
+        );
+        assert_eq!(blocks, want);
+        // The counts output aliasing the logits is refused, naming both.
+        let ta = desc(&mut logits[..t], &mut sc, DType::I32);
+        assert_eq!(
+            unsafe { csa2_topk(&tl, &tp, 1, &to, &ta) },
+            Csa2Status::Csa2ErrInvalidArgument
+        );
+    }
+}
