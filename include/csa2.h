@@ -84,6 +84,9 @@ typedef enum {
   CSA2_LAYOUT_V4 = 2,
 } Csa2KvLayout;
 
+// The record formats of one cache (SPEC §1).
+typedef struct CacheFormats CacheFormats;
+
 // Opaque geometry handle (a parsed `config.json`). Free with [`csa2_geometry_free`].
 typedef struct Csa2Geometry Csa2Geometry;
 
@@ -96,8 +99,14 @@ typedef struct KvLayout KvLayout;
 // How a module was loaded on a device.
 typedef struct LoadPath LoadPath;
 
+// The op buckets of the attention sublayer and its boundaries.
+typedef struct Op Op;
+
 // A KV record format.
 typedef struct RecordFormat RecordFormat;
+
+// What one attention layer does in CSA2 (SPEC §0 table).
+typedef struct Role Role;
 
 // Allowed error of a path against its reference.
 typedef struct Tolerance Tolerance;

@@ -13,8 +13,8 @@ fi
 if ! "$venv/bin/python" -c 'import vllm, sys; sys.exit(vllm.__version__ != "0.33.0")' 2>/dev/null; then
     "$venv/bin/pip" install "vllm==0.33.0"          # ~4.6 GB download, ~9.4 GB venv
 fi
-"$venv/bin/python" -c 'import pytest' 2>/dev/null || "$venv/bin/pip" install "pytest>=8"
-"$venv/bin/python" -c 'import setuptools_rust' 2>/dev/null || "$venv/bin/pip" install "setuptools-rust>=1.10"
+"$venv/bin/python" -c 'import pytest' 2>/dev/null || "$venv/bin/pip" install "pytest==9.2.0"
+"$venv/bin/python" -c 'import setuptools_rust' 2>/dev/null || "$venv/bin/pip" install "setuptools-rust==1.13.0"
 if [ -z "${CSA2_LIB:-}" ]; then
     (cd "$root" && cargo build --lib)
     export CSA2_LIB="$root/target/debug/libcsa2.so"

@@ -9,6 +9,7 @@
 //! geometry is compiled in ([`geometry::Geometry::embedded`]).
 #![deny(missing_docs)]
 
+pub mod backend;
 pub mod cache;
 #[cfg(feature = "cuda")]
 pub mod cuda;

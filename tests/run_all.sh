@@ -22,4 +22,11 @@ cargo test --test c_smoke -- --nocapture
 echo "== pytest tests/python"
 CSA2_BIN="${CSA2_BIN:-target/debug/csa2}" "$venv/bin/python" -m pytest -q tests/python
 
+if [ "${CSA2_SKIP_VLLM:-0}" = 1 ]; then
+    echo "== vLLM plugin tests SKIPPED (CSA2_SKIP_VLLM=1)"
+else
+    echo "== vLLM 0.33 plugin tests (python_shim/run_tests.sh; first run installs vllm==0.33.0 into .venv-vllm)"
+    bash python_shim/run_tests.sh
+fi
+
 echo "== all tests passed"

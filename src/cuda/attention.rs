@@ -86,7 +86,7 @@ fn check_cache(what: &str, c: &PagedCache, record: usize, requests: usize) -> Re
         requests * c.max_blocks,
     )?;
     let page = c.page_slots * record;
-    if c.pages.len() % page != 0 {
+    if !c.pages.len().is_multiple_of(page) {
         return Err(Error::shape(
             format!("{what} page pool bytes"),
             format!("a multiple of {page}"),

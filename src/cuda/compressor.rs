@@ -192,7 +192,9 @@ impl Device {
         let p = plan(w, b, Some(state))?;
         let main_page = b.page_slots * NVFP4_DS_BYTES;
         let index_page = b.page_slots * MXFP4_INDEX_BYTES;
-        if main_pages.len() % main_page != 0 || index_pages.len() % index_page != 0 {
+        if !main_pages.len().is_multiple_of(main_page)
+            || !index_pages.len().is_multiple_of(index_page)
+        {
             return Err(Error::shape(
                 "main / index page pools",
                 format!("multiples of {main_page} / {index_page} bytes"),

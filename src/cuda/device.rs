@@ -59,8 +59,8 @@ impl Device {
     /// Opens GPU `ordinal`.
     ///
     /// Errors: [`Error::Unsupported`] when no CUDA driver library is present (checked first: cudarc
-    /// panics when it cannot load libcuda) or the ordinal does not exist; [`Error::Cuda`] when the
-    /// driver fails to create the context.
+    /// panics when it cannot load libcuda), when the driver reports no device, or when the ordinal
+    /// does not exist; [`Error::Cuda`] when the driver fails to create the context.
     pub fn open(ordinal: usize) -> Result<Device> {
         if !Self::driver_present() {
             return Err(Error::Unsupported(
@@ -69,7 +69,13 @@ impl Device {
                     .into(),
             ));
         }
-        let count = CudaContext::device_count().map_err(|e| cuda_error("device count", e))?;
+        // A driver library without a usable device (CUDA_ERROR_NO_DEVICE, a container without the
+        // GPU mapped in) is the same situation as no driver for the caller: use the CPU.
+        let count = CudaContext::device_count().map_err(|e| {
+            Error::Unsupported(format!(
+                "a CUDA driver is installed but reports no usable device: {e}"
+            ))
+        })?;
         if ordinal >= count.max(0) as usize {
             return Err(Error::Unsupported(format!(
                 "CUDA device {ordinal} requested but the driver reports {count} device(s)"

@@ -42,7 +42,7 @@ fn pool_slots(fmt: RecordFormat, pool_bytes: usize, page_slots: usize) -> Result
         return Err(Error::invalid("page_slots", "must be at least 1"));
     }
     let page = page_slots * fmt.record_bytes();
-    if pool_bytes % page != 0 {
+    if !pool_bytes.is_multiple_of(page) {
         return Err(Error::shape(
             format!("{} page pool bytes", fmt.name()),
             format!(

@@ -89,7 +89,7 @@ impl Device {
             return Err(Error::invalid("pos", "positions must be non-negative"));
         }
         let page = cache.page_slots * MXFP4_INDEX_BYTES;
-        if cache.pages.len() % page != 0 {
+        if !cache.pages.len().is_multiple_of(page) {
             return Err(Error::shape(
                 "index page pool bytes",
                 format!("a multiple of {page}"),

@@ -75,6 +75,17 @@ pub struct MhcDevArgs<'a> {
     pub tokens: usize,
 }
 
+/// Device output buffers of [`Device::mega_mhc_dev`] (shapes as [`MhcOutputs`]).
+#[derive(Debug)]
+#[allow(missing_docs)]
+pub struct MhcDevOutputs<'a> {
+    pub x: &'a mut CudaSlice<bf16>,
+    pub pre: &'a mut CudaSlice<f32>,
+    pub post: &'a mut CudaSlice<f32>,
+    pub comb: &'a mut CudaSlice<f32>,
+    pub x_in: &'a mut CudaSlice<bf16>,
+}
+
 impl Device {
     /// One Mega-mHC boundary for T tokens.
     ///
@@ -128,7 +139,13 @@ impl Device {
                 hidden: d,
                 tokens: t,
             },
-            (&mut xo, &mut pre, &mut post, &mut comb, &mut xin),
+            MhcDevOutputs {
+                x: &mut xo,
+                pre: &mut pre,
+                post: &mut post,
+                comb: &mut comb,
+                x_in: &mut xin,
+            },
         )?;
         let take = |v: Vec<f32>, n: usize| v.into_iter().take(n).collect::<Vec<_>>();
         Ok(MhcOutputs {
@@ -149,17 +166,7 @@ impl Device {
 
     /// Device form of [`Device::mega_mhc`]; outputs (x_out, pre, post, comb, x_in). `x_out` is not
     /// written when `y` is none.
-    pub fn mega_mhc_dev(
-        &self,
-        a: &MhcDevArgs,
-        out: (
-            &mut CudaSlice<bf16>,
-            &mut CudaSlice<f32>,
-            &mut CudaSlice<f32>,
-            &mut CudaSlice<f32>,
-            &mut CudaSlice<bf16>,
-        ),
-    ) -> Result<()> {
+    pub fn mega_mhc_dev(&self, a: &MhcDevArgs, out: MhcDevOutputs) -> Result<()> {
         if a.tokens == 0 {
             return Ok(());
         }
@@ -169,7 +176,13 @@ impl Device {
                 format!("{} (the kernel supports 1..={MAX_HIDDEN})", a.hidden),
             ));
         }
-        let (xo, pre, post, comb, xin) = out;
+        let MhcDevOutputs {
+            x: xo,
+            pre,
+            post,
+            comb,
+            x_in: xin,
+        } = out;
         if xin.len() < a.tokens * a.hidden || pre.len() < a.tokens * STREAMS {
             return Err(Error::shape(
                 "mHC output buffers",

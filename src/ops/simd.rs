@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 /// The instruction set the fast paths use on this machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX-512F (+ AVX2/FMA): 16 f32 lanes, 32 vector registers.
+    /// AVX-512F present (kernels run their AVX2 + FMA version; see [`multiversion`]).
     Avx512,
     /// AVX2 + FMA: 8 f32 lanes.
     Avx2,
@@ -55,7 +55,12 @@ fn detect() -> Isa {
     Isa::Portable
 }
 
-/// Calls `$body::<L>(args…)` compiled for the detected ISA (L = 16 on AVX-512, 8 otherwise).
+/// Calls `$body::<V>(args…)` compiled for the detected ISA, V = [`F32x8`] (AVX2 + FMA, also used on
+/// AVX-512 machines) or [`Portable8`].
+///
+/// AVX-512 intrinsics need Rust 1.89 while the crate's MSRV is 1.85; on Zen 4 (the dev machine)
+/// 512-bit FMAs are double-pumped and measured no faster than AVX2 (research/toolchain.md §5).
+/// A 16-lane type can be added here once the MSRV moves.
 ///
 /// `$body` must be an `#[inline(always)]` generic function so that its code is generated inside the
 /// `target_feature` wrapper.
@@ -65,21 +70,17 @@ macro_rules! multiversion {
         fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx512f,avx2,fma")]
-                #[allow(clippy::too_many_arguments)]
-                unsafe fn v512($($arg: $ty),*) $(-> $ret)? { $body::<16>($($arg),*) }
                 #[target_feature(enable = "avx2,fma")]
                 #[allow(clippy::too_many_arguments)]
-                unsafe fn v256($($arg: $ty),*) $(-> $ret)? { $body::<8>($($arg),*) }
-                match $crate::ops::simd::isa() {
-                    // SAFETY: `isa()` reported these CPU features present at run time.
-                    $crate::ops::simd::Isa::Avx512 => return unsafe { v512($($arg),*) },
-                    // SAFETY: as above, AVX2 and FMA were detected.
-                    $crate::ops::simd::Isa::Avx2 => return unsafe { v256($($arg),*) },
-                    $crate::ops::simd::Isa::Portable => {}
+                unsafe fn v256($($arg: $ty),*) $(-> $ret)? {
+                    $body::<$crate::ops::simd::F32x8>($($arg),*)
+                }
+                if $crate::ops::simd::isa() != $crate::ops::simd::Isa::Portable {
+                    // SAFETY: `isa()` reported AVX2 and FMA present at run time.
+                    return unsafe { v256($($arg),*) };
                 }
             }
-            $body::<8>($($arg),*)
+            $body::<$crate::ops::simd::Portable8>($($arg),*)
         }
     };
 }
@@ -99,23 +100,116 @@ pub fn fma_peak_gflops(millis: u64) -> f64 {
     }
     let secs = t0.elapsed().as_secs_f64();
     std::hint::black_box(sink);
-    // Each iteration: 12 accumulators × L lanes FMAs; L depends on the path taken.
-    let lanes = if isa() == Isa::Avx512 { 16.0 } else { 8.0 };
-    iters as f64 * 12.0 * lanes * 2.0 / secs / 1e9
+    // Each iteration: 12 accumulators × 8 lanes FMAs.
+    iters as f64 * 12.0 * 8.0 * 2.0 / secs / 1e9
 }
 
-/// 12 independent accumulator vectors of L lanes: enough to cover the FMA latency.
+/// 12 independent accumulator vectors: enough to cover the FMA latency.
 #[inline(always)]
-fn peak_body<const L: usize>(iters: usize) -> f32 {
-    let mut acc = [[0f32; L]; 12];
-    let a = std::hint::black_box([0.999_f32; L]);
-    let b = std::hint::black_box([1e-3_f32; L]);
+fn peak_body<V: Vf32>(iters: usize) -> f32 {
+    let a = V::splat(std::hint::black_box(0.999));
+    let b = V::splat(std::hint::black_box(1e-3));
+    let mut acc = [V::splat(0.0); 12];
     for _ in 0..iters {
         for r in acc.iter_mut() {
-            for l in 0..L {
-                r[l] = r[l].mul_add(a[l], b[l]);
-            }
+            *r = V::fmadd(*r, a, b);
         }
     }
-    acc.iter().flatten().sum()
+    let mut out = [0f32; 16];
+    let mut total = 0.0;
+    for r in acc {
+        // SAFETY: `out` holds 16 ≥ V::L floats.
+        unsafe { r.store(out.as_mut_ptr()) };
+        total += out[..V::L].iter().sum::<f32>();
+    }
+    total
+}
+
+/// An f32 vector of `L` lanes, the one abstraction the kernels are written against.
+///
+/// Loads and stores take raw pointers: callers guarantee `L` readable / writable floats.
+pub(crate) trait Vf32: Copy {
+    /// Lanes.
+    const L: usize;
+    /// All lanes `x`.
+    fn splat(x: f32) -> Self;
+    /// Loads `L` floats (unaligned).
+    ///
+    /// # Safety
+    /// `p` must point to `L` readable f32.
+    unsafe fn load(p: *const f32) -> Self;
+    /// Stores `L` floats (unaligned).
+    ///
+    /// # Safety
+    /// `p` must point to `L` writable f32.
+    unsafe fn store(self, p: *mut f32);
+    /// `a · b + c` (fused where the ISA has FMA).
+    fn fmadd(a: Self, b: Self, c: Self) -> Self;
+    /// Lane-wise max.
+    fn max(a: Self, b: Self) -> Self;
+}
+
+/// 8 lanes of AVX2 + FMA.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct F32x8(std::arch::x86_64::__m256);
+
+#[cfg(target_arch = "x86_64")]
+impl Vf32 for F32x8 {
+    const L: usize = 8;
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        // SAFETY: only reached inside `target_feature(enable = "avx2,fma")` code (multiversion!).
+        F32x8(unsafe { std::arch::x86_64::_mm256_set1_ps(x) })
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the caller guarantees 8 readable floats; AVX is enabled (see splat).
+        F32x8(unsafe { std::arch::x86_64::_mm256_loadu_ps(p) })
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: the caller guarantees 8 writable floats; AVX is enabled (see splat).
+        unsafe { std::arch::x86_64::_mm256_storeu_ps(p, self.0) }
+    }
+    #[inline(always)]
+    fn fmadd(a: Self, b: Self, c: Self) -> Self {
+        // SAFETY: FMA is enabled (see splat).
+        F32x8(unsafe { std::arch::x86_64::_mm256_fmadd_ps(a.0, b.0, c.0) })
+    }
+    #[inline(always)]
+    fn max(a: Self, b: Self) -> Self {
+        // SAFETY: AVX is enabled (see splat).
+        F32x8(unsafe { std::arch::x86_64::_mm256_max_ps(a.0, b.0) })
+    }
+}
+
+/// 8 lanes in plain arrays (any target); multiply then add, no fused libm call.
+#[derive(Clone, Copy)]
+pub(crate) struct Portable8([f32; 8]);
+
+impl Vf32 for Portable8 {
+    const L: usize = 8;
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        Portable8([x; 8])
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the caller guarantees 8 readable floats.
+        Portable8(unsafe { std::ptr::read_unaligned(p as *const [f32; 8]) })
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: the caller guarantees 8 writable floats.
+        unsafe { std::ptr::write_unaligned(p as *mut [f32; 8], self.0) }
+    }
+    #[inline(always)]
+    fn fmadd(a: Self, b: Self, c: Self) -> Self {
+        Portable8(std::array::from_fn(|i| a.0[i] * b.0[i] + c.0[i]))
+    }
+    #[inline(always)]
+    fn max(a: Self, b: Self) -> Self {
+        Portable8(std::array::from_fn(|i| a.0[i].max(b.0[i])))
+    }
 }

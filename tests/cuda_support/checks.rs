@@ -10,7 +10,7 @@ use super::reference::*;
 use csa2::cuda::attention::{DecodeBatch, DecodeDevBatch, PagedCache};
 use csa2::cuda::compressor::{CarryState, CompressorBatch, CompressorWeights};
 use csa2::cuda::indexer::{IndexCache, IndexerQueries};
-use csa2::cuda::mhc::{MhcDevArgs, MhcInputs, MhcSite};
+use csa2::cuda::mhc::{MhcDevArgs, MhcDevOutputs, MhcInputs, MhcSite};
 use csa2::cuda::Device;
 use csa2::formats::RecordFormat;
 use csa2::geometry::Geometry;
@@ -1012,7 +1012,16 @@ pub fn check_mhc(dev: &Device, with_y: bool, size: Size, seed: u64) -> Result<Re
             tokens: t,
         };
         let us = time_us(dev, size.iters, || {
-            dev.mega_mhc_dev(&a, (&mut xo, &mut pre, &mut post, &mut comb, &mut xin))
+            dev.mega_mhc_dev(
+                &a,
+                MhcDevOutputs {
+                    x: &mut xo,
+                    pre: &mut pre,
+                    post: &mut post,
+                    comb: &mut comb,
+                    x_in: &mut xin,
+                },
+            )
         })?;
         // (2n + 2)·d bf16 per token (the fn matrix is L2-resident and not counted).
         rep.timing = Some((us, (t * (2 * 4 + 2) * d * 2) as f64));

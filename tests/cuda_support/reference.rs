@@ -1,7 +1,7 @@
 //! Readable f64 CPU references for the CUDA kernels (SPEC §1–§4), used by `tests/cuda.rs` and by
 //! the GPU validation binary. Codecs come from the crate's CPU formats (`csa2::formats`), so the
 //! GPU's page bytes are compared with the CPU path's bytes.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::needless_range_loop)] // matrix maths reads best with indices
 
 use csa2::formats::page::PageLayout;
 use csa2::formats::scalar::bf16_round;

@@ -3,11 +3,16 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod ab;
 mod bench;
+mod bench_codecs;
+mod bench_ops;
+mod check;
 mod codec;
 mod geometry;
 mod make_checkpoint;
 mod op;
+mod run;
 mod ssd_writer;
 mod trace;
 
@@ -28,17 +33,23 @@ enum Cmd {
     Geometry(geometry::Args),
     /// Encode f32 rows to KV records or decode records to f32 rows.
     Codec(codec::Args),
-    /// Measure a kernel family against a baseline run on the same data (e.g. `bench codecs`).
-    Bench(bench::Args),
     /// Replay a Mooncake trace through the KV cache, the SSD/DRAM tiers and the replay planner.
     Trace(trace::Args),
     /// Crash-test child: append SSD records until killed (used by tests/ssd_crash.rs).
     #[command(hide = true)]
     SsdWriter(ssd_writer::Args),
-    /// Run one op on .npy inputs (parity harness).
-    Op(op::Args),
     /// Write a synthetic checkpoint in the released naming, dtypes and shard layout.
     MakeCheckpoint(make_checkpoint::Args),
+    /// Run a multi-turn agentic session through the 40-layer stack (prefix hits, snapshots, replay).
+    Run(run::Args),
+    /// A/B: the CSA2 backend vs the launch-day backend on identical inputs (bytes, decode, prefill).
+    Ab(ab::Args),
+    /// Run one CSA2 op on .npy inputs (fast path or --reference); formats in docs/OPS.md.
+    Op(op::Args),
+    /// Measure a kernel family against a baseline run in the same process (`bench codecs`, `bench ops`).
+    Bench(bench::Args),
+    /// Run every op fast vs reference on random edge-case inputs; non-zero exit on failure.
+    Check(check::Args),
 }
 
 fn main() -> ExitCode {
@@ -46,11 +57,14 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Geometry(a) => geometry::run(a),
         Cmd::Codec(a) => codec::run(a),
-        Cmd::Bench(a) => bench::run(a),
         Cmd::Trace(a) => trace::run(a),
         Cmd::SsdWriter(a) => ssd_writer::run(a),
-        Cmd::Op(a) => op::run(a),
         Cmd::MakeCheckpoint(a) => make_checkpoint::run(a),
+        Cmd::Run(a) => run::run(a),
+        Cmd::Ab(a) => ab::run(a),
+        Cmd::Op(a) => op::run(a),
+        Cmd::Check(a) => check::run(a),
+        Cmd::Bench(a) => bench::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -8,7 +8,7 @@
 
 use super::{AttentionInputs, AttentionParams, KvRows, TokenRows};
 use crate::formats::KV_DIM;
-use crate::ops::simd::multiversion;
+use crate::ops::simd::{multiversion, Vf32};
 use rayon::prelude::*;
 
 /// Heads per register block.
@@ -80,7 +80,7 @@ multiversion!(
 
 /// Attention of `lse.len()` heads (q rows `q`, output rows `out`) over the `n` rows of `kf`.
 #[inline(always)]
-fn heads_body<const L: usize>(
+fn heads_body<V: Vf32>(
     q: &[f32],
     kf: &[f32],
     n: usize,
@@ -95,54 +95,39 @@ fn heads_body<const L: usize>(
         lse.fill(f32::NEG_INFINITY);
         return;
     }
-    // Scores (h, n), then probabilities in place.
+    let l = V::L;
+    let zero = V::splat(0.0);
+    // Scores (h, n), then probabilities in place. Keys transposed a tile of L at a time.
     let mut s = vec![0f32; h * n];
-    let mut tile_buf = vec![[0f32; L]; KV_DIM];
-    let tile: &mut [[f32; L]; KV_DIM] = (&mut tile_buf[..]).try_into().expect("KV_DIM rows");
-    for c0 in (0..n).step_by(L) {
-        let w = L.min(n - c0);
-        for (d, t) in tile.iter_mut().enumerate() {
-            for l in 0..L {
-                t[l] = if l < w {
-                    kf[(c0 + l) * KV_DIM + d]
+    let mut tile = vec![0f32; KV_DIM * l];
+    let mut lanes = [0f32; 16];
+    for c0 in (0..n).step_by(l) {
+        let w = l.min(n - c0);
+        for j in 0..l {
+            for d in 0..KV_DIM {
+                tile[d * l + j] = if j < w {
+                    kf[(c0 + j) * KV_DIM + d]
                 } else {
                     0.0
                 };
             }
         }
-        let mut h0 = 0;
-        while h0 < h {
+        for h0 in (0..h).step_by(HB) {
             let hb = HB.min(h - h0);
-            let mut acc = [[0f32; L]; HB];
-            if hb == HB {
-                let qb: [&[f32; KV_DIM]; HB] = std::array::from_fn(|i| {
-                    q[(h0 + i) * KV_DIM..][..KV_DIM]
-                        .try_into()
-                        .expect("one head row")
-                });
-                for d in 0..KV_DIM {
-                    let kv = &tile[d];
-                    for i in 0..HB {
-                        let qv = qb[i][d];
-                        for l in 0..L {
-                            acc[i][l] = qv.mul_add(kv[l], acc[i][l]);
-                        }
-                    }
-                }
-            } else {
-                for (i, a) in acc.iter_mut().enumerate().take(hb) {
-                    let qr = &q[(h0 + i) * KV_DIM..][..KV_DIM];
-                    for d in 0..KV_DIM {
-                        for l in 0..L {
-                            a[l] = qr[d].mul_add(tile[d][l], a[l]);
-                        }
-                    }
+            let mut acc = [zero; HB];
+            let rows: [usize; HB] = std::array::from_fn(|i| (h0 + i.min(hb - 1)) * KV_DIM);
+            for d in 0..KV_DIM {
+                // SAFETY: (d + 1)·L ≤ tile.len() = 512·L.
+                let kv = unsafe { V::load(tile.as_ptr().add(d * l)) };
+                for i in 0..HB {
+                    acc[i] = V::fmadd(V::splat(q[rows[i] + d]), kv, acc[i]);
                 }
             }
-            for i in 0..hb {
-                s[(h0 + i) * n + c0..][..w].copy_from_slice(&acc[i][..w]);
+            for (i, a) in acc.iter().enumerate().take(hb) {
+                // SAFETY: `lanes` holds 16 ≥ L floats.
+                unsafe { a.store(lanes.as_mut_ptr()) };
+                s[(h0 + i) * n + c0..][..w].copy_from_slice(&lanes[..w]);
             }
-            h0 += hb;
         }
     }
     for (hi, row) in s.chunks_exact_mut(n).enumerate() {
@@ -159,35 +144,34 @@ fn heads_body<const L: usize>(
         lse[hi] = mx + sum.ln();
         // Sink in the denominator only, in the frame of the row max (e^(a − mx) may overflow to ∞,
         // which correctly drives the output to 0).
-        let den = sum + (sink[hi] - mx).exp();
-        let inv = 1.0 / den;
+        let inv = 1.0 / (sum + (sink[hi] - mx).exp());
         for v in row.iter_mut() {
             *v *= inv;
         }
     }
-    // Output: 8 heads × 2L dims of accumulators per pass over the rows.
-    let mut h0 = 0;
-    while h0 < h {
+    // Output: HB heads × 2L dims of accumulators per pass over the rows.
+    for h0 in (0..h).step_by(HB) {
         let hb = HB.min(h - h0);
-        for d0 in (0..KV_DIM).step_by(2 * L) {
-            let mut acc = [[[0f32; L]; 2]; HB];
+        for d0 in (0..KV_DIM).step_by(2 * l) {
+            let mut acc = [[zero; 2]; HB];
             for j in 0..n {
-                let k0 = &kf[j * KV_DIM + d0..][..L];
-                let k1 = &kf[j * KV_DIM + d0 + L..][..L];
-                for i in 0..hb {
-                    let pv = s[(h0 + i) * n + j];
-                    for l in 0..L {
-                        acc[i][0][l] = pv.mul_add(k0[l], acc[i][0][l]);
-                        acc[i][1][l] = pv.mul_add(k1[l], acc[i][1][l]);
-                    }
+                let row = &kf[j * KV_DIM + d0..][..2 * l];
+                // SAFETY: `row` holds 2L floats.
+                let (k0, k1) = unsafe { (V::load(row.as_ptr()), V::load(row.as_ptr().add(l))) };
+                for (i, a) in acc.iter_mut().enumerate().take(hb) {
+                    let p = V::splat(s[(h0 + i) * n + j]);
+                    a[0] = V::fmadd(p, k0, a[0]);
+                    a[1] = V::fmadd(p, k1, a[1]);
                 }
             }
-            for i in 0..hb {
-                let o = &mut out[(h0 + i) * KV_DIM + d0..][..2 * L];
-                o[..L].copy_from_slice(&acc[i][0]);
-                o[L..].copy_from_slice(&acc[i][1]);
+            for (i, a) in acc.iter().enumerate().take(hb) {
+                let o = &mut out[(h0 + i) * KV_DIM + d0..][..2 * l];
+                // SAFETY: `o` holds 2L writable floats.
+                unsafe {
+                    a[0].store(o.as_mut_ptr());
+                    a[1].store(o.as_mut_ptr().add(l));
+                }
             }
         }
-        h0 += hb;
     }
 }

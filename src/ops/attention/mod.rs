@@ -165,7 +165,7 @@ pub fn plan(
             format!("{} values", inp.sink.len()),
         ));
     }
-    let k = if t == 0 { 0 } else { inp.topk.len() / t };
+    let k = inp.topk.len().checked_div(t).unwrap_or(0);
     if inp.topk.len() != t * k {
         return Err(Error::shape(
             "attention topk",

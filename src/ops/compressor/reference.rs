@@ -24,6 +24,41 @@ fn rms_f64(x: &[f64], w: &[f32], eps: f64) -> Vec<f64> {
     x.iter().zip(w).map(|(&v, &w)| v * r * w as f64).collect()
 }
 
+/// Main KV and index K (f64) of one entry from its latent, the group starting at token `pos`.
+///
+/// Exposed so a comparison can continue from the fast path's latent when a bf16 rounding step
+/// differed (see `tolerance::BF16_ROUNDED`).
+pub fn from_latent(
+    eps: f64,
+    rope: &Rope,
+    w: &CompressorWeights,
+    lat: &[f32],
+    pos: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut mkv: Vec<f64> = lat.iter().map(|&v| v as f64).collect();
+    rotate_f64(
+        rope,
+        &mut mkv[KV_DIM - rope.rope_dim()..],
+        pos as u64,
+        Direction::Forward,
+    );
+    let y: Vec<f64> = (0..INDEX_DIM)
+        .map(|i| {
+            (0..KV_DIM)
+                .map(|c| w.wk[i * KV_DIM + c] as f64 * lat[c] as f64)
+                .sum()
+        })
+        .collect();
+    let mut ik = rms_f64(&y, w.k_norm, eps);
+    rotate_f64(
+        rope,
+        &mut ik[INDEX_DIM - rope.rope_dim()..],
+        pos as u64,
+        Direction::Forward,
+    );
+    (mkv, ik)
+}
+
 /// Compresses tokens `start_pos ..` (start_pos a multiple of `ratio`) in one go.
 pub fn compress(
     ratio: usize,
@@ -58,29 +93,10 @@ pub fn compress(
             .iter()
             .map(|&v| half::bf16::from_f32(v as f32).to_f32())
             .collect();
-        let pos = (start_pos / ratio + g) * ratio;
-        let mut mkv: Vec<f64> = lat.iter().map(|&v| v as f64).collect();
-        rotate_f64(
-            rope,
-            &mut mkv[KV_DIM - rope.rope_dim()..],
-            pos as u64,
-            Direction::Forward,
-        );
-        let y: Vec<f64> = (0..INDEX_DIM)
-            .map(|i| {
-                (0..KV_DIM)
-                    .map(|c| w.wk[i * KV_DIM + c] as f64 * lat[c] as f64)
-                    .sum()
-            })
-            .collect();
-        let mut ik = rms_f64(&y, w.k_norm, eps);
-        rotate_f64(
-            rope,
-            &mut ik[INDEX_DIM - rope.rope_dim()..],
-            pos as u64,
-            Direction::Forward,
-        );
         latent.extend(lat);
+    }
+    for (g, lat) in latent.chunks_exact(KV_DIM).enumerate() {
+        let (mkv, ik) = from_latent(eps, rope, w, lat, (start_pos / ratio + g) * ratio);
         main_kv.extend(mkv);
         index_k.extend(ik);
     }

@@ -1,7 +1,7 @@
 //! Indexer fast path.
 //!
-//! Keys are decoded a tile of `L` entries at a time into a transposed f32 tile `[128][L]` (L = 16 on
-//! AVX-512, 8 on AVX2), so that one vector holds the same dim of L keys. For a block of 8 heads the
+//! Keys are decoded a tile of `L` entries at a time into a transposed f32 tile `[128][L]` (L = 8
+//! lanes of AVX2), so that one vector holds the same dim of L keys. For a block of 8 heads the
 //! kernel then keeps 8 accumulators of L lanes (`acc[h] += q[h][d] · tile[d]`), and the ReLU and the
 //! head weights are applied lane-wise: no horizontal sums. A decoded tile is reused by every query
 //! of a query block (prefill); decode (one query) splits the keys across threads instead.
@@ -9,7 +9,7 @@
 use super::{IndexKeys, IndexerParams, IndexerQueries, INDEX_DIM};
 use crate::formats::scalar::{e2m1_decode, e8m0_decode};
 use crate::formats::MXFP4_INDEX_BYTES;
-use crate::ops::simd::multiversion;
+use crate::ops::simd::{multiversion, Vf32};
 use rayon::prelude::*;
 
 /// Heads scored together (accumulators per lane group).
@@ -143,7 +143,7 @@ multiversion!(
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn score_ids_body<const L: usize>(
+fn score_ids_body<V: Vf32>(
     q: &[[f32; INDEX_DIM]],
     w: &[f32],
     hp: usize,
@@ -153,10 +153,12 @@ fn score_ids_body<const L: usize>(
     ids: &[u32],
     outs: &mut [&mut [f32]],
 ) {
-    let mut tile = [[0f32; L]; INDEX_DIM];
-    for (ci, chunk) in ids.chunks(L).enumerate() {
-        decode_tile::<L>(keys, chunk, &mut tile);
-        let off = ci * L;
+    // Transposed tile: dim d of key l at `tile[d · L + l]` (L = V::L ≤ 16).
+    let mut tile = [0f32; INDEX_DIM * 16];
+    let mut lg = [0f32; 16];
+    for (ci, chunk) in ids.chunks(V::L).enumerate() {
+        decode_tile(V::L, keys, chunk, &mut tile);
+        let off = ci * V::L;
         for (qi, out) in outs.iter_mut().enumerate() {
             let t = t0 + qi;
             let dst = &mut out[off..off + chunk.len()];
@@ -164,7 +166,12 @@ fn score_ids_body<const L: usize>(
                 dst.fill(f32::NEG_INFINITY);
                 continue;
             }
-            let lg = tile_logits::<L>(&q[t * hp..(t + 1) * hp], &w[t * hp..(t + 1) * hp], &tile);
+            tile_logits::<V>(
+                &q[t * hp..(t + 1) * hp],
+                &w[t * hp..(t + 1) * hp],
+                &tile,
+                &mut lg,
+            );
             for (k, (d, &j)) in dst.iter_mut().zip(chunk).enumerate() {
                 *d = if (j as usize) < vis[t] {
                     lg[k]
@@ -176,52 +183,47 @@ fn score_ids_body<const L: usize>(
     }
 }
 
-/// `Σ_h w[h] · ReLU(q[h] · key_l)` for the L keys of `tile`.
+/// `Σ_h w[h] · ReLU(q[h] · key_l)` for the V::L keys of `tile` into `out[..V::L]`.
 #[inline(always)]
-fn tile_logits<const L: usize>(
+#[allow(clippy::needless_range_loop)] // d indexes both the tile rows and every head's q
+fn tile_logits<V: Vf32>(
     q: &[[f32; INDEX_DIM]],
     w: &[f32],
-    tile: &[[f32; L]; INDEX_DIM],
-) -> [f32; L] {
-    let mut logit = [0f32; L];
+    tile: &[f32; INDEX_DIM * 16],
+    out: &mut [f32; 16],
+) {
+    let zero = V::splat(0.0);
+    let mut logit = zero;
     for (qb, wb) in q.chunks_exact(HB).zip(w.chunks_exact(HB)) {
-        let mut acc = [[0f32; L]; HB];
+        let qb: &[[f32; INDEX_DIM]; HB] = qb.try_into().expect("HB rows");
+        let mut acc = [zero; HB];
         for d in 0..INDEX_DIM {
-            let kv = &tile[d];
+            // SAFETY: d·L + L ≤ 128·16 = tile.len() since L ≤ 16.
+            let kv = unsafe { V::load(tile.as_ptr().add(d * V::L)) };
             for h in 0..HB {
-                let qv = qb[h][d];
-                for l in 0..L {
-                    acc[h][l] = qv.mul_add(kv[l], acc[h][l]);
-                }
+                acc[h] = V::fmadd(V::splat(qb[h][d]), kv, acc[h]);
             }
         }
         for h in 0..HB {
-            for l in 0..L {
-                logit[l] = wb[h].mul_add(acc[h][l].max(0.0), logit[l]);
-            }
+            logit = V::fmadd(V::splat(wb[h]), V::max(acc[h], zero), logit);
         }
     }
-    logit
+    // SAFETY: `out` holds 16 ≥ L floats.
+    unsafe { logit.store(out.as_mut_ptr()) };
 }
 
-/// Decodes entries `ids` into the transposed tile (missing lanes zero).
+/// Decodes entries `ids` into the transposed tile of `l` lanes (missing lanes zero).
 #[inline(always)]
-fn decode_tile<const L: usize>(
-    keys: &IndexKeys<'_>,
-    ids: &[u32],
-    tile: &mut [[f32; L]; INDEX_DIM],
-) {
-    if ids.len() < L {
-        for row in tile.iter_mut() {
-            row.fill(0.0);
-        }
+fn decode_tile(lanes: usize, keys: &IndexKeys<'_>, ids: &[u32], tile: &mut [f32; INDEX_DIM * 16]) {
+    if ids.len() < lanes {
+        tile.fill(0.0);
     }
     match keys {
         IndexKeys::F32(k) => {
             for (l, &j) in ids.iter().enumerate() {
                 let row = &k[j as usize * INDEX_DIM..][..INDEX_DIM];
                 for d in 0..INDEX_DIM {
-                    tile[d][l] = row[d];
+                    tile[d * lanes + l] = row[d];
                 }
             }
         }
@@ -232,12 +234,11 @@ fn decode_tile<const L: usize>(
                     .try_into()
                     .unwrap();
                 for b in 0..4 {
-                    let s = e8m0_decode(rec[64 + b]);
-                    let lut = scaled_lut(s);
+                    let lut = scaled_lut(e8m0_decode(rec[64 + b]));
                     for i in 0..16 {
                         let byte = rec[b * 16 + i];
-                        tile[b * 32 + 2 * i][l] = lut[(byte & 15) as usize];
-                        tile[b * 32 + 2 * i + 1][l] = lut[(byte >> 4) as usize];
+                        tile[(b * 32 + 2 * i) * lanes + l] = lut[(byte & 15) as usize];
+                        tile[(b * 32 + 2 * i + 1) * lanes + l] = lut[(byte >> 4) as usize];
                     }
                 }
             }

@@ -10,6 +10,9 @@
 //!   chunk is still in L1; the norm scales u while the tile's rows are still in L2:
 //!   (2n+2)·d values per token. `hc_fn` chunks are reused across the tokens of a tile.
 
+// Index loops mirror the (i, j) subscripts of the formulas in SPEC §4.
+#![allow(clippy::needless_range_loop)]
+
 use super::{BoundaryIn, BoundaryOut, CoeffsMut, MhcParams, MixWeights, PostUpdate, HC, MIX};
 use crate::error::Result;
 use rayon::prelude::*;

@@ -7,7 +7,7 @@ use super::order;
 /// Rows shorter than this skip sampling: a single exact pass is as cheap.
 const SMALL: usize = 8192;
 /// Sampled entries for the threshold estimate.
-const SAMPLES: usize = 8192;
+const SAMPLES: usize = 2048;
 /// Entries per filtering chunk: a vectorised compare-and-count decides whether to look closer.
 const CHUNK: usize = 64;
 

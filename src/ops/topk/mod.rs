@@ -34,6 +34,9 @@ pub fn select(logits: &[f32], visible: usize, out: &mut [i32]) -> usize {
     cpu::select_scored(&logits[..visible], out)
 }
 
+/// One row's work item in [`select_rows`]: (output, count) and (logits, visible).
+type RowJob<'a> = ((&'a mut [i32], &'a mut usize), (&'a [f32], &'a usize));
+
 /// Top-k of every row of `logits` (rows, n) with per-row `visible` counts into `out` (rows, k), rows
 /// in parallel. Returns the per-row counts.
 ///
@@ -67,7 +70,7 @@ pub fn select_rows(
         return Ok(vec![0; rows]);
     }
     let mut counts = vec![0usize; rows];
-    let work = |((o, c), (row, &v)): ((&mut [i32], &mut usize), (&[f32], &usize))| {
+    let work = |((o, c), (row, &v)): RowJob| {
         *c = select(row, v, o);
     };
     let go_parallel = n >= 1 << 14 || rows * n >= 1 << 16;
@@ -94,10 +97,19 @@ pub fn sort_selection(logits: &[f32], sel: &mut [i32]) {
     sel[..n].sort_unstable_by(|&a, &b| order(logits[a as usize], a, logits[b as usize], b));
 }
 
-/// The selection order: larger value first, then smaller index; NaN ranks as −∞.
+/// The selection order: larger value first, then smaller index; NaN ranks as −∞ and −0 equals +0
+/// (a numeric tie, so the index decides).
 #[inline]
 pub fn order(va: f32, ia: i32, vb: f32, ib: i32) -> std::cmp::Ordering {
-    let key = |v: f32| if v.is_nan() { f32::NEG_INFINITY } else { v };
+    let key = |v: f32| {
+        if v.is_nan() {
+            f32::NEG_INFINITY
+        } else if v == 0.0 {
+            0.0
+        } else {
+            v
+        }
+    };
     key(vb).total_cmp(&key(va)).then(ia.cmp(&ib))
 }
 
@@ -166,6 +178,25 @@ mod tests {
         let all_nan = vec![f32::NAN; 1000];
         assert_eq!(select(&all_nan, 1000, &mut out), 0);
         assert!(out.iter().all(|&i| i == -1));
+    }
+
+    #[test]
+    fn signed_zeros_are_a_tie() {
+        // −0 and +0 are equal logits: the smaller index must win, whatever the sign bit.
+        let mut row = vec![-1.0f32; 600];
+        row[10] = -0.0;
+        row[5] = 0.0;
+        let mut out = vec![0i32; 513];
+        let mut small = vec![0i32; 2];
+        select(&row, 600, &mut out);
+        assert_eq!(&out[..2], &[5, 10]);
+        row[5] = -0.0;
+        row[10] = 0.0;
+        select(&row, 600, &mut out);
+        assert_eq!(&out[..2], &[5, 10]);
+        assert_eq!(cpu::select_scored(&row, &mut small), 2);
+        assert_eq!(small, vec![5, 10]);
+        assert_eq!(reference::select(&row, 600, 2), vec![5, 10]);
     }
 
     #[test]

@@ -1,0 +1,666 @@
+//! How the backend reaches the KV cache: the [`KvCache`] trait, and [`ContiguousCache`], a simple
+//! per-request implementation used by tests, the CLI and the A/B harness.
+//!
+//! The backend never computes an address itself. It asks the cache to encode rows into the slots of
+//! a request's compressed entries (the cache owns the slot mapping, SPEC §1 block-planar pages), to
+//! hand back the stored records of a range of entries (standalone records, the layout the indexer
+//! and attention kernels take; a paged manager gathers them from its block-planar pages), to keep each layer's SWA window and to carry the compressor's half-finished pair between steps.
+//!
+//! What lives where (SPEC §0):
+//! - global KV (main-KV and index-K records) only for KV-source (Full) layers, one entry per `ratio`
+//!   tokens; persistent (SSD tier) in a serving deployment;
+//! - an SWA window of `window` tokens for every layer, in the SWA record format; encoder windows may
+//!   be snapshotted to the DRAM tier ([`KvCache::swa_snapshot`]), decoder windows never are;
+//! - per Full layer of ratio > 1 the pending token of an unfinished group (kv and score, f32).
+
+use crate::error::{Error, Result};
+use crate::formats::RecordFormat;
+use crate::geometry::{Geometry, Role};
+use crate::ops::compressor::CompressorState;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::ops::Range;
+
+/// A request (sequence) handle.
+pub type ReqId = u64;
+
+/// Which global cache region of a KV-source layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Region {
+    /// Main KV: the attended 512-d latent after RoPE (NVFP4-DS, or the V4 record on launch day).
+    Main,
+    /// Index K: the 128-d indexer key (MXFP4, or the FP8 record on launch day).
+    Index,
+}
+
+/// The record formats of one cache (SPEC §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheFormats {
+    /// Main-KV record format (512 values).
+    pub main: RecordFormat,
+    /// Index-K record format (128 values).
+    pub index: RecordFormat,
+    /// SWA window record format (512 values).
+    pub swa: RecordFormat,
+}
+
+impl CacheFormats {
+    /// V4.1: NVFP4-DS main KV (288 B), MXFP4 index K (68 B), MXFP8 SWA (528 B).
+    pub const CSA2: CacheFormats = CacheFormats {
+        main: RecordFormat::Nvfp4Ds,
+        index: RecordFormat::Mxfp4Index,
+        swa: RecordFormat::Mxfp8,
+    };
+    /// What vLLM first shipped for V4.1 (SPEC §5): V4 record (584 B) for main KV and SWA, FP8 index
+    /// K (132 B).
+    pub const LAUNCH_DAY: CacheFormats = CacheFormats {
+        main: RecordFormat::V4Record,
+        index: RecordFormat::Fp8Index,
+        swa: RecordFormat::V4Record,
+    };
+    /// The format of a region.
+    pub fn of(&self, region: Region) -> RecordFormat {
+        match region {
+            Region::Main => self.main,
+            Region::Index => self.index,
+        }
+    }
+}
+
+/// A saved SWA window of several layers (the DRAM-tier snapshot payload).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SwaSnapshot {
+    /// Position one past the newest token held (the prefix length it belongs to).
+    pub end: usize,
+    /// Per layer: (layer, first position held, raw records oldest first).
+    pub layers: Vec<(usize, usize, Vec<u8>)>,
+}
+
+impl SwaSnapshot {
+    /// Payload bytes (records only).
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(|l| l.2.len()).sum()
+    }
+}
+
+/// Bytes held by a cache, measured from its allocations (not computed from a formula).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct CacheUsage {
+    /// Main-KV record bytes in use (all requests, all KV-source layers).
+    pub main_bytes: usize,
+    /// Index-K record bytes in use.
+    pub index_bytes: usize,
+    /// Bytes allocated for global KV (≥ in use: page or growth padding).
+    pub global_allocated: usize,
+    /// SWA window record bytes allocated (all requests, all layers).
+    pub swa_bytes: usize,
+    /// Compressor carry bytes (pending-pair f32 rows).
+    pub carry_bytes: usize,
+    /// Live requests.
+    pub requests: usize,
+}
+
+impl CacheUsage {
+    /// Global KV bytes in use (main + index): what the SSD tier persists.
+    pub fn global_bytes(&self) -> usize {
+        self.main_bytes + self.index_bytes
+    }
+}
+
+/// The cache interface the layer modes use. Implementations: [`ContiguousCache`] here; the paged
+/// block manager of `crate::cache` plugs in through the same trait.
+///
+/// Thread safety: writers take `&mut self`; readers take `&self` and may run from many rayon tasks
+/// at once, so implementations must be `Sync`.
+pub trait KvCache: Send + Sync {
+    /// Record formats of this cache.
+    fn formats(&self) -> CacheFormats;
+    /// Registers a request. Errors if it already exists.
+    fn open(&mut self, req: ReqId) -> Result<()>;
+    /// Whether a request is registered.
+    fn contains(&self, req: ReqId) -> bool;
+    /// Frees everything a request holds (global KV, SWA windows, carries).
+    fn close(&mut self, req: ReqId) -> Result<()>;
+    /// Compressed entries stored for `req` in KV-source `layer`.
+    fn entries(&self, req: ReqId, layer: usize) -> Result<usize>;
+    /// Encodes `rows` (n × dim of the region's format) into entries `first .. first + n`. Entries must
+    /// be written in order: `first` ≤ the current count (rewriting the tail is allowed).
+    ///
+    /// Errors: unknown request or a layer without global KV; a gap; [`Error::OutOfBlocks`] from a
+    /// bounded implementation.
+    fn write_entries(
+        &mut self,
+        req: ReqId,
+        layer: usize,
+        region: Region,
+        first: usize,
+        rows: &[f32],
+    ) -> Result<()>;
+    /// The stored records of entries `range`, standalone (each record's data bytes then its scale
+    /// bytes) and in entry order: borrowed when the storage is contiguous, gathered otherwise.
+    fn records(
+        &self,
+        req: ReqId,
+        layer: usize,
+        region: Region,
+        range: Range<usize>,
+    ) -> Result<Cow<'_, [u8]>>;
+    /// Stores SWA rows (n × 512, already RoPE'd) of `layer` for positions `first .. first + n`. A
+    /// write that does not continue the window (`first` ≠ the end held) restarts it at `first`.
+    /// Only the last `window` positions are kept.
+    fn swa_write(&mut self, req: ReqId, layer: usize, first: usize, rows: &[f32]) -> Result<()>;
+    /// Positions whose SWA rows `layer` holds for `req` (empty range when none).
+    fn swa_held(&self, req: ReqId, layer: usize) -> Result<Range<usize>>;
+    /// Decodes the SWA rows of positions `range` (must be held) into `out` (len × 512).
+    fn swa_read(&self, req: ReqId, layer: usize, range: Range<usize>, out: &mut [f32])
+        -> Result<()>;
+    /// Copies the SWA windows of `layers` (the DRAM snapshot of SPEC §0).
+    fn swa_snapshot(&self, req: ReqId, layers: &[usize]) -> Result<SwaSnapshot>;
+    /// Restores windows from a snapshot (replacing what those layers hold).
+    fn swa_restore(&mut self, req: ReqId, snap: &SwaSnapshot) -> Result<()>;
+    /// Drops the SWA windows of `layers` (a snapshot miss / a finished turn's decoder state).
+    fn swa_drop(&mut self, req: ReqId, layers: &[usize]) -> Result<()>;
+    /// The compressor state of a KV-source layer (the half-finished group carried between steps),
+    /// `None` until first set.
+    fn carry(&mut self, req: ReqId, layer: usize) -> Result<&mut Option<CompressorState>>;
+    /// Drops every compressor carry of a request (a snapshot miss: the carry is not persisted).
+    fn carry_drop(&mut self, req: ReqId) -> Result<()>;
+    /// Measured bytes.
+    fn usage(&self) -> CacheUsage;
+}
+
+#[derive(Debug, Default)]
+struct Records {
+    count: usize,
+    bytes: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct Ring {
+    /// Records, `window` slots; position p lives in slot p % window.
+    data: Vec<u8>,
+    held: Range<usize>,
+}
+
+#[derive(Debug)]
+struct ReqState {
+    global: HashMap<(usize, Region), Records>,
+    swa: Vec<Option<Ring>>,
+    carry: HashMap<usize, Option<CompressorState>>,
+}
+
+/// A per-request contiguous cache: each KV-source layer's records of a request in one growing buffer
+/// of standalone records (what the indexer and attention kernels read without a gather), and one ring of `window` SWA records per layer. Unbounded (limited by host memory); no sharing of
+/// prefixes between requests. Enough for tests, the CLI sessions and the A/B harness; serving uses
+/// the paged manager.
+#[derive(Debug)]
+pub struct ContiguousCache {
+    formats: CacheFormats,
+    window: usize,
+    num_layers: usize,
+    kv_layers: Vec<usize>,
+    reqs: HashMap<ReqId, ReqState>,
+}
+
+impl ContiguousCache {
+    /// An empty cache for a geometry's KV-source layers and windows.
+    pub fn new(g: &Geometry, formats: CacheFormats) -> ContiguousCache {
+        ContiguousCache {
+            formats,
+            window: g.window,
+            num_layers: g.num_layers,
+            kv_layers: g.layers_with(Role::Full).map(|l| l.id).collect(),
+            reqs: HashMap::new(),
+        }
+    }
+
+    fn req(&self, req: ReqId) -> Result<&ReqState> {
+        self.reqs
+            .get(&req)
+            .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
+    }
+    fn req_mut(&mut self, req: ReqId) -> Result<&mut ReqState> {
+        self.reqs
+            .get_mut(&req)
+            .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
+    }
+    fn check_kv_layer(&self, layer: usize) -> Result<()> {
+        if self.kv_layers.contains(&layer) {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                "layer",
+                format!(
+                    "layer {layer} owns no global KV (KV-source layers: {:?})",
+                    self.kv_layers
+                ),
+            ))
+        }
+    }
+    fn check_layer(&self, layer: usize) -> Result<()> {
+        if layer < self.num_layers {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                "layer",
+                format!("{layer} is out of range 0..{}", self.num_layers),
+            ))
+        }
+    }
+
+    /// Appends `n` entries of synthetic records directly (bypassing the encoder), for building long
+    /// contexts in benchmarks without prefilling them: `make(i, row)` fills entry i's f32 row.
+    pub fn synthesize_entries(
+        &mut self,
+        req: ReqId,
+        layer: usize,
+        region: Region,
+        n: usize,
+        make: impl Fn(usize, &mut [f32]) + Sync,
+    ) -> Result<()> {
+        use rayon::prelude::*;
+        self.check_kv_layer(layer)?;
+        let fmt = self.formats.of(region);
+        let st = self.req_mut(req)?;
+        let p = st.global.entry((layer, region)).or_default();
+        let (rb, d) = (fmt.record_bytes(), fmt.data_bytes());
+        let base = p.count;
+        p.bytes.reserve_exact(n * rb);
+        p.bytes.resize((base + n) * rb, 0);
+        const CH: usize = 256;
+        p.bytes[base * rb..]
+            .par_chunks_mut(CH * rb)
+            .enumerate()
+            .for_each(|(c, chunk)| {
+                let mut row = vec![0f32; fmt.dim()];
+                for (k, rec) in chunk.chunks_exact_mut(rb).enumerate() {
+                    make(base + c * CH + k, &mut row);
+                    let (dr, sr) = rec.split_at_mut(d);
+                    fmt.encode_row(&row, dr, sr);
+                }
+            });
+        p.count = base + n;
+        Ok(())
+    }
+}
+
+impl KvCache for ContiguousCache {
+    fn formats(&self) -> CacheFormats {
+        self.formats
+    }
+
+    fn open(&mut self, req: ReqId) -> Result<()> {
+        if self.reqs.contains_key(&req) {
+            return Err(Error::invalid(
+                "request",
+                format!("request {req} is already open"),
+            ));
+        }
+        self.reqs.insert(
+            req,
+            ReqState {
+                global: HashMap::new(),
+                swa: (0..self.num_layers).map(|_| None).collect(),
+                carry: HashMap::new(),
+            },
+        );
+        Ok(())
+    }
+
+    fn contains(&self, req: ReqId) -> bool {
+        self.reqs.contains_key(&req)
+    }
+
+    fn close(&mut self, req: ReqId) -> Result<()> {
+        self.reqs
+            .remove(&req)
+            .map(|_| ())
+            .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
+    }
+
+    fn entries(&self, req: ReqId, layer: usize) -> Result<usize> {
+        self.check_kv_layer(layer)?;
+        let st = self.req(req)?;
+        Ok(st
+            .global
+            .get(&(layer, Region::Main))
+            .map_or(0, |p| p.count))
+    }
+
+    fn write_entries(
+        &mut self,
+        req: ReqId,
+        layer: usize,
+        region: Region,
+        first: usize,
+        rows: &[f32],
+    ) -> Result<()> {
+        self.check_kv_layer(layer)?;
+        let fmt = self.formats.of(region);
+        if rows.len() % fmt.dim() != 0 {
+            return Err(Error::shape(
+                format!("layer {layer} {region:?} rows"),
+                format!("a multiple of {}", fmt.dim()),
+                rows.len(),
+            ));
+        }
+        let n = rows.len() / fmt.dim();
+        let st = self.req_mut(req)?;
+        let p = st.global.entry((layer, region)).or_default();
+        if first > p.count {
+            return Err(Error::invalid(
+                "first",
+                format!(
+                    "layer {layer} {region:?}: entry {first} would leave a gap after {} stored entries",
+                    p.count
+                ),
+            ));
+        }
+        let (rb, d) = (fmt.record_bytes(), fmt.data_bytes());
+        let end = (first + n).max(p.count);
+        p.bytes.resize(end * rb, 0);
+        for (i, row) in rows.chunks_exact(fmt.dim()).enumerate() {
+            let e = first + i;
+            let (dr, sr) = p.bytes[e * rb..(e + 1) * rb].split_at_mut(d);
+            fmt.encode_row(row, dr, sr);
+        }
+        p.count = end;
+        Ok(())
+    }
+
+    fn records(
+        &self,
+        req: ReqId,
+        layer: usize,
+        region: Region,
+        range: Range<usize>,
+    ) -> Result<Cow<'_, [u8]>> {
+        self.check_kv_layer(layer)?;
+        let rb = self.formats.of(region).record_bytes();
+        let st = self.req(req)?;
+        let count = st.global.get(&(layer, region)).map_or(0, |p| p.count);
+        if range.end > count || range.start > range.end {
+            return Err(Error::invalid(
+                "range",
+                format!("layer {layer} {region:?}: entries {range:?} requested, {count} stored"),
+            ));
+        }
+        if range.is_empty() {
+            return Ok(Cow::Borrowed(&[]));
+        }
+        let p = &st.global[&(layer, region)];
+        Ok(Cow::Borrowed(&p.bytes[range.start * rb..range.end * rb]))
+    }
+
+    fn swa_write(&mut self, req: ReqId, layer: usize, first: usize, rows: &[f32]) -> Result<()> {
+        self.check_layer(layer)?;
+        let fmt = self.formats.swa;
+        if rows.len() % fmt.dim() != 0 {
+            return Err(Error::shape(
+                format!("layer {layer} SWA rows"),
+                format!("a multiple of {}", fmt.dim()),
+                rows.len(),
+            ));
+        }
+        let w = self.window;
+        let n = rows.len() / fmt.dim();
+        let rb = fmt.record_bytes();
+        let st = self.req_mut(req)?;
+        let ring = st.swa[layer].get_or_insert_with(|| Ring {
+            data: vec![0; w * rb],
+            held: first..first,
+        });
+        if ring.held.end != first {
+            ring.held = first..first;
+        }
+        let skip = n.saturating_sub(w);
+        for (i, row) in rows.chunks_exact(fmt.dim()).enumerate().skip(skip) {
+            let pos = first + i;
+            let rec = &mut ring.data[(pos % w) * rb..(pos % w + 1) * rb];
+            let (dr, sr) = rec.split_at_mut(fmt.data_bytes());
+            fmt.encode_row(row, dr, sr);
+        }
+        let end = first + n;
+        ring.held = ring.held.start.max(end.saturating_sub(w))..end;
+        Ok(())
+    }
+
+    fn swa_held(&self, req: ReqId, layer: usize) -> Result<Range<usize>> {
+        self.check_layer(layer)?;
+        Ok(self.req(req)?.swa[layer]
+            .as_ref()
+            .map_or(0..0, |r| r.held.clone()))
+    }
+
+    fn swa_read(
+        &self,
+        req: ReqId,
+        layer: usize,
+        range: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let held = self.swa_held(req, layer)?;
+        let fmt = self.formats.swa;
+        if range.is_empty() {
+            return Ok(());
+        }
+        if range.start < held.start || range.end > held.end {
+            return Err(Error::invalid(
+                "range",
+                format!("layer {layer} SWA positions {range:?} requested, {held:?} held"),
+            ));
+        }
+        if out.len() != range.len() * fmt.dim() {
+            return Err(Error::shape(
+                "SWA read output",
+                range.len() * fmt.dim(),
+                out.len(),
+            ));
+        }
+        let ring = self.req(req)?.swa[layer].as_ref().expect("held");
+        let (w, rb) = (self.window, fmt.record_bytes());
+        for (pos, o) in range.zip(out.chunks_exact_mut(fmt.dim())) {
+            let rec = &ring.data[(pos % w) * rb..(pos % w + 1) * rb];
+            let (dr, sr) = rec.split_at(fmt.data_bytes());
+            fmt.decode_row(dr, sr, o);
+        }
+        Ok(())
+    }
+
+    fn swa_snapshot(&self, req: ReqId, layers: &[usize]) -> Result<SwaSnapshot> {
+        let st = self.req(req)?;
+        let rb = self.formats.swa.record_bytes();
+        let mut out = SwaSnapshot {
+            end: 0,
+            layers: vec![],
+        };
+        for &l in layers {
+            self.check_layer(l)?;
+            let Some(ring) = &st.swa[l] else { continue };
+            let mut recs = Vec::with_capacity(ring.held.len() * rb);
+            for pos in ring.held.clone() {
+                let s = pos % self.window;
+                recs.extend_from_slice(&ring.data[s * rb..(s + 1) * rb]);
+            }
+            out.end = out.end.max(ring.held.end);
+            out.layers.push((l, ring.held.start, recs));
+        }
+        Ok(out)
+    }
+
+    fn swa_restore(&mut self, req: ReqId, snap: &SwaSnapshot) -> Result<()> {
+        let (w, rb) = (self.window, self.formats.swa.record_bytes());
+        for (l, _, recs) in &snap.layers {
+            self.check_layer(*l)?;
+            if recs.len() % rb != 0 || recs.len() / rb > w {
+                return Err(Error::shape(
+                    format!("snapshot of layer {l}"),
+                    format!("at most {w} records of {rb} B"),
+                    format!("{} B", recs.len()),
+                ));
+            }
+        }
+        let st = self.req_mut(req)?;
+        for (l, start, recs) in &snap.layers {
+            let n = recs.len() / rb;
+            let mut data = vec![0u8; w * rb];
+            for i in 0..n {
+                let s = (start + i) % w;
+                data[s * rb..(s + 1) * rb].copy_from_slice(&recs[i * rb..(i + 1) * rb]);
+            }
+            st.swa[*l] = Some(Ring {
+                data,
+                held: *start..start + n,
+            });
+        }
+        Ok(())
+    }
+
+    fn swa_drop(&mut self, req: ReqId, layers: &[usize]) -> Result<()> {
+        for &l in layers {
+            self.check_layer(l)?;
+        }
+        let st = self.req_mut(req)?;
+        for &l in layers {
+            st.swa[l] = None;
+        }
+        Ok(())
+    }
+
+    fn carry(&mut self, req: ReqId, layer: usize) -> Result<&mut Option<CompressorState>> {
+        self.check_kv_layer(layer)?;
+        Ok(self.req_mut(req)?.carry.entry(layer).or_default())
+    }
+
+    fn carry_drop(&mut self, req: ReqId) -> Result<()> {
+        self.req_mut(req)?.carry.clear();
+        Ok(())
+    }
+
+    fn usage(&self) -> CacheUsage {
+        let mut u = CacheUsage {
+            requests: self.reqs.len(),
+            ..Default::default()
+        };
+        for st in self.reqs.values() {
+            for ((_, region), p) in &st.global {
+                let used = p.bytes.len();
+                match region {
+                    Region::Main => u.main_bytes += used,
+                    Region::Index => u.index_bytes += used,
+                }
+                u.global_allocated += p.bytes.capacity();
+            }
+            u.swa_bytes += st.swa.iter().flatten().map(|r| r.data.capacity()).sum::<usize>();
+            u.carry_bytes += st
+                .carry
+                .values()
+                .flatten()
+                .map(|c| c.pending_tokens() * 2 * crate::formats::KV_DIM * 4)
+                .sum::<usize>();
+        }
+        u
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::{decode_rows, encode_rows};
+
+    fn rows(n: usize, dim: usize, seed: f32) -> Vec<f32> {
+        (0..n * dim)
+            .map(|i| ((i as f32 * 0.37 + seed).sin()) * 1.5)
+            .collect()
+    }
+
+    #[test]
+    fn entries_round_trip_like_the_standalone_codec() {
+        let g = Geometry::embedded();
+        for f in [CacheFormats::CSA2, CacheFormats::LAUNCH_DAY] {
+            let mut c = ContiguousCache::new(&g, f);
+            c.open(1).unwrap();
+            let x = rows(5, 512, 0.3);
+            c.write_entries(1, 2, Region::Main, 0, &x[..3 * 512]).unwrap();
+            c.write_entries(1, 2, Region::Main, 3, &x[3 * 512..]).unwrap();
+            assert_eq!(c.entries(1, 2).unwrap(), 5);
+            let mut rec = vec![0u8; 5 * f.main.record_bytes()];
+            encode_rows(f.main, &x, &mut rec).unwrap();
+            let mut want = vec![0f32; 5 * 512];
+            decode_rows(f.main, &rec, &mut want).unwrap();
+            let recs = c.records(1, 2, Region::Main, 1..5).unwrap();
+            assert_eq!(&recs[..], &rec[f.main.record_bytes()..]);
+            let mut got = vec![0f32; 4 * 512];
+            decode_rows(f.main, &recs, &mut got).unwrap();
+            assert_eq!(got, want[512..]);
+        }
+    }
+
+    #[test]
+    fn bad_calls_are_typed_errors() {
+        let g = Geometry::embedded();
+        let mut c = ContiguousCache::new(&g, CacheFormats::CSA2);
+        assert!(matches!(c.entries(9, 2), Err(Error::NotFound(_))));
+        c.open(9).unwrap();
+        assert!(c.open(9).is_err());
+        let e = c.write_entries(9, 3, Region::Main, 0, &[0.0; 512]).unwrap_err();
+        assert!(e.to_string().contains("layer 3 owns no global KV"), "{e}");
+        let e = c.write_entries(9, 2, Region::Main, 1, &[0.0; 512]).unwrap_err();
+        assert!(e.to_string().contains("gap"), "{e}");
+        let e = c.write_entries(9, 2, Region::Index, 0, &[0.0; 100]).unwrap_err();
+        assert!(e.to_string().contains("multiple of 128"), "{e}");
+        assert!(c.records(9, 2, Region::Main, 0..1).is_err());
+        let mut out = vec![0f32; 512];
+        assert!(c.swa_read(9, 0, 0..1, &mut out).is_err());
+    }
+
+    #[test]
+    fn swa_ring_keeps_the_last_window_and_restarts_on_a_jump() {
+        let g = Geometry::embedded();
+        let w = g.window;
+        let mut c = ContiguousCache::new(&g, CacheFormats::CSA2);
+        c.open(1).unwrap();
+        let x = rows(300, 512, 1.0);
+        // 127, then 2 more (crosses the window), then 171 more.
+        c.swa_write(1, 5, 0, &x[..127 * 512]).unwrap();
+        assert_eq!(c.swa_held(1, 5).unwrap(), 0..127);
+        c.swa_write(1, 5, 127, &x[127 * 512..129 * 512]).unwrap();
+        assert_eq!(c.swa_held(1, 5).unwrap(), 1..129);
+        c.swa_write(1, 5, 129, &x[129 * 512..]).unwrap();
+        assert_eq!(c.swa_held(1, 5).unwrap(), 300 - w..300);
+        let mut got = vec![0f32; 3 * 512];
+        c.swa_read(1, 5, 297..300, &mut got).unwrap();
+        let mut rec = vec![0u8; 3 * 528];
+        encode_rows(RecordFormat::Mxfp8, &x[297 * 512..], &mut rec).unwrap();
+        let mut want = vec![0f32; 3 * 512];
+        decode_rows(RecordFormat::Mxfp8, &rec, &mut want).unwrap();
+        assert_eq!(got, want);
+        assert!(c.swa_read(1, 5, 171..173, &mut got[..1024]).is_err());
+        // A non-contiguous write restarts the window (decoder replay, replay after a miss).
+        c.swa_write(1, 5, 1000, &x[..512]).unwrap();
+        assert_eq!(c.swa_held(1, 5).unwrap(), 1000..1001);
+        // Snapshot / drop / restore round trip.
+        let snap = c.swa_snapshot(1, &[5]).unwrap();
+        c.swa_drop(1, &[5]).unwrap();
+        assert_eq!(c.swa_held(1, 5).unwrap(), 0..0);
+        c.swa_restore(1, &snap).unwrap();
+        assert_eq!(c.swa_held(1, 5).unwrap(), 1000..1001);
+    }
+
+    #[test]
+    fn usage_is_measured_per_token() {
+        let g = Geometry::embedded();
+        let mut c = ContiguousCache::new(&g, CacheFormats::CSA2);
+        c.open(1).unwrap();
+        let tokens = 4096;
+        for l in g.layers_with(Role::Full) {
+            let n = tokens / l.ratio;
+            c.synthesize_entries(1, l.id, Region::Main, n, |i, r| r.fill(i as f32 * 1e-3))
+                .unwrap();
+            c.synthesize_entries(1, l.id, Region::Index, n, |i, r| r.fill(i as f32 * 1e-3))
+                .unwrap();
+        }
+        let u = c.usage();
+        assert_eq!(u.global_bytes() as f64 / tokens as f64, 890.0);
+    }
+}

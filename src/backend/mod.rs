@@ -1,0 +1,64 @@
+//! The CSA2 attention backend: layer modes over shared per-step buffers, the 40-layer stack with
+//! mHC between sublayers, and the launch-day baseline for A/B comparison.
+//!
+//! - [`cache`]: the [`cache::KvCache`] trait the layer modes reach the KV cache through, and a simple
+//!   contiguous per-request implementation;
+//! - [`plan`]: the rows of one step (prefill chunks and decode tokens of many requests), decoder
+//!   bounded replay (SPEC §3) and window floors;
+//! - [`layer`]: one attention sublayer in its role (Full / Reindex / Reuse / SWA-only);
+//! - [`stack`]: the layers with mHC at both sites, embedding and FFN placeholders;
+//! - [`launch_day`]: the configuration vLLM first shipped (SPEC §5);
+//! - [`gemm`]: the dense projections; [`timing`]: per-role, per-op wall time.
+
+pub mod cache;
+pub mod gemm;
+pub mod launch_day;
+pub mod layer;
+pub mod plan;
+pub mod stack;
+pub mod timing;
+
+pub use cache::{CacheFormats, ContiguousCache, KvCache};
+pub use layer::ReindexMode;
+pub use plan::{Phase, SeqStep, StepPlan};
+pub use stack::{Backend, Model};
+
+use crate::ops::indexer::QueryQuant;
+use crate::ops::mhc::Path as MhcPath;
+
+/// What distinguishes two backends running the same math: record formats, how Reindex layers
+/// score, the mHC path and decoder bounded replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendConfig {
+    /// Short name for reports (`csa2`, `launch_day`).
+    pub name: &'static str,
+    /// Cache record formats.
+    pub formats: CacheFormats,
+    /// Reindex scoring.
+    pub reindex: ReindexMode,
+    /// mHC: fused single pass (Mega-mHC order) or four passes.
+    pub mhc: MhcPath,
+    /// Decoder bounded replay in prefill (SPEC §3).
+    pub decoder_replay: bool,
+    /// Index-Q fake quantization matching the index-K format.
+    pub query_quant: QueryQuant,
+}
+
+impl BackendConfig {
+    /// The V4.1 design: NVFP4-DS main KV, MXFP4 index K (and Q), MXFP8 SWA, pooled Reindex
+    /// scoring, fused mHC, decoder bounded replay on.
+    pub const CSA2: BackendConfig = BackendConfig {
+        name: "csa2",
+        formats: CacheFormats::CSA2,
+        reindex: ReindexMode::Pooled,
+        mhc: MhcPath::Fused,
+        decoder_replay: true,
+        query_quant: QueryQuant::Mxfp4,
+    };
+
+    /// The same configuration with decoder bounded replay switched (`--no-decoder-replay`).
+    pub fn with_decoder_replay(mut self, on: bool) -> BackendConfig {
+        self.decoder_replay = on;
+        self
+    }
+}

@@ -1,0 +1,401 @@
+//! The stack: 40 attention sublayers with mHC at both sites of every layer (SPEC §4), for a step of
+//! prefill chunks and decode tokens of many requests, through a [`KvCache`].
+//!
+//! Per layer ℓ: attention site boundary (post update of the previous site + this site's
+//! coefficients + collapse with the carried pre + `attn_norm`) → attention sublayer in its role →
+//! FFN site boundary (`ffn_norm`) → FFN placeholder → next layer. After the last site the final
+//! hidden state is the collapse with the last pre (final norm weight: ones, the checkpoint's
+//! `norm.weight` is outside the attention tensors we load).
+//!
+//! Out of scope, documented placeholders: the token embedding (a deterministic pseudo-random vector
+//! per token id, [`embed`]) and the MoE FFN (identity by default: the FFN site's output is its
+//! input, so both mHC sites of every layer still run).
+
+use super::cache::KvCache;
+use super::layer::{attention_sublayer, StepBuffers};
+use super::plan::{SeqStep, StepPlan};
+use super::timing::{Op, Timings};
+use super::BackendConfig;
+use crate::error::{Error, Result};
+use crate::geometry::{Geometry, Role};
+use crate::ops::mhc::{boundary, one_hot_pre, BoundaryIn, MhcParams, PostUpdate, HC};
+use crate::weights::{
+    layer_specs, synth::source_values, AttentionWeights, Checkpoint, CompressorWeights, HcSite,
+    IndexKWeights, IndexerWeights, LayerWeights, Matrix, Scale,
+};
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The MoE FFN placeholder at the FFN site.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FfnPlaceholder {
+    /// y = the site input (the normed collapse).
+    #[default]
+    Identity,
+    /// y = 0 (the streams only mix).
+    Zero,
+}
+
+/// Model weights for the stack.
+#[derive(Debug, Clone)]
+pub struct Model {
+    /// Geometry (roles, dims).
+    pub geometry: Geometry,
+    /// Per layer weights; layers may share one allocation (synthetic full scale).
+    pub layers: Vec<Arc<LayerWeights>>,
+    /// Final RMSNorm weight `[d]`.
+    pub final_norm: Vec<f32>,
+    /// Seed of the synthetic embedding.
+    pub embed_seed: u64,
+    /// Whether layers share weights (synthetic, to fit real dimensions in host memory).
+    pub shared: bool,
+}
+
+/// Builds one layer's weights in memory from the `make-checkpoint` generator (f32 source values,
+/// before the FP8 / bf16 rounding a written checkpoint applies).
+pub fn synthetic_layer(g: &Geometry, layer: usize, seed: u64) -> Result<LayerWeights> {
+    let specs = layer_specs(g, layer)?;
+    let values: HashMap<String, (Vec<usize>, Vec<f32>)> = {
+        use rayon::prelude::*;
+        specs
+            .par_iter()
+            .map(|s| {
+                (
+                    s.name.clone(),
+                    (s.shape.clone(), source_values(s, g.hidden_size, seed)),
+                )
+            })
+            .collect()
+    };
+    let take = |suffix: &str| -> Result<(Vec<usize>, Vec<f32>)> {
+        let name = format!("layers.{layer}.{suffix}");
+        values
+            .get(&name)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("synthetic tensor {name}")))
+    };
+    let get = |suffix: &str| take(suffix).map(|(_, v)| v);
+    let mat = |suffix: &str| {
+        take(suffix).map(|(sh, data)| Matrix {
+            rows: sh[0],
+            cols: sh[1],
+            data,
+        })
+    };
+    let plan = &g.layers[layer];
+    let compressor = if plan.role == Role::Full {
+        Some(CompressorWeights {
+            wkv: mat("attn.compressor.wkv.weight")?,
+            wgate: if plan.ratio >= 2 {
+                Some(mat("attn.compressor.wgate.weight")?)
+            } else {
+                None
+            },
+            norm: get("attn.compressor.norm.weight")?,
+        })
+    } else {
+        None
+    };
+    let indexer = if matches!(plan.role, Role::Full | Role::Reindex) {
+        Some(IndexerWeights {
+            wq_b: mat("attn.indexer.wq_b.weight")?,
+            weights_proj: mat("attn.indexer.weights_proj.weight")?,
+            k: if plan.role == Role::Full {
+                Some(IndexKWeights {
+                    wk: mat("attn.indexer.wk.weight")?,
+                    k_norm: get("attn.indexer.k_norm.weight")?,
+                })
+            } else {
+                None
+            },
+        })
+    } else {
+        None
+    };
+    let site = |s: &str| -> Result<HcSite> {
+        Ok(HcSite {
+            hc_fn: get(&format!("hc_{s}_fn"))?,
+            base: get(&format!("hc_{s}_base"))?,
+            scale: get(&format!("hc_{s}_scale"))?,
+        })
+    };
+    Ok(LayerWeights {
+        id: layer,
+        role: plan.role,
+        attn: AttentionWeights {
+            wq_a: mat("attn.wq_a.weight")?,
+            q_norm: get("attn.q_norm.weight")?,
+            wq_b: mat("attn.wq_b.weight")?,
+            wkv: mat("attn.wkv.weight")?,
+            kv_norm: get("attn.kv_norm.weight")?,
+            attn_sink: get("attn.attn_sink")?,
+            wo_a: mat("attn.wo_a.weight")?,
+            wo_b: mat("attn.wo_b.weight")?,
+            compressor,
+            indexer,
+        },
+        hc_attn: site("attn")?,
+        hc_ffn: site("ffn")?,
+        attn_norm: get("attn_norm.weight")?,
+        ffn_norm: get("ffn_norm.weight")?,
+    })
+}
+
+impl Model {
+    /// Synthetic weights generated in memory (`make-checkpoint`'s generator). With `share`, layers
+    /// of the same role and ratio share the weights of the first such layer (real dimensions do not
+    /// fit in host memory as 40 distinct f32 layers; the compute is unchanged).
+    pub fn synthetic(scale: Scale, seed: u64, share: bool) -> Result<Model> {
+        let g = scale.geometry();
+        let mut reps: HashMap<(&'static str, usize), Arc<LayerWeights>> = HashMap::new();
+        let mut layers = Vec::with_capacity(g.num_layers);
+        for lp in &g.layers {
+            let key = (lp.role.as_str(), lp.ratio);
+            let w = match reps.get(&key) {
+                Some(w) if share => w.clone(),
+                _ => {
+                    let w = Arc::new(synthetic_layer(&g, lp.id, seed)?);
+                    reps.entry(key).or_insert_with(|| w.clone());
+                    w
+                }
+            };
+            layers.push(w);
+        }
+        Ok(Model {
+            final_norm: vec![1.0; g.hidden_size],
+            geometry: g,
+            layers,
+            embed_seed: seed,
+            shared: share,
+        })
+    }
+
+    /// Loads a checkpoint directory (released naming; see `crate::weights`) for geometry `g`.
+    pub fn from_checkpoint(dir: &Path, g: Geometry) -> Result<Model> {
+        let ck = Checkpoint::open(dir)?;
+        let layers = (0..g.num_layers)
+            .map(|l| ck.layer(&g, l).map(Arc::new))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Model {
+            final_norm: vec![1.0; g.hidden_size],
+            geometry: g,
+            layers,
+            embed_seed: 0,
+            shared: false,
+        })
+    }
+}
+
+/// The embedding placeholder: a deterministic N(0, 1) vector per token id.
+pub fn embed(token: u32, seed: u64, d: usize, out: &mut [f32]) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (token as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    for v in out.iter_mut().take(d) {
+        // Sum of uniforms: cheap, deterministic, unit variance.
+        let s: f32 = (0..4).map(|_| rng.random::<f32>()).sum();
+        *v = (s - 2.0) * 3f32.sqrt();
+    }
+}
+
+/// What a step returns.
+#[derive(Debug, Clone)]
+pub struct StepOutput {
+    /// The step's row plan (the output rows are `plan.kept`).
+    pub plan: StepPlan,
+    /// Final hidden state `[kept rows, d]`.
+    pub hidden: Vec<f32>,
+    /// When traced: each layer's attention input `[rows of that layer, d]` (layer order).
+    pub layer_inputs: Vec<Vec<f32>>,
+}
+
+/// A backend: a model, a configuration (CSA2 or launch day) and its mHC parameters.
+#[derive(Debug, Clone)]
+pub struct Backend {
+    /// Weights.
+    pub model: Arc<Model>,
+    /// Formats and paths.
+    pub cfg: BackendConfig,
+    /// FFN placeholder.
+    pub ffn: FfnPlaceholder,
+    mhc: MhcParams,
+}
+
+fn select_rows(x: &[f32], width: usize, idx: &[usize]) -> Vec<f32> {
+    idx.iter()
+        .flat_map(|&i| x[i * width..(i + 1) * width].iter().copied())
+        .collect()
+}
+
+impl Backend {
+    /// A backend over `model` with `cfg`.
+    pub fn new(model: Arc<Model>, cfg: BackendConfig) -> Result<Backend> {
+        let mhc = MhcParams::from_geometry(&model.geometry)?;
+        Ok(Backend {
+            model,
+            cfg,
+            ffn: FfnPlaceholder::Identity,
+            mhc,
+        })
+    }
+
+    /// Geometry of the model.
+    pub fn geometry(&self) -> &Geometry {
+        &self.model.geometry
+    }
+
+    /// Runs one step: `tokens` holds one token id per row (requests in `seqs` order, each request's
+    /// rows in position order). Opens unknown requests in the cache.
+    ///
+    /// Errors: a bad step (see [`StepPlan::new`]), a token count that does not match the rows, and
+    /// any cache or op error, each naming the layer or request.
+    pub fn step(
+        &self,
+        seqs: &[SeqStep],
+        tokens: &[u32],
+        cache: &mut dyn KvCache,
+        tm: &mut Timings,
+        trace: bool,
+    ) -> Result<StepOutput> {
+        let g = &self.model.geometry;
+        let plan = StepPlan::new(g, seqs, self.cfg.decoder_replay)?;
+        let t = plan.total_rows();
+        if tokens.len() != t {
+            return Err(Error::shape("step tokens", format!("{t} (one per row)"), tokens.len()));
+        }
+        for s in seqs {
+            if !cache.contains(s.req) {
+                cache.open(s.req)?;
+            }
+        }
+        let d = g.hidden_size;
+        // Embedding broadcast to the 4 streams.
+        let mut x = vec![0f32; t * HC * d];
+        for (i, &tok) in tokens.iter().enumerate() {
+            let row = &mut x[i * HC * d..(i + 1) * HC * d];
+            embed(tok, self.model.embed_seed, d, &mut row[..d]);
+            let (first, rest) = row.split_at_mut(d);
+            for c in rest.chunks_exact_mut(d) {
+                c.copy_from_slice(first);
+            }
+        }
+        let mut pre = one_hot_pre(t);
+        let mut pending: Option<(Vec<f32>, Vec<f32>, Vec<f32>)> = None;
+        let mut bufs = StepBuffers::default();
+        let mut layer_inputs = vec![];
+        let mut rows = t;
+        for l in 0..g.num_layers {
+            let w = &self.model.layers[l];
+            let role = g.layers[l].role;
+            // ---- attention site
+            let b = tm.time(role, Op::Mhc, || {
+                boundary(
+                    &self.mhc,
+                    &BoundaryIn {
+                        x: &x,
+                        update: pending.as_ref().map(|(y, post, comb)| PostUpdate { y, post, comb }),
+                        pre_prev: &pre,
+                        next: Some(w.hc_attn.mix()),
+                        norm: &w.attn_norm,
+                    },
+                    self.cfg.mhc,
+                )
+            })?;
+            let co = b.coeffs.expect("next given");
+            let (mut xs, mut u, mut co) = (b.x_new, b.layer_in, co);
+            let mut u_all = None;
+            if l == plan.cut_layer && plan.trimmed {
+                let k = &plan.kept_idx;
+                xs = select_rows(&xs, HC * d, k);
+                co.pre = select_rows(&co.pre, HC, k);
+                co.post = select_rows(&co.post, HC, k);
+                co.comb = select_rows(&co.comb, HC * HC, k);
+                let uk = select_rows(&u, d, k);
+                u_all = Some(std::mem::replace(&mut u, uk));
+                rows = k.len();
+            }
+            if trace {
+                layer_inputs.push(u.clone());
+            }
+            let y = attention_sublayer(
+                g,
+                &self.cfg,
+                w,
+                &plan,
+                l,
+                u_all.as_deref(),
+                &u,
+                cache,
+                &mut bufs,
+                tm,
+            )
+            .map_err(|e| annotate(e, l))?;
+            x = xs;
+            pre = co.pre;
+            // ---- FFN site
+            let b = tm.time(role, Op::Mhc, || {
+                boundary(
+                    &self.mhc,
+                    &BoundaryIn {
+                        x: &x,
+                        update: Some(PostUpdate {
+                            y: &y,
+                            post: &co.post,
+                            comb: &co.comb,
+                        }),
+                        pre_prev: &pre,
+                        next: Some(w.hc_ffn.mix()),
+                        norm: &w.ffn_norm,
+                    },
+                    self.cfg.mhc,
+                )
+            })?;
+            let cf = b.coeffs.expect("next given");
+            x = b.x_new;
+            let y_ffn = match self.ffn {
+                FfnPlaceholder::Identity => b.layer_in,
+                FfnPlaceholder::Zero => vec![0.0; rows * d],
+            };
+            pre = cf.pre;
+            pending = Some((y_ffn, cf.post, cf.comb));
+        }
+        let role = g.layers[g.num_layers - 1].role;
+        let b = tm.time(role, Op::Mhc, || {
+            boundary(
+                &self.mhc,
+                &BoundaryIn {
+                    x: &x,
+                    update: pending.as_ref().map(|(y, post, comb)| PostUpdate { y, post, comb }),
+                    pre_prev: &pre,
+                    next: None,
+                    norm: &self.model.final_norm,
+                },
+                self.cfg.mhc,
+            )
+        })?;
+        Ok(StepOutput {
+            plan,
+            hidden: b.layer_in,
+            layer_inputs,
+        })
+    }
+}
+
+fn annotate(e: Error, layer: usize) -> Error {
+    match e {
+        Error::Invalid { name, reason } => Error::Invalid {
+            name: format!("layer {layer}: {name}"),
+            reason,
+        },
+        Error::Shape {
+            what,
+            expected,
+            found,
+        } => Error::Shape {
+            what: format!("layer {layer}: {what}"),
+            expected,
+            found,
+        },
+        other => other,
+    }
+}

@@ -1,0 +1,501 @@
+//! `csa2 ab`: the CSA2 backend and the launch-day backend on identical inputs, one table.
+//!
+//! Long contexts are not prefilled: each backend's cache is filled directly with synthetic entries
+//! (encoded by that backend's own record formats) and synthetic SWA windows, then decode steps run
+//! through the full stack. Prefill is measured separately on a short prompt.
+
+use csa2::backend::cache::Region;
+use csa2::backend::launch_day::LAUNCH_DAY;
+use csa2::backend::timing::{Op, Timings, ROLES};
+use csa2::backend::{Backend, BackendConfig, ContiguousCache, KvCache, Model, Phase, SeqStep};
+use csa2::geometry::Role;
+use csa2::ops::compressor::CompressorState;
+use csa2::weights::Scale;
+use csa2::{Error, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Workload: `bundled` (the trace excerpt shipped in assets/) or `trace FILE`.
+    #[arg(long, num_args = 1..=2, default_values_t = vec!["bundled".to_string()])]
+    workload: Vec<String>,
+    /// Context lengths for the decode rows (K = 1024, M = 1024²).
+    #[arg(long, default_value = "4K,32K,128K,1M")]
+    contexts: String,
+    /// Timed decode steps per context and backend (after one warm-up step).
+    #[arg(long, default_value_t = 2)]
+    decode_steps: usize,
+    /// Model scale: `full` (real dimensions; layers of one role share synthetic weights to fit in
+    /// memory) or `tiny`.
+    #[arg(long, default_value = "full")]
+    scale: String,
+    /// Largest prompt used for the prefill rows (the workload's prompt is clipped to it).
+    #[arg(long)]
+    prefill_max: Option<usize>,
+    /// Worker threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Write every number as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write SVG plots into this directory.
+    #[arg(long)]
+    plots: Option<PathBuf>,
+}
+
+/// 141 GB of one H200.
+const H200_BYTES: f64 = 141e9;
+
+fn parse_len(s: &str) -> Result<usize> {
+    let t = s.trim();
+    let (num, mul) = match t.chars().last() {
+        Some('K') | Some('k') => (&t[..t.len() - 1], 1024),
+        Some('M') | Some('m') => (&t[..t.len() - 1], 1024 * 1024),
+        _ => (t, 1),
+    };
+    num.parse::<usize>()
+        .map(|n| n * mul)
+        .map_err(|_| Error::invalid("contexts", format!("`{s}` is not a length like 4K, 32768 or 1M")))
+}
+
+struct Decoded {
+    step_secs: f64,
+    timings: Timings,
+    global_bytes_per_token: f64,
+    swa_bytes_per_request: usize,
+    hidden: Vec<f32>,
+}
+
+/// Fills `cache` for request 1 as if `ctx` tokens had been prefilled: every Full layer's entries
+/// and every layer's SWA window (synthetic values with unit RMS, like normed latents).
+fn synthesize(b: &Backend, cache: &mut ContiguousCache, ctx: usize) -> Result<()> {
+    let g = b.geometry();
+    cache.open(1)?;
+    let val = |seed: usize, i: usize, k: usize| -> f32 {
+        let h = (i as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add((k as u64) * 0xBF58_476D_1CE4_E5B9 + seed as u64);
+        let h = (h ^ (h >> 31)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((h >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.4
+    };
+    for lp in g.layers_with(Role::Full) {
+        let n = ctx / lp.ratio;
+        for region in [Region::Main, Region::Index] {
+            cache.synthesize_entries(1, lp.id, region, n, |i, r| {
+                for (k, v) in r.iter_mut().enumerate() {
+                    *v = val(lp.id, i, k);
+                }
+            })?;
+        }
+        *cache.carry(1, lp.id)? = Some(CompressorState::new(ctx as u64));
+    }
+    let w = g.window.min(ctx);
+    let rows: Vec<f32> = (0..w * 512).map(|i| val(99, i / 512, i % 512)).collect();
+    for l in 0..g.num_layers {
+        cache.swa_write(1, l, ctx - w, &rows)?;
+    }
+    Ok(())
+}
+
+fn decode_run(b: &Backend, ctx: usize, steps: usize) -> Result<Decoded> {
+    let mut cache = ContiguousCache::new(b.geometry(), b.cfg.formats);
+    synthesize(b, &mut cache, ctx)?;
+    let mut total = Timings::default();
+    let mut secs = 0.0;
+    let mut hidden = vec![];
+    for i in 0..=steps {
+        let s = SeqStep {
+            req: 1,
+            first_pos: ctx + i,
+            len: 1,
+            phase: Phase::Decode,
+            replay_start: 0,
+            cached_until: ctx + i,
+        };
+        let mut tm = Timings::default();
+        let t0 = Instant::now();
+        let out = b.step(&[s], &[(7 + i) as u32], &mut cache, &mut tm, false)?;
+        let dt = t0.elapsed().as_secs_f64();
+        if i == 0 {
+            hidden = out.hidden; // the first step's output: both backends see identical inputs
+            continue; // warm-up
+        }
+        secs += dt;
+        total.merge(&tm);
+    }
+    let u = cache.usage();
+    let n = steps.max(1) as f64;
+    Ok(Decoded {
+        step_secs: secs / n,
+        timings: total.scaled(1.0 / n),
+        global_bytes_per_token: u.global_bytes() as f64 / (ctx + steps + 1) as f64,
+        swa_bytes_per_request: u.swa_bytes,
+        hidden,
+    })
+}
+
+fn prefill_run(b: &Backend, tokens: &[u32]) -> Result<(f64, Timings)> {
+    let mut cache = ContiguousCache::new(b.geometry(), b.cfg.formats);
+    let n = tokens.len();
+    let s = SeqStep {
+        req: 1,
+        first_pos: 0,
+        len: n,
+        phase: Phase::Prefill {
+            prompt_end: n,
+            prefill_start: 0,
+        },
+        replay_start: 0,
+        cached_until: 0,
+    };
+    let mut tm = Timings::default();
+    let t0 = Instant::now();
+    b.step(&[s], tokens, &mut cache, &mut tm, false)?;
+    Ok((t0.elapsed().as_secs_f64(), tm))
+}
+
+fn cos_and_rel(a: &[f32], b: &[f32]) -> (f64, f64) {
+    let (mut dot, mut na, mut nb, mut nd) = (0f64, 0f64, 0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (x as f64, y as f64);
+        dot += x * y;
+        na += x * x;
+        nb += y * y;
+        nd += (x - y) * (x - y);
+    }
+    (dot / (na.sqrt() * nb.sqrt()).max(1e-300), (nd / nb.max(1e-300)).sqrt())
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(a.threads)
+        .build()
+        .map_err(|e| Error::invalid("threads", e.to_string()))?;
+    pool.install(|| run_in_pool(a))
+}
+
+fn run_in_pool(a: Args) -> Result<()> {
+    let scale = Scale::from_name(&a.scale)?;
+    let contexts = a
+        .contexts
+        .split(',')
+        .map(parse_len)
+        .collect::<Result<Vec<_>>>()?;
+    if contexts.is_empty() || contexts.iter().any(|&c| c < 1024) {
+        return Err(Error::invalid("contexts", "give one or more lengths ≥ 1K"));
+    }
+    let reqs = match a.workload.first().map(String::as_str) {
+        Some("bundled") => csa2::sim::trace::parse(
+            csa2::sim::trace::EXCERPT,
+            std::path::Path::new("assets/mooncake_conversation_excerpt.jsonl"),
+        )?,
+        Some("trace") => {
+            let p = a.workload.get(1).ok_or_else(|| {
+                Error::invalid("workload", "`trace` needs a file: --workload trace FILE")
+            })?;
+            csa2::sim::trace::read(std::path::Path::new(p))?
+        }
+        other => {
+            return Err(Error::invalid(
+                "workload",
+                format!("expected `bundled` or `trace FILE`, found {other:?}"),
+            ))
+        }
+    };
+    let prefill_max = a.prefill_max.unwrap_or(match scale {
+        Scale::Full => 192,
+        Scale::Tiny => 1024,
+    });
+    // The workload's median prompt, clipped to what this machine prefills in seconds.
+    let mut lens: Vec<usize> = reqs.iter().map(|r| r.input_length).collect();
+    lens.sort_unstable();
+    let median = lens.get(lens.len() / 2).copied().unwrap_or(prefill_max);
+    let prefill_len = median.clamp(1, prefill_max);
+
+    let bar = ProgressBar::new((2 * contexts.len() + 4) as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:<44} [{bar:30}] {pos}/{len} {elapsed}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("synthetic weights ({} scale)", scale.as_str()));
+    let t0 = Instant::now();
+    let model = Arc::new(Model::synthetic(scale, 1, scale == Scale::Full)?);
+    let weights_secs = t0.elapsed().as_secs_f64();
+    bar.inc(1);
+    let backends = [
+        Backend::new(model.clone(), BackendConfig::CSA2)?,
+        Backend::new(model.clone(), LAUNCH_DAY)?,
+    ];
+
+    let mut rows = vec![];
+    for &ctx in &contexts {
+        let mut pair = vec![];
+        for b in &backends {
+            bar.set_message(format!("decode at {ctx} tokens: {}", b.cfg.name));
+            pair.push(decode_run(b, ctx, a.decode_steps)?);
+            bar.inc(1);
+        }
+        rows.push((ctx, pair));
+    }
+    let toks: Vec<u32> = (0..prefill_len as u32).map(|i| (i * 7919 + 13) % 50_000).collect();
+    let mut prefills = vec![];
+    for (name, b) in [
+        ("csa2 (decoder replay)", backends[0].clone()),
+        (
+            "csa2 (--no-decoder-replay)",
+            Backend::new(model.clone(), BackendConfig::CSA2.with_decoder_replay(false))?,
+        ),
+        ("launch_day", backends[1].clone()),
+    ] {
+        bar.set_message(format!("prefill {prefill_len} tokens: {name}"));
+        let (secs, tm) = prefill_run(&b, &toks)?;
+        prefills.push((name, secs, tm));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+
+    // ---- report ----------------------------------------------------------------------------
+    let g = &model.geometry;
+    println!(
+        "csa2 ab — CSA2 vs launch-day backend, {} scale (hidden {}, {} heads, {} layers){}",
+        scale.as_str(),
+        g.hidden_size,
+        g.num_heads,
+        g.num_layers,
+        if model.shared {
+            "; layers of one role share synthetic weights"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "Long contexts are synthesized directly into each backend's cache (its own record formats), \
+         not prefilled; decode steps then run the whole stack. {} timed step(s) after 1 warm-up.",
+        a.decode_steps
+    );
+    println!();
+    println!("KV bytes, measured from each backend's allocator");
+    println!("{:>9} | {:>18} | {:>18} | {:>6}", "context", "csa2 B/token", "launch-day B/token", "ratio");
+    for (ctx, p) in &rows {
+        println!(
+            "{:>9} | {:>18.1} | {:>18.1} | {:>6.3}",
+            ctx,
+            p[0].global_bytes_per_token,
+            p[1].global_bytes_per_token,
+            p[0].global_bytes_per_token / p[1].global_bytes_per_token
+        );
+    }
+    let (s0, s1) = (rows[0].1[0].swa_bytes_per_request, rows[0].1[1].swa_bytes_per_request);
+    println!(
+        "SWA per request: {} B vs {} B (ratio {:.3}); persistent (global KV → SSD) per token as above",
+        s0,
+        s1,
+        s0 as f64 / s1 as f64
+    );
+    println!();
+    println!("Decode step (one request), seconds; split by role and by op");
+    let mut header = format!("{:>9} {:>10} | {:>8}", "context", "backend", "total");
+    for r in ROLES {
+        header += &format!(" {:>8}", r.as_str());
+    }
+    for op in Op::ALL {
+        header += &format!(" {:>8}", &op.as_str()[..op.as_str().len().min(8)]);
+    }
+    println!("{header}");
+    for (ctx, p) in &rows {
+        for (b, d) in backends.iter().zip(p) {
+            let mut line = format!("{:>9} {:>10} | {:>8.4}", ctx, short(b.cfg.name), d.step_secs);
+            for r in ROLES {
+                line += &format!(" {:>8.4}", d.timings.role_total(r));
+            }
+            for op in Op::ALL {
+                line += &format!(" {:>8.4}", d.timings.op_total(op));
+            }
+            println!("{line}");
+        }
+        let mut line = format!("{:>9} {:>10} | {:>8.3}", "", "ratio", p[0].step_secs / p[1].step_secs);
+        for r in ROLES {
+            line += &format!(" {:>8.3}", ratio(p[0].timings.role_total(r), p[1].timings.role_total(r)));
+        }
+        for op in Op::ALL {
+            line += &format!(" {:>8.3}", ratio(p[0].timings.op_total(op), p[1].timings.op_total(op)));
+        }
+        println!("{line}");
+    }
+    println!();
+    println!("Agreement of the two backends on the same first decode step (final hidden state)");
+    for (ctx, p) in &rows {
+        let (c, r) = cos_and_rel(&p[0].hidden, &p[1].hidden);
+        println!("{:>9}: cosine {:.6}, relative L2 difference {:.4}", ctx, c, r);
+    }
+    println!();
+    println!("Prefill of {prefill_len} tokens (workload median {median}, clipped to {prefill_max})");
+    for (name, secs, _) in &prefills {
+        println!(
+            "{:>28}: {:>8.3} s  {:>8.1} tokens/s  (× {:.3} of launch day)",
+            name,
+            secs,
+            prefill_len as f64 / secs,
+            secs / prefills[2].1
+        );
+    }
+    println!("(synthetic weights generated in {weights_secs:.1} s)");
+
+    if let Some(path) = &a.json {
+        let v = json!({
+            "scale": scale.as_str(),
+            "shared_weights": model.shared,
+            "decode_steps": a.decode_steps,
+            "contexts": rows.iter().map(|(ctx, p)| json!({
+                "context": ctx,
+                "backends": backends.iter().zip(p).map(|(b, d)| json!({
+                    "name": b.cfg.name,
+                    "step_seconds": d.step_secs,
+                    "global_bytes_per_token": d.global_bytes_per_token,
+                    "swa_bytes_per_request": d.swa_bytes_per_request,
+                    "timings": d.timings.to_json(),
+                })).collect::<Vec<_>>(),
+                "ratio_step": p[0].step_secs / p[1].step_secs,
+                "ratio_bytes": p[0].global_bytes_per_token / p[1].global_bytes_per_token,
+                "agreement": {"cosine": cos_and_rel(&p[0].hidden, &p[1].hidden).0,
+                              "rel_l2": cos_and_rel(&p[0].hidden, &p[1].hidden).1},
+            })).collect::<Vec<_>>(),
+            "prefill": {
+                "tokens": prefill_len,
+                "runs": prefills.iter().map(|(n, s, tm)| json!({"name": n, "seconds": s, "timings": tm.to_json()})).collect::<Vec<_>>(),
+            },
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&v).expect("json"))
+            .map_err(|e| Error::io(path, e))?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(dir) = &a.plots {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        plots(dir, &rows, &backends)?;
+        println!("wrote {}/kv_bytes.svg and {}/decode_time.svg", dir.display(), dir.display());
+    }
+    Ok(())
+}
+
+fn short(n: &str) -> &str {
+    if n == "launch_day" {
+        "launch-day"
+    } else {
+        n
+    }
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        f64::NAN
+    }
+}
+
+fn plots(dir: &std::path::Path, rows: &[(usize, Vec<Decoded>)], backends: &[Backend]) -> Result<()> {
+    use plotters::prelude::*;
+    let colors = [BLUE, RED];
+    let xs: Vec<f64> = rows.iter().map(|(c, _)| *c as f64).collect();
+    let (x0, x1) = (xs[0] * 0.8, xs[xs.len() - 1] * 1.25);
+    // KV bytes of one session vs context (measured per-token global + measured SWA).
+    {
+        let path = dir.join("kv_bytes.svg");
+        let err = |e: String| Error::Internal(format!("plot {}: {e}", path.display()));
+        let root = SVGBackend::new(&path, (900, 520)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+        let bytes = |d: &Decoded, c: f64| d.global_bytes_per_token * c + d.swa_bytes_per_request as f64;
+        let ymax = rows
+            .iter()
+            .flat_map(|(c, p)| p.iter().map(move |d| bytes(d, *c as f64)))
+            .fold(H200_BYTES, f64::max)
+            * 2.0;
+        let ymin = rows
+            .iter()
+            .flat_map(|(c, p)| p.iter().map(move |d| bytes(d, *c as f64)))
+            .fold(f64::INFINITY, f64::min)
+            * 0.5;
+        let mut ch = ChartBuilder::on(&root)
+            .caption("KV bytes per session vs context (measured)", ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d((x0..x1).log_scale(), (ymin..ymax).log_scale())
+            .map_err(|e| err(e.to_string()))?;
+        ch.configure_mesh()
+            .x_desc("context (tokens)")
+            .y_desc("bytes")
+            .draw()
+            .map_err(|e| err(e.to_string()))?;
+        for (bi, b) in backends.iter().enumerate() {
+            let c = colors[bi];
+            let pts: Vec<(f64, f64)> = rows.iter().map(|(x, p)| (*x as f64, bytes(&p[bi], *x as f64))).collect();
+            ch.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+                .map_err(|e| err(e.to_string()))?
+                .label(short(b.cfg.name))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+            ch.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled())))
+                .map_err(|e| err(e.to_string()))?;
+        }
+        ch.draw_series(LineSeries::new(vec![(x0, H200_BYTES), (x1, H200_BYTES)], BLACK.stroke_width(1)))
+            .map_err(|e| err(e.to_string()))?
+            .label("141 GB (one H200)")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
+        ch.configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(|e| err(e.to_string()))?;
+        root.present().map_err(|e| err(e.to_string()))?;
+    }
+    {
+        let path = dir.join("decode_time.svg");
+        let err = |e: String| Error::Internal(format!("plot {}: {e}", path.display()));
+        let root = SVGBackend::new(&path, (900, 520)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+        let ymax = rows
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|d| d.step_secs))
+            .fold(0.0, f64::max)
+            * 1.15;
+        let mut ch = ChartBuilder::on(&root)
+            .caption("Decode step time vs context (measured, one request)", ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d((x0..x1).log_scale(), 0f64..ymax.max(1e-6))
+            .map_err(|e| err(e.to_string()))?;
+        ch.configure_mesh()
+            .x_desc("context (tokens)")
+            .y_desc("seconds per step")
+            .draw()
+            .map_err(|e| err(e.to_string()))?;
+        for (bi, b) in backends.iter().enumerate() {
+            let c = colors[bi];
+            let pts: Vec<(f64, f64)> = rows.iter().map(|(x, p)| (*x as f64, p[bi].step_secs)).collect();
+            ch.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+                .map_err(|e| err(e.to_string()))?
+                .label(short(b.cfg.name))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+            ch.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled())))
+                .map_err(|e| err(e.to_string()))?;
+        }
+        ch.configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(|e| err(e.to_string()))?;
+        root.present().map_err(|e| err(e.to_string()))?;
+    }
+    Ok(())
+}
+
+#[allow(dead_code)]
+fn _unused(_: Value) {}

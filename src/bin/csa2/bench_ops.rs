@@ -1,0 +1,262 @@
+//! `csa2 bench ops`: times the CPU fast paths on the benchmark shapes of the ops issue and prints
+//! `µs | GFLOP/s | GB/s` beside an in-run baseline (a read pass, the machine's FMA peak). The torch
+//! CPU baseline is `benches/torch_ops.py`, run in the same session; docs/PERF.md records both.
+
+use csa2::formats::{encode_rows, RecordFormat};
+use csa2::ops::attention::{self, AttentionInputs, AttentionParams, KvRows, HEADS};
+use csa2::ops::candidates::{self, CandidateParams};
+use csa2::ops::indexer::{self, cpu::Prepared, IndexKeys, IndexerParams, IndexerQueries};
+use csa2::ops::simd;
+use csa2::ops::testutil::{rand_normal, NewRng, Rng};
+use csa2::ops::topk;
+use csa2::{Error, Result};
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Keys of the decode indexer (1M = 1,048,576).
+    #[arg(long, default_value_t = 1 << 20)]
+    keys: usize,
+    /// Tokens of the prefill-indexer chunk (keys = tokens / ratio, causal).
+    #[arg(long, default_value_t = 4096)]
+    prefill_tokens: usize,
+    /// Compression ratio of the prefill chunk.
+    #[arg(long, default_value_t = 2)]
+    prefill_ratio: usize,
+    /// Repetitions per figure (the best is reported).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+}
+
+/// Best wall time of `reps` runs, in seconds.
+fn best<F: FnMut()>(reps: usize, mut f: F) -> f64 {
+    f();
+    (0..reps.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn line(name: &str, secs: f64, flops: f64, bytes: f64, note: &str) {
+    println!(
+        "{name:<44} {:>10.1} µs | {:>8.2} GFLOP/s | {:>7.2} GB/s  {note}",
+        secs * 1e6,
+        flops / secs / 1e9,
+        bytes / secs / 1e9
+    );
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.keys == 0 || a.prefill_tokens == 0 || a.prefill_ratio == 0 {
+        return Err(Error::invalid(
+            "bench sizes",
+            "keys, prefill tokens and ratio must be > 0",
+        ));
+    }
+    let mut rng = Rng::new(1);
+    let threads = rayon::current_num_threads();
+    let peak1 = simd::fma_peak_gflops(300);
+    println!(
+        "threads {threads}; FMA peak one thread {peak1:.1} GFLOP/s (×{threads} = {:.1})",
+        peak1 * threads as f64
+    );
+
+    // Read-pass baseline: sum of 1M f32 (one thread), the unit of the top-k goal.
+    let logits = rand_normal(&mut rng, 1 << 20, 1.0);
+    let read = best(a.reps * 4, || {
+        let mut acc = [0f32; 16];
+        for c in logits.chunks_exact(16) {
+            for l in 0..16 {
+                acc[l] += c[l];
+            }
+        }
+        std::hint::black_box(acc);
+    });
+    line(
+        "read pass, 1M f32 (1 thread)",
+        read,
+        1048576.0,
+        4.0 * 1048576.0,
+        "baseline",
+    );
+    let mut sel = vec![0i32; 512];
+    let tk = best(a.reps * 4, || {
+        topk::select(&logits, logits.len(), &mut sel);
+    });
+    line(
+        "top-512 of 1M logits (1 thread)",
+        tk,
+        0.0,
+        4.0 * 1048576.0,
+        &format!("= {:.2}× the read pass", tk / read),
+    );
+
+    // Decode indexer: one query, 32 heads × 128, over `keys` MXFP4 entries.
+    let n = a.keys;
+    let q = rand_normal(&mut rng, 32 * 128, 1.0);
+    let w = rand_normal(&mut rng, 32, 1.0 / 64.0);
+    let k = rand_normal(&mut rng, n * 128, 1.0);
+    let mut km = vec![0u8; n * 68];
+    encode_rows(RecordFormat::Mxfp4Index, &k, &mut km)?;
+    drop(k);
+    let pos = [n as i64 - 1];
+    let qs = IndexerQueries {
+        q: &q,
+        w: &w,
+        positions: &pos,
+    };
+    let p1 = IndexerParams::new(1);
+    let mut out = vec![0f32; n];
+    let t_idx = best(a.reps, || {
+        indexer::logits(&p1, &qs, IndexKeys::Mxfp4(&km), &mut out).expect("valid")
+    });
+    let macs = 32.0 * 128.0 * n as f64;
+    line(
+        &format!("decode indexer, {n} MXFP4 keys"),
+        t_idx,
+        2.0 * macs,
+        68.0 * n as f64,
+        &format!(
+            "{:.1} GMAC/s = {:.0}% of the {threads}-thread FMA peak",
+            macs / t_idx / 1e9,
+            100.0 * 2.0 * macs / t_idx / 1e9 / (peak1 * threads as f64)
+        ),
+    );
+    let t_full = best(a.reps, || {
+        indexer::logits(&p1, &qs, IndexKeys::Mxfp4(&km), &mut out).expect("valid");
+        topk::select(&out, n, &mut sel);
+    });
+    line(
+        "decode indexer + top-512",
+        t_full,
+        2.0 * macs,
+        68.0 * n as f64,
+        "",
+    );
+
+    // Reindex sweep: pool of 2048 blocks from the candidate source, score inside it, own top-512.
+    let cp = CandidateParams::default();
+    let mut blocks = vec![0i32; cp.num_blocks];
+    candidates::select_blocks(&cp, &out, n, &mut blocks);
+    let t_cand = best(a.reps, || {
+        candidates::select_blocks(&cp, &out, n, &mut blocks);
+    });
+    line(
+        "candidate blocks (2048 of 8) from 1M logits",
+        t_cand,
+        0.0,
+        4.0 * n as f64,
+        "",
+    );
+    for nn in [n, 65536.min(n)] {
+        let posn = [nn as i64 - 1];
+        let qs = IndexerQueries {
+            q: &q,
+            w: &w,
+            positions: &posn,
+        };
+        let mut b = vec![0i32; cp.num_blocks];
+        candidates::select_blocks(&cp, &out[..nn], nn, &mut b);
+        let pools = indexer::pools_of(1, nn, &b, &cp, &[nn])?;
+        let pr = Prepared::new(&p1, &qs, vec![nn]);
+        let ids = &pools[0];
+        let mut vals = vec![0f32; ids.len()];
+        let keys = IndexKeys::Mxfp4(&km[..nn * 68]);
+        let t = best(a.reps, || {
+            use rayon::prelude::*;
+            vals.par_chunks_mut(4096)
+                .zip(ids.par_chunks(4096))
+                .for_each(|(v, id)| {
+                    indexer::cpu::score_ids(&pr, 0, &keys, id, &mut [v]);
+                });
+            topk::cpu::select_scored(&vals, &mut sel);
+        });
+        line(
+            &format!("reindex sweep at {nn} entries (pool {})", ids.len()),
+            t,
+            2.0 * 4096.0 * ids.len() as f64,
+            68.0 * ids.len() as f64,
+            "",
+        );
+    }
+
+    // Decode attention: 64 heads over 512 NVFP4 main rows + 128 MXFP8 window rows.
+    let (nm, ns) = (4096usize, 4096usize);
+    let qa = rand_normal(&mut rng, HEADS * 512, 1.0);
+    let main = rand_normal(&mut rng, nm * 512, 1.0);
+    let swa = rand_normal(&mut rng, ns * 512, 1.0);
+    let mut mq = vec![0u8; nm * 288];
+    encode_rows(RecordFormat::Nvfp4Ds, &main, &mut mq)?;
+    let mut sq = vec![0u8; ns * 528];
+    encode_rows(RecordFormat::Mxfp8, &swa, &mut sq)?;
+    let topk_row: Vec<i32> = (0..512).map(|i| (i * 7 % nm) as i32).collect();
+    let sink = rand_normal(&mut rng, HEADS, 1.0);
+    let posa = [ns as i64 - 1];
+    let inp = AttentionInputs {
+        q: &qa,
+        topk: &topk_row,
+        topk_len: None,
+        positions: &posa,
+        replay_start: &[],
+        sink: &sink,
+    };
+    let ap = AttentionParams::default();
+    let mut o = vec![0f32; HEADS * 512];
+    let mut l = vec![0f32; HEADS];
+    let t_att = best(a.reps * 4, || {
+        attention::attention(
+            &ap,
+            &inp,
+            KvRows::Records(RecordFormat::Nvfp4Ds, &mq),
+            KvRows::Records(RecordFormat::Mxfp8, &sq),
+            &mut o,
+            &mut l,
+        )
+        .expect("valid")
+    });
+    let fl = 2.0 * 2.0 * 64.0 * 640.0 * 512.0;
+    line(
+        "decode attention 64×(512+128)×512, fp4+fp8",
+        t_att,
+        fl,
+        (512.0 * 288.0 + 128.0 * 528.0) + 64.0 * 512.0 * 8.0,
+        "",
+    );
+
+    // Prefill indexer: a chunk of T tokens over its own T / ratio entries, causal.
+    let t = a.prefill_tokens;
+    let m = a.prefill_ratio;
+    let ne = t / m;
+    let qp = rand_normal(&mut rng, t * 32 * 128, 1.0);
+    let wp = rand_normal(&mut rng, t * 32, 1.0 / 64.0);
+    let kp = rand_normal(&mut rng, ne * 128, 1.0);
+    let mut kpm = vec![0u8; ne * 68];
+    encode_rows(RecordFormat::Mxfp4Index, &kp, &mut kpm)?;
+    let posp: Vec<i64> = (0..t as i64).collect();
+    let qs = IndexerQueries {
+        q: &qp,
+        w: &wp,
+        positions: &posp,
+    };
+    let pp = IndexerParams::new(m);
+    let mut outp = vec![0f32; t * ne];
+    let t_pre = best(a.reps.min(2), || {
+        indexer::logits(&pp, &qs, IndexKeys::Mxfp4(&kpm), &mut outp).expect("valid")
+    });
+    let vis_sum: f64 = posp.iter().map(|&p| indexer::visible(p, m) as f64).sum();
+    let macs = vis_sum * 4096.0;
+    line(
+        &format!("prefill indexer {t} tokens × {ne} entries (m={m})"),
+        t_pre,
+        2.0 * macs,
+        4.0 * (t * ne) as f64,
+        &format!(
+            "{:.1} GMAC/s (causal: visible MACs only)",
+            macs / t_pre / 1e9
+        ),
+    );
+    Ok(())
+}
