@@ -137,6 +137,19 @@ typedef struct {
   uint8_t encoder;
 } Csa2LayerInfo;
 
+// Scalars of [`csa2_mhc`] (SPEC §4; config `hc_*`, `rms_norm_eps`). Pass null for the V4.1 values
+// (2.0, 20, 1e-6, 1e-20).
+typedef struct {
+  // Multiplier of the post sigmoid (2.0).
+  float post_mult;
+  // Sinkhorn iterations, counting the first column normalization (20).
+  uint32_t sinkhorn_iters;
+  // `hc_eps` (1e-6).
+  float hc_eps;
+  // RMS epsilon of the mix statistic and the input RMSNorm (1e-20).
+  float rms_eps;
+} Csa2MhcParams;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -272,6 +285,170 @@ Csa2Status csa2_geometry_global_kv_bytes_per_token(const Csa2Geometry *g,
 Csa2Status csa2_geometry_swa_bytes_per_request(const Csa2Geometry *g,
                                                int32_t layout_id,
                                                uint64_t *out);
+
+// Rotary embedding in place on `x` `(tokens, heads, dim)` float, token t at `positions[t]`
+// (`(tokens)` int, ≥ 0), with the rotary of layer `layer` of `geometry` (θ, YaRN, rope_dim on the
+// trailing dims; SPEC §2 "RoPE"). `inverse` = 0 rotates forward (Q, KV), 1 by the negative angle
+// (the attention output).
+//
+// `x` is read and written (in place, the only aliasing allowed); `positions` may not overlap it.
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` (layer, `inverse`, negative position), `CSA2_ERR_SHAPE`
+// (dim < rope_dim, T mismatch), plus the common ones.
+//
+// # Safety
+// `geometry` must be a live handle; each tensor pointer null or a readable `DLTensor` whose memory
+// stays valid and unused by other threads for the call.
+Csa2Status csa2_rope(const Csa2Geometry *geometry,
+                     uint32_t layer,
+                     const DLTensor *x,
+                     const DLTensor *positions,
+                     int32_t inverse);
+
+// KV compressor of Full layer `layer` (SPEC §2 "Compressor"): turns `kv` `(T, 512)` float (and, for
+// ratio 2, the gate `score` `(T, 512)` float; null for ratio 1) of tokens `start_pos ..
+// start_pos + T` into `E = T / ratio` compressed entries, written as NVFP4-DS main-KV records
+// `main_kv_out` `(E, 288)` uint8 and MXFP4 index-K records `index_k_out` `(E, 68)` uint8.
+// Weights: `norm` `(512)`, `wk` `(128, 512)`, `k_norm` `(128)` float.
+//
+// Stateless: `start_pos` and `T` must be multiples of the ratio (a caller that splits a pair across
+// calls keeps the odd token and sends it with the next call).
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` (not a compressed layer, misaligned `start_pos`/`T`,
+// `score` given or missing, non-finite values), plus the common ones.
+//
+// # Safety
+// As [`csa2_rope`].
+Csa2Status csa2_compress(const Csa2Geometry *geometry,
+                         uint32_t layer,
+                         const DLTensor *kv,
+                         const DLTensor *score,
+                         const DLTensor *norm,
+                         const DLTensor *wk,
+                         const DLTensor *k_norm,
+                         int64_t start_pos,
+                         const DLTensor *main_kv_out,
+                         const DLTensor *index_k_out);
+
+// Lightning-indexer logits (SPEC §2 "Indexer"): `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)`
+// for the visible entries `j < (positions[t] + 1) div ratio`, −∞ elsewhere.
+//
+// `q` `(T, H, 128)` float (RoPE'd index Q), `w` `(T, H)` float (already scaled), `positions` `(T)`
+// int; `keys` either `(N, 128)` float or `(N, 68)` uint8 MXFP4 index-K records; `q_quant`: 0 none,
+// 1 MXFP4 (V4.1), 2 FP8 E4M3 (the launch-day path) fake-quantisation of Q; `logits_out` `(T, N)`
+// float. Errors: `CSA2_ERR_INVALID_ARGUMENT` (ratio 0, `q_quant`, negative position),
+// `CSA2_ERR_SHAPE` (too few keys for a position), plus the common ones.
+//
+// # Safety
+// Each tensor pointer null or a readable `DLTensor` whose memory stays valid and unused by other
+// threads for the call.
+Csa2Status csa2_indexer_logits(const DLTensor *q,
+                               const DLTensor *w,
+                               const DLTensor *positions,
+                               const DLTensor *keys,
+                               uint32_t ratio,
+                               int32_t q_quant,
+                               const DLTensor *logits_out);
+
+// Top-k of indexer logits (SPEC §2 "Indexer"): for row t, the K largest of
+// `logits[t, 0 .. (positions[t] + 1) div ratio]` (ties → smaller index; −∞/NaN never chosen; all
+// visible entries in index order when they are ≤ K), −1 padded.
+//
+// `logits` `(T, N)` float, `positions` `(T)` int, `out` `(T, K)` int32, `counts_out` (optional)
+// `(T)` int32 = entries selected per row. Errors: ratio 0, negative position, plus the common ones.
+//
+// # Safety
+// As [`csa2_indexer_logits`].
+Csa2Status csa2_topk(const DLTensor *logits,
+                     const DLTensor *positions,
+                     uint32_t ratio,
+                     const DLTensor *out,
+                     const DLTensor *counts_out);
+
+// Hierarchical candidate pool of the candidate-source layer (SPEC §2 "Candidate pool"): per row,
+// blocks of `block_size` entries scored by their max visible logit, the newest block pinned, the
+// best `B` kept sorted (score desc, id asc), −1 padded.
+//
+// `logits` `(T, N)` float, `positions` `(T)` int (visible = `(p + 1) div ratio`), `blocks_out`
+// `(T, B)` int32 (B = blocks kept, 2048 in V4.1). Errors: ratio/block_size/B of 0, negative
+// position, plus the common ones.
+//
+// # Safety
+// As [`csa2_indexer_logits`].
+Csa2Status csa2_candidates(const DLTensor *logits,
+                           const DLTensor *positions,
+                           uint32_t ratio,
+                           uint32_t block_size,
+                           const DLTensor *blocks_out);
+
+// Sparse + sliding-window attention with a sink (SPEC §2 "Attention"): per token and head, one
+// softmax over the selected main-KV entries ∪ the SWA window `[max(p − window + 1, 0,
+// replay_start), p]`, plus the sink logit in the denominator; `lse` excludes the sink.
+//
+// - `q` `(T, H, 512)` float, RoPE'd; `sink` `(H)` float;
+// - `main_kv` `(N, 512)` float, or `(N, record bytes)` uint8 in `main_format` (a `Csa2Format`:
+//   0 NVFP4-DS, 2 MXFP8, 3 V4; ignored for float); `swa` `(S, 512)` float or uint8 in `swa_format`,
+//   row s = token s;
+// - `topk` `(T, K)` int32 (−1 = none), `topk_len` optional `(T)` int32 valid length per row;
+// - `positions` `(T)` int; `replay_start` optional `(1)` or `(T)` int window floor;
+// - `window` (128), `ratio` (0 = no visibility guard, else a selected entry must be
+//   `< (p + 1) div ratio`), `scale` (≤ 0 or NaN → 512^-0.5);
+// - outputs `out` `(T, H, 512)` float and `lse` `(T, H)` float (a row with nothing attended: zeros
+//   and −∞).
+//
+// Errors: out-of-range or invisible top-k entry, SWA shorter than a position, non-finite `q`/`sink`,
+// bad formats, plus the common ones.
+//
+// # Safety
+// As [`csa2_indexer_logits`].
+Csa2Status csa2_attention(const DLTensor *q,
+                          const DLTensor *main_kv,
+                          int32_t main_format,
+                          const DLTensor *swa,
+                          int32_t swa_format,
+                          const DLTensor *topk,
+                          const DLTensor *topk_len,
+                          const DLTensor *positions,
+                          const DLTensor *replay_start,
+                          const DLTensor *sink,
+                          uint32_t window,
+                          uint32_t ratio,
+                          float scale,
+                          const DLTensor *out,
+                          const DLTensor *lse);
+
+// One mHC boundary between two sublayer sites (SPEC §4, V4.1 single-pass shift; fused CPU path):
+//
+// ```text
+// x_new    = post ⊙ y + combᵀ · x                   (skipped when y/post/comb are null: x_new = x)
+// layer_in = RMSNorm(Σ_i pre_prev_i · x_new[i], norm)
+// (pre_out, post_out, comb_out) = coefficients(x_new; hc_fn, hc_base, hc_scale)   (when given)
+// ```
+//
+// Shapes (d = stream width, from `norm`): `x` `(T, 4, d)`, `y` `(T, d)`, `post` `(T, 4)`, `comb`
+// `(T, 4, 4)` (`comb[t][i][j]` = weight of stream i in output j), `pre_prev` `(T, 4)`, `hc_fn`
+// `(24, 4d)`, `hc_base` `(24)`, `hc_scale` `(3)`, `norm` `(d)`, all float; outputs `x_new`
+// `(T, 4, d)`, `layer_in` `(T, d)`, `pre_out`/`post_out` `(T, 4)`, `comb_out` `(T, 4, 4)` float.
+// `y`, `post`, `comb` are given together or not at all; so are `hc_fn`, `hc_base`, `hc_scale`,
+// and then the three coefficient outputs are required.
+//
+// Errors: a partial group, bad params (`CSA2_ERR_INVALID_ARGUMENT`), plus the common ones.
+//
+// # Safety
+// `params` null or readable; tensors as in [`csa2_indexer_logits`].
+Csa2Status csa2_mhc(const Csa2MhcParams *params,
+                    const DLTensor *x,
+                    const DLTensor *y,
+                    const DLTensor *post,
+                    const DLTensor *comb,
+                    const DLTensor *pre_prev,
+                    const DLTensor *hc_fn,
+                    const DLTensor *hc_base,
+                    const DLTensor *hc_scale,
+                    const DLTensor *norm,
+                    const DLTensor *x_new,
+                    const DLTensor *layer_in,
+                    const DLTensor *pre_out,
+                    const DLTensor *post_out,
+                    const DLTensor *comb_out);
 
 #ifdef __cplusplus
 }  // extern "C"

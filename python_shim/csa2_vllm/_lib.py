@@ -156,6 +156,17 @@ SIGNATURES: dict[str, tuple[list, Any]] = {
     "csa2_version": ([], ctypes.c_char_p),
     "csa2_last_error_message": ([ctypes.c_char_p, ctypes.c_size_t], ctypes.c_size_t),
     "csa2_dlpack_describe": ([_T, ctypes.c_char_p, ctypes.c_size_t], _C_STATUS),
+    "csa2_geometry_embedded": ([ctypes.POINTER(ctypes.c_void_p)], _C_STATUS),
+    "csa2_geometry_free": ([ctypes.c_void_p], None),
+    "csa2_rope": ([ctypes.c_void_p, ctypes.c_uint32, _T, _T, ctypes.c_int32], _C_STATUS),
+    "csa2_compress": ([ctypes.c_void_p, ctypes.c_uint32, _T, _T, _T, _T, _T, ctypes.c_int64,
+                       _T, _T], _C_STATUS),
+    "csa2_indexer_logits": ([_T, _T, _T, _T, ctypes.c_uint32, ctypes.c_int32, _T], _C_STATUS),
+    "csa2_topk": ([_T, _T, ctypes.c_uint32, _T, _T], _C_STATUS),
+    "csa2_candidates": ([_T, _T, ctypes.c_uint32, ctypes.c_uint32, _T], _C_STATUS),
+    "csa2_attention": ([_T, _T, ctypes.c_int32, _T, ctypes.c_int32, _T, _T, _T, _T, _T,
+                        ctypes.c_uint32, ctypes.c_uint32, ctypes.c_float, _T, _T], _C_STATUS),
+    "csa2_mhc": ([ctypes.c_void_p] + [_T] * 14, _C_STATUS),
 }
 
 
@@ -226,3 +237,57 @@ def describe(x: Any) -> str:
     buf = ctypes.create_string_buffer(256)
     call("csa2_dlpack_describe", b.ptr, buf, len(buf))
     return buf.value.decode()
+
+
+# ---- ops (src/ffi/ops.rs; shapes and conventions are documented there and in include/csa2.h) -----
+
+class MhcParams(ctypes.Structure):
+    """``Csa2MhcParams``: pass ``None`` instead for the V4.1 values (2.0, 20, 1e-6, 1e-20)."""
+
+    _fields_ = [("post_mult", ctypes.c_float), ("sinkhorn_iters", ctypes.c_uint32),
+                ("hc_eps", ctypes.c_float), ("rms_eps", ctypes.c_float)]
+
+
+def _ptr(x: Any) -> tuple[Any, Any]:
+    """(keep-alive, ``DLTensor*`` or None) for an optional tensor."""
+    if x is None:
+        return None, None
+    b = borrow(x)
+    return b, b.ptr
+
+
+def _call_tensors(fn: str, build) -> None:
+    keep: list = []
+
+    def t(x):
+        b, p = _ptr(x)
+        keep.append(b)
+        return p
+
+    call(fn, *build(t))
+
+
+def indexer_logits(q, w, positions, keys, ratio: int, q_quant: int, out) -> None:
+    """``csa2_indexer_logits`` into ``out`` (T, N). ``q_quant``: 0 none, 1 MXFP4, 2 FP8."""
+    _call_tensors("csa2_indexer_logits",
+                  lambda t: (t(q), t(w), t(positions), t(keys), ratio, q_quant, t(out)))
+
+
+def mhc(x, pre_prev, norm, x_new, layer_in, *, y=None, post=None, comb=None, hc_fn=None,
+        hc_base=None, hc_scale=None, pre_out=None, post_out=None, comb_out=None,
+        params: MhcParams | None = None) -> None:
+    """``csa2_mhc``: one mHC boundary (post update when ``y/post/comb`` are given, shifted collapse +
+    RMSNorm into ``layer_in``, next coefficients when ``hc_fn/hc_base/hc_scale`` are given)."""
+    pp = None if params is None else ctypes.cast(ctypes.pointer(params), ctypes.c_void_p)
+    _call_tensors("csa2_mhc", lambda t: (
+        pp, t(x), t(y), t(post), t(comb), t(pre_prev), t(hc_fn), t(hc_base), t(hc_scale),
+        t(norm), t(x_new), t(layer_in), t(pre_out), t(post_out), t(comb_out)))
+
+
+def attention(q, main_kv, swa, topk, positions, sink, out, lse, *, main_format: int = 0,
+              swa_format: int = 2, topk_len=None, replay_start=None, window: int = 128,
+              ratio: int = 0, scale: float = 0.0) -> None:
+    """``csa2_attention`` into ``out`` (T, H, 512) and ``lse`` (T, H)."""
+    _call_tensors("csa2_attention", lambda t: (
+        t(q), t(main_kv), main_format, t(swa), swa_format, t(topk), t(topk_len), t(positions),
+        t(replay_start), t(sink), window, ratio, scale, t(out), t(lse)))

@@ -268,8 +268,8 @@ pub struct View<'a> {
 impl<'a> View<'a> {
     /// Reads and validates the descriptor at `t`, naming it `name` in every error.
     ///
-    /// Guarantees on success: `ndim ∈ [0, 8]`; every dim ≥ 0; the element count and byte size fit
-    /// `isize` (no overflow); the dtype is one of [`DType`] with one lane; the layout is compact
+    /// Guarantees on success: `ndim ∈ [0, 8]`; every dim ≥ 0; the product of the non-zero dims (hence the
+    /// element count) times the element size fits `isize`, so any product of dims is safe; the dtype is one of [`DType`] with one lane; the layout is compact
     /// row-major (null strides, or strides equal to the row-major ones — size-1 dims may carry any
     /// stride, as torch gives them); `data` is non-null and aligned to the element size whenever
     /// the tensor is non-empty; `data + byte_offset + bytes` does not wrap.
@@ -320,8 +320,12 @@ impl<'a> View<'a> {
                 .map_err(|_| Error::shape(format!("{name}.shape[{i}]"), "a size ≥ 0", d))?;
             shape.push(d);
         }
+        // The product skips zero dims: an empty tensor of shape [0, 2^62] would otherwise pass
+        // and hand the ops a dim whose products with the others overflow (found by
+        // tests/ffi_fuzz.rs). The element count is zero exactly when some dim is zero.
         let numel = shape
             .iter()
+            .filter(|&&d| d != 0)
             .try_fold(1usize, |acc, &d| acc.checked_mul(d))
             .filter(|&n| {
                 n.checked_mul(dtype.size())
@@ -334,6 +338,7 @@ impl<'a> View<'a> {
                     format!("{raw_shape:?} (element count overflows)"),
                 )
             })?;
+        let numel = if shape.contains(&0) { 0 } else { numel };
         if !t.strides.is_null() && numel > 0 {
             let mut expect = 1i64;
             for i in (0..ndim).rev() {
@@ -545,6 +550,10 @@ impl<'a> View<'a> {
     /// Mutable `i32` elements (int32 only).
     pub fn i32s_mut(&mut self) -> Result<&'a mut [i32]> {
         self.typed_mut(DType::I32)
+    }
+    /// Mutable `f32` elements (float32 only).
+    pub fn f32s_mut(&mut self) -> Result<&'a mut [f32]> {
+        self.typed_mut(DType::F32)
     }
     /// Mutable bytes (uint8 only).
     pub fn bytes_mut(&mut self) -> Result<&'a mut [u8]> {
@@ -773,6 +782,14 @@ mod tests {
         let t = desc(buf.as_mut_ptr().cast(), DType::F32, &mut shape, None);
         let e = unsafe { View::from_raw(&t, "q") }.unwrap_err().to_string();
         assert!(e.contains("overflows"), "{e}");
+        // An empty tensor whose other dims multiply past isize (the ops multiply dims).
+        let mut shape = [0i64, i64::MAX, 64];
+        let t = desc(buf.as_mut_ptr().cast(), DType::F32, &mut shape, None);
+        let e = unsafe { View::from_raw(&t, "q") }.unwrap_err().to_string();
+        assert!(e.contains("overflows"), "{e}");
+        let mut shape = [0i64, 1 << 20, 64];
+        let t = desc(std::ptr::null_mut(), DType::F32, &mut shape, None);
+        assert_eq!(unsafe { View::from_raw(&t, "q") }.unwrap().numel(), 0);
         // Byte count overflows isize even though the element count fits.
         let mut shape = [(isize::MAX as i64) / 2];
         let t = desc(buf.as_mut_ptr().cast(), DType::F32, &mut shape, None);

@@ -7,7 +7,7 @@ use std::ffi::c_char;
 
 /// Opaque geometry handle (a parsed `config.json`). Free with [`csa2_geometry_free`].
 pub struct Csa2Geometry {
-    g: Geometry,
+    pub(super) g: Geometry,
 }
 
 /// Role of a layer (SPEC §0).

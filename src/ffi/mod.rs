@@ -16,9 +16,11 @@
 mod codec;
 pub mod dlpack;
 mod geometry;
+mod ops;
 
 pub use codec::*;
 pub use geometry::*;
+pub use ops::*;
 
 use crate::error::{Error, Result};
 use std::cell::RefCell;

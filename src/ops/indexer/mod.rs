@@ -143,7 +143,8 @@ pub struct IndexerQueries<'a> {
 /// Compressed entries a query at `pos` sees with ratio `m`: `(pos + 1) div m` (SPEC §2).
 #[inline]
 pub fn visible(pos: i64, m: usize) -> usize {
-    ((pos.max(-1) + 1) as u64 / m as u64) as usize
+    // Through i128: `pos + 1` overflows i64 at i64::MAX (found by tests/ffi_fuzz.rs).
+    ((pos.max(-1) as i128 + 1) as u64 / m as u64) as usize
 }
 
 /// Validates shapes; returns the per-token visible counts.

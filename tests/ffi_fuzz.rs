@@ -1,0 +1,828 @@
+//! Randomized fuzzing of the C ABI ops boundary (`src/ffi/ops.rs`), without libFuzzer.
+//!
+//! Each case starts from a *valid* argument set for one export (checked to return `CSA2_OK`), then
+//! applies 0–3 mutations: null descriptors, bad `ndim`, negative / huge / overflowing shapes, unknown
+//! or multi-lane dtypes, foreign devices, non-row-major strides, misaligned or wrapping
+//! `byte_offset`, null data, outputs aliasing other arguments, extreme scalars, NaN and
+//! out-of-range contents. Invariants checked on every call:
+//! - no panic escapes (an unwinding `extern "C"` aborts this process) and none is caught either
+//!   (`CSA2_ERR_PANIC` would mean a bug reached the boundary);
+//! - a mutation that is invalid by itself yields a non-OK status; an unmutated case yields OK;
+//! - the last error is set exactly when the status is not OK.
+//!
+//! Memory safety of the harness itself: every non-null data pointer is backed by at least the bytes
+//! its descriptor claims (claims above 16 MiB get null data instead), and byte offsets are either
+//! small (backed) or wrap the address space (refused before any read).
+//!
+//! `CSA2_FUZZ_ITERS` (default 200000, about 20 s in a debug build on the 2-core CI machine) sets
+//! the number of cases, `CSA2_FUZZ_SEED` the first seed;
+//! `CSA2_FUZZ_SAVE=1` writes the first refused single-mutation case of every (export, mutation kind)
+//! to `tests/fuzz_corpus/`, which `corpus_replays` re-runs and checks status for status.
+
+use csa2::ffi::dlpack::{DLDataType, DLDevice, DLTensor, K_DL_CPU};
+use csa2::ffi::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeSet;
+use std::ffi::c_void;
+use std::path::PathBuf;
+
+const CAP_BYTES: u128 = 16 << 20;
+const EXPORTS: [&str; 7] = [
+    "rope",
+    "compress",
+    "indexer_logits",
+    "topk",
+    "candidates",
+    "attention",
+    "mhc",
+];
+
+#[derive(Clone)]
+enum Content {
+    F32(Vec<f32>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    U8(Vec<u8>),
+}
+
+impl Content {
+    fn bytes(&self) -> Vec<u8> {
+        match self {
+            Content::F32(v) => v.iter().flat_map(|x| x.to_ne_bytes()).collect(),
+            Content::I32(v) => v.iter().flat_map(|x| x.to_ne_bytes()).collect(),
+            Content::I64(v) => v.iter().flat_map(|x| x.to_ne_bytes()).collect(),
+            Content::U8(v) => v.clone(),
+        }
+    }
+}
+
+/// One tensor argument: descriptor fields plus the memory behind it.
+#[derive(Clone)]
+struct Arg {
+    name: &'static str,
+    output: bool,
+    optional: bool,
+    present: bool,
+    null_desc: bool,
+    ndim: i32,
+    shape: [i64; 8],
+    strides: Option<[i64; 8]>,
+    dtype: DLDataType,
+    device: DLDevice,
+    byte_offset: u64,
+    null_data: bool,
+    content: Content,
+    /// Index of the argument whose memory this one uses (output aliasing).
+    alias_of: Option<usize>,
+    buf: Vec<u64>,
+    desc: DLTensor,
+}
+
+fn dt(code: u8, bits: u8) -> DLDataType {
+    DLDataType {
+        code,
+        bits,
+        lanes: 1,
+    }
+}
+
+fn arg(name: &'static str, shape: &[usize], content: Content) -> Arg {
+    let dtype = match &content {
+        Content::F32(_) => dt(2, 32),
+        Content::I32(_) => dt(0, 32),
+        Content::I64(_) => dt(0, 64),
+        Content::U8(_) => dt(1, 8),
+    };
+    let mut s = [0i64; 8];
+    for (d, &v) in s.iter_mut().zip(shape) {
+        *d = v as i64;
+    }
+    Arg {
+        name,
+        output: false,
+        optional: false,
+        present: true,
+        null_desc: false,
+        ndim: shape.len() as i32,
+        shape: s,
+        strides: None,
+        dtype,
+        device: DLDevice {
+            device_type: K_DL_CPU,
+            device_id: 0,
+        },
+        byte_offset: 0,
+        null_data: false,
+        content,
+        alias_of: None,
+        buf: Vec::new(),
+        desc: DLTensor {
+            data: std::ptr::null_mut(),
+            device: DLDevice {
+                device_type: K_DL_CPU,
+                device_id: 0,
+            },
+            ndim: 0,
+            dtype: dt(2, 32),
+            shape: std::ptr::null_mut(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        },
+    }
+}
+
+fn out(mut a: Arg) -> Arg {
+    a.output = true;
+    a
+}
+fn opt(mut a: Arg, present: bool) -> Arg {
+    a.optional = true;
+    a.present = present;
+    a
+}
+
+fn randn(r: &mut StdRng, n: usize, scale: f32) -> Content {
+    Content::F32((0..n).map(|_| r.random_range(-scale..scale)).collect())
+}
+
+impl Arg {
+    /// Bytes the descriptor claims, if `ndim` is in range (None when it overflows).
+    fn claimed(&self) -> Option<u128> {
+        if !(0..=8).contains(&self.ndim) {
+            return Some(0);
+        }
+        let elem = (self.dtype.bits as u128 * self.dtype.lanes as u128).div_ceil(8);
+        let mut n: u128 = 1;
+        for &d in &self.shape[..self.ndim as usize] {
+            n = n.checked_mul(d.max(0) as u128)?;
+        }
+        n.checked_mul(elem)
+    }
+    fn numel_positive(&self) -> bool {
+        (0..=8).contains(&self.ndim) && self.shape[..self.ndim as usize].iter().all(|&d| d != 0)
+    }
+    /// Allocates memory for the claimed bytes and points the descriptor at it.
+    fn materialize(&mut self) {
+        let claimed = self.claimed();
+        let need = match claimed {
+            Some(b) if b <= CAP_BYTES => b as usize,
+            _ => {
+                self.null_data = true;
+                0
+            }
+        };
+        let small_off = if self.byte_offset <= 64 {
+            self.byte_offset as usize
+        } else {
+            0
+        };
+        self.buf = vec![0u64; (need + small_off).div_ceil(8) + 1];
+        let bytes = self.content.bytes();
+        // SAFETY: the buffer holds at least `need + small_off` bytes; we copy at most `need`.
+        unsafe {
+            let dst = (self.buf.as_mut_ptr() as *mut u8).add(small_off);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len().min(need));
+        }
+    }
+    fn fix_pointers(&mut self, data: *mut c_void) {
+        self.desc = DLTensor {
+            data: if self.null_data {
+                std::ptr::null_mut()
+            } else {
+                data
+            },
+            device: self.device,
+            ndim: self.ndim,
+            dtype: self.dtype,
+            shape: self.shape.as_mut_ptr(),
+            strides: self
+                .strides
+                .as_mut()
+                .map_or(std::ptr::null_mut(), |s| s.as_mut_ptr()),
+            byte_offset: self.byte_offset,
+        };
+    }
+    fn ptr(&self) -> *const DLTensor {
+        if !self.present || self.null_desc {
+            std::ptr::null()
+        } else {
+            &self.desc
+        }
+    }
+}
+
+struct Case {
+    export: usize,
+    args: Vec<Arg>,
+    scalars: Vec<i64>,
+    mhc_params: Option<Csa2MhcParams>,
+    mutations: Vec<String>,
+    kinds: Vec<usize>,
+    must_fail: bool,
+}
+
+fn geometry() -> *mut Csa2Geometry {
+    let mut g = std::ptr::null_mut();
+    assert_eq!(
+        unsafe { csa2_geometry_embedded(&mut g) },
+        Csa2Status::Csa2Ok
+    );
+    g
+}
+
+fn layers(g: *const Csa2Geometry) -> Vec<(u32, u32)> {
+    let mut n = 0usize;
+    unsafe { csa2_geometry_num_layers(g, &mut n) };
+    (0..n as u32)
+        .map(|l| {
+            let mut info = std::mem::MaybeUninit::<Csa2LayerInfo>::uninit();
+            assert_eq!(
+                unsafe { csa2_geometry_layer(g, l as usize, info.as_mut_ptr()) },
+                Csa2Status::Csa2Ok
+            );
+            (l, unsafe { info.assume_init() }.ratio)
+        })
+        .collect()
+}
+
+fn positions(r: &mut StdRng, t: usize, below: usize) -> Content {
+    Content::I64(
+        (0..t)
+            .map(|_| r.random_range(0..below.max(1)) as i64)
+            .collect(),
+    )
+}
+
+/// A valid argument set for `export`.
+fn template(r: &mut StdRng, export: usize, plan: &[(u32, u32)], wk: &[f32]) -> Case {
+    let t = r.random_range(0..4usize);
+    let mut scalars = Vec::new();
+    let mut mhc_params = None;
+    let args = match EXPORTS[export] {
+        "rope" => {
+            let (h, d) = (r.random_range(1..3), [64, 128][r.random_range(0..2)]);
+            scalars = vec![r.random_range(0..plan.len()) as i64, r.random_range(0..2)];
+            vec![
+                out(arg("x", &[t, h, d], randn(r, t * h * d, 2.0))),
+                arg("positions", &[t], positions(r, t, 5000)),
+            ]
+        }
+        "compress" => {
+            let full: Vec<_> = plan.iter().filter(|p| p.1 == 1 || p.1 == 2).collect();
+            let (layer, m) = *full[r.random_range(0..full.len())];
+            let m = m as usize;
+            let e = r.random_range(0..3usize);
+            let t = e * m;
+            scalars = vec![layer as i64, (m * r.random_range(0..100)) as i64];
+            vec![
+                arg("kv", &[t, 512], randn(r, t * 512, 1.0)),
+                opt(arg("score", &[t, 512], randn(r, t * 512, 1.0)), m == 2),
+                arg("norm", &[512], Content::F32(vec![1.0; 512])),
+                arg("wk", &[128, 512], Content::F32(wk.to_vec())),
+                arg("k_norm", &[128], Content::F32(vec![1.0; 128])),
+                out(arg("main_kv_out", &[e, 288], Content::U8(vec![]))),
+                out(arg("index_k_out", &[e, 68], Content::U8(vec![]))),
+            ]
+        }
+        "indexer_logits" => {
+            let (h, n, m) = (
+                r.random_range(1..5usize),
+                r.random_range(1..9usize),
+                r.random_range(1..3usize),
+            );
+            scalars = vec![m as i64, r.random_range(0..3)];
+            let keys = if r.random_bool(0.5) {
+                arg("keys", &[n, 128], randn(r, n * 128, 1.0))
+            } else {
+                let mut b: Vec<u8> = (0..n * 68).map(|_| r.random()).collect();
+                // Keep the UE8M0 scales finite (0xFF is NaN), so valid cases stay NaN-free.
+                for row in b.chunks_mut(68) {
+                    row[64..].iter_mut().for_each(|s| *s = 120 + (*s % 14));
+                }
+                arg("keys", &[n, 68], Content::U8(b))
+            };
+            vec![
+                arg("q", &[t, h, 128], randn(r, t * h * 128, 1.0)),
+                arg("w", &[t, h], randn(r, t * h, 1.0)),
+                arg("positions", &[t], positions(r, t, n * m)),
+                keys,
+                out(arg("logits_out", &[t, n], Content::F32(vec![]))),
+            ]
+        }
+        "topk" | "candidates" => {
+            let (n, m, k) = (
+                r.random_range(0..20usize),
+                r.random_range(1..3usize),
+                r.random_range(1..6usize),
+            );
+            scalars = vec![m as i64, r.random_range(1..5)];
+            let mut v = vec![
+                arg("logits", &[t, n], randn(r, t * n, 1.0)),
+                arg("positions", &[t], positions(r, t, 40)),
+                out(arg("out", &[t, k], Content::I32(vec![]))),
+            ];
+            if EXPORTS[export] == "topk" {
+                v.push(out(opt(
+                    arg("counts_out", &[t], Content::I32(vec![])),
+                    r.random_bool(0.5),
+                )));
+            }
+            v
+        }
+        "attention" => {
+            let (h, n, s, k) = (
+                r.random_range(1..3usize),
+                r.random_range(0..5usize),
+                r.random_range(1..7usize),
+                r.random_range(1..4usize),
+            );
+            scalars = vec![
+                0, // main_format (nvfp4 when main is uint8)
+                2, // swa_format (mxfp8 when swa is uint8)
+                r.random_range(1..9),
+                0,
+                [0i64, 0.05f32.to_bits() as i64][r.random_range(0..2)],
+            ];
+            let main = if r.random_bool(0.5) {
+                arg("main_kv", &[n, 512], randn(r, n * 512, 1.0))
+            } else {
+                let mut b = vec![0u8; n * 288];
+                // E2M1 data random, E4M3 scales small positive (no NaN encodings).
+                for row in b.chunks_mut(288) {
+                    row[..256].iter_mut().for_each(|x| *x = r.random());
+                    row[256..]
+                        .iter_mut()
+                        .for_each(|x| *x = r.random_range(0x20..0x40));
+                }
+                arg("main_kv", &[n, 288], Content::U8(b))
+            };
+            let topk: Vec<i32> = (0..t * k).map(|_| r.random_range(-1..n as i32)).collect();
+            vec![
+                arg("q", &[t, h, 512], randn(r, t * h * 512, 1.0)),
+                main,
+                arg("swa", &[s, 512], randn(r, s * 512, 1.0)),
+                arg("topk", &[t, k], Content::I32(topk)),
+                opt(
+                    arg(
+                        "topk_len",
+                        &[t],
+                        Content::I32((0..t).map(|_| r.random_range(0..=k as i32)).collect()),
+                    ),
+                    r.random_bool(0.5),
+                ),
+                arg("positions", &[t], positions(r, t, s)),
+                opt(
+                    arg(
+                        "replay_start",
+                        &[1],
+                        Content::I64(vec![r.random_range(0..3)]),
+                    ),
+                    r.random_bool(0.5),
+                ),
+                arg("sink", &[h], randn(r, h, 1.0)),
+                out(arg("out", &[t, h, 512], Content::F32(vec![]))),
+                out(arg("lse", &[t, h], Content::F32(vec![]))),
+            ]
+        }
+        "mhc" => {
+            let d = r.random_range(1..9usize);
+            let upd = r.random_bool(0.5);
+            let next = r.random_bool(0.5);
+            if r.random_bool(0.5) {
+                mhc_params = Some(Csa2MhcParams {
+                    post_mult: 2.0,
+                    sinkhorn_iters: r.random_range(1..25),
+                    hc_eps: 1e-6,
+                    rms_eps: 1e-6,
+                });
+            }
+            let pre: Vec<f32> = (0..t * 4).map(|_| r.random_range(0.0..1.0)).collect();
+            let comb: Vec<f32> = (0..t * 16).map(|_| r.random_range(0.0..0.5)).collect();
+            vec![
+                arg("x", &[t, 4, d], randn(r, t * 4 * d, 1.0)),
+                opt(arg("y", &[t, d], randn(r, t * d, 1.0)), upd),
+                opt(arg("post", &[t, 4], randn(r, t * 4, 1.0)), upd),
+                opt(arg("comb", &[t, 4, 4], Content::F32(comb)), upd),
+                arg("pre_prev", &[t, 4], Content::F32(pre)),
+                opt(arg("hc_fn", &[24, 4 * d], randn(r, 96 * d, 0.1)), next),
+                opt(arg("hc_base", &[24], randn(r, 24, 0.5)), next),
+                opt(arg("hc_scale", &[3], randn(r, 3, 1.0)), next),
+                arg("norm", &[d], randn(r, d, 1.0)),
+                out(arg("x_new", &[t, 4, d], Content::F32(vec![]))),
+                out(arg("layer_in", &[t, d], Content::F32(vec![]))),
+                out(opt(arg("pre_out", &[t, 4], Content::F32(vec![])), next)),
+                out(opt(arg("post_out", &[t, 4], Content::F32(vec![])), next)),
+                out(opt(arg("comb_out", &[t, 4, 4], Content::F32(vec![])), next)),
+            ]
+        }
+        _ => unreachable!(),
+    };
+    Case {
+        export,
+        args,
+        scalars,
+        mhc_params,
+        mutations: Vec::new(),
+        kinds: Vec::new(),
+        must_fail: false,
+    }
+}
+
+const ACCEPTED: [(u8, u8); 6] = [(2, 32), (4, 16), (2, 16), (1, 8), (0, 32), (0, 64)];
+
+fn mutate(r: &mut StdRng, c: &mut Case) {
+    let n = c.args.len();
+    let i = r.random_range(0..n);
+    let kind = r.random_range(0..13);
+    let a = &mut c.args[i];
+    let name = a.name;
+    let note = match kind {
+        0 => {
+            if a.present {
+                a.null_desc = true;
+                format!("null {name}")
+            } else {
+                a.present = true;
+                format!("add optional {name}")
+            }
+        }
+        1 => {
+            let v = [-5, -1, 9, 100, i32::MAX, i32::MIN][r.random_range(0..6)];
+            a.ndim = v;
+            format!("{name}.ndim={v}")
+        }
+        2 => {
+            a.ndim = r.random_range(0..=8);
+            format!("{name}.ndim={}", a.ndim)
+        }
+        3 => {
+            let d = r.random_range(0..8);
+            let v = [-1, i64::MIN, -(1 << 40)][r.random_range(0..3)];
+            a.shape[d] = v;
+            format!("{name}.shape[{d}]={v}")
+        }
+        4 => {
+            let d = r.random_range(0..8);
+            let v = [0, 1, 2, 3, 7, 68, 512, 1 << 40, i64::MAX][r.random_range(0..9)];
+            a.shape[d] = v;
+            format!("{name}.shape[{d}]={v}")
+        }
+        5 => {
+            let (code, bits, lanes) = (
+                r.random_range(0..8u8),
+                [1u8, 8, 16, 32, 64, 128][r.random_range(0..6)],
+                [1u16, 1, 2, 4][r.random_range(0..4)],
+            );
+            a.dtype = DLDataType { code, bits, lanes };
+            format!("{name}.dtype=({code},{bits},{lanes})")
+        }
+        6 => {
+            let v = [0, 2, 4, 7, 8, 10, 13, 16, -1, i32::MAX][r.random_range(0..10)];
+            a.device.device_type = v;
+            a.device.device_id = r.random_range(-1..3);
+            format!("{name}.device={v}")
+        }
+        7 => {
+            let mut s = [0i64; 8];
+            s.iter_mut()
+                .for_each(|x| *x = [0, 1, 2, -1, 512, i64::MAX][r.random_range(0..6)]);
+            a.strides = Some(s);
+            format!("{name}.strides={:?}", &s[..a.ndim.clamp(0, 8) as usize])
+        }
+        8 => {
+            let v =
+                [1u64, 2, 3, 4, 8, u64::MAX, u64::MAX - 7, u64::MAX - 4096][r.random_range(0..8)];
+            a.byte_offset = v;
+            format!("{name}.byte_offset={v}")
+        }
+        9 => {
+            a.null_data = true;
+            format!("{name}.data=null")
+        }
+        10 => {
+            let outs: Vec<usize> = (0..n).filter(|&k| c.args[k].output).collect();
+            let o = outs[r.random_range(0..outs.len())];
+            let mut t = r.random_range(0..n);
+            if t == o {
+                t = (t + 1) % n;
+            }
+            c.args[o].alias_of = Some(t);
+            format!("{} aliases {}", c.args[o].name, c.args[t].name)
+        }
+        11 => {
+            if c.scalars.is_empty() {
+                return;
+            }
+            let s = r.random_range(0..c.scalars.len());
+            let v = [
+                -1,
+                0,
+                1,
+                2,
+                3,
+                7,
+                1000,
+                i32::MAX as i64,
+                u32::MAX as i64,
+                f32::NAN.to_bits() as i64,
+            ][r.random_range(0..10)];
+            c.scalars[s] = v;
+            format!("scalar[{s}]={v}")
+        }
+        _ => match &mut a.content {
+            Content::F32(v) if !v.is_empty() => {
+                let k = r.random_range(0..v.len());
+                v[k] = [f32::NAN, f32::INFINITY, -f32::INFINITY, 1e30][r.random_range(0..4)];
+                format!("{name}[{k}]={}", v[k])
+            }
+            Content::I32(v) if !v.is_empty() => {
+                let k = r.random_range(0..v.len());
+                v[k] = [-2, -1, i32::MAX, i32::MIN, 1000][r.random_range(0..5)];
+                format!("{name}[{k}]={}", v[k])
+            }
+            Content::I64(v) if !v.is_empty() => {
+                let k = r.random_range(0..v.len());
+                v[k] = [-1, i64::MIN, i64::MAX, 1 << 40][r.random_range(0..4)];
+                format!("{name}[{k}]={}", v[k])
+            }
+            _ => return,
+        },
+    };
+    c.mutations.push(note);
+    c.kinds.push(kind);
+}
+
+/// Builds case `seed` (deterministic): a valid template plus 0–3 mutations (none when `seed` is a
+/// multiple of 8, so every export is also exercised on valid input).
+fn build(seed: u64, plan: &[(u32, u32)], wk: &[f32]) -> Case {
+    let mut r = StdRng::seed_from_u64(seed);
+    let export = r.random_range(0..EXPORTS.len());
+    let mut c = template(&mut r, export, plan, wk);
+    if seed % 8 != 0 {
+        for _ in 0..r.random_range(1..4) {
+            mutate(&mut r, &mut c);
+        }
+    }
+    // Invalid by itself, judged on the final state (a later mutation may undo an earlier one).
+    c.must_fail = c.args.iter().any(|a| {
+        if a.null_desc {
+            return a.present && !a.optional;
+        }
+        a.present
+            && (!(0..=8).contains(&a.ndim)
+                || a.shape[..a.ndim as usize].iter().any(|&d| d < 0)
+                || a.dtype.lanes != 1
+                || !ACCEPTED.contains(&(a.dtype.code, a.dtype.bits))
+                || ![1, 3, 13].contains(&a.device.device_type))
+    });
+    for a in &mut c.args {
+        a.materialize();
+    }
+    // Aliases: point the output at the other argument's memory, only where that memory covers the
+    // output's claim (otherwise the harness itself would hand over unbacked memory).
+    // An alias onto an argument that itself aliases something would point at memory nobody else
+    // uses (chains and cycles): drop those, judged on the state before any is dropped.
+    let chained: Vec<bool> = (0..c.args.len())
+        .map(|k| {
+            c.args[k]
+                .alias_of
+                .is_some_and(|t| c.args[t].alias_of.is_some())
+        })
+        .collect();
+    for (a, drop) in c.args.iter_mut().zip(chained) {
+        if drop {
+            a.alias_of = None;
+        }
+    }
+    for k in 0..c.args.len() {
+        let Some(t) = c.args[k].alias_of else {
+            continue;
+        };
+        let target_bytes = c.args[t].buf.len() * 8;
+        let fits = c.args[k]
+            .claimed()
+            .is_some_and(|b| b + c.args[k].byte_offset.min(64) as u128 <= target_bytes as u128);
+        if fits && !c.args[k].null_data {
+            let both_live = c.args[k].present
+                && !c.args[k].null_desc
+                && c.args[t].present
+                && !c.args[t].null_desc
+                && !c.args[t].null_data
+                && c.args[k].numel_positive()
+                && c.args[t].numel_positive()
+                && c.args[k].byte_offset == 0
+                && c.args[t].byte_offset == 0
+                && c.args[k].claimed().is_some_and(|b| b > 0)
+                && c.args[t].claimed().is_some_and(|b| b > 0);
+            c.must_fail |= both_live;
+        } else {
+            c.args[k].alias_of = None;
+        }
+    }
+    c
+}
+
+fn call(c: &mut Case, g: *const Csa2Geometry) -> Csa2Status {
+    // Point every descriptor at its own (or its alias target's) memory.
+    let ptrs: Vec<*mut c_void> = c
+        .args
+        .iter_mut()
+        .map(|a| a.buf.as_mut_ptr() as *mut c_void)
+        .collect();
+    for k in 0..c.args.len() {
+        let data = ptrs[c.args[k].alias_of.unwrap_or(k)];
+        c.args[k].fix_pointers(data);
+    }
+    let p: Vec<*const DLTensor> = c.args.iter().map(Arg::ptr).collect();
+    let s = &c.scalars;
+    unsafe {
+        match EXPORTS[c.export] {
+            "rope" => csa2_rope(g, s[0] as u32, p[0], p[1], s[1] as i32),
+            "compress" => csa2_compress(
+                g,
+                s[0] as u32,
+                p[0],
+                p[1],
+                p[2],
+                p[3],
+                p[4],
+                s[1],
+                p[5],
+                p[6],
+            ),
+            "indexer_logits" => {
+                csa2_indexer_logits(p[0], p[1], p[2], p[3], s[0] as u32, s[1] as i32, p[4])
+            }
+            "topk" => csa2_topk(p[0], p[1], s[0] as u32, p[2], p[3]),
+            "candidates" => csa2_candidates(p[0], p[1], s[0] as u32, s[1] as u32, p[2]),
+            "attention" => csa2_attention(
+                p[0],
+                p[1],
+                s[0] as i32,
+                p[2],
+                s[1] as i32,
+                p[3],
+                p[4],
+                p[5],
+                p[6],
+                p[7],
+                s[2] as u32,
+                s[3] as u32,
+                f32::from_bits(s[4] as u32),
+                p[8],
+                p[9],
+            ),
+            "mhc" => csa2_mhc(
+                c.mhc_params
+                    .as_ref()
+                    .map_or(std::ptr::null(), |m| m as *const _),
+                p[0],
+                p[1],
+                p[2],
+                p[3],
+                p[4],
+                p[5],
+                p[6],
+                p[7],
+                p[8],
+                p[9],
+                p[10],
+                p[11],
+                p[12],
+                p[13],
+            ),
+            _ => unreachable!(),
+        }
+    }
+}
+
+fn last_error() -> String {
+    let n = unsafe { csa2_last_error_message(std::ptr::null_mut(), 0) };
+    if n == 0 {
+        return String::new();
+    }
+    let mut b = vec![0 as std::ffi::c_char; n];
+    unsafe { csa2_last_error_message(b.as_mut_ptr(), n) };
+    unsafe { std::ffi::CStr::from_ptr(b.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Runs one case and checks the invariants; returns the status.
+fn run(seed: u64, g: *const Csa2Geometry, plan: &[(u32, u32)], wk: &[f32]) -> (Case, Csa2Status) {
+    let mut c = build(seed, plan, wk);
+    let st = call(&mut c, g);
+    let msg = last_error();
+    let ctx = || {
+        format!(
+            "seed {seed}, export {}, mutations {:?}: status {st:?}, last error `{msg}`",
+            EXPORTS[c.export], c.mutations
+        )
+    };
+    assert_ne!(st, Csa2Status::Csa2ErrPanic, "{}", ctx());
+    assert_eq!(st == Csa2Status::Csa2Ok, msg.is_empty(), "{}", ctx());
+    if c.mutations.is_empty() {
+        assert_eq!(st, Csa2Status::Csa2Ok, "valid case failed: {}", ctx());
+    }
+    if c.must_fail {
+        assert_ne!(st, Csa2Status::Csa2Ok, "bad input accepted: {}", ctx());
+    }
+    (c, st)
+}
+
+fn wk_pool() -> Vec<f32> {
+    let mut r = StdRng::seed_from_u64(1);
+    (0..128 * 512)
+        .map(|_| r.random_range(-0.05..0.05))
+        .collect()
+}
+
+fn corpus_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz_corpus")
+}
+
+#[test]
+fn fuzz_ops_boundary() {
+    let iters: u64 = std::env::var("CSA2_FUZZ_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    let first: u64 = std::env::var("CSA2_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let save = std::env::var("CSA2_FUZZ_SAVE").is_ok_and(|v| v == "1");
+    let (g, wk) = (geometry(), wk_pool());
+    let plan = layers(g);
+    let mut seen = BTreeSet::new();
+    let mut per_export = [[0u64; 2]; 7];
+    let start = std::time::Instant::now();
+    for seed in first..first + iters {
+        let (c, st) = run(seed, g, &plan, &wk);
+        per_export[c.export][(st == Csa2Status::Csa2Ok) as usize] += 1;
+        if save {
+            // The first refused single-mutation case of every (export, mutation kind).
+            let key = (c.export, c.kinds.first().copied());
+            if c.kinds.len() == 1 && st != Csa2Status::Csa2Ok && seen.insert(key) {
+                let text = format!(
+                    "export={}\nseed={seed}\nstatus={}\nmutations={}\n",
+                    EXPORTS[c.export],
+                    st as i32,
+                    c.mutations.join("; ")
+                );
+                std::fs::create_dir_all(corpus_dir()).unwrap();
+                std::fs::write(
+                    corpus_dir().join(format!("{}-{seed}.case", EXPORTS[c.export])),
+                    text,
+                )
+                .unwrap();
+            }
+        }
+    }
+    unsafe { csa2_geometry_free(g) };
+    eprintln!(
+        "ffi fuzz: {iters} executions (seeds {first}..{}), {:.1} s, 0 crashes; per export [errors, ok]:",
+        first + iters,
+        start.elapsed().as_secs_f64()
+    );
+    for (e, n) in EXPORTS.iter().zip(per_export) {
+        eprintln!("  {e:15} {n:?}");
+    }
+    // Every export saw both accepted and refused calls.
+    if iters >= 1000 {
+        for (e, n) in EXPORTS.iter().zip(per_export) {
+            assert!(n[0] > 0 && n[1] > 0, "{e}: {n:?}");
+        }
+    }
+}
+
+#[test]
+fn corpus_replays() {
+    let (g, wk) = (geometry(), wk_pool());
+    let plan = layers(g);
+    let mut n = 0;
+    for entry in std::fs::read_dir(corpus_dir()).expect("tests/fuzz_corpus") {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{k}=")))
+                .unwrap_or_else(|| panic!("{}: no `{k}=`", path.display()))
+                .to_string()
+        };
+        let seed: u64 = field("seed").parse().unwrap();
+        let (c, st) = run(seed, g, &plan, &wk);
+        let ctx = format!("{}", path.display());
+        assert_eq!(EXPORTS[c.export], field("export"), "{ctx}: case drifted");
+        assert_eq!(
+            c.mutations.join("; "),
+            field("mutations"),
+            "{ctx}: case drifted"
+        );
+        assert_eq!((st as i32).to_string(), field("status"), "{ctx}");
+        n += 1;
+    }
+    unsafe { csa2_geometry_free(g) };
+    assert!(n >= 10, "corpus has only {n} cases");
+}
