@@ -16,10 +16,10 @@ pub mod ffi;
 pub mod formats;
 pub mod geometry;
 pub mod npy;
+pub mod ops;
 pub mod replay;
 pub mod sim;
 pub mod store;
-pub mod ops;
 pub mod tolerance;
 pub mod weights;
 
