@@ -5,7 +5,9 @@
 use csa2::backend::cache::Region;
 use csa2::backend::launch_day::LAUNCH_DAY;
 use csa2::backend::timing::Timings;
-use csa2::backend::{Backend, BackendConfig, ContiguousCache, KvCache, Model, Phase, ReindexMode, SeqStep};
+use csa2::backend::{
+    Backend, BackendConfig, ContiguousCache, KvCache, Model, Phase, ReindexMode, SeqStep,
+};
 use csa2::geometry::Role;
 use csa2::tolerance::{compare, Tolerance};
 use csa2::weights::Scale;
@@ -18,7 +20,9 @@ fn model() -> Arc<Model> {
 }
 
 fn tokens(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| i.wrapping_mul(2654435761).wrapping_add(salt) % 50_000).collect()
+    (0..n as u32)
+        .map(|i| i.wrapping_mul(2654435761).wrapping_add(salt) % 50_000)
+        .collect()
 }
 
 fn prefill(req: u64, first: usize, len: usize, end: usize) -> SeqStep {
@@ -79,23 +83,65 @@ fn one_chunk_equals_two_chunks_equals_prefill_then_decode() {
     let mut tm = Timings::default();
 
     let mut c1 = new_cache(&b);
-    let one = b.step(&[prefill(1, 0, n, n)], &toks, &mut c1, &mut tm, false).unwrap();
+    let one = b
+        .step(&[prefill(1, 0, n, n)], &toks, &mut c1, &mut tm, false)
+        .unwrap();
 
     let mut c2 = new_cache(&b);
-    b.step(&[prefill(1, 0, 15, n)], &toks[..15], &mut c2, &mut tm, false).unwrap();
-    let two = b.step(&[prefill(1, 15, n - 15, n)], &toks[15..], &mut c2, &mut tm, false).unwrap();
-    assert_close(last_row(&two.hidden, d), last_row(&one.hidden, d), "two chunks");
+    b.step(
+        &[prefill(1, 0, 15, n)],
+        &toks[..15],
+        &mut c2,
+        &mut tm,
+        false,
+    )
+    .unwrap();
+    let two = b
+        .step(
+            &[prefill(1, 15, n - 15, n)],
+            &toks[15..],
+            &mut c2,
+            &mut tm,
+            false,
+        )
+        .unwrap();
+    assert_close(
+        last_row(&two.hidden, d),
+        last_row(&one.hidden, d),
+        "two chunks",
+    );
 
     let mut c3 = new_cache(&b);
-    b.step(&[prefill(1, 0, n - 2, n - 2)], &toks[..n - 2], &mut c3, &mut tm, false).unwrap();
-    b.step(&[decode(1, n - 2)], &toks[n - 2..n - 1], &mut c3, &mut tm, false).unwrap();
-    let dec = b.step(&[decode(1, n - 1)], &toks[n - 1..], &mut c3, &mut tm, false).unwrap();
+    b.step(
+        &[prefill(1, 0, n - 2, n - 2)],
+        &toks[..n - 2],
+        &mut c3,
+        &mut tm,
+        false,
+    )
+    .unwrap();
+    b.step(
+        &[decode(1, n - 2)],
+        &toks[n - 2..n - 1],
+        &mut c3,
+        &mut tm,
+        false,
+    )
+    .unwrap();
+    let dec = b
+        .step(&[decode(1, n - 1)], &toks[n - 1..], &mut c3, &mut tm, false)
+        .unwrap();
     assert_close(&dec.hidden, last_row(&one.hidden, d), "prefill + decode");
 
     // Global KV: ratio-2 Full layers hold n/2 entries, layer 20 holds n, in every variant.
     for c in [&c1, &c2, &c3] {
         for lp in m.geometry.layers_with(Role::Full) {
-            assert_eq!(c.entries(1, lp.id).unwrap(), n / lp.ratio, "layer {}", lp.id);
+            assert_eq!(
+                c.entries(1, lp.id).unwrap(),
+                n / lp.ratio,
+                "layer {}",
+                lp.id
+            );
         }
     }
 }
@@ -108,13 +154,23 @@ fn requests_in_one_batch_do_not_see_each_other() {
     let (ta, tb) = (tokens(20, 3), tokens(9, 4));
     let mut tm = Timings::default();
     let mut ca = new_cache(&b);
-    let a = b.step(&[prefill(7, 0, 20, 20)], &ta, &mut ca, &mut tm, false).unwrap();
+    let a = b
+        .step(&[prefill(7, 0, 20, 20)], &ta, &mut ca, &mut tm, false)
+        .unwrap();
     let mut cb = new_cache(&b);
-    let bb = b.step(&[prefill(8, 0, 9, 9)], &tb, &mut cb, &mut tm, false).unwrap();
+    let bb = b
+        .step(&[prefill(8, 0, 9, 9)], &tb, &mut cb, &mut tm, false)
+        .unwrap();
     let mut c = new_cache(&b);
     let both = [ta.clone(), tb.clone()].concat();
     let ab = b
-        .step(&[prefill(7, 0, 20, 20), prefill(8, 0, 9, 9)], &both, &mut c, &mut tm, false)
+        .step(
+            &[prefill(7, 0, 20, 20), prefill(8, 0, 9, 9)],
+            &both,
+            &mut c,
+            &mut tm,
+            false,
+        )
         .unwrap();
     assert_close(&ab.hidden[..20 * d], &a.hidden, "request 7 in a batch");
     assert_close(&ab.hidden[20 * d..], &bb.hidden, "request 8 in a batch");
@@ -132,8 +188,12 @@ fn decoder_replay_is_exact_up_to_the_window_and_bounded_after() {
         let toks = tokens(n, 9);
         let mut c_on = new_cache(&on);
         let mut c_off = new_cache(&off);
-        let a = on.step(&[prefill(1, 0, n, n)], &toks, &mut c_on, &mut tm, false).unwrap();
-        let bo = off.step(&[prefill(1, 0, n, n)], &toks, &mut c_off, &mut tm, false).unwrap();
+        let a = on
+            .step(&[prefill(1, 0, n, n)], &toks, &mut c_on, &mut tm, false)
+            .unwrap();
+        let bo = off
+            .step(&[prefill(1, 0, n, n)], &toks, &mut c_off, &mut tm, false)
+            .unwrap();
         // Output rows: the kept ones.
         assert_eq!(a.hidden.len(), n.min(w) * d);
         assert_eq!(bo.hidden.len(), n * d);
@@ -165,8 +225,12 @@ fn launch_day_matches_csa2_up_to_quantization() {
     let l = Backend::new(m, LAUNCH_DAY).unwrap();
     let mut ca = new_cache(&a);
     let mut cl = new_cache(&l);
-    let x = a.step(&[prefill(1, 0, n, n)], &toks, &mut ca, &mut tm, false).unwrap();
-    let y = l.step(&[prefill(1, 0, n, n)], &toks, &mut cl, &mut tm, false).unwrap();
+    let x = a
+        .step(&[prefill(1, 0, n, n)], &toks, &mut ca, &mut tm, false)
+        .unwrap();
+    let y = l
+        .step(&[prefill(1, 0, n, n)], &toks, &mut cl, &mut tm, false)
+        .unwrap();
     let s = compare(last_row(&x.hidden, d), last_row(&y.hidden, d), &CLOSE);
     assert!(s.cos_diff < 2e-2, "{s:?}");
     // Measured bytes: 890 vs 1790 per token at this context's entry counts.
@@ -207,7 +271,9 @@ fn pooled_reindex_equals_dense_then_mask_past_the_pool_size() {
             }
         }
         let mut tm = Timings::default();
-        let o = b.step(&[decode(1, n)], &[42], &mut c, &mut tm, false).unwrap();
+        let o = b
+            .step(&[decode(1, n)], &[42], &mut c, &mut tm, false)
+            .unwrap();
         outs.push(o.hidden);
     }
     assert_close(&outs[0], &outs[1], "pooled vs dense Reindex");
@@ -218,9 +284,37 @@ fn bad_steps_are_typed_errors() {
     let b = Backend::new(model(), BackendConfig::CSA2).unwrap();
     let mut c = new_cache(&b);
     let mut tm = Timings::default();
-    let e = b.step(&[prefill(1, 0, 3, 3)], &[1, 2], &mut c, &mut tm, false).unwrap_err();
+    let e = b
+        .step(&[prefill(1, 0, 3, 3)], &[1, 2], &mut c, &mut tm, false)
+        .unwrap_err();
     assert!(e.to_string().contains("step tokens"), "{e}");
     // Decode at a position whose earlier tokens were never prefilled: the compressor cannot resume.
-    let e = b.step(&[decode(2, 5)], &[1], &mut c, &mut tm, false).unwrap_err();
+    let e = b
+        .step(&[decode(2, 5)], &[1], &mut c, &mut tm, false)
+        .unwrap_err();
     assert!(e.to_string().contains("compressor"), "{e}");
+}
+
+#[test]
+fn the_history_reaches_the_last_row_through_attention() {
+    // Guard against a vacuous stack: changing one early token must change the last row's output
+    // (through the SWA window and the compressed entries), and by more than rounding noise.
+    let m = model();
+    let d = m.geometry.hidden_size;
+    let b = Backend::new(m, BackendConfig::CSA2.with_decoder_replay(false)).unwrap();
+    let n = 30;
+    let t1 = tokens(n, 2);
+    let mut t2 = t1.clone();
+    t2[3] ^= 1;
+    let mut tm = Timings::default();
+    let mut c1 = new_cache(&b);
+    let mut c2 = new_cache(&b);
+    let a = b
+        .step(&[prefill(1, 0, n, n)], &t1, &mut c1, &mut tm, false)
+        .unwrap();
+    let z = b
+        .step(&[prefill(1, 0, n, n)], &t2, &mut c2, &mut tm, false)
+        .unwrap();
+    let s = compare(last_row(&a.hidden, d), last_row(&z.hidden, d), &CLOSE);
+    assert!(s.max_abs > 1e-3, "the last row ignores its history: {s:?}");
 }

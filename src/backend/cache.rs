@@ -14,7 +14,7 @@
 //! - per Full layer of ratio > 1 the pending token of an unfinished group (kv and score, f32).
 
 use crate::error::{Error, Result};
-use crate::formats::RecordFormat;
+use crate::formats::{decode_rows, encode_rows, RecordFormat};
 use crate::geometry::{Geometry, Role};
 use crate::ops::compressor::CompressorState;
 use std::borrow::Cow;
@@ -152,8 +152,13 @@ pub trait KvCache: Send + Sync {
     /// Positions whose SWA rows `layer` holds for `req` (empty range when none).
     fn swa_held(&self, req: ReqId, layer: usize) -> Result<Range<usize>>;
     /// Decodes the SWA rows of positions `range` (must be held) into `out` (len × 512).
-    fn swa_read(&self, req: ReqId, layer: usize, range: Range<usize>, out: &mut [f32])
-        -> Result<()>;
+    fn swa_read(
+        &self,
+        req: ReqId,
+        layer: usize,
+        range: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()>;
     /// Copies the SWA windows of `layers` (the DRAM snapshot of SPEC §0).
     fn swa_snapshot(&self, req: ReqId, layers: &[usize]) -> Result<SwaSnapshot>;
     /// Restores windows from a snapshot (replacing what those layers hold).
@@ -263,7 +268,7 @@ impl ContiguousCache {
         let fmt = self.formats.of(region);
         let st = self.req_mut(req)?;
         let p = st.global.entry((layer, region)).or_default();
-        let (rb, d) = (fmt.record_bytes(), fmt.data_bytes());
+        let rb = fmt.record_bytes();
         let base = p.count;
         p.bytes.reserve_exact(n * rb);
         p.bytes.resize((base + n) * rb, 0);
@@ -272,12 +277,12 @@ impl ContiguousCache {
             .par_chunks_mut(CH * rb)
             .enumerate()
             .for_each(|(c, chunk)| {
-                let mut row = vec![0f32; fmt.dim()];
-                for (k, rec) in chunk.chunks_exact_mut(rb).enumerate() {
-                    make(base + c * CH + k, &mut row);
-                    let (dr, sr) = rec.split_at_mut(d);
-                    fmt.encode_row(&row, dr, sr);
+                let rows_here = chunk.len() / rb;
+                let mut x = vec![0f32; rows_here * fmt.dim()];
+                for (k, row) in x.chunks_exact_mut(fmt.dim()).enumerate() {
+                    make(base + c * CH + k, row);
                 }
+                encode_rows(fmt, &x, chunk).expect("whole rows by construction");
             });
         p.count = base + n;
         Ok(())
@@ -321,10 +326,7 @@ impl KvCache for ContiguousCache {
     fn entries(&self, req: ReqId, layer: usize) -> Result<usize> {
         self.check_kv_layer(layer)?;
         let st = self.req(req)?;
-        Ok(st
-            .global
-            .get(&(layer, Region::Main))
-            .map_or(0, |p| p.count))
+        Ok(st.global.get(&(layer, Region::Main)).map_or(0, |p| p.count))
     }
 
     fn write_entries(
@@ -337,7 +339,7 @@ impl KvCache for ContiguousCache {
     ) -> Result<()> {
         self.check_kv_layer(layer)?;
         let fmt = self.formats.of(region);
-        if rows.len() % fmt.dim() != 0 {
+        if !rows.len().is_multiple_of(fmt.dim()) {
             return Err(Error::shape(
                 format!("layer {layer} {region:?} rows"),
                 format!("a multiple of {}", fmt.dim()),
@@ -356,14 +358,10 @@ impl KvCache for ContiguousCache {
                 ),
             ));
         }
-        let (rb, d) = (fmt.record_bytes(), fmt.data_bytes());
+        let rb = fmt.record_bytes();
         let end = (first + n).max(p.count);
         p.bytes.resize(end * rb, 0);
-        for (i, row) in rows.chunks_exact(fmt.dim()).enumerate() {
-            let e = first + i;
-            let (dr, sr) = p.bytes[e * rb..(e + 1) * rb].split_at_mut(d);
-            fmt.encode_row(row, dr, sr);
-        }
+        encode_rows(fmt, rows, &mut p.bytes[first * rb..(first + n) * rb])?;
         p.count = end;
         Ok(())
     }
@@ -395,7 +393,7 @@ impl KvCache for ContiguousCache {
     fn swa_write(&mut self, req: ReqId, layer: usize, first: usize, rows: &[f32]) -> Result<()> {
         self.check_layer(layer)?;
         let fmt = self.formats.swa;
-        if rows.len() % fmt.dim() != 0 {
+        if !rows.len().is_multiple_of(fmt.dim()) {
             return Err(Error::shape(
                 format!("layer {layer} SWA rows"),
                 format!("a multiple of {}", fmt.dim()),
@@ -414,11 +412,11 @@ impl KvCache for ContiguousCache {
             ring.held = first..first;
         }
         let skip = n.saturating_sub(w);
-        for (i, row) in rows.chunks_exact(fmt.dim()).enumerate().skip(skip) {
-            let pos = first + i;
-            let rec = &mut ring.data[(pos % w) * rb..(pos % w + 1) * rb];
-            let (dr, sr) = rec.split_at_mut(fmt.data_bytes());
-            fmt.encode_row(row, dr, sr);
+        let mut recs = vec![0u8; (n - skip) * rb];
+        encode_rows(fmt, &rows[skip * fmt.dim()..], &mut recs)?;
+        for (i, rec) in recs.chunks_exact(rb).enumerate() {
+            let pos = first + skip + i;
+            ring.data[(pos % w) * rb..(pos % w + 1) * rb].copy_from_slice(rec);
         }
         let end = first + n;
         ring.held = ring.held.start.max(end.saturating_sub(w))..end;
@@ -459,12 +457,11 @@ impl KvCache for ContiguousCache {
         }
         let ring = self.req(req)?.swa[layer].as_ref().expect("held");
         let (w, rb) = (self.window, fmt.record_bytes());
-        for (pos, o) in range.zip(out.chunks_exact_mut(fmt.dim())) {
-            let rec = &ring.data[(pos % w) * rb..(pos % w + 1) * rb];
-            let (dr, sr) = rec.split_at(fmt.data_bytes());
-            fmt.decode_row(dr, sr, o);
+        let mut recs = Vec::with_capacity(range.len() * rb);
+        for pos in range {
+            recs.extend_from_slice(&ring.data[(pos % w) * rb..(pos % w + 1) * rb]);
         }
-        Ok(())
+        decode_rows(fmt, &recs, out)
     }
 
     fn swa_snapshot(&self, req: ReqId, layers: &[usize]) -> Result<SwaSnapshot> {
@@ -551,7 +548,12 @@ impl KvCache for ContiguousCache {
                 }
                 u.global_allocated += p.bytes.capacity();
             }
-            u.swa_bytes += st.swa.iter().flatten().map(|r| r.data.capacity()).sum::<usize>();
+            u.swa_bytes += st
+                .swa
+                .iter()
+                .flatten()
+                .map(|r| r.data.capacity())
+                .sum::<usize>();
             u.carry_bytes += st
                 .carry
                 .values()
@@ -581,8 +583,10 @@ mod tests {
             let mut c = ContiguousCache::new(&g, f);
             c.open(1).unwrap();
             let x = rows(5, 512, 0.3);
-            c.write_entries(1, 2, Region::Main, 0, &x[..3 * 512]).unwrap();
-            c.write_entries(1, 2, Region::Main, 3, &x[3 * 512..]).unwrap();
+            c.write_entries(1, 2, Region::Main, 0, &x[..3 * 512])
+                .unwrap();
+            c.write_entries(1, 2, Region::Main, 3, &x[3 * 512..])
+                .unwrap();
             assert_eq!(c.entries(1, 2).unwrap(), 5);
             let mut rec = vec![0u8; 5 * f.main.record_bytes()];
             encode_rows(f.main, &x, &mut rec).unwrap();
@@ -603,11 +607,17 @@ mod tests {
         assert!(matches!(c.entries(9, 2), Err(Error::NotFound(_))));
         c.open(9).unwrap();
         assert!(c.open(9).is_err());
-        let e = c.write_entries(9, 3, Region::Main, 0, &[0.0; 512]).unwrap_err();
+        let e = c
+            .write_entries(9, 3, Region::Main, 0, &[0.0; 512])
+            .unwrap_err();
         assert!(e.to_string().contains("layer 3 owns no global KV"), "{e}");
-        let e = c.write_entries(9, 2, Region::Main, 1, &[0.0; 512]).unwrap_err();
+        let e = c
+            .write_entries(9, 2, Region::Main, 1, &[0.0; 512])
+            .unwrap_err();
         assert!(e.to_string().contains("gap"), "{e}");
-        let e = c.write_entries(9, 2, Region::Index, 0, &[0.0; 100]).unwrap_err();
+        let e = c
+            .write_entries(9, 2, Region::Index, 0, &[0.0; 100])
+            .unwrap_err();
         assert!(e.to_string().contains("multiple of 128"), "{e}");
         assert!(c.records(9, 2, Region::Main, 0..1).is_err());
         let mut out = vec![0f32; 512];

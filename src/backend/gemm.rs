@@ -182,9 +182,19 @@ mod tests {
     #[test]
     fn both_regimes_match_f64_reference() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        for &(rows, out, inp) in &[(1, 37, 129), (3, 64, 512), (4, 5, 17), (5, 70, 300), (33, 129, 1000)] {
-            let x: Vec<f32> = (0..rows * inp).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let w: Vec<f32> = (0..out * inp).map(|_| rng.random_range(-1.0..1.0)).collect();
+        for &(rows, out, inp) in &[
+            (1, 37, 129),
+            (3, 64, 512),
+            (4, 5, 17),
+            (5, 70, 300),
+            (33, 129, 1000),
+        ] {
+            let x: Vec<f32> = (0..rows * inp)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let w: Vec<f32> = (0..out * inp)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
             let mut y = vec![f32::NAN; rows * out];
             linear("t", &x, rows, &w, out, inp, &mut y).unwrap();
             let r = reference(&x, rows, &w, out, inp);
@@ -194,7 +204,10 @@ mod tests {
                 ..F32_VS_F64
             };
             let s = compare(&y, &r, &tol);
-            assert!(s.violations == 0 && s.special_mismatches == 0, "{rows}x{out}x{inp}: {s:?}");
+            assert!(
+                s.violations == 0 && s.special_mismatches == 0,
+                "{rows}x{out}x{inp}: {s:?}"
+            );
             let mut yb = vec![0f32; rows * out];
             linear_blocked(&x, rows, &w, out, inp, &mut yb);
             assert!(compare(&yb, &r, &tol).violations == 0);

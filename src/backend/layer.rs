@@ -27,7 +27,9 @@ use crate::geometry::{CandidateUse, Geometry, LayerPlan, Role};
 use crate::ops::attention::{attention, AttentionInputs, AttentionParams, KvRows};
 use crate::ops::candidates::{mask_outside, select_blocks_rows, CandidateParams};
 use crate::ops::compressor::{cpu::rms_norm, Compressor, CompressorState, CompressorWeights};
-use crate::ops::indexer::{logits, logits_in_blocks, visible, IndexKeys, IndexerParams, IndexerQueries};
+use crate::ops::indexer::{
+    logits, logits_in_blocks, visible, IndexKeys, IndexerParams, IndexerQueries,
+};
 use crate::ops::rope::{Direction, Rope};
 use crate::ops::topk::select_rows;
 use crate::weights::LayerWeights;
@@ -43,6 +45,9 @@ pub struct StepBuffers {
     /// The candidate pool `[rows, num_blocks]` (block ids, −1 padded) and whether it was computed on
     /// kept rows; `None` while no row has more visible entries than the pool holds (no-op, SPEC §2).
     pub pool: Option<(bool, Vec<i32>)>,
+    /// Main KV of (request, KV source, entries) decoded once per step for prefill spans, shared by
+    /// the Reuse layers of that source (a prefill row set reads most entries many times over).
+    pub decoded_main: HashMap<(u64, usize, usize), std::sync::Arc<Vec<f32>>>,
 }
 
 impl StepBuffers {
@@ -104,7 +109,11 @@ pub fn attention_sublayer(
     let (h, hd) = (g.num_heads, g.head_dim);
     let eps = g.rms_norm_eps;
     if u.len() != r * d {
-        return Err(Error::shape(format!("layer {l} input"), format!("[{r}, {d}]"), u.len()));
+        return Err(Error::shape(
+            format!("layer {l} input"),
+            format!("[{r}, {d}]"),
+            u.len(),
+        ));
     }
     let a = &w.attn;
     let rope = Rope::for_layer(lp);
@@ -139,7 +148,11 @@ pub fn attention_sublayer(
             let first = rows.pos[span.start] as usize;
             let lo_want = span
                 .clone()
-                .map(|i| (rows.pos[i] as usize + 1).saturating_sub(g.window).max(rows.floor[i]))
+                .map(|i| {
+                    (rows.pos[i] as usize + 1)
+                        .saturating_sub(g.window)
+                        .max(rows.floor[i])
+                })
                 .min()
                 .unwrap_or(first);
             let held = if cache.contains(s.req) {
@@ -159,7 +172,7 @@ pub fn attention_sublayer(
                 swa_fmt,
                 rows_of_span(&kv, KV_DIM, span),
                 &mut buf[(first - base) * KV_DIM..],
-            );
+            )?;
             out.push(Window { base, rows: buf });
         }
         Ok(out)
@@ -167,7 +180,12 @@ pub fn attention_sublayer(
     tm.time(role, Op::Codecs, || -> Result<()> {
         for (si, span) in &rows.spans {
             let s = &plan.seqs[*si];
-            cache.swa_write(s.req, l, rows.pos[span.start] as usize, rows_of_span(&kv, KV_DIM, span))?;
+            cache.swa_write(
+                s.req,
+                l,
+                rows.pos[span.start] as usize,
+                rows_of_span(&kv, KV_DIM, span),
+            )?;
         }
         Ok(())
     })?;
@@ -189,9 +207,9 @@ pub fn attention_sublayer(
             sel
         }
         Role::Reuse => {
-            let src = lp.index_source.ok_or_else(|| {
-                Error::Internal(format!("reuse layer {l} has no index source"))
-            })?;
+            let src = lp
+                .index_source
+                .ok_or_else(|| Error::Internal(format!("reuse layer {l} has no index source")))?;
             let (src_kept, t) = bufs.topk.get(&src).ok_or_else(|| {
                 Error::Internal(format!(
                     "layer {l} reads the top-k of layer {src}, which has not run in this step"
@@ -223,8 +241,32 @@ pub fn attention_sublayer(
                 }
                 None => (&[][..], std::borrow::Cow::Borrowed(&[][..])),
             };
+            // Many rows selecting from few entries (prefill): decode every entry once per step
+            // instead of once per row; one decode row reads its ≤ k records directly.
+            let n = main_bytes.len() / main_fmt.record_bytes();
+            let dense = lp.kv_source.filter(|_| n > 0 && n < span.len() * k);
+            let decoded = match dense {
+                Some(src) => Some(match bufs.decoded_main.get(&(s.req, src, n)) {
+                    Some(v) => v.clone(),
+                    None => {
+                        let mut v = vec![0f32; n * KV_DIM];
+                        crate::formats::decode_rows(main_fmt, &main_bytes, &mut v)?;
+                        let v = std::sync::Arc::new(v);
+                        bufs.decoded_main.insert((s.req, src, n), v.clone());
+                        v
+                    }
+                }),
+                None => None,
+            };
+            let main_rows = match &decoded {
+                Some(v) => KvRows::F32(v),
+                None => KvRows::Records(main_fmt, &main_bytes),
+            };
             // Window positions relative to the window buffer (RoPE is already applied).
-            let pos: Vec<i64> = span.clone().map(|i| rows.pos[i] - win.base as i64).collect();
+            let pos: Vec<i64> = span
+                .clone()
+                .map(|i| rows.pos[i] - win.base as i64)
+                .collect();
             let floor: Vec<i64> = span
                 .clone()
                 .map(|i| rows.floor[i].max(win.base) as i64 - win.base as i64)
@@ -240,7 +282,7 @@ pub fn attention_sublayer(
                     replay_start: &floor,
                     sink: &a.attn_sink,
                 },
-                KvRows::Records(main_fmt, &main_bytes),
+                main_rows,
                 KvRows::F32(&win.rows),
                 &mut o[span.start * h * hd..span.end * h * hd],
                 &mut lse,
@@ -291,16 +333,10 @@ struct Window {
 }
 
 /// Quantize → dequantize rows through a record format (what the cache will hand back).
-fn qdq_rows(fmt: RecordFormat, x: &[f32], out: &mut [f32]) {
-    let dim = fmt.dim();
-    out.par_chunks_mut(dim)
-        .zip(x.par_chunks(dim))
-        .for_each(|(o, row)| {
-            let mut rec = vec![0u8; fmt.record_bytes()];
-            let (dr, sr) = rec.split_at_mut(fmt.data_bytes());
-            fmt.encode_row(row, dr, sr);
-            fmt.decode_row(dr, sr, o);
-        });
+fn qdq_rows(fmt: RecordFormat, x: &[f32], out: &mut [f32]) -> Result<()> {
+    let mut rec = vec![0u8; x.len() / fmt.dim() * fmt.record_bytes()];
+    crate::formats::encode_rows(fmt, x, &mut rec)?;
+    crate::formats::decode_rows(fmt, &rec, out)
 }
 
 /// Full layers: compressor over `crow` (all rows at the cut layer), entries into the cache.
@@ -321,14 +357,20 @@ fn compress_and_store(
     let m = lp.ratio;
     let d = g.hidden_size;
     let cw = w.attn.compressor.as_ref().ok_or_else(|| {
-        Error::NotFound(format!("layer {l} is a Full layer but has no compressor weights"))
+        Error::NotFound(format!(
+            "layer {l} is a Full layer but has no compressor weights"
+        ))
     })?;
     let ik = w
         .attn
         .indexer
         .as_ref()
         .and_then(|i| i.k.as_ref())
-        .ok_or_else(|| Error::NotFound(format!("layer {l} is a Full layer but has no indexer wk/k_norm")))?;
+        .ok_or_else(|| {
+            Error::NotFound(format!(
+                "layer {l} is a Full layer but has no indexer wk/k_norm"
+            ))
+        })?;
     let rc = crow.len();
     let (kvc, score) = tm.time(Role::Full, Op::Projections, || -> Result<_> {
         let mut kvc = vec![0f32; rc * KV_DIM];
@@ -365,7 +407,7 @@ fn compress_and_store(
             first
         } else {
             let st = (stored * m).max(first);
-            if st % m != 0 || st < first {
+            if !st.is_multiple_of(m) || st < first {
                 return Err(Error::invalid(
                     format!("request {} layer {l}", s.req),
                     format!(
@@ -400,7 +442,13 @@ fn compress_and_store(
         let e0 = out.first_entry + skip_e;
         tm.time(Role::Full, Op::Codecs, || -> Result<()> {
             cache.write_entries(s.req, l, Region::Main, e0, &out.main_kv[skip_e * KV_DIM..])?;
-            cache.write_entries(s.req, l, Region::Index, e0, &out.index_k[skip_e * INDEX_DIM..])
+            cache.write_entries(
+                s.req,
+                l,
+                Region::Index,
+                e0,
+                &out.index_k[skip_e * INDEX_DIM..],
+            )
         })?;
     }
     Ok(())
@@ -431,13 +479,32 @@ fn index_and_select(
     let r = rows.len();
     let (ih, k) = (g.index_heads, g.index_topk);
     let iw = w.attn.indexer.as_ref().ok_or_else(|| {
-        Error::NotFound(format!("layer {l} ({}) has no indexer weights", role.as_str()))
+        Error::NotFound(format!(
+            "layer {l} ({}) has no indexer weights",
+            role.as_str()
+        ))
     })?;
     let (qi, wts) = tm.time(role, Op::Projections, || -> Result<_> {
         let mut qi = vec![0f32; r * ih * INDEX_DIM];
-        linear("indexer.wq_b", qr, r, &iw.wq_b.data, ih * INDEX_DIM, g.q_lora_rank, &mut qi)?;
+        linear(
+            "indexer.wq_b",
+            qr,
+            r,
+            &iw.wq_b.data,
+            ih * INDEX_DIM,
+            g.q_lora_rank,
+            &mut qi,
+        )?;
         let mut wts = vec![0f32; r * ih];
-        linear("indexer.weights_proj", u, r, &iw.weights_proj.data, ih, g.hidden_size, &mut wts)?;
+        linear(
+            "indexer.weights_proj",
+            u,
+            r,
+            &iw.weights_proj.data,
+            ih,
+            g.hidden_size,
+            &mut wts,
+        )?;
         let sc = (INDEX_DIM as f32).powf(-0.5) * (ih as f32).powf(-0.5);
         wts.iter_mut().for_each(|v| *v *= sc);
         Ok((qi, wts))
@@ -470,7 +537,10 @@ fn index_and_select(
     for (si, span) in &rows.spans {
         let s = &plan.seqs[*si];
         let n = cache.entries(s.req, src)?;
-        let vis: Vec<usize> = span.clone().map(|i| visible(rows.pos[i], m).min(n)).collect();
+        let vis: Vec<usize> = span
+            .clone()
+            .map(|i| visible(rows.pos[i], m).min(n))
+            .collect();
         let maxvis = vis.iter().copied().max().unwrap_or(0);
         let out_sel = &mut sel[span.start * k..span.end * k];
         let needs_pool = writes_pool && maxvis > cp.capacity();

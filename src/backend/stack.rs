@@ -190,7 +190,9 @@ impl Model {
 
 /// The embedding placeholder: a deterministic N(0, 1) vector per token id.
 pub fn embed(token: u32, seed: u64, d: usize, out: &mut [f32]) {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (token as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(
+        seed ^ (token as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    );
     for v in out.iter_mut().take(d) {
         // Sum of uniforms: cheap, deterministic, unit variance.
         let s: f32 = (0..4).map(|_| rng.random::<f32>()).sum();
@@ -261,7 +263,11 @@ impl Backend {
         let plan = StepPlan::new(g, seqs, self.cfg.decoder_replay)?;
         let t = plan.total_rows();
         if tokens.len() != t {
-            return Err(Error::shape("step tokens", format!("{t} (one per row)"), tokens.len()));
+            return Err(Error::shape(
+                "step tokens",
+                format!("{t} (one per row)"),
+                tokens.len(),
+            ));
         }
         for s in seqs {
             if !cache.contains(s.req) {
@@ -293,7 +299,11 @@ impl Backend {
                     &self.mhc,
                     &BoundaryIn {
                         x: &x,
-                        update: pending.as_ref().map(|(y, post, comb)| PostUpdate { y, post, comb }),
+                        update: pending.as_ref().map(|(y, post, comb)| PostUpdate {
+                            y,
+                            post,
+                            comb,
+                        }),
                         pre_prev: &pre,
                         next: Some(w.hc_attn.mix()),
                         norm: &w.attn_norm,
@@ -365,7 +375,9 @@ impl Backend {
                 &self.mhc,
                 &BoundaryIn {
                     x: &x,
-                    update: pending.as_ref().map(|(y, post, comb)| PostUpdate { y, post, comb }),
+                    update: pending
+                        .as_ref()
+                        .map(|(y, post, comb)| PostUpdate { y, post, comb }),
                     pre_prev: &pre,
                     next: None,
                     norm: &self.model.final_norm,

@@ -57,7 +57,10 @@ impl Op {
 pub const ROLES: [Role; 4] = [Role::Full, Role::Reindex, Role::Reuse, Role::SwaOnly];
 
 fn role_idx(r: Role) -> usize {
-    ROLES.iter().position(|&x| x == r).expect("every role is listed")
+    ROLES
+        .iter()
+        .position(|&x| x == r)
+        .expect("every role is listed")
 }
 
 /// Accumulated seconds per (role, op).

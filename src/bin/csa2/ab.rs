@@ -13,7 +13,7 @@ use csa2::ops::compressor::CompressorState;
 use csa2::weights::Scale;
 use csa2::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -57,9 +57,12 @@ fn parse_len(s: &str) -> Result<usize> {
         Some('M') | Some('m') => (&t[..t.len() - 1], 1024 * 1024),
         _ => (t, 1),
     };
-    num.parse::<usize>()
-        .map(|n| n * mul)
-        .map_err(|_| Error::invalid("contexts", format!("`{s}` is not a length like 4K, 32768 or 1M")))
+    num.parse::<usize>().map(|n| n * mul).map_err(|_| {
+        Error::invalid(
+            "contexts",
+            format!("`{s}` is not a length like 4K, 32768 or 1M"),
+        )
+    })
 }
 
 struct Decoded {
@@ -167,7 +170,10 @@ fn cos_and_rel(a: &[f32], b: &[f32]) -> (f64, f64) {
         nb += y * y;
         nd += (x - y) * (x - y);
     }
-    (dot / (na.sqrt() * nb.sqrt()).max(1e-300), (nd / nb.max(1e-300)).sqrt())
+    (
+        dot / (na.sqrt() * nb.sqrt()).max(1e-300),
+        (nd / nb.max(1e-300)).sqrt(),
+    )
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -242,13 +248,18 @@ fn run_in_pool(a: Args) -> Result<()> {
         }
         rows.push((ctx, pair));
     }
-    let toks: Vec<u32> = (0..prefill_len as u32).map(|i| (i * 7919 + 13) % 50_000).collect();
+    let toks: Vec<u32> = (0..prefill_len as u32)
+        .map(|i| (i * 7919 + 13) % 50_000)
+        .collect();
     let mut prefills = vec![];
     for (name, b) in [
         ("csa2 (decoder replay)", backends[0].clone()),
         (
             "csa2 (--no-decoder-replay)",
-            Backend::new(model.clone(), BackendConfig::CSA2.with_decoder_replay(false))?,
+            Backend::new(
+                model.clone(),
+                BackendConfig::CSA2.with_decoder_replay(false),
+            )?,
         ),
         ("launch_day", backends[1].clone()),
     ] {
@@ -280,7 +291,10 @@ fn run_in_pool(a: Args) -> Result<()> {
     );
     println!();
     println!("KV bytes, measured from each backend's allocator");
-    println!("{:>9} | {:>18} | {:>18} | {:>6}", "context", "csa2 B/token", "launch-day B/token", "ratio");
+    println!(
+        "{:>9} | {:>18} | {:>18} | {:>6}",
+        "context", "csa2 B/token", "launch-day B/token", "ratio"
+    );
     for (ctx, p) in &rows {
         println!(
             "{:>9} | {:>18.1} | {:>18.1} | {:>6.3}",
@@ -290,7 +304,10 @@ fn run_in_pool(a: Args) -> Result<()> {
             p[0].global_bytes_per_token / p[1].global_bytes_per_token
         );
     }
-    let (s0, s1) = (rows[0].1[0].swa_bytes_per_request, rows[0].1[1].swa_bytes_per_request);
+    let (s0, s1) = (
+        rows[0].1[0].swa_bytes_per_request,
+        rows[0].1[1].swa_bytes_per_request,
+    );
     println!(
         "SWA per request: {} B vs {} B (ratio {:.3}); persistent (global KV → SSD) per token as above",
         s0,
@@ -309,7 +326,12 @@ fn run_in_pool(a: Args) -> Result<()> {
     println!("{header}");
     for (ctx, p) in &rows {
         for (b, d) in backends.iter().zip(p) {
-            let mut line = format!("{:>9} {:>10} | {:>8.4}", ctx, short(b.cfg.name), d.step_secs);
+            let mut line = format!(
+                "{:>9} {:>10} | {:>8.4}",
+                ctx,
+                short(b.cfg.name),
+                d.step_secs
+            );
             for r in ROLES {
                 line += &format!(" {:>8.4}", d.timings.role_total(r));
             }
@@ -318,12 +340,23 @@ fn run_in_pool(a: Args) -> Result<()> {
             }
             println!("{line}");
         }
-        let mut line = format!("{:>9} {:>10} | {:>8.3}", "", "ratio", p[0].step_secs / p[1].step_secs);
+        let mut line = format!(
+            "{:>9} {:>10} | {:>8.3}",
+            "",
+            "ratio",
+            p[0].step_secs / p[1].step_secs
+        );
         for r in ROLES {
-            line += &format!(" {:>8.3}", ratio(p[0].timings.role_total(r), p[1].timings.role_total(r)));
+            line += &format!(
+                " {:>8.3}",
+                ratio(p[0].timings.role_total(r), p[1].timings.role_total(r))
+            );
         }
         for op in Op::ALL {
-            line += &format!(" {:>8.3}", ratio(p[0].timings.op_total(op), p[1].timings.op_total(op)));
+            line += &format!(
+                " {:>8.3}",
+                ratio(p[0].timings.op_total(op), p[1].timings.op_total(op))
+            );
         }
         println!("{line}");
     }
@@ -331,10 +364,15 @@ fn run_in_pool(a: Args) -> Result<()> {
     println!("Agreement of the two backends on the same first decode step (final hidden state)");
     for (ctx, p) in &rows {
         let (c, r) = cos_and_rel(&p[0].hidden, &p[1].hidden);
-        println!("{:>9}: cosine {:.6}, relative L2 difference {:.4}", ctx, c, r);
+        println!(
+            "{:>9}: cosine {:.6}, relative L2 difference {:.4}",
+            ctx, c, r
+        );
     }
     println!();
-    println!("Prefill of {prefill_len} tokens (workload median {median}, clipped to {prefill_max})");
+    println!(
+        "Prefill of {prefill_len} tokens (workload median {median}, clipped to {prefill_max})"
+    );
     for (name, secs, _) in &prefills {
         println!(
             "{:>28}: {:>8.3} s  {:>8.1} tokens/s  (× {:.3} of launch day)",
@@ -377,7 +415,11 @@ fn run_in_pool(a: Args) -> Result<()> {
     if let Some(dir) = &a.plots {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         plots(dir, &rows, &backends)?;
-        println!("wrote {}/kv_bytes.svg and {}/decode_time.svg", dir.display(), dir.display());
+        println!(
+            "wrote {}/kv_bytes.svg and {}/decode_time.svg",
+            dir.display(),
+            dir.display()
+        );
     }
     Ok(())
 }
@@ -398,7 +440,11 @@ fn ratio(a: f64, b: f64) -> f64 {
     }
 }
 
-fn plots(dir: &std::path::Path, rows: &[(usize, Vec<Decoded>)], backends: &[Backend]) -> Result<()> {
+fn plots(
+    dir: &std::path::Path,
+    rows: &[(usize, Vec<Decoded>)],
+    backends: &[Backend],
+) -> Result<()> {
     use plotters::prelude::*;
     let colors = [BLUE, RED];
     let xs: Vec<f64> = rows.iter().map(|(c, _)| *c as f64).collect();
@@ -409,7 +455,8 @@ fn plots(dir: &std::path::Path, rows: &[(usize, Vec<Decoded>)], backends: &[Back
         let err = |e: String| Error::Internal(format!("plot {}: {e}", path.display()));
         let root = SVGBackend::new(&path, (900, 520)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-        let bytes = |d: &Decoded, c: f64| d.global_bytes_per_token * c + d.swa_bytes_per_request as f64;
+        let bytes =
+            |d: &Decoded, c: f64| d.global_bytes_per_token * c + d.swa_bytes_per_request as f64;
         let ymax = rows
             .iter()
             .flat_map(|(c, p)| p.iter().map(move |d| bytes(d, *c as f64)))
@@ -421,7 +468,10 @@ fn plots(dir: &std::path::Path, rows: &[(usize, Vec<Decoded>)], backends: &[Back
             .fold(f64::INFINITY, f64::min)
             * 0.5;
         let mut ch = ChartBuilder::on(&root)
-            .caption("KV bytes per session vs context (measured)", ("sans-serif", 20))
+            .caption(
+                "KV bytes per session vs context (measured)",
+                ("sans-serif", 20),
+            )
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(70)
@@ -434,18 +484,26 @@ fn plots(dir: &std::path::Path, rows: &[(usize, Vec<Decoded>)], backends: &[Back
             .map_err(|e| err(e.to_string()))?;
         for (bi, b) in backends.iter().enumerate() {
             let c = colors[bi];
-            let pts: Vec<(f64, f64)> = rows.iter().map(|(x, p)| (*x as f64, bytes(&p[bi], *x as f64))).collect();
+            let pts: Vec<(f64, f64)> = rows
+                .iter()
+                .map(|(x, p)| (*x as f64, bytes(&p[bi], *x as f64)))
+                .collect();
             ch.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
                 .map_err(|e| err(e.to_string()))?
                 .label(short(b.cfg.name))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
             ch.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled())))
                 .map_err(|e| err(e.to_string()))?;
         }
-        ch.draw_series(LineSeries::new(vec![(x0, H200_BYTES), (x1, H200_BYTES)], BLACK.stroke_width(1)))
-            .map_err(|e| err(e.to_string()))?
-            .label("141 GB (one H200)")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
+        ch.draw_series(LineSeries::new(
+            vec![(x0, H200_BYTES), (x1, H200_BYTES)],
+            BLACK.stroke_width(1),
+        ))
+        .map_err(|e| err(e.to_string()))?
+        .label("141 GB (one H200)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
         ch.configure_series_labels()
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
@@ -465,7 +523,10 @@ fn plots(dir: &std::path::Path, rows: &[(usize, Vec<Decoded>)], backends: &[Back
             .fold(0.0, f64::max)
             * 1.15;
         let mut ch = ChartBuilder::on(&root)
-            .caption("Decode step time vs context (measured, one request)", ("sans-serif", 20))
+            .caption(
+                "Decode step time vs context (measured, one request)",
+                ("sans-serif", 20),
+            )
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(60)
@@ -478,11 +539,16 @@ fn plots(dir: &std::path::Path, rows: &[(usize, Vec<Decoded>)], backends: &[Back
             .map_err(|e| err(e.to_string()))?;
         for (bi, b) in backends.iter().enumerate() {
             let c = colors[bi];
-            let pts: Vec<(f64, f64)> = rows.iter().map(|(x, p)| (*x as f64, p[bi].step_secs)).collect();
+            let pts: Vec<(f64, f64)> = rows
+                .iter()
+                .map(|(x, p)| (*x as f64, p[bi].step_secs))
+                .collect();
             ch.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
                 .map_err(|e| err(e.to_string()))?
                 .label(short(b.cfg.name))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
             ch.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled())))
                 .map_err(|e| err(e.to_string()))?;
         }
@@ -496,6 +562,3 @@ fn plots(dir: &std::path::Path, rows: &[(usize, Vec<Decoded>)], backends: &[Back
     }
     Ok(())
 }
-
-#[allow(dead_code)]
-fn _unused(_: Value) {}

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 mod ab;
 mod bench;
 mod bench_codecs;
+mod bench_gemm;
 mod bench_ops;
 mod check;
 mod codec;

@@ -53,14 +53,17 @@ pub struct Args {
     #[arg(long)]
     json: Option<PathBuf>,
     /// New prompt tokens per turn = trace input_length × this.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.03)]
     token_scale: f64,
     /// Generated tokens per turn are clipped to this.
     #[arg(long, default_value_t = 16)]
     decode_max: usize,
     /// Session seconds per trace second between turns.
-    #[arg(long, default_value_t = 120.0)]
+    #[arg(long, default_value_t = 30.0)]
     time_scale: f64,
+    /// Turn k is trace request k × stride (spreads the turns over the trace's timeline).
+    #[arg(long, default_value_t = 25)]
+    stride: usize,
     /// DRAM snapshot time to live, seconds (SPEC §0: minutes).
     #[arg(long, default_value_t = 300)]
     ttl_s: u64,
@@ -161,7 +164,12 @@ pub fn session(
     let mut ctx = 0usize;
     let mut reports = vec![];
     let t_first = reqs.first().map_or(0, |r| r.timestamp);
-    for (turn, r) in reqs.iter().take(a.turns).enumerate() {
+    for (turn, r) in reqs
+        .iter()
+        .step_by(a.stride.max(1))
+        .take(a.turns)
+        .enumerate()
+    {
         let now_ms = ((r.timestamp - t_first) as f64 * a.time_scale) as u64;
         clock.set(now_ms.max(clock_ms(&clock)));
         let new = ((r.input_length as f64 * a.token_scale).round() as usize).max(1);
@@ -316,10 +324,16 @@ fn run_in_pool(a: Args) -> Result<()> {
         return Err(Error::invalid("turns", "must be ≥ 1"));
     }
     let reqs = load_trace(&a)?;
-    if reqs.len() < a.turns {
+    let stride = a.stride.max(1);
+    if reqs.len().div_ceil(stride) < a.turns {
         return Err(Error::invalid(
             "turns",
-            format!("the trace has {} requests, {} turns asked", reqs.len(), a.turns),
+            format!(
+                "the trace has {} requests: {} turns at stride {stride} need {}",
+                reqs.len(),
+                a.turns,
+                (a.turns - 1) * stride + 1
+            ),
         ));
     }
     let backend = load_backend(&a)?;
@@ -335,7 +349,8 @@ fn run_in_pool(a: Args) -> Result<()> {
         if a.weights.is_some() { "checkpoint" } else { "synthetic" }
     );
     println!(
-        "Turn sizes: trace input_length × {} new tokens, outputs clipped to {}; gaps: trace × {} s/s; DRAM TTL {} s; decoder replay {}.",
+        "Turn k = trace request k×{}: input_length × {} new tokens, outputs clipped to {}; gaps: trace × {} s/s; DRAM TTL {} s; decoder replay {}.",
+        stride,
         a.token_scale,
         a.decode_max,
         a.time_scale,
@@ -349,10 +364,16 @@ fn run_in_pool(a: Args) -> Result<()> {
             .expect("static template")
             .progress_chars("=> "),
     );
-    let reports = session(&a, &backend, &reqs, |_, _, _| {}, |t| {
-        bar.inc(1);
-        bar.set_message(format!("context {}", t.prompt_tokens + t.generated_tokens));
-    })?;
+    let reports = session(
+        &a,
+        &backend,
+        &reqs,
+        |_, _, _| {},
+        |t| {
+            bar.inc(1);
+            bar.set_message(format!("context {}", t.prompt_tokens + t.generated_tokens));
+        },
+    )?;
     bar.finish_and_clear();
     println!(
         "{:>4} {:>8} {:>7} {:>7} {:>5} {:>7} {:>7} {:>4} {:>8} {:>8} {:>9} {:>8} {:>11} {:>10} {:>10}",

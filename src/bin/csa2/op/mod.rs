@@ -14,7 +14,14 @@ pub mod mhc;
 mod rope;
 
 /// Op names `csa2 op` knows.
-pub const OPS: &[&str] = &["compress", "indexer", "candidates", "attention", "rope", "mhc"];
+pub const OPS: &[&str] = &[
+    "compress",
+    "indexer",
+    "candidates",
+    "attention",
+    "rope",
+    "mhc",
+];
 
 #[derive(clap::Args)]
 pub struct Args {
