@@ -559,7 +559,7 @@ fn build(seed: u64, plan: &[(u32, u32)], wk: &[f32]) -> Case {
     let mut r = StdRng::seed_from_u64(seed);
     let export = r.random_range(0..EXPORTS.len());
     let mut c = template(&mut r, export, plan, wk);
-    if seed % 8 != 0 {
+    if !seed.is_multiple_of(8) {
         for _ in 0..r.random_range(1..4) {
             mutate(&mut r, &mut c);
         }

@@ -81,7 +81,8 @@ fn synthesize(b: &Backend, cache: &mut ContiguousCache, ctx: usize) -> Result<()
     let val = |seed: usize, i: usize, k: usize| -> f32 {
         let h = (i as u64)
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            .wrapping_add((k as u64) * 0xBF58_476D_1CE4_E5B9 + seed as u64);
+            .wrapping_add((k as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9))
+            .wrapping_add(seed as u64);
         let h = (h ^ (h >> 31)).wrapping_mul(0x94D0_49BB_1331_11EB);
         ((h >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.4
     };

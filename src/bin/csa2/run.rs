@@ -248,7 +248,7 @@ pub fn session(
         }
         let bytes = snap.bytes() + carries.len() * 4096;
         let k2 = key(sid, ctx);
-        pool.put(k2.clone(), Snapshot::Sized(bytes))?;
+        pool.put(k2, Snapshot::Sized(bytes))?;
         saved.insert(k2.0, Saved { snap, carries });
         cache.swa_drop(sid, &all_layers)?;
         cache.carry_drop(sid)?;

@@ -37,7 +37,10 @@ impl Rope {
     ///
     /// Errors: [`Error::Invalid`] when `rope_dim` is zero, odd or above 256, or θ is not finite and > 1.
     pub fn new(params: &RopeParams) -> Result<Rope> {
-        if params.rope_dim == 0 || !params.rope_dim.is_multiple_of(2) || params.rope_dim > 2 * MAX_PAIRS {
+        if params.rope_dim == 0
+            || !params.rope_dim.is_multiple_of(2)
+            || params.rope_dim > 2 * MAX_PAIRS
+        {
             return Err(Error::invalid(
                 "rope_dim",
                 format!(
