@@ -84,6 +84,16 @@ typedef enum {
   CSA2_LAYOUT_V4 = 2,
 } Csa2KvLayout;
 
+// Replay mode (pass as `int32_t`; SPEC §3).
+typedef enum {
+  // SWA bounded replay (the default).
+  CSA2_REPLAY_BOUNDED = 0,
+  // The exact `L × window` staircase.
+  CSA2_REPLAY_EXACT = 1,
+  // Encoder as bounded, no decoder trimming.
+  CSA2_REPLAY_OFF = 2,
+} Csa2ReplayMode;
+
 // The record formats of one cache (SPEC §1).
 typedef struct CacheFormats CacheFormats;
 
