@@ -84,11 +84,28 @@ typedef enum {
   CSA2_LAYOUT_V4 = 2,
 } Csa2KvLayout;
 
+// Replay mode (pass as `int32_t`; SPEC §3).
+typedef enum {
+  // SWA bounded replay (the default).
+  CSA2_REPLAY_BOUNDED = 0,
+  // The exact `L × window` staircase.
+  CSA2_REPLAY_EXACT = 1,
+  // Encoder as bounded, no decoder trimming.
+  CSA2_REPLAY_OFF = 2,
+} Csa2ReplayMode;
+
 // The record formats of one cache (SPEC §1).
 typedef struct CacheFormats CacheFormats;
 
+// Opaque KV cache manager handle (paged block pool, block tables, prefix index). Free with
+// [`csa2_cache_free`]. Internally locked: see the module docs for what may run concurrently.
+typedef struct Csa2Cache Csa2Cache;
+
 // Opaque geometry handle (a parsed `config.json`). Free with [`csa2_geometry_free`].
 typedef struct Csa2Geometry Csa2Geometry;
+
+// Opaque replay plan handle (one prefill step). Free with [`csa2_replay_plan_free`]. Immutable.
+typedef struct Csa2ReplayPlan Csa2ReplayPlan;
 
 // An instruction-set level of the row codecs.
 typedef struct Isa Isa;
@@ -110,6 +127,96 @@ typedef struct Role Role;
 
 // Allowed error of a path against its reference.
 typedef struct Tolerance Tolerance;
+
+// Cache-wide block and byte counts, measured from the allocator (see `CacheStats`).
+typedef struct {
+  // Blocks in the pool.
+  uint64_t total_blocks;
+  // Blocks referenced by at least one live request.
+  uint64_t used_blocks;
+  // Published blocks with no reference (evictable, still findable by prefix key).
+  uint64_t cached_blocks;
+  // Blocks holding nothing.
+  uint64_t free_blocks;
+  // Bytes of one block's slab.
+  uint64_t slab_bytes;
+  // Slab bytes actually allocated so far (slabs are allocated on first use and kept).
+  uint64_t allocated_bytes;
+  // `used_blocks × slab_bytes`.
+  uint64_t in_use_bytes;
+  // `cached_blocks × slab_bytes`.
+  uint64_t cached_bytes;
+  // Per-request state bytes (SWA rings and pending compressor groups).
+  uint64_t session_bytes;
+  // Live requests.
+  uint64_t requests;
+  // Cached blocks evicted to satisfy allocations.
+  uint64_t evictions;
+  // Prefix keys adopted.
+  uint64_t prefix_hits;
+  // Prefix keys offered to `csa2_cache_adopt_prefix`.
+  uint64_t prefix_queries;
+} Csa2CacheStats;
+
+// Global-KV bytes of one request, measured (see `RequestBytes`).
+typedef struct {
+  // Tokens allocated.
+  uint64_t tokens;
+  // Blocks in its table.
+  uint64_t blocks;
+  // Slab bytes of those blocks.
+  uint64_t slab_bytes;
+  // Bytes of the records that exist for its tokens.
+  uint64_t record_bytes;
+  // `slab_bytes − record_bytes` (partial last block, page alignment).
+  uint64_t padding_bytes;
+  // `slab_bytes / tokens` (0 with no tokens).
+  double bytes_per_token;
+} Csa2RequestBytes;
+
+// Summary of a replay plan (ranges are half-open token positions).
+typedef struct {
+  // Prompt tokens.
+  uint64_t prompt_len;
+  // Prefix tokens adopted from the cache (0 when the hit is too short to use).
+  uint64_t hit_used;
+  // 1 when the SWA snapshot was used.
+  uint8_t snapshot_used;
+  // 1 when the compressor group at `hit_used` must come from saved state.
+  uint8_t needs_compressor_state;
+  // Rows the first layer recomputes inside the hit.
+  uint64_t replayed_tokens;
+  // Layers in the plan.
+  uint64_t num_layers;
+  // Tokens whose global KV is computed and written: `[kv_write_start, kv_write_end)`.
+  uint64_t kv_write_start;
+  // End of the written range.
+  uint64_t kv_write_end;
+  // Tokens recomputed whose cached global entries must not be rewritten.
+  uint64_t protected_start;
+  // End of the protected range.
+  uint64_t protected_end;
+} Csa2ReplaySummary;
+
+// Rows one layer runs in a replay step and its window floor.
+typedef struct {
+  // First row (absolute token position) the layer runs.
+  uint64_t row_start;
+  // One past the last row.
+  uint64_t row_end;
+  // The SWA window of row `p` starts at `max(p − (window − 1), window_floor)`.
+  uint64_t window_floor;
+} Csa2LayerRun;
+
+// Cached compressed entries of one KV source that a replay must not rewrite.
+typedef struct {
+  // KV-source layer.
+  uint64_t layer;
+  // First protected compressed entry.
+  uint64_t entry_start;
+  // One past the last.
+  uint64_t entry_end;
+} Csa2ProtectedEntries;
 
 // Sizes of one record format, from [`csa2_format_info`].
 typedef struct {
@@ -167,6 +274,205 @@ const char *csa2_version(void);
 // # Safety
 // A non-null `buf` must have room for `len` bytes.
 size_t csa2_last_error_message(char *buf, size_t len);
+
+// Creates a KV cache manager for geometry `g` with KV layout `layout` (a `Csa2KvLayout`),
+// `num_blocks` blocks of `block_tokens` tokens, backed by host memory (slabs are allocated the
+// first time a block is handed out). `model`/`model_len` is a model fingerprint (e.g. the
+// `config.json` bytes) that salts the prefix keys, so two models never share blocks; null with
+// length 0 is an empty fingerprint.
+//
+// Errors: `CSA2_ERR_NULL_POINTER` (`geometry`, `out`, `model` with a length),
+// `CSA2_ERR_INVALID_ARGUMENT` (unknown layout; `block_tokens` 0 or not a multiple of every
+// KV-source ratio; `num_blocks` 0 or ≥ 2^32). `*out` is untouched on error.
+//
+// # Safety
+// `g` must be a live geometry handle; `model` must cover `model_len` bytes; `out` must be a
+// writable pointer slot.
+Csa2Status csa2_cache_create(const Csa2Geometry *g,
+                             int32_t layout_,
+                             size_t num_blocks,
+                             size_t block_tokens,
+                             const uint8_t *model,
+                             size_t model_len,
+                             Csa2Cache **out);
+
+// Frees a cache handle and every block and request in it. Null is a no-op.
+//
+// # Safety
+// `c` must be null or a handle not yet freed, with no other call on it in flight.
+void csa2_cache_free(Csa2Cache *c);
+
+// Registers request `id` with an empty block table.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` when `id` is already live.
+//
+// # Safety
+// `c` must be a live cache handle.
+Csa2Status csa2_cache_add_request(const Csa2Cache *c, uint64_t id);
+
+// Grows request `id`'s block table to cover `tokens` tokens (never shrinks), taking free blocks
+// first, then evicting the least recently used cached block.
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (unknown request), `CSA2_ERR_OUT_OF_BLOCKS` (the pool cannot
+// supply the blocks: nothing changed, so free, preempt or retry).
+//
+// # Safety
+// `c` must be a live cache handle.
+Csa2Status csa2_cache_allocate(const Csa2Cache *c, uint64_t id, size_t tokens);
+
+// Frees request `id`: its published blocks become evictable (still findable by key), the others
+// return to the free list. Slots it mapped must not be used afterwards.
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (unknown request, including a double free).
+//
+// # Safety
+// `c` must be a live cache handle.
+Csa2Status csa2_cache_free_request(const Csa2Cache *c, uint64_t id);
+
+// Chained prefix keys (32 bytes each, SHA-256 salted with the model, layout and block size) of
+// every *full* block of `tokens` (`n` token ids); a trailing partial block has no key. Writes
+// `n / block_tokens` keys to `out_keys` (`cap` keys = `cap × 32` bytes) and their count to
+// `*n_out`; see the module docs for `out_keys = NULL, cap = 0`.
+//
+// Errors: `CSA2_ERR_NULL_POINTER` (`tokens` with `n > 0`, `n_out`), `CSA2_ERR_INVALID_ARGUMENT`
+// (`cap` too small: the message gives the count needed).
+//
+// # Safety
+// `tokens` must cover `n` ids; `out_keys` must have room for `cap × 32` bytes; `n_out` writable.
+Csa2Status csa2_cache_prefix_keys(const Csa2Cache *c,
+                                  const uint32_t *tokens,
+                                  size_t n,
+                                  uint8_t *out_keys,
+                                  size_t cap,
+                                  size_t *n_out);
+
+// Writes to `*n_out` the longest run of leading keys (`n_keys` × 32 bytes at `keys`) present in
+// the cache. Changes nothing.
+//
+// # Safety
+// `keys` must cover `n_keys × 32` bytes; `n_out` writable.
+Csa2Status csa2_cache_lookup_prefix(const Csa2Cache *c,
+                                    const uint8_t *keys,
+                                    size_t n_keys,
+                                    size_t *n_out);
+
+// Attaches the longest cached run of leading keys to request `id` (whose table must be empty) and
+// writes the blocks adopted to `*n_out` (the hit covers `n_out × block_tokens` tokens).
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (unknown request), `CSA2_ERR_INVALID_ARGUMENT` (table not empty).
+//
+// # Safety
+// `keys` must cover `n_keys × 32` bytes; `n_out` writable.
+Csa2Status csa2_cache_adopt_prefix(const Csa2Cache *c,
+                                   uint64_t id,
+                                   const uint8_t *keys,
+                                   size_t n_keys,
+                                   size_t *n_out);
+
+// Publishes the first `n_keys` full blocks of request `id` under `keys` once their records are
+// written; they become sealed and shareable. Writes the blocks newly published to `*n_out`.
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (unknown request), `CSA2_ERR_INVALID_ARGUMENT` (more keys than
+// full blocks).
+//
+// # Safety
+// `keys` must cover `n_keys × 32` bytes; `n_out` writable.
+Csa2Status csa2_cache_publish(const Csa2Cache *c,
+                              uint64_t id,
+                              const uint8_t *keys,
+                              size_t n_keys,
+                              size_t *n_out);
+
+// Copies request `id`'s block table (block ids, one per `block_tokens` tokens) to `out` (`cap`
+// entries) and its length to `*n_out`; see the module docs for `out = NULL, cap = 0`.
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (unknown request), `CSA2_ERR_INVALID_ARGUMENT` (`cap` too small;
+// the message gives the length needed).
+//
+// # Safety
+// `out` must have room for `cap` entries; `n_out` writable.
+Csa2Status csa2_cache_block_table(const Csa2Cache *c,
+                                  uint64_t id,
+                                  uint32_t *out,
+                                  size_t cap,
+                                  size_t *n_out);
+
+// Writes the physical slots of compressed entries `[start, start + count)` of KV-source `layer`
+// for request `id` to `out` (`count` entries, `int64_t` as vLLM's `slot_mapping` tensor): slot =
+// `block · S + j mod S` with `S = block_tokens / ratio` and block = `table[j / S]`.
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (unknown request), `CSA2_ERR_INVALID_ARGUMENT` (not a KV-source
+// layer, or entries past the request's allocated tokens).
+//
+// # Safety
+// `out` must have room for `count` entries.
+Csa2Status csa2_cache_slot_mapping(const Csa2Cache *c,
+                                   uint64_t id,
+                                   size_t layer,
+                                   size_t start,
+                                   size_t count,
+                                   int64_t *out);
+
+// Writes the cache-wide block and byte counts to `*out`.
+//
+// # Safety
+// `c` must be a live cache handle; `out` writable.
+Csa2Status csa2_cache_stats(const Csa2Cache *c, Csa2CacheStats *out);
+
+// Writes request `id`'s measured global-KV bytes to `*out`.
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (unknown request).
+//
+// # Safety
+// `c` must be a live cache handle; `out` writable.
+Csa2Status csa2_cache_request_bytes(const Csa2Cache *c, uint64_t id, Csa2RequestBytes *out);
+
+// Plans one prefill step for geometry `g` (SPEC §3): `prompt_len` tokens whose first
+// `hit_tokens` hit the prefix cache, with the SWA snapshot at the hit present (`snapshot_present`
+// ≠ 0) or not. `mode` is a `Csa2ReplayMode`. The plan is a new handle in `*out`.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` (unknown mode, `prompt_len` 0, `hit_tokens > prompt_len`).
+//
+// # Safety
+// `g` must be a live geometry handle; `out` a writable pointer slot.
+Csa2Status csa2_replay_plan(const Csa2Geometry *g,
+                            int32_t mode,
+                            size_t prompt_len,
+                            size_t hit_tokens,
+                            uint8_t snapshot_present,
+                            Csa2ReplayPlan **out);
+
+// Frees a replay plan. Null is a no-op.
+//
+// # Safety
+// `p` must be null or a plan not yet freed.
+void csa2_replay_plan_free(Csa2ReplayPlan *p);
+
+// Writes the plan's summary (hit used, replayed tokens, written and protected ranges) to `*out`.
+//
+// # Safety
+// `p` must be a live plan; `out` writable.
+Csa2Status csa2_replay_plan_summary(const Csa2ReplayPlan *p, Csa2ReplaySummary *out);
+
+// Writes what layer `layer` runs (row range and window floor) to `*out`.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` when `layer` ≥ the plan's layers.
+//
+// # Safety
+// `p` must be a live plan; `out` writable.
+Csa2Status csa2_replay_plan_layer(const Csa2ReplayPlan *p, size_t layer, Csa2LayerRun *out);
+
+// Copies the per-KV-source protected entry ranges to `out` (`cap` entries) and their count to
+// `*n_out`; see the module docs for `out = NULL, cap = 0`.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` (`cap` too small; the message gives the count needed).
+//
+// # Safety
+// `p` must be a live plan; `out` must have room for `cap` entries; `n_out` writable.
+Csa2Status csa2_replay_plan_protected_entries(const Csa2ReplayPlan *p,
+                                              Csa2ProtectedEntries *out,
+                                              size_t cap,
+                                              size_t *n_out);
 
 // Writes the sizes of `format_id` (a `Csa2Format`) to `*out`.
 //

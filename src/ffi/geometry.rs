@@ -52,7 +52,7 @@ pub struct Csa2LayerInfo {
     pub encoder: u8,
 }
 
-fn layout(v: i32) -> Result<KvLayout> {
+pub(super) fn layout(v: i32) -> Result<KvLayout> {
     match v {
         0 => Ok(KvLayout::Nvfp4),
         1 => Ok(KvLayout::Mxfp8),

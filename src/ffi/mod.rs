@@ -13,11 +13,13 @@
 //! Handles are opaque and owned by the caller once returned (free them with the matching `_free`).
 //! Tensors cross as borrowed DLPack descriptors, validated in [`dlpack`].
 
+mod cache;
 mod codec;
 pub mod dlpack;
 mod geometry;
 mod ops;
 
+pub use cache::*;
 pub use codec::*;
 pub use geometry::*;
 pub use ops::*;

@@ -142,6 +142,65 @@ int main(void) {
     expect_status(csa2_encode_into_pages(CSA2_FORMAT_NVFP4, 4, x, far, ROWS, pool, 2 * 4 * 288),
                   CSA2_ERR_INVALID_ARGUMENT, "slot_mapping", "slot out of range");
 
+    /* --- KV cache manager and replay planner ------------------------------------------------ */
+    Csa2Geometry *cg = NULL;
+    expect_status(csa2_geometry_embedded(&cg), CSA2_OK, NULL, "embedded for cache");
+    Csa2Cache *cache = NULL;
+    expect_status(csa2_cache_create(cg, CSA2_LAYOUT_NVFP4, 0, 256, NULL, 0, &cache), CSA2_ERR_INVALID_ARGUMENT,
+                  "num_blocks", "cache 0 blocks");
+    CHECK(cache == NULL, "no cache handle on error");
+    expect_status(csa2_cache_create(cg, CSA2_LAYOUT_NVFP4, 3, 256, NULL, 0, &cache), CSA2_OK, NULL, "cache");
+    expect_status(csa2_cache_allocate(cache, 42, 10), CSA2_ERR_NOT_FOUND, "request 42", "unknown request");
+    expect_status(csa2_cache_add_request(cache, 42), CSA2_OK, NULL, "add request");
+    expect_status(csa2_cache_allocate(cache, 42, 513), CSA2_OK, NULL, "allocate 513 tokens");
+    size_t nt = 0;
+    expect_status(csa2_cache_block_table(cache, 42, NULL, 0, &nt), CSA2_OK, NULL, "table size");
+    CHECK(nt == 3, "table length %zu", nt);
+    uint32_t table[3] = {0};
+    expect_status(csa2_cache_block_table(cache, 42, table, 2, &nt), CSA2_ERR_INVALID_ARGUMENT, "needs 3",
+                  "table cap too small");
+    expect_status(csa2_cache_block_table(cache, 42, table, 3, &nt), CSA2_OK, NULL, "table");
+    CHECK(table[0] == 0 && table[1] == 1 && table[2] == 2, "table %u %u %u", table[0], table[1], table[2]);
+    int64_t slots[4] = {0};
+    /* layer 2 is a ratio-2 KV source: 128 entries per 256-token block */
+    expect_status(csa2_cache_slot_mapping(cache, 42, 2, 126, 4, slots), CSA2_OK, NULL, "slot mapping");
+    CHECK(slots[0] == 126 && slots[2] == 128 && slots[3] == 129, "slots %lld %lld", (long long)slots[0],
+          (long long)slots[3]);
+    expect_status(csa2_cache_slot_mapping(cache, 42, 0, 0, 1, slots), CSA2_ERR_INVALID_ARGUMENT, "layer",
+                  "slot mapping of an SWA layer");
+    expect_status(csa2_cache_add_request(cache, 43), CSA2_OK, NULL, "add request 43");
+    expect_status(csa2_cache_allocate(cache, 43, 1), CSA2_ERR_OUT_OF_BLOCKS, NULL, "out of blocks");
+    Csa2CacheStats cst;
+    expect_status(csa2_cache_stats(cache, &cst), CSA2_OK, NULL, "stats");
+    CHECK(cst.total_blocks == 3 && cst.used_blocks == 3 && cst.requests == 2 &&
+              cst.in_use_bytes == 3 * cst.slab_bytes && cst.slab_bytes > 0,
+          "stats: %llu used of %llu", (unsigned long long)cst.used_blocks, (unsigned long long)cst.total_blocks);
+    Csa2RequestBytes rb;
+    expect_status(csa2_cache_request_bytes(cache, 42, &rb), CSA2_OK, NULL, "request bytes");
+    CHECK(rb.tokens == 513 && rb.blocks == 3 && rb.slab_bytes == 3 * cst.slab_bytes, "request bytes");
+    expect_status(csa2_cache_free_request(cache, 42), CSA2_OK, NULL, "free request");
+    expect_status(csa2_cache_free_request(cache, 42), CSA2_ERR_NOT_FOUND, NULL, "double free");
+    expect_status(csa2_cache_allocate(cache, 43, 1), CSA2_OK, NULL, "allocate after free");
+    csa2_cache_free(cache);
+    csa2_cache_free(NULL);
+
+    Csa2ReplayPlan *rp = NULL;
+    expect_status(csa2_replay_plan(cg, 7, 1000, 512, 0, &rp), CSA2_ERR_INVALID_ARGUMENT, "mode", "bad mode");
+    expect_status(csa2_replay_plan(cg, CSA2_REPLAY_BOUNDED, 1000, 512, 0, &rp), CSA2_OK, NULL, "replay plan");
+    Csa2ReplaySummary rs;
+    expect_status(csa2_replay_plan_summary(rp, &rs), CSA2_OK, NULL, "replay summary");
+    CHECK(rs.num_layers == 40 && rs.hit_used == 512 && rs.kv_write_start == 512 && rs.kv_write_end == 1000,
+          "replay summary: hit %llu", (unsigned long long)rs.hit_used);
+    Csa2LayerRun lr;
+    expect_status(csa2_replay_plan_layer(rp, 0, &lr), CSA2_OK, NULL, "replay layer 0");
+    CHECK(lr.row_end == 1000 && lr.row_start <= 512, "layer 0 rows [%llu, %llu)", (unsigned long long)lr.row_start,
+          (unsigned long long)lr.row_end);
+    expect_status(csa2_replay_plan_layer(rp, 40, &lr), CSA2_ERR_INVALID_ARGUMENT, "out of range", "replay layer 40");
+    size_t npe = 0;
+    expect_status(csa2_replay_plan_protected_entries(rp, NULL, 0, &npe), CSA2_OK, NULL, "protected count");
+    csa2_replay_plan_free(rp);
+    csa2_geometry_free(cg);
+
     free(pool);
     free(x);
     free(y);

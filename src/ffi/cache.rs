@@ -1,0 +1,1015 @@
+//! KV cache manager and SWA bounded replay planner over the C ABI.
+//!
+//! # Ownership and lifetimes
+//! [`csa2_cache_create`] and [`csa2_replay_plan`] return handles owned by the caller; free each once
+//! with [`csa2_cache_free`] / [`csa2_replay_plan_free`]. A handle does not borrow the geometry it
+//! was built from: the geometry may be freed right after the call.
+//!
+//! # Thread safety
+//! A `Csa2Cache` is internally locked (block metadata behind one mutex, each block's slab behind
+//! its own lock; see `crate::cache`): every `csa2_cache_*` call except `csa2_cache_free` may be made
+//! concurrently from any number of threads on the same handle. `csa2_cache_free` must not race any
+//! other call on that handle. A `Csa2ReplayPlan` is immutable: its accessors may run concurrently.
+//!
+//! # Output buffers
+//! Functions that return a variable-length array (`csa2_cache_prefix_keys`,
+//! `csa2_cache_block_table`, `csa2_replay_plan_protected_entries`) take `out` and its capacity
+//! `cap` (in elements) and write the element count to `*n_out`. Call with `out = NULL, cap = 0` to
+//! learn the count (status `CSA2_OK`, nothing else written). A non-zero `cap` smaller than the count
+//! is `CSA2_ERR_INVALID_ARGUMENT`, whose message gives the count needed; then nothing is written
+//! (not even `*n_out`).
+
+use super::geometry::layout;
+use super::Csa2Status;
+use super::{arg_out, arg_ref, arg_slice, arg_slice_mut, boundary, boundary_value, Csa2Geometry};
+use crate::cache::{Backing, CacheConfig, CacheManager, CacheSpec, PrefixKey, RequestId};
+use crate::error::{Error, Result};
+use crate::replay::{plan, ReplayConfig, ReplayMode, ReplayPlan};
+
+/// Bytes of one prefix key (SHA-256).
+pub const CSA2_PREFIX_KEY_BYTES: usize = 32;
+
+/// Opaque KV cache manager handle (paged block pool, block tables, prefix index). Free with
+/// [`csa2_cache_free`]. Internally locked: see the module docs for what may run concurrently.
+pub struct Csa2Cache {
+    m: CacheManager,
+}
+
+/// Opaque replay plan handle (one prefill step). Free with [`csa2_replay_plan_free`]. Immutable.
+pub struct Csa2ReplayPlan {
+    p: ReplayPlan,
+}
+
+/// Replay mode (pass as `int32_t`; SPEC §3).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Csa2ReplayMode {
+    /// SWA bounded replay (the default).
+    Csa2ReplayBounded = 0,
+    /// The exact `L × window` staircase.
+    Csa2ReplayExact = 1,
+    /// Encoder as bounded, no decoder trimming.
+    Csa2ReplayOff = 2,
+}
+
+/// Cache-wide block and byte counts, measured from the allocator (see `CacheStats`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Csa2CacheStats {
+    /// Blocks in the pool.
+    pub total_blocks: u64,
+    /// Blocks referenced by at least one live request.
+    pub used_blocks: u64,
+    /// Published blocks with no reference (evictable, still findable by prefix key).
+    pub cached_blocks: u64,
+    /// Blocks holding nothing.
+    pub free_blocks: u64,
+    /// Bytes of one block's slab.
+    pub slab_bytes: u64,
+    /// Slab bytes actually allocated so far (slabs are allocated on first use and kept).
+    pub allocated_bytes: u64,
+    /// `used_blocks × slab_bytes`.
+    pub in_use_bytes: u64,
+    /// `cached_blocks × slab_bytes`.
+    pub cached_bytes: u64,
+    /// Per-request state bytes (SWA rings and pending compressor groups).
+    pub session_bytes: u64,
+    /// Live requests.
+    pub requests: u64,
+    /// Cached blocks evicted to satisfy allocations.
+    pub evictions: u64,
+    /// Prefix keys adopted.
+    pub prefix_hits: u64,
+    /// Prefix keys offered to `csa2_cache_adopt_prefix`.
+    pub prefix_queries: u64,
+}
+
+/// Global-KV bytes of one request, measured (see `RequestBytes`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Csa2RequestBytes {
+    /// Tokens allocated.
+    pub tokens: u64,
+    /// Blocks in its table.
+    pub blocks: u64,
+    /// Slab bytes of those blocks.
+    pub slab_bytes: u64,
+    /// Bytes of the records that exist for its tokens.
+    pub record_bytes: u64,
+    /// `slab_bytes − record_bytes` (partial last block, page alignment).
+    pub padding_bytes: u64,
+    /// `slab_bytes / tokens` (0 with no tokens).
+    pub bytes_per_token: f64,
+}
+
+/// Rows one layer runs in a replay step and its window floor.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Csa2LayerRun {
+    /// First row (absolute token position) the layer runs.
+    pub row_start: u64,
+    /// One past the last row.
+    pub row_end: u64,
+    /// The SWA window of row `p` starts at `max(p − (window − 1), window_floor)`.
+    pub window_floor: u64,
+}
+
+/// Summary of a replay plan (ranges are half-open token positions).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Csa2ReplaySummary {
+    /// Prompt tokens.
+    pub prompt_len: u64,
+    /// Prefix tokens adopted from the cache (0 when the hit is too short to use).
+    pub hit_used: u64,
+    /// 1 when the SWA snapshot was used.
+    pub snapshot_used: u8,
+    /// 1 when the compressor group at `hit_used` must come from saved state.
+    pub needs_compressor_state: u8,
+    /// Rows the first layer recomputes inside the hit.
+    pub replayed_tokens: u64,
+    /// Layers in the plan.
+    pub num_layers: u64,
+    /// Tokens whose global KV is computed and written: `[kv_write_start, kv_write_end)`.
+    pub kv_write_start: u64,
+    /// End of the written range.
+    pub kv_write_end: u64,
+    /// Tokens recomputed whose cached global entries must not be rewritten.
+    pub protected_start: u64,
+    /// End of the protected range.
+    pub protected_end: u64,
+}
+
+/// Cached compressed entries of one KV source that a replay must not rewrite.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Csa2ProtectedEntries {
+    /// KV-source layer.
+    pub layer: u64,
+    /// First protected compressed entry.
+    pub entry_start: u64,
+    /// One past the last.
+    pub entry_end: u64,
+}
+
+fn replay_mode(v: i32) -> Result<ReplayMode> {
+    match v {
+        0 => Ok(ReplayMode::Bounded),
+        1 => Ok(ReplayMode::Exact),
+        2 => Ok(ReplayMode::Off),
+        _ => Err(Error::invalid(
+            "mode",
+            format!("{v} is not a Csa2ReplayMode (0 bounded, 1 exact, 2 off)"),
+        )),
+    }
+}
+
+/// Checks `cap` against `need` (see the module docs) and returns the output slice, or `None` in
+/// count-only mode.
+///
+/// # Safety
+/// A non-null `out` must have room for `cap` `T`s.
+unsafe fn sized_out<'a, T>(
+    out: *mut T,
+    cap: usize,
+    need: usize,
+    what: &'static str,
+) -> Result<Option<&'a mut [T]>> {
+    if out.is_null() && cap == 0 {
+        return Ok(None);
+    }
+    if cap < need {
+        return Err(Error::invalid(
+            "cap",
+            format!("{what} needs {need} elements, cap is {cap}"),
+        ));
+    }
+    // SAFETY: room for `cap` elements is the caller's contract; null with cap > 0 is rejected.
+    let s = unsafe { arg_slice_mut(out, cap, what) }?;
+    Ok(Some(&mut s[..need]))
+}
+
+/// Prefix keys from `n` × 32 bytes.
+///
+/// # Safety
+/// A non-null `keys` must point to `n * 32` readable bytes.
+unsafe fn keys_arg(keys: *const u8, n: usize) -> Result<Vec<PrefixKey>> {
+    let len = n
+        .checked_mul(CSA2_PREFIX_KEY_BYTES)
+        .ok_or_else(|| Error::invalid("n_keys", format!("{n} keys overflow a byte count")))?;
+    // SAFETY: `n * 32` readable bytes is the caller's contract.
+    let bytes = unsafe { arg_slice(keys, len, "keys") }?;
+    Ok(bytes
+        .chunks_exact(CSA2_PREFIX_KEY_BYTES)
+        .map(|c| PrefixKey(c.try_into().expect("32-byte chunk")))
+        .collect())
+}
+
+/// # Safety
+/// A non-null `c` must be a live cache handle.
+unsafe fn cache<'a>(c: *const Csa2Cache) -> Result<&'a CacheManager> {
+    // SAFETY: the caller's contract.
+    Ok(&unsafe { arg_ref(c, "cache") }?.m)
+}
+
+/// Creates a KV cache manager for geometry `g` with KV layout `layout` (a `Csa2KvLayout`),
+/// `num_blocks` blocks of `block_tokens` tokens, backed by host memory (slabs are allocated the
+/// first time a block is handed out). `model`/`model_len` is a model fingerprint (e.g. the
+/// `config.json` bytes) that salts the prefix keys, so two models never share blocks; null with
+/// length 0 is an empty fingerprint.
+///
+/// Errors: `CSA2_ERR_NULL_POINTER` (`geometry`, `out`, `model` with a length),
+/// `CSA2_ERR_INVALID_ARGUMENT` (unknown layout; `block_tokens` 0 or not a multiple of every
+/// KV-source ratio; `num_blocks` 0 or ≥ 2^32). `*out` is untouched on error.
+///
+/// # Safety
+/// `g` must be a live geometry handle; `model` must cover `model_len` bytes; `out` must be a
+/// writable pointer slot.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_cache_create(
+    g: *const Csa2Geometry,
+    layout_: i32,
+    num_blocks: usize,
+    block_tokens: usize,
+    model: *const u8,
+    model_len: usize,
+    out: *mut *mut Csa2Cache,
+) -> Csa2Status {
+    boundary("csa2_cache_create", || {
+        // SAFETY: pointer validity is the caller's contract; nulls are checked.
+        let (g, model, out) = unsafe {
+            (
+                arg_ref(g, "geometry")?,
+                arg_slice(model, model_len, "model")?,
+                arg_out(out, "out")?,
+            )
+        };
+        let spec = CacheSpec::from_geometry(&g.g, layout(layout_)?);
+        let m = CacheManager::new(
+            spec,
+            CacheConfig {
+                block_tokens,
+                num_blocks,
+                backing: Backing::Host,
+            },
+            model,
+        )?;
+        *out = Box::into_raw(Box::new(Csa2Cache { m }));
+        Ok(())
+    })
+}
+
+/// Frees a cache handle and every block and request in it. Null is a no-op.
+///
+/// # Safety
+/// `c` must be null or a handle not yet freed, with no other call on it in flight.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_cache_free(c: *mut Csa2Cache) {
+    boundary_value("csa2_cache_free", (), || {
+        if !c.is_null() {
+            // SAFETY: `c` came from `Box::into_raw` in `csa2_cache_create`, freed once.
+            drop(unsafe { Box::from_raw(c) });
+        }
+    })
+}
+
+/// Registers request `id` with an empty block table.
+///
+/// Errors: `CSA2_ERR_INVALID_ARGUMENT` when `id` is already live.
+///
+/// # Safety
+/// `c` must be a live cache handle.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_cache_add_request(c: *const Csa2Cache, id: u64) -> Csa2Status {
+    // SAFETY: the caller's contract.
+    boundary("csa2_cache_add_request", || {
+        unsafe { cache(c) }?.add_request(id as RequestId)
+    })
+}
+
+/// Grows request `id`'s block table to cover `tokens` tokens (never shrinks), taking free blocks
+/// first, then evicting the least recently used cached block.
+///
+/// Errors: `CSA2_ERR_NOT_FOUND` (unknown request), `CSA2_ERR_OUT_OF_BLOCKS` (the pool cannot
+/// supply the blocks: nothing changed, so free, preempt or retry).
+///
+/// # Safety
+/// `c` must be a live cache handle.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_cache_allocate(
+    c: *const Csa2Cache,
+    id: u64,
+    tokens: usize,
+) -> Csa2Status {
+    // SAFETY: the caller's contract.
+    boundary("csa2_cache_allocate", || {
+        unsafe { cache(c) }?.allocate(id, tokens)
+    })
+}
+
+/// Frees request `id`: its published blocks become evictable (still findable by key), the others
+/// return to the free list. Slots it mapped must not be used afterwards.
+///
+/// Errors: `CSA2_ERR_NOT_FOUND` (unknown request, including a double free).
+///
+/// # Safety
+/// `c` must be a live cache handle.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_cache_free_request(c: *const Csa2Cache, id: u64) -> Csa2Status {
+    // SAFETY: the caller's contract.
+    boundary("csa2_cache_free_request", || {
+        unsafe { cache(c) }?.free_request(id)
+    })
+}
+
+/// Chained prefix keys (32 bytes each, SHA-256 salted with the model, layout and block size) of
+/// every *full* block of `tokens` (`n` token ids); a trailing partial block has no key. Writes
+/// `n / block_tokens` keys to `out_keys` (`cap` keys = `cap × 32` bytes) and their count to
+/// `*n_out`; see the module docs for `out_keys = NULL, cap = 0`.
+///
+/// Errors: `CSA2_ERR_NULL_POINTER` (`tokens` with `n > 0`, `n_out`), `CSA2_ERR_INVALID_ARGUMENT`
+/// (`cap` too small: the message gives the count needed).
+///
+/// # Safety
+/// `tokens` must cover `n` ids; `out_keys` must have room for `cap × 32` bytes; `n_out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_cache_prefix_keys(
+    c: *const Csa2Cache,
+    tokens: *const u32,
+    n: usize,
+    out_keys: *mut u8,
+    cap: usize,
+    n_out: *mut usize,
+) -> Csa2Status {
+    boundary("csa2_cache_prefix_keys", || {
+        // SAFETY: pointer validity is the caller's contract; nulls are checked.
+        let (m, tokens, n_out) = unsafe {
+            (
+                cache(c)?,
+                arg_slice(tokens, n, "tokens")?,
+                arg_out(n_out, "n_out")?,
+            )
+        };
+        let need = n / m.config().block_tokens;
+        let byte_cap = cap
+            .checked_mul(CSA2_PREFIX_KEY_BYTES)
+            .ok_or_else(|| Error::invalid("cap", format!("{cap} keys overflow a byte count")))?;
+        // Size check in keys, not bytes, so the message speaks the caller's unit.
+        if !(out_keys.is_null() && cap == 0) && cap < need {
+            return Err(Error::invalid(
+                "cap",
+                format!("prefix keys need {need} keys ({need} × 32 bytes), cap is {cap}"),
+            ));
+        }
+        // SAFETY: room for `cap × 32` bytes is the caller's contract.
+        let out =
+            unsafe { sized_out(out_keys, byte_cap, need * CSA2_PREFIX_KEY_BYTES, "out_keys") }?;
+        if let Some(out) = out {
+            for (dst, k) in out
+                .chunks_exact_mut(CSA2_PREFIX_KEY_BYTES)
+                .zip(m.hasher().keys(tokens))
+            {
+                dst.copy_from_slice(&k.0);
+            }
+        }
+        *n_out = need;
+        Ok(())
+    })
+}
+
+/// Writes to `*n_out` the longest run of leading keys (`n_keys` × 32 bytes at `keys`) present in
+/// the cache. Changes nothing.
+///
+/// # Safety
+/// `keys` must cover `n_keys × 32` bytes; `n_out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_cache_lookup_prefix(
+    c: *const Csa2Cache,
+    keys: *const u8,
+    n_keys: usize,
+    n_out: *mut usize,
+) -> Csa2Status {
+    boundary("csa2_cache_lookup_prefix", || {
+        // SAFETY: pointer validity is the caller's contract; nulls are checked.
+        let (m, keys, n_out) =
+            unsafe { (cache(c)?, keys_arg(keys, n_keys)?, arg_out(n_out, "n_out")?) };
+        *n_out = m.lookup_prefix(&keys);
+        Ok(())
+    })
+}
+
+/// Attaches the longest cached run of leading keys to request `id` (whose table must be empty) and
+/// writes the blocks adopted to `*n_out` (the hit covers `n_out × block_tokens` tokens).
+///
+/// Errors: `CSA2_ERR_NOT_FOUND` (unknown request), `CSA2_ERR_INVALID_ARGUMENT` (table not empty).
+///
+/// # Safety
+/// `keys` must cover `n_keys × 32` bytes; `n_out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_cache_adopt_prefix(
+    c: *const Csa2Cache,
+    id: u64,
+    keys: *const u8,
+    n_keys: usize,
+    n_out: *mut usize,
+) -> Csa2Status {
+    boundary("csa2_cache_adopt_prefix", || {
+        // SAFETY: pointer validity is the caller's contract; nulls are checked.
+        let (m, keys, n_out) =
+            unsafe { (cache(c)?, keys_arg(keys, n_keys)?, arg_out(n_out, "n_out")?) };
+        *n_out = m.adopt_prefix(id, &keys)?;
+        Ok(())
+    })
+}
+
+/// Publishes the first `n_keys` full blocks of request `id` under `keys` once their records are
+/// written; they become sealed and shareable. Writes the blocks newly published to `*n_out`.
+///
+/// Errors: `CSA2_ERR_NOT_FOUND` (unknown request), `CSA2_ERR_INVALID_ARGUMENT` (more keys than
+/// full blocks).
+///
+/// # Safety
+/// `keys` must cover `n_keys × 32` bytes; `n_out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_cache_publish(
+    c: *const Csa2Cache,
+    id: u64,
+    keys: *const u8,
+    n_keys: usize,
+    n_out: *mut usize,
+) -> Csa2Status {
+    boundary("csa2_cache_publish", || {
+        // SAFETY: pointer validity is the caller's contract; nulls are checked.
+        let (m, keys, n_out) =
+            unsafe { (cache(c)?, keys_arg(keys, n_keys)?, arg_out(n_out, "n_out")?) };
+        *n_out = m.publish(id, &keys)?;
+        Ok(())
+    })
+}
+
+/// Copies request `id`'s block table (block ids, one per `block_tokens` tokens) to `out` (`cap`
+/// entries) and its length to `*n_out`; see the module docs for `out = NULL, cap = 0`.
+///
+/// Errors: `CSA2_ERR_NOT_FOUND` (unknown request), `CSA2_ERR_INVALID_ARGUMENT` (`cap` too small;
+/// the message gives the length needed).
+///
+/// # Safety
+/// `out` must have room for `cap` entries; `n_out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_cache_block_table(
+    c: *const Csa2Cache,
+    id: u64,
+    out: *mut u32,
+    cap: usize,
+    n_out: *mut usize,
+) -> Csa2Status {
+    boundary("csa2_cache_block_table", || {
+        // SAFETY: pointer validity is the caller's contract; nulls are checked.
+        let (m, n_out) = unsafe { (cache(c)?, arg_out(n_out, "n_out")?) };
+        let table = m.block_table(id)?;
+        // SAFETY: room for `cap` entries is the caller's contract.
+        if let Some(dst) = unsafe { sized_out(out, cap, table.len(), "block table") }? {
+            dst.copy_from_slice(&table);
+        }
+        *n_out = table.len();
+        Ok(())
+    })
+}
+
+/// Writes the physical slots of compressed entries `[start, start + count)` of KV-source `layer`
+/// for request `id` to `out` (`count` entries, `int64_t` as vLLM's `slot_mapping` tensor): slot =
+/// `block · S + j mod S` with `S = block_tokens / ratio` and block = `table[j / S]`.
+///
+/// Errors: `CSA2_ERR_NOT_FOUND` (unknown request), `CSA2_ERR_INVALID_ARGUMENT` (not a KV-source
+/// layer, or entries past the request's allocated tokens).
+///
+/// # Safety
+/// `out` must have room for `count` entries.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_cache_slot_mapping(
+    c: *const Csa2Cache,
+    id: u64,
+    layer: usize,
+    start: usize,
+    count: usize,
+    out: *mut i64,
+) -> Csa2Status {
+    boundary("csa2_cache_slot_mapping", || {
+        // SAFETY: pointer validity is the caller's contract; nulls are checked.
+        let (m, out) = unsafe { (cache(c)?, arg_slice_mut(out, count, "out")?) };
+        let end = start.checked_add(count).ok_or_else(|| {
+            Error::invalid("count", format!("start {start} + count {count} overflows"))
+        })?;
+        let slots = m.slot_mapping(id, layer, start..end)?;
+        for (d, s) in out.iter_mut().zip(slots) {
+            *d = i64::try_from(s)
+                .map_err(|_| Error::Internal(format!("slot {s} does not fit int64_t")))?;
+        }
+        Ok(())
+    })
+}
+
+/// Writes the cache-wide block and byte counts to `*out`.
+///
+/// # Safety
+/// `c` must be a live cache handle; `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_cache_stats(
+    c: *const Csa2Cache,
+    out: *mut Csa2CacheStats,
+) -> Csa2Status {
+    boundary("csa2_cache_stats", || {
+        // SAFETY: pointer validity is the caller's contract; nulls are checked.
+        let (m, out) = unsafe { (cache(c)?, arg_out(out, "out")?) };
+        let s = m.stats();
+        *out = Csa2CacheStats {
+            total_blocks: s.total_blocks as u64,
+            used_blocks: s.used_blocks as u64,
+            cached_blocks: s.cached_blocks as u64,
+            free_blocks: s.free_blocks as u64,
+            slab_bytes: s.slab_bytes as u64,
+            allocated_bytes: s.allocated_bytes as u64,
+            in_use_bytes: s.in_use_bytes as u64,
+            cached_bytes: s.cached_bytes as u64,
+            session_bytes: s.session_bytes as u64,
+            requests: s.requests as u64,
+            evictions: s.evictions,
+            prefix_hits: s.prefix_hits,
+            prefix_queries: s.prefix_queries,
+        };
+        Ok(())
+    })
+}
+
+/// Writes request `id`'s measured global-KV bytes to `*out`.
+///
+/// Errors: `CSA2_ERR_NOT_FOUND` (unknown request).
+///
+/// # Safety
+/// `c` must be a live cache handle; `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_cache_request_bytes(
+    c: *const Csa2Cache,
+    id: u64,
+    out: *mut Csa2RequestBytes,
+) -> Csa2Status {
+    boundary("csa2_cache_request_bytes", || {
+        // SAFETY: pointer validity is the caller's contract; nulls are checked.
+        let (m, out) = unsafe { (cache(c)?, arg_out(out, "out")?) };
+        let b = m.request_bytes(id)?;
+        *out = Csa2RequestBytes {
+            tokens: b.tokens as u64,
+            blocks: b.blocks as u64,
+            slab_bytes: b.slab_bytes as u64,
+            record_bytes: b.record_bytes as u64,
+            padding_bytes: b.padding_bytes as u64,
+            bytes_per_token: b.bytes_per_token,
+        };
+        Ok(())
+    })
+}
+
+/// Plans one prefill step for geometry `g` (SPEC §3): `prompt_len` tokens whose first
+/// `hit_tokens` hit the prefix cache, with the SWA snapshot at the hit present (`snapshot_present`
+/// ≠ 0) or not. `mode` is a `Csa2ReplayMode`. The plan is a new handle in `*out`.
+///
+/// Errors: `CSA2_ERR_INVALID_ARGUMENT` (unknown mode, `prompt_len` 0, `hit_tokens > prompt_len`).
+///
+/// # Safety
+/// `g` must be a live geometry handle; `out` a writable pointer slot.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_replay_plan(
+    g: *const Csa2Geometry,
+    mode: i32,
+    prompt_len: usize,
+    hit_tokens: usize,
+    snapshot_present: u8,
+    out: *mut *mut Csa2ReplayPlan,
+) -> Csa2Status {
+    boundary("csa2_replay_plan", || {
+        // SAFETY: pointer validity is the caller's contract; nulls are checked.
+        let (g, out) = unsafe { (arg_ref(g, "geometry")?, arg_out(out, "out")?) };
+        let cfg = ReplayConfig::from_geometry(&g.g, replay_mode(mode)?);
+        let p = plan(&cfg, prompt_len, hit_tokens, snapshot_present != 0)?;
+        *out = Box::into_raw(Box::new(Csa2ReplayPlan { p }));
+        Ok(())
+    })
+}
+
+/// Frees a replay plan. Null is a no-op.
+///
+/// # Safety
+/// `p` must be null or a plan not yet freed.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_replay_plan_free(p: *mut Csa2ReplayPlan) {
+    boundary_value("csa2_replay_plan_free", (), || {
+        if !p.is_null() {
+            // SAFETY: `p` came from `Box::into_raw` in `csa2_replay_plan`, freed once.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    })
+}
+
+/// Writes the plan's summary (hit used, replayed tokens, written and protected ranges) to `*out`.
+///
+/// # Safety
+/// `p` must be a live plan; `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_replay_plan_summary(
+    p: *const Csa2ReplayPlan,
+    out: *mut Csa2ReplaySummary,
+) -> Csa2Status {
+    boundary("csa2_replay_plan_summary", || {
+        // SAFETY: pointer validity is the caller's contract; nulls are checked.
+        let (p, out) = unsafe { (&arg_ref(p, "plan")?.p, arg_out(out, "out")?) };
+        *out = Csa2ReplaySummary {
+            prompt_len: p.prompt_len as u64,
+            hit_used: p.hit_used as u64,
+            snapshot_used: p.snapshot_used as u8,
+            needs_compressor_state: p.needs_compressor_state as u8,
+            replayed_tokens: p.replayed_tokens() as u64,
+            num_layers: p.layers.len() as u64,
+            kv_write_start: p.kv_write.start as u64,
+            kv_write_end: p.kv_write.end as u64,
+            protected_start: p.protected.start as u64,
+            protected_end: p.protected.end as u64,
+        };
+        Ok(())
+    })
+}
+
+/// Writes what layer `layer` runs (row range and window floor) to `*out`.
+///
+/// Errors: `CSA2_ERR_INVALID_ARGUMENT` when `layer` ≥ the plan's layers.
+///
+/// # Safety
+/// `p` must be a live plan; `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_replay_plan_layer(
+    p: *const Csa2ReplayPlan,
+    layer: usize,
+    out: *mut Csa2LayerRun,
+) -> Csa2Status {
+    boundary("csa2_replay_plan_layer", || {
+        // SAFETY: pointer validity is the caller's contract; nulls are checked.
+        let (p, out) = unsafe { (&arg_ref(p, "plan")?.p, arg_out(out, "out")?) };
+        let l = p.layers.get(layer).ok_or_else(|| {
+            Error::invalid(
+                "layer",
+                format!(
+                    "{layer} is out of range (plan has {} layers)",
+                    p.layers.len()
+                ),
+            )
+        })?;
+        *out = Csa2LayerRun {
+            row_start: l.rows.start as u64,
+            row_end: l.rows.end as u64,
+            window_floor: l.window_floor as u64,
+        };
+        Ok(())
+    })
+}
+
+/// Copies the per-KV-source protected entry ranges to `out` (`cap` entries) and their count to
+/// `*n_out`; see the module docs for `out = NULL, cap = 0`.
+///
+/// Errors: `CSA2_ERR_INVALID_ARGUMENT` (`cap` too small; the message gives the count needed).
+///
+/// # Safety
+/// `p` must be a live plan; `out` must have room for `cap` entries; `n_out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_replay_plan_protected_entries(
+    p: *const Csa2ReplayPlan,
+    out: *mut Csa2ProtectedEntries,
+    cap: usize,
+    n_out: *mut usize,
+) -> Csa2Status {
+    boundary("csa2_replay_plan_protected_entries", || {
+        // SAFETY: pointer validity is the caller's contract; nulls are checked.
+        let (p, n_out) = unsafe { (&arg_ref(p, "plan")?.p, arg_out(n_out, "n_out")?) };
+        let e = &p.protected_entries;
+        // SAFETY: room for `cap` entries is the caller's contract.
+        if let Some(dst) = unsafe { sized_out(out, cap, e.len(), "protected entries") }? {
+            for (d, (layer, r)) in dst.iter_mut().zip(e) {
+                *d = Csa2ProtectedEntries {
+                    layer: *layer as u64,
+                    entry_start: r.start as u64,
+                    entry_end: r.end as u64,
+                };
+            }
+        }
+        *n_out = e.len();
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{csa2_geometry_embedded, csa2_geometry_free, csa2_last_error_message};
+    use super::*;
+    use std::ptr::{null, null_mut};
+
+    fn last_error() -> String {
+        let n = unsafe { csa2_last_error_message(null_mut(), 0) };
+        let mut buf = vec![0 as std::ffi::c_char; n.max(1)];
+        unsafe { csa2_last_error_message(buf.as_mut_ptr(), buf.len()) };
+        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    fn geometry() -> *mut Csa2Geometry {
+        let mut g = null_mut();
+        assert_eq!(
+            unsafe { csa2_geometry_embedded(&mut g) },
+            Csa2Status::Csa2Ok
+        );
+        g
+    }
+
+    fn new_cache(num_blocks: usize) -> *mut Csa2Cache {
+        let g = geometry();
+        let mut c = null_mut();
+        let s = unsafe { csa2_cache_create(g, 0, num_blocks, 256, null(), 0, &mut c) };
+        unsafe { csa2_geometry_free(g) };
+        assert_eq!(s, Csa2Status::Csa2Ok, "{}", last_error());
+        c
+    }
+
+    #[test]
+    fn create_rejects_bad_arguments_and_leaves_out_untouched() {
+        let g = geometry();
+        let sentinel = 0x10 as *mut Csa2Cache;
+        let mut c = sentinel;
+        let cases: [(i32, usize, usize, Csa2Status, &str); 4] = [
+            (9, 4, 256, Csa2Status::Csa2ErrInvalidArgument, "layout"),
+            (0, 0, 256, Csa2Status::Csa2ErrInvalidArgument, "num_blocks"),
+            (0, 4, 0, Csa2Status::Csa2ErrInvalidArgument, "block"),
+            (0, 4, 3, Csa2Status::Csa2ErrInvalidArgument, "block"),
+        ];
+        for (lay, nb, bt, want, needle) in cases {
+            let s = unsafe { csa2_cache_create(g, lay, nb, bt, null(), 0, &mut c) };
+            assert_eq!(s, want, "{lay} {nb} {bt}: {}", last_error());
+            assert!(last_error().contains(needle), "{}", last_error());
+            assert_eq!(c, sentinel);
+        }
+        let s = unsafe { csa2_cache_create(null(), 0, 4, 256, null(), 0, &mut c) };
+        assert_eq!(s, Csa2Status::Csa2ErrNullPointer);
+        let s = unsafe { csa2_cache_create(g, 0, 4, 256, null(), 3, &mut c) };
+        assert_eq!(s, Csa2Status::Csa2ErrNullPointer);
+        assert!(last_error().contains("model"));
+        let s = unsafe { csa2_cache_create(g, 0, 4, 256, null(), 0, null_mut()) };
+        assert_eq!(s, Csa2Status::Csa2ErrNullPointer);
+        unsafe { csa2_geometry_free(g) };
+    }
+
+    #[test]
+    fn allocate_table_slots_and_error_paths() {
+        let c = new_cache(3);
+        unsafe {
+            assert_eq!(csa2_cache_allocate(c, 7, 10), Csa2Status::Csa2ErrNotFound);
+            assert!(last_error().contains("request 7"), "{}", last_error());
+            assert_eq!(csa2_cache_add_request(c, 7), Csa2Status::Csa2Ok);
+            assert_eq!(
+                csa2_cache_add_request(c, 7),
+                Csa2Status::Csa2ErrInvalidArgument
+            );
+            assert_eq!(csa2_cache_allocate(c, 7, 513), Csa2Status::Csa2Ok);
+
+            // Count-only, too small, exact.
+            let mut n = 99usize;
+            assert_eq!(
+                csa2_cache_block_table(c, 7, null_mut(), 0, &mut n),
+                Csa2Status::Csa2Ok
+            );
+            assert_eq!(n, 3);
+            let mut t = [u32::MAX; 3];
+            let mut n2 = 99usize;
+            assert_eq!(
+                csa2_cache_block_table(c, 7, t.as_mut_ptr(), 2, &mut n2),
+                Csa2Status::Csa2ErrInvalidArgument
+            );
+            assert!(last_error().contains("needs 3"), "{}", last_error());
+            assert_eq!((n2, t), (99, [u32::MAX; 3]));
+            assert_eq!(
+                csa2_cache_block_table(c, 7, t.as_mut_ptr(), 3, &mut n2),
+                Csa2Status::Csa2Ok
+            );
+            assert_eq!((n2, t), (3, [0, 1, 2]));
+            assert_eq!(
+                csa2_cache_block_table(c, 7, t.as_mut_ptr(), 3, null_mut()),
+                Csa2Status::Csa2ErrNullPointer
+            );
+
+            // Layer 2 is a ratio-2 KV source: S = 128 entries per block.
+            let mut slots = [-1i64; 4];
+            assert_eq!(
+                csa2_cache_slot_mapping(c, 7, 2, 126, 4, slots.as_mut_ptr()),
+                Csa2Status::Csa2Ok,
+                "{}",
+                last_error()
+            );
+            let want = m_slots(c, 7, 2, 126..130);
+            assert_eq!(slots.to_vec(), want);
+            assert_eq!(slots, [126, 127, 128, 129]);
+            assert_eq!(
+                csa2_cache_slot_mapping(c, 7, 0, 0, 1, slots.as_mut_ptr()),
+                Csa2Status::Csa2ErrInvalidArgument
+            );
+            assert_eq!(
+                csa2_cache_slot_mapping(c, 7, 2, 380, 5, slots.as_mut_ptr()),
+                Csa2Status::Csa2ErrInvalidArgument
+            );
+            assert_eq!(
+                csa2_cache_slot_mapping(c, 7, 2, 0, 5, null_mut()),
+                Csa2Status::Csa2ErrNullPointer
+            );
+
+            // Out of blocks: nothing changes.
+            assert_eq!(csa2_cache_add_request(c, 8), Csa2Status::Csa2Ok);
+            assert_eq!(csa2_cache_allocate(c, 8, 1), Csa2Status::Csa2ErrOutOfBlocks);
+            let mut st = Csa2CacheStats::default();
+            assert_eq!(csa2_cache_stats(c, &mut st), Csa2Status::Csa2Ok);
+            assert_eq!((st.total_blocks, st.used_blocks, st.requests), (3, 3, 2));
+            assert_eq!(st.in_use_bytes, 3 * st.slab_bytes);
+            assert_eq!(st.allocated_bytes, 3 * st.slab_bytes);
+
+            let mut rb = Csa2RequestBytes::default();
+            assert_eq!(csa2_cache_request_bytes(c, 7, &mut rb), Csa2Status::Csa2Ok);
+            assert_eq!(
+                (rb.tokens, rb.blocks, rb.slab_bytes),
+                (513, 3, 3 * st.slab_bytes)
+            );
+            assert_eq!(
+                csa2_cache_request_bytes(c, 9, &mut rb),
+                Csa2Status::Csa2ErrNotFound
+            );
+
+            assert_eq!(csa2_cache_free_request(c, 7), Csa2Status::Csa2Ok);
+            assert_eq!(csa2_cache_free_request(c, 7), Csa2Status::Csa2ErrNotFound);
+            assert_eq!(csa2_cache_allocate(c, 8, 1), Csa2Status::Csa2Ok);
+            (*c).m.check_invariants().unwrap();
+            csa2_cache_free(c);
+            csa2_cache_free(null_mut());
+            assert_eq!(
+                csa2_cache_allocate(null(), 1, 1),
+                Csa2Status::Csa2ErrNullPointer
+            );
+        }
+    }
+
+    fn m_slots(c: *const Csa2Cache, id: u64, layer: usize, r: std::ops::Range<usize>) -> Vec<i64> {
+        unsafe { &(*c).m }
+            .slot_mapping(id, layer, r)
+            .unwrap()
+            .into_iter()
+            .map(|s| s as i64)
+            .collect()
+    }
+
+    #[test]
+    fn prefix_keys_publish_adopt_round_trip() {
+        let c = new_cache(8);
+        let tokens: Vec<u32> = (0..600).collect();
+        unsafe {
+            let mut n = 0usize;
+            assert_eq!(
+                csa2_cache_prefix_keys(c, tokens.as_ptr(), 600, null_mut(), 0, &mut n),
+                Csa2Status::Csa2Ok
+            );
+            assert_eq!(n, 2);
+            let mut keys = vec![0u8; 64];
+            assert_eq!(
+                csa2_cache_prefix_keys(c, tokens.as_ptr(), 600, keys.as_mut_ptr(), 1, &mut n),
+                Csa2Status::Csa2ErrInvalidArgument
+            );
+            assert!(last_error().contains("need 2 keys"), "{}", last_error());
+            assert_eq!(
+                csa2_cache_prefix_keys(c, null(), 600, keys.as_mut_ptr(), 2, &mut n),
+                Csa2Status::Csa2ErrNullPointer
+            );
+            assert_eq!(
+                csa2_cache_prefix_keys(c, tokens.as_ptr(), 600, keys.as_mut_ptr(), 2, &mut n),
+                Csa2Status::Csa2Ok
+            );
+            let want = (*c).m.hasher().keys(&tokens);
+            assert_eq!(&keys[..32], &want[0].0);
+            assert_eq!(&keys[32..], &want[1].0);
+
+            assert_eq!(csa2_cache_add_request(c, 1), Csa2Status::Csa2Ok);
+            assert_eq!(csa2_cache_allocate(c, 1, 600), Csa2Status::Csa2Ok);
+            assert_eq!(
+                csa2_cache_lookup_prefix(c, keys.as_ptr(), 2, &mut n),
+                Csa2Status::Csa2Ok
+            );
+            assert_eq!(n, 0);
+            assert_eq!(
+                csa2_cache_publish(c, 1, keys.as_ptr(), 2, &mut n),
+                Csa2Status::Csa2Ok
+            );
+            assert_eq!(n, 2);
+            assert_eq!(
+                csa2_cache_publish(c, 9, keys.as_ptr(), 2, &mut n),
+                Csa2Status::Csa2ErrNotFound
+            );
+            assert_eq!(
+                csa2_cache_lookup_prefix(c, keys.as_ptr(), 2, &mut n),
+                Csa2Status::Csa2Ok
+            );
+            assert_eq!(n, 2);
+            assert_eq!(
+                csa2_cache_lookup_prefix(c, null(), 2, &mut n),
+                Csa2Status::Csa2ErrNullPointer
+            );
+            assert_eq!(csa2_cache_free_request(c, 1), Csa2Status::Csa2Ok);
+
+            assert_eq!(csa2_cache_add_request(c, 2), Csa2Status::Csa2Ok);
+            assert_eq!(
+                csa2_cache_adopt_prefix(c, 2, keys.as_ptr(), 2, &mut n),
+                Csa2Status::Csa2Ok
+            );
+            assert_eq!(n, 2);
+            assert_eq!(
+                csa2_cache_adopt_prefix(c, 2, keys.as_ptr(), 2, &mut n),
+                Csa2Status::Csa2ErrInvalidArgument
+            );
+            let mut st = Csa2CacheStats::default();
+            assert_eq!(csa2_cache_stats(c, &mut st), Csa2Status::Csa2Ok);
+            assert_eq!(
+                (st.prefix_hits, st.prefix_queries, st.used_blocks),
+                (2, 2, 2)
+            );
+            (*c).m.check_invariants().unwrap();
+            csa2_cache_free(c);
+        }
+    }
+
+    #[test]
+    fn replay_plan_matches_the_planner_and_rejects_bad_input() {
+        let g = geometry();
+        unsafe {
+            let mut p = null_mut();
+            assert_eq!(
+                csa2_replay_plan(g, 3, 1000, 512, 0, &mut p),
+                Csa2Status::Csa2ErrInvalidArgument
+            );
+            assert!(last_error().contains("mode"));
+            assert_eq!(
+                csa2_replay_plan(g, 0, 100, 512, 0, &mut p),
+                Csa2Status::Csa2ErrInvalidArgument
+            );
+            assert!(p.is_null());
+            assert_eq!(
+                csa2_replay_plan(g, 0, 1000, 512, 0, &mut p),
+                Csa2Status::Csa2Ok
+            );
+            let cfg = ReplayConfig::from_geometry(&(*g).g, ReplayMode::Bounded);
+            let want = plan(&cfg, 1000, 512, false).unwrap();
+            let mut s = Csa2ReplaySummary::default();
+            assert_eq!(csa2_replay_plan_summary(p, &mut s), Csa2Status::Csa2Ok);
+            assert_eq!(s.hit_used as usize, want.hit_used);
+            assert_eq!(s.replayed_tokens as usize, want.replayed_tokens());
+            assert_eq!(s.num_layers as usize, want.layers.len());
+            assert_eq!(
+                (s.protected_start as usize)..(s.protected_end as usize),
+                want.protected
+            );
+            for (i, l) in want.layers.iter().enumerate() {
+                let mut r = Csa2LayerRun::default();
+                assert_eq!(csa2_replay_plan_layer(p, i, &mut r), Csa2Status::Csa2Ok);
+                assert_eq!((r.row_start as usize)..(r.row_end as usize), l.rows);
+                assert_eq!(r.window_floor as usize, l.window_floor);
+            }
+            let mut r = Csa2LayerRun::default();
+            assert_eq!(
+                csa2_replay_plan_layer(p, want.layers.len(), &mut r),
+                Csa2Status::Csa2ErrInvalidArgument
+            );
+            let mut n = 0usize;
+            assert_eq!(
+                csa2_replay_plan_protected_entries(p, null_mut(), 0, &mut n),
+                Csa2Status::Csa2Ok
+            );
+            assert_eq!(n, want.protected_entries.len());
+            let mut e = vec![Csa2ProtectedEntries::default(); n];
+            assert_eq!(
+                csa2_replay_plan_protected_entries(p, e.as_mut_ptr(), n, &mut n),
+                Csa2Status::Csa2Ok
+            );
+            for (got, (layer, r)) in e.iter().zip(&want.protected_entries) {
+                assert_eq!(got.layer as usize, *layer);
+                assert_eq!((got.entry_start as usize)..(got.entry_end as usize), *r);
+            }
+            if n > 0 {
+                assert_eq!(
+                    csa2_replay_plan_protected_entries(p, e.as_mut_ptr(), n - 1, &mut n),
+                    Csa2Status::Csa2ErrInvalidArgument
+                );
+            }
+            csa2_replay_plan_free(p);
+            csa2_replay_plan_free(null_mut());
+            csa2_geometry_free(g);
+        }
+    }
+}
