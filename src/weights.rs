@@ -555,63 +555,7 @@ impl Checkpoint {
             let s = specs.iter().find(|s| s.name == full).expect("spec listed");
             self.matrix(&s.name, s.shape[0], s.shape[1])
         };
-        let plan = &g.layers[layer];
-        let compressor = if plan.role == Role::Full {
-            Some(CompressorWeights {
-                wkv: mat("attn.compressor.wkv.weight")?,
-                wgate: if plan.ratio >= 2 {
-                    Some(mat("attn.compressor.wgate.weight")?)
-                } else {
-                    None
-                },
-                norm: get("attn.compressor.norm.weight")?,
-            })
-        } else {
-            None
-        };
-        let indexer = if matches!(plan.role, Role::Full | Role::Reindex) {
-            Some(IndexerWeights {
-                wq_b: mat("attn.indexer.wq_b.weight")?,
-                weights_proj: mat("attn.indexer.weights_proj.weight")?,
-                k: if plan.role == Role::Full {
-                    Some(IndexKWeights {
-                        wk: mat("attn.indexer.wk.weight")?,
-                        k_norm: get("attn.indexer.k_norm.weight")?,
-                    })
-                } else {
-                    None
-                },
-            })
-        } else {
-            None
-        };
-        let site = |s: &str| -> Result<HcSite> {
-            Ok(HcSite {
-                hc_fn: get(&format!("hc_{s}_fn"))?,
-                base: get(&format!("hc_{s}_base"))?,
-                scale: get(&format!("hc_{s}_scale"))?,
-            })
-        };
-        Ok(LayerWeights {
-            id: layer,
-            role: plan.role,
-            attn: AttentionWeights {
-                wq_a: mat("attn.wq_a.weight")?,
-                q_norm: get("attn.q_norm.weight")?,
-                wq_b: mat("attn.wq_b.weight")?,
-                wkv: mat("attn.wkv.weight")?,
-                kv_norm: get("attn.kv_norm.weight")?,
-                attn_sink: get("attn.attn_sink")?,
-                wo_a: mat("attn.wo_a.weight")?,
-                wo_b: mat("attn.wo_b.weight")?,
-                compressor,
-                indexer,
-            },
-            hc_attn: site("attn")?,
-            hc_ffn: site("ffn")?,
-            attn_norm: get("attn_norm.weight")?,
-            ffn_norm: get("ffn_norm.weight")?,
-        })
+        assemble_layer(g, layer, get, mat)
     }
 }
 
@@ -620,4 +564,74 @@ fn map_file(file: &File, path: &Path) -> Result<Mmap> {
     // SAFETY: the mapping is read-only and lives as long as the Checkpoint; a checkpoint modified
     // by another process while mapped is outside the contract (as for every mmap-based loader).
     unsafe { Mmap::map(file) }.map_err(|e| Error::io(path, e))
+}
+
+/// Assembles one layer's weights by role from two lookups keyed by the tensor-name suffix after
+/// `layers.{L}.` (`get` for vectors, `mat` for matrices): the one place that maps the released
+/// checkpoint naming onto [`LayerWeights`], shared by the loader and the in-memory synthetic weights.
+///
+/// Errors: the first error either lookup returns.
+pub fn assemble_layer(
+    g: &Geometry,
+    layer: usize,
+    get: impl Fn(&str) -> Result<Vec<f32>>,
+    mat: impl Fn(&str) -> Result<Matrix>,
+) -> Result<LayerWeights> {
+    let plan = &g.layers[layer];
+    let compressor = if plan.role == Role::Full {
+        Some(CompressorWeights {
+            wkv: mat("attn.compressor.wkv.weight")?,
+            wgate: if plan.ratio >= 2 {
+                Some(mat("attn.compressor.wgate.weight")?)
+            } else {
+                None
+            },
+            norm: get("attn.compressor.norm.weight")?,
+        })
+    } else {
+        None
+    };
+    let indexer = if matches!(plan.role, Role::Full | Role::Reindex) {
+        Some(IndexerWeights {
+            wq_b: mat("attn.indexer.wq_b.weight")?,
+            weights_proj: mat("attn.indexer.weights_proj.weight")?,
+            k: if plan.role == Role::Full {
+                Some(IndexKWeights {
+                    wk: mat("attn.indexer.wk.weight")?,
+                    k_norm: get("attn.indexer.k_norm.weight")?,
+                })
+            } else {
+                None
+            },
+        })
+    } else {
+        None
+    };
+    let site = |s: &str| -> Result<HcSite> {
+        Ok(HcSite {
+            hc_fn: get(&format!("hc_{s}_fn"))?,
+            base: get(&format!("hc_{s}_base"))?,
+            scale: get(&format!("hc_{s}_scale"))?,
+        })
+    };
+    Ok(LayerWeights {
+        id: layer,
+        role: plan.role,
+        attn: AttentionWeights {
+            wq_a: mat("attn.wq_a.weight")?,
+            q_norm: get("attn.q_norm.weight")?,
+            wq_b: mat("attn.wq_b.weight")?,
+            wkv: mat("attn.wkv.weight")?,
+            kv_norm: get("attn.kv_norm.weight")?,
+            attn_sink: get("attn.attn_sink")?,
+            wo_a: mat("attn.wo_a.weight")?,
+            wo_b: mat("attn.wo_b.weight")?,
+            compressor,
+            indexer,
+        },
+        hc_attn: site("attn")?,
+        hc_ffn: site("ffn")?,
+        attn_norm: get("attn_norm.weight")?,
+        ffn_norm: get("ffn_norm.weight")?,
+    })
 }

@@ -17,12 +17,9 @@ use super::plan::{SeqStep, StepPlan};
 use super::timing::{Op, Timings};
 use super::BackendConfig;
 use crate::error::{Error, Result};
-use crate::geometry::{Geometry, Role};
+use crate::geometry::Geometry;
 use crate::ops::mhc::{boundary, one_hot_pre, BoundaryIn, MhcParams, PostUpdate, HC};
-use crate::weights::{
-    layer_specs, synth::source_values, AttentionWeights, Checkpoint, CompressorWeights, HcSite,
-    IndexKWeights, IndexerWeights, LayerWeights, Matrix, Scale,
-};
+use crate::weights::{layer_specs, synth::source_values, Checkpoint, LayerWeights, Matrix, Scale};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::path::Path;
@@ -84,63 +81,7 @@ pub fn synthetic_layer(g: &Geometry, layer: usize, seed: u64) -> Result<LayerWei
             data,
         })
     };
-    let plan = &g.layers[layer];
-    let compressor = if plan.role == Role::Full {
-        Some(CompressorWeights {
-            wkv: mat("attn.compressor.wkv.weight")?,
-            wgate: if plan.ratio >= 2 {
-                Some(mat("attn.compressor.wgate.weight")?)
-            } else {
-                None
-            },
-            norm: get("attn.compressor.norm.weight")?,
-        })
-    } else {
-        None
-    };
-    let indexer = if matches!(plan.role, Role::Full | Role::Reindex) {
-        Some(IndexerWeights {
-            wq_b: mat("attn.indexer.wq_b.weight")?,
-            weights_proj: mat("attn.indexer.weights_proj.weight")?,
-            k: if plan.role == Role::Full {
-                Some(IndexKWeights {
-                    wk: mat("attn.indexer.wk.weight")?,
-                    k_norm: get("attn.indexer.k_norm.weight")?,
-                })
-            } else {
-                None
-            },
-        })
-    } else {
-        None
-    };
-    let site = |s: &str| -> Result<HcSite> {
-        Ok(HcSite {
-            hc_fn: get(&format!("hc_{s}_fn"))?,
-            base: get(&format!("hc_{s}_base"))?,
-            scale: get(&format!("hc_{s}_scale"))?,
-        })
-    };
-    Ok(LayerWeights {
-        id: layer,
-        role: plan.role,
-        attn: AttentionWeights {
-            wq_a: mat("attn.wq_a.weight")?,
-            q_norm: get("attn.q_norm.weight")?,
-            wq_b: mat("attn.wq_b.weight")?,
-            wkv: mat("attn.wkv.weight")?,
-            kv_norm: get("attn.kv_norm.weight")?,
-            attn_sink: get("attn.attn_sink")?,
-            wo_a: mat("attn.wo_a.weight")?,
-            wo_b: mat("attn.wo_b.weight")?,
-            compressor,
-            indexer,
-        },
-        hc_attn: site("attn")?,
-        hc_ffn: site("ffn")?,
-        attn_norm: get("attn_norm.weight")?,
-        ffn_norm: get("ffn_norm.weight")?,
-    })
+    crate::weights::assemble_layer(g, layer, get, mat)
 }
 
 impl Model {
