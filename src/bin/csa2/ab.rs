@@ -73,19 +73,24 @@ struct Decoded {
     hidden: Vec<f32>,
 }
 
+/// Deterministic synthetic cache value for (seed, entry i, channel k): uniform in ±1.7 (unit RMS,
+/// like normed latents). Hash arithmetic wraps on purpose; plain `*`/`+` overflowed for k ≥ 1 under
+/// overflow checks and made `csa2 ab` panic in test/debug builds.
+fn synth_value(seed: usize, i: usize, k: usize) -> f32 {
+    let h = (i as u64)
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add((k as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9))
+        .wrapping_add(seed as u64);
+    let h = (h ^ (h >> 31)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((h >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.4
+}
+
 /// Fills `cache` for request 1 as if `ctx` tokens had been prefilled: every Full layer's entries
 /// and every layer's SWA window (synthetic values with unit RMS, like normed latents).
 fn synthesize(b: &Backend, cache: &mut ContiguousCache, ctx: usize) -> Result<()> {
     let g = b.geometry();
     cache.open(1)?;
-    let val = |seed: usize, i: usize, k: usize| -> f32 {
-        let h = (i as u64)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            .wrapping_add((k as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9))
-            .wrapping_add(seed as u64);
-        let h = (h ^ (h >> 31)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((h >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.4
-    };
+    let val = synth_value;
     for lp in g.layers_with(Role::Full) {
         let n = ctx / lp.ratio;
         for region in [Region::Main, Region::Index] {
@@ -562,4 +567,28 @@ fn plots(
         root.present().map_err(|e| err(e.to_string()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::synth_value;
+
+    /// Regression: the hash overflowed (and panicked under overflow checks) for any k ≥ 1.
+    #[test]
+    fn synthetic_values_never_overflow_and_stay_bounded() {
+        let mut sum_sq = 0.0f64;
+        let mut n = 0usize;
+        for seed in [0usize, 2, 20, 99] {
+            for i in [0usize, 1, 7, 1 << 20, usize::MAX] {
+                for k in 0..512usize {
+                    let v = synth_value(seed, i, k);
+                    assert!(v.is_finite() && v.abs() <= 1.7, "{v}");
+                    sum_sq += f64::from(v) * f64::from(v);
+                    n += 1;
+                }
+            }
+        }
+        let rms = (sum_sq / n as f64).sqrt();
+        assert!((0.8..1.2).contains(&rms), "rms {rms}");
+    }
 }
