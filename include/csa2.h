@@ -84,6 +84,14 @@ typedef enum {
   CSA2_LAYOUT_V4 = 2,
 } Csa2KvLayout;
 
+// Which of a KV-source layer's two caches (pass as `int32_t`).
+typedef enum {
+  // The compressed main KV (attended key = value).
+  CSA2_RECORD_MAIN = 0,
+  // The indexer's K.
+  CSA2_RECORD_INDEX = 1,
+} Csa2RecordKind;
+
 // Replay mode (pass as `int32_t`; SPEC §3).
 typedef enum {
   // SWA bounded replay (the default).
@@ -100,6 +108,10 @@ typedef struct CacheFormats CacheFormats;
 // Opaque KV cache manager handle (paged block pool, block tables, prefix index). Free with
 // [`csa2_cache_free`]. Internally locked: see the module docs for what may run concurrently.
 typedef struct Csa2Cache Csa2Cache;
+
+// Opaque compressor state of one request and one Full layer: the next token position and the
+// open group's carried rows. Free with [`csa2_compressor_state_free`]. Internally locked.
+typedef struct Csa2CompressorState Csa2CompressorState;
 
 // Opaque geometry handle (a parsed `config.json`). Free with [`csa2_geometry_free`].
 typedef struct Csa2Geometry Csa2Geometry;
@@ -256,6 +268,33 @@ typedef struct {
   // RMS epsilon of the mix statistic and the input RMSNorm (1e-20).
   float rms_eps;
 } Csa2MhcParams;
+
+// What the cache stores for one layer, from [`csa2_cache_layer_info`]. Format ids are
+// `Csa2Format` values; −1 where the layer has no such cache.
+typedef struct {
+  // 1 when the layer is a KV source (owns main-KV and index-K pages), else 0.
+  uint8_t kv_source;
+  // Compression ratio m of a KV source (one entry per m tokens); 0 otherwise.
+  uint32_t ratio;
+  // Main-KV record format, or −1.
+  int32_t main_format;
+  // Bytes of one main-KV record (0 when none).
+  uint64_t main_record_bytes;
+  // Index-K record format, or −1.
+  int32_t index_format;
+  // Bytes of one index-K record (0 when none).
+  uint64_t index_record_bytes;
+  // Compressed entries per block (`block_tokens / ratio`; 0 when not a KV source).
+  uint64_t entries_per_block;
+  // f32 values of the carried compressor group (`(ratio − 1) × 1024`; 0 when nothing is carried).
+  uint64_t compressor_state_floats;
+  // SWA record format (every layer keeps an SWA ring).
+  int32_t swa_format;
+  // Bytes of one SWA record.
+  uint64_t swa_record_bytes;
+  // SWA window in tokens.
+  uint64_t window;
+} Csa2CacheLayerInfo;
 
 #ifdef __cplusplus
 extern "C" {
@@ -523,6 +562,103 @@ Csa2Status csa2_encode_into_pages(int32_t format_id,
                                   uint8_t *pool,
                                   size_t pool_len);
 
+// Creates a compressor state for Full layer `layer` of `geometry` whose next token is at
+// `start_pos` (a multiple of the layer's ratio) with no open group.
+//
+// Errors: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_INVALID_ARGUMENT` (layer past the backbone or without
+// a compressor, `start_pos` not a multiple of the ratio). `*out` is untouched on error.
+//
+// # Safety
+// `geometry` must be a live geometry handle (it may be freed after the call); `out` writable.
+Csa2Status csa2_compressor_state_create(const Csa2Geometry *geometry,
+                                        uint32_t layer,
+                                        uint64_t start_pos,
+                                        Csa2CompressorState **out);
+
+// Frees a compressor state. Null is a no-op.
+//
+// # Safety
+// `s` must be null or a handle not yet freed, with no other call on it in flight.
+void csa2_compressor_state_free(Csa2CompressorState *s);
+
+// Drops any open group and sets the next position to `start_pos` (a multiple of the ratio), e.g.
+// when the request is preempted and recomputed.
+//
+// Errors: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_INVALID_ARGUMENT` (misaligned `start_pos`; the state
+// is then unchanged).
+//
+// # Safety
+// `s` must be a live state handle.
+Csa2Status csa2_compressor_state_reset(const Csa2CompressorState *s, uint64_t start_pos);
+
+// Writes the position of the next token the state expects to `*next_pos` and the tokens of its
+// open group (0 or, for ratio 2, 1) to `*pending`, and the state's layer to `*layer` (each output
+// may be null when not wanted).
+//
+// # Safety
+// `s` must be a live state handle; non-null outputs writable.
+Csa2Status csa2_compressor_state_query(const Csa2CompressorState *s,
+                                       uint64_t *next_pos,
+                                       uint64_t *pending,
+                                       uint32_t *layer);
+
+// Feeds the next `T` tokens of a request to the compressor of the state's layer: `kv` `(T, 512)`
+// float (and, for ratio 2, `score` `(T, 512)` float; null for ratio 1), tokens
+// `next_pos .. next_pos + T`. The groups these tokens complete — together with the group carried
+// from earlier calls — are written as NVFP4-DS main-KV records to `main_kv_out` `(E, 288)` uint8
+// and MXFP4 index-K records to `index_k_out` `(E, 68)` uint8, where `E` must be exactly
+// `(pending + T) div ratio` (`csa2_compressor_state_query` gives `pending`); the first entry's id
+// is written to `*first_entry` (may be null). A trailing odd token is carried into the next call.
+// Weights: `norm` `(512)`, `wk` `(128, 512)`, `k_norm` `(128)` float — those of the state's layer.
+//
+// A pair split across two calls pools exactly as one call over both tokens.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` (`layer` is not the state's layer, `score` given or missing,
+// non-finite values, an output overlapping another argument), `CSA2_ERR_SHAPE` (wrong `E`), plus
+// the common errors of `csa2_compress`. On error the state and the outputs are unchanged.
+//
+// # Safety
+// `geometry` and `s` must be live handles; each tensor pointer null or a readable `DLTensor`
+// whose memory stays valid and unused by other threads for the call.
+Csa2Status csa2_compress_step(const Csa2Geometry *geometry,
+                              uint32_t layer,
+                              const Csa2CompressorState *s,
+                              const DLTensor *kv,
+                              const DLTensor *score,
+                              const DLTensor *norm,
+                              const DLTensor *wk,
+                              const DLTensor *k_norm,
+                              const DLTensor *main_kv_out,
+                              const DLTensor *index_k_out,
+                              uint64_t *first_entry);
+
+// Stores the state's open group into request `id`'s compressor slot of the state's layer in cache
+// `c` (or clears the slot when no group is open), so the cache holds everything needed to resume
+// the request (e.g. after the engine drops the handle). The cache copies the rows.
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (request), `CSA2_ERR_INVALID_ARGUMENT` (the state's layer is not a
+// KV source of ratio > 1 in this cache).
+//
+// # Safety
+// `s` and `c` must be live handles.
+Csa2Status csa2_compressor_state_save(const Csa2CompressorState *s,
+                                      const Csa2Cache *c,
+                                      uint64_t id);
+
+// Replaces the state by request `id`'s carried group of the state's layer in cache `c` (none when
+// the slot is empty), with the next token at `next_pos` (the request's token count).
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (request), `CSA2_ERR_INVALID_ARGUMENT` (layer not a ratio > 1 KV
+// source of the cache; `next_pos` inconsistent with the carried tokens: with a group open,
+// `next_pos − 1` must start a group, otherwise `next_pos` must). The state is unchanged on error.
+//
+// # Safety
+// `s` and `c` must be live handles.
+Csa2Status csa2_compressor_state_load(const Csa2CompressorState *s,
+                                      const Csa2Cache *c,
+                                      uint64_t id,
+                                      uint64_t next_pos);
+
 // Validates a `DLTensor` exactly as every csa2 op does and writes a one-line description
 // (`"float32[2, 3] host"`) into `buf` (capacity `len` bytes, NUL-terminated, truncated if short).
 //
@@ -654,6 +790,27 @@ Csa2Status csa2_indexer_logits(const DLTensor *q,
                                int32_t q_quant,
                                const DLTensor *logits_out);
 
+// Candidate-restricted lightning-indexer logits (SPEC §2 "Indexer", the Reindex path): as
+// [`csa2_indexer_logits`], but row t scores only the entries inside its candidate blocks
+// `blocks[t, :]` (block b = entries `[b·block_size, (b+1)·block_size)`, −1 ends the list early;
+// only visible entries count); every other entry is −∞. This is `csa2 op indexer` with `blocks`.
+//
+// `blocks` `(T, B)` int32 from `csa2_candidates`; `block_size` ≥ 1 (the geometry's
+// `candidate_block_size`, 8). Errors: a block id past the keys (`CSA2_ERR_INVALID_ARGUMENT`),
+// `block_size` 0, plus those of [`csa2_indexer_logits`].
+//
+// # Safety
+// As [`csa2_indexer_logits`].
+Csa2Status csa2_indexer_logits_in_blocks(const DLTensor *q,
+                                         const DLTensor *w,
+                                         const DLTensor *positions,
+                                         const DLTensor *keys,
+                                         const DLTensor *blocks,
+                                         uint32_t ratio,
+                                         uint32_t block_size,
+                                         int32_t q_quant,
+                                         const DLTensor *logits_out);
+
 // Top-k of indexer logits (SPEC §2 "Indexer"): for row t, the K largest of
 // `logits[t, 0 .. (positions[t] + 1) div ratio]` (ties → smaller index; −∞/NaN never chosen; all
 // visible entries in index order when they are ≤ K), −1 padded.
@@ -755,6 +912,125 @@ Csa2Status csa2_mhc(const Csa2MhcParams *params,
                     const DLTensor *pre_out,
                     const DLTensor *post_out,
                     const DLTensor *comb_out);
+
+// Writes what the cache stores for `layer` to `*out` (sizes to allocate row tensors with).
+//
+// Errors: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_INVALID_ARGUMENT` (layer past the backbone).
+//
+// # Safety
+// `c` must be a live cache handle; `out` writable.
+Csa2Status csa2_cache_layer_info(const Csa2Cache *c, uint32_t layer, Csa2CacheLayerInfo *out);
+
+// Writes rows into compressed entries `entries` of request `id`'s `kind` cache (a
+// `Csa2RecordKind`) of KV-source `layer`, each to the slot the request's block table maps it to
+// (vLLM's `block_table[j // S]·S + j mod S`).
+//
+// `entries` `(n)` int (each ≥ 0, below the entries allocated to the request); `src` `(n, dim)`
+// float, encoded into the layer's record format (main KV: `dim` 512, RoPE'd; index K: 128), or
+// `(n, record_bytes)` uint8 standalone records copied as they are. A repeated entry takes its
+// last row.
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (unknown request), `CSA2_ERR_INVALID_ARGUMENT` (not a KV-source
+// layer, unknown kind, negative entry or one past the allocation, an entry in a published prefix
+// block — read-only —, non-finite row values, `entries` overlapping `src`), `CSA2_ERR_SHAPE`,
+// `CSA2_ERR_UNSUPPORTED` (device memory). Nothing is written unless the call succeeds.
+//
+// # Safety
+// `c` must be a live cache handle; each tensor pointer a readable `DLTensor` whose memory stays
+// valid for the call.
+Csa2Status csa2_cache_write_entries(const Csa2Cache *c,
+                                    uint64_t id,
+                                    uint32_t layer,
+                                    int32_t kind_,
+                                    const DLTensor *entries,
+                                    const DLTensor *src);
+
+// Gathers compressed entries `entries` of request `id`'s `kind` cache of KV-source `layer` into
+// `dst`: `(n, dim)` float rows decoded from the records, or `(n, record_bytes)` uint8 records.
+// `entries` `(n)` int; −1 (top-k padding) yields a zero row. Published (read-only) blocks are
+// readable.
+//
+// Errors: as [`csa2_cache_write_entries`] (minus the read-only check), plus a record that decodes
+// to a non-finite value. `dst` is written only when the call succeeds; it may not overlap
+// `entries`.
+//
+// # Safety
+// As [`csa2_cache_write_entries`]; `dst` writable and unused by other threads for the call.
+Csa2Status csa2_cache_read_entries(const Csa2Cache *c,
+                                   uint64_t id,
+                                   uint32_t layer,
+                                   int32_t kind_,
+                                   const DLTensor *entries,
+                                   const DLTensor *dst);
+
+// Writes the SWA rows of tokens `pos_start .. pos_start + n` of `layer` into request `id`'s ring
+// (slot = position mod window). `src` `(n, 512)` float (encoded in the SWA format) or
+// `(n, swa_record_bytes)` uint8 records. With `n` > window only the newest `window` rows survive.
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (request), `CSA2_ERR_INVALID_ARGUMENT` (layer past the backbone,
+// `pos_start` older than the ring keeps, non-finite values), `CSA2_ERR_SHAPE`,
+// `CSA2_ERR_UNSUPPORTED`. Nothing is written unless the call succeeds.
+//
+// # Safety
+// As [`csa2_cache_write_entries`].
+Csa2Status csa2_cache_swa_write(const Csa2Cache *c,
+                                uint64_t id,
+                                uint32_t layer,
+                                uint64_t pos_start,
+                                const DLTensor *src);
+
+// Reads the SWA rows of tokens `pos_start .. pos_start + n` of `layer` from request `id`'s ring
+// into `dst` (`(n, 512)` float, decoded, or `(n, swa_record_bytes)` uint8). Every position must be
+// inside the window that ends at the newest position written.
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (request, or a position outside the window / never written), plus
+// as [`csa2_cache_swa_write`]. `dst` is written only when the call succeeds.
+//
+// # Safety
+// As [`csa2_cache_read_entries`].
+Csa2Status csa2_cache_swa_read(const Csa2Cache *c,
+                               uint64_t id,
+                               uint32_t layer,
+                               uint64_t pos_start,
+                               const DLTensor *dst);
+
+// Writes to `*out` one past the newest SWA position written for `layer` of request `id`, or −1
+// before any write (positions `[out − window, out)` are readable).
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (request), `CSA2_ERR_INVALID_ARGUMENT` (layer).
+//
+// # Safety
+// `c` must be a live cache handle; `out` writable.
+Csa2Status csa2_cache_swa_newest(const Csa2Cache *c, uint64_t id, uint32_t layer, int64_t *out);
+
+// Sets request `id`'s carried compressor group of KV-source `layer` (ratio > 1): `state`
+// `(compressor_state_floats)` float32 — for ratio 2 the odd token's kv[512] then its score[512] —
+// or null to clear it (no group open). `csa2_compressor_state_save` fills it from a compressor
+// state handle.
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (request), `CSA2_ERR_INVALID_ARGUMENT` (layer of ratio ≤ 1 or not a
+// KV source, non-finite values), `CSA2_ERR_SHAPE`.
+//
+// # Safety
+// As [`csa2_cache_write_entries`]; `state` may be null.
+Csa2Status csa2_cache_set_compressor_state(const Csa2Cache *c,
+                                           uint64_t id,
+                                           uint32_t layer,
+                                           const DLTensor *state);
+
+// Copies request `id`'s carried compressor group of KV-source `layer` into `out`
+// (`(compressor_state_floats)` float32) and writes 1 to `*present`, or writes 0 (and leaves `out`
+// alone) when no group is open. `out` may be null only to ask whether one is open.
+//
+// Errors: as [`csa2_cache_set_compressor_state`].
+//
+// # Safety
+// As [`csa2_cache_read_entries`]; `present` writable.
+Csa2Status csa2_cache_get_compressor_state(const Csa2Cache *c,
+                                           uint64_t id,
+                                           uint32_t layer,
+                                           const DLTensor *out,
+                                           int32_t *present);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -531,6 +531,49 @@ impl CacheManager {
             .collect())
     }
 
+    /// Physical slots of the compressed entries `entries` (any order, repeats allowed) of KV-source
+    /// `layer` for request `id`: [`CacheManager::slot_mapping`] for a gather list.
+    ///
+    /// Errors: [`Error::NotFound`] (request), [`Error::Invalid`] (not a KV-source layer, or an entry
+    /// past the request's allocated tokens, naming the first such entry).
+    pub fn slots_of(&self, id: RequestId, layer: usize, entries: &[usize]) -> Result<Vec<u64>> {
+        let place = *self.place(layer, RecordKind::Main)?;
+        let s = place.page.slots;
+        let m = self.meta.lock();
+        let req = m
+            .requests
+            .get(&id)
+            .ok_or_else(|| Error::NotFound(format!("request {id}")))?;
+        let cap = req.table.len() * s;
+        if let Some((i, &j)) = entries.iter().enumerate().find(|(_, &j)| j >= cap) {
+            return Err(Error::invalid(
+                "entries",
+                format!(
+                    "entry {j} (at index {i}) of layer {layer} (ratio {}) is past the {cap} entries allocated for request {id}",
+                    place.ratio
+                ),
+            ));
+        }
+        Ok(entries
+            .iter()
+            .map(|&j| req.table[j / s] as u64 * s as u64 + (j % s) as u64)
+            .collect())
+    }
+
+    /// Checks that every slot of `layer`'s `kind` cache in `slots` may be written: inside the pool
+    /// and not in a published prefix block. A batched write calls this first so that a refused
+    /// batch changes nothing.
+    ///
+    /// Errors: [`Error::Invalid`] naming the first slot that is past the pool or read-only.
+    pub fn check_writable(&self, layer: usize, kind: RecordKind, slots: &[u64]) -> Result<()> {
+        let place = *self.place(layer, kind)?;
+        for &slot in slots {
+            let (block, _) = self.split_slot(&place, slot)?;
+            self.check_unsealed(block, slot)?;
+        }
+        Ok(())
+    }
+
     fn split_slot(&self, place: &PagePlace, slot: u64) -> Result<(usize, usize)> {
         let s = place.page.slots as u64;
         let block = (slot / s) as usize;
@@ -788,6 +831,108 @@ impl CacheManager {
                 "SWA position {pos} of layer {layer} (window ends at {hi:?})"
             ))),
         }
+    }
+
+    /// Writes the SWA records of tokens `pos_start ..` (`records.len() / record_bytes` of them, in
+    /// position order) for `layer` into request `id`'s ring, all or nothing: every check runs before
+    /// the first byte is copied. With more tokens than the window, only the newest `window` survive,
+    /// as with one [`CacheManager::swa_write`] per token.
+    ///
+    /// Errors: as [`CacheManager::swa_write`]; [`Error::Shape`] when `records` is not whole records.
+    pub fn swa_write_rows(
+        &self,
+        id: RequestId,
+        layer: usize,
+        pos_start: usize,
+        records: &[u8],
+    ) -> Result<()> {
+        self.host_only()?;
+        let rec = self.spec.swa_format.record_bytes();
+        if !records.len().is_multiple_of(rec) {
+            return Err(Error::shape(
+                "SWA records",
+                format!("a multiple of {rec} bytes"),
+                records.len(),
+            ));
+        }
+        let n = records.len() / rec;
+        let end = pos_start
+            .checked_add(n)
+            .ok_or_else(|| Error::invalid("pos", format!("{pos_start} + {n} tokens overflows")))?;
+        self.swa_offset(layer, pos_start)?;
+        let s = self.session(id)?;
+        let mut st = s.lock();
+        let hi = st.swa_hi[layer].unwrap_or(0);
+        if pos_start.saturating_add(self.spec.window) < hi {
+            return Err(Error::invalid(
+                "pos",
+                format!(
+                    "{pos_start} is older than layer {layer}'s window (newest {})",
+                    hi - 1
+                ),
+            ));
+        }
+        // Only the newest `window` tokens of the batch can survive in the ring.
+        let skip = n.saturating_sub(self.spec.window);
+        for (i, r) in records.chunks_exact(rec).enumerate().skip(skip) {
+            let o = self.swa_offset(layer, pos_start + i)?;
+            st.swa[o].copy_from_slice(r);
+        }
+        if n > 0 {
+            st.swa_hi[layer] = Some(hi.max(end));
+        }
+        Ok(())
+    }
+
+    /// Reads the SWA records of tokens `pos_start ..` (`out.len() / record_bytes` of them) of
+    /// `layer` from request `id`'s ring. Every position must be inside the window; `out` is written
+    /// only when all are.
+    ///
+    /// Errors: as [`CacheManager::swa_read`]; [`Error::Shape`] when `out` is not whole records.
+    pub fn swa_read_rows(
+        &self,
+        id: RequestId,
+        layer: usize,
+        pos_start: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
+        self.host_only()?;
+        let rec = self.spec.swa_format.record_bytes();
+        if !out.len().is_multiple_of(rec) {
+            return Err(Error::shape(
+                "SWA records",
+                format!("a multiple of {rec} bytes"),
+                out.len(),
+            ));
+        }
+        let n = out.len() / rec;
+        self.swa_offset(layer, pos_start)?;
+        let s = self.session(id)?;
+        let st = s.lock();
+        let hi = st.swa_hi[layer];
+        let inside = |p: usize| matches!(hi, Some(h) if p < h && p + self.spec.window >= h);
+        if n > 0 && !(inside(pos_start) && pos_start.checked_add(n - 1).is_some_and(inside)) {
+            return Err(Error::NotFound(format!(
+                "SWA positions {pos_start}..{} of layer {layer} (window ends at {hi:?})",
+                pos_start.saturating_add(n)
+            )));
+        }
+        for (i, o) in out.chunks_exact_mut(rec).enumerate() {
+            let r = self.swa_offset(layer, pos_start + i)?;
+            o.copy_from_slice(&st.swa[r]);
+        }
+        Ok(())
+    }
+
+    /// The newest SWA position written + 1 for `layer` of request `id` (`None` before any write):
+    /// positions `[newest − window, newest)` are readable.
+    ///
+    /// Errors: [`Error::NotFound`] (request), [`Error::Invalid`] (layer).
+    pub fn swa_newest(&self, id: RequestId, layer: usize) -> Result<Option<usize>> {
+        self.swa_offset(layer, 0)?;
+        let s = self.session(id)?;
+        let st = s.lock();
+        Ok(st.swa_hi[layer])
     }
 
     /// Copies the SWA windows of the snapshotted layers (`spec.snapshot_layers`) of request `id`,

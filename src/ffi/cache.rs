@@ -207,7 +207,7 @@ unsafe fn keys_arg(keys: *const u8, n: usize) -> Result<Vec<PrefixKey>> {
 
 /// # Safety
 /// A non-null `c` must be a live cache handle.
-unsafe fn cache<'a>(c: *const Csa2Cache) -> Result<&'a CacheManager> {
+pub(super) unsafe fn cache<'a>(c: *const Csa2Cache) -> Result<&'a CacheManager> {
     // SAFETY: the caller's contract.
     Ok(&unsafe { arg_ref(c, "cache") }?.m)
 }

@@ -15,14 +15,18 @@
 
 mod cache;
 mod codec;
+mod compressor;
 pub mod dlpack;
 mod geometry;
 mod ops;
+mod records;
 
 pub use cache::*;
 pub use codec::*;
+pub use compressor::*;
 pub use geometry::*;
 pub use ops::*;
+pub use records::*;
 
 use crate::error::{Error, Result};
 use std::cell::RefCell;

@@ -31,14 +31,14 @@ use crate::ops::indexer::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
 use crate::ops::mhc::{self, BoundaryIn, MhcParams, MixWeights, PostUpdate, HC, MIX};
 use crate::ops::rope::{Direction, Rope};
 
-const FLOATS: &[DType] = &[DType::F32, DType::Bf16, DType::F16];
-const INTS: &[DType] = &[DType::I32, DType::I64];
+pub(super) const FLOATS: &[DType] = &[DType::F32, DType::Bf16, DType::F16];
+pub(super) const INTS: &[DType] = &[DType::I32, DType::I64];
 
 /// A required host tensor.
 ///
 /// # Safety
 /// As [`View::from_raw`].
-unsafe fn host<'a>(t: *const DLTensor, name: &'static str) -> Result<View<'a>> {
+pub(super) unsafe fn host<'a>(t: *const DLTensor, name: &'static str) -> Result<View<'a>> {
     // SAFETY: forwarded caller contract.
     let v = unsafe { View::from_raw(t, name) }?;
     v.require_host()?;
@@ -49,7 +49,10 @@ unsafe fn host<'a>(t: *const DLTensor, name: &'static str) -> Result<View<'a>> {
 ///
 /// # Safety
 /// As [`View::from_raw`].
-unsafe fn host_opt<'a>(t: *const DLTensor, name: &'static str) -> Result<Option<View<'a>>> {
+pub(super) unsafe fn host_opt<'a>(
+    t: *const DLTensor,
+    name: &'static str,
+) -> Result<Option<View<'a>>> {
     if t.is_null() {
         return Ok(None);
     }
@@ -57,7 +60,7 @@ unsafe fn host_opt<'a>(t: *const DLTensor, name: &'static str) -> Result<Option<
     unsafe { host(t, name) }.map(Some)
 }
 
-fn layer_plan<'a>(g: *const Csa2Geometry, layer: u32) -> Result<(&'a LayerPlan, f64)> {
+pub(super) fn layer_plan<'a>(g: *const Csa2Geometry, layer: u32) -> Result<(&'a LayerPlan, f64)> {
     // SAFETY: a live handle for the call (caller's contract); null is checked.
     let g: &'a Csa2Geometry = unsafe { arg_ref(g, "geometry") }?;
     let geo = &g.g;
@@ -285,68 +288,152 @@ pub unsafe extern "C" fn csa2_indexer_logits(
     logits_out: *const DLTensor,
 ) -> Csa2Status {
     boundary("csa2_indexer_logits", || {
-        let query_quant = match q_quant {
-            0 => QueryQuant::None,
-            1 => QueryQuant::Mxfp4,
-            2 => QueryQuant::Fp8,
-            v => {
-                return Err(Error::invalid(
-                    "q_quant",
-                    format!("0 none, 1 mxfp4 or 2 fp8, found {v}"),
-                ))
-            }
-        };
         // SAFETY: caller's contract (see above).
-        let (qv, wv, pv, kv, mut out) = unsafe {
-            (
-                host(q, "q")?,
-                host(w, "w")?,
-                host(positions, "positions")?,
-                host(keys, "keys")?,
-                host(logits_out, "logits_out")?,
+        unsafe { indexer(q, w, positions, keys, None, ratio, q_quant, logits_out) }
+    })
+}
+
+/// Candidate-restricted lightning-indexer logits (SPEC §2 "Indexer", the Reindex path): as
+/// [`csa2_indexer_logits`], but row t scores only the entries inside its candidate blocks
+/// `blocks[t, :]` (block b = entries `[b·block_size, (b+1)·block_size)`, −1 ends the list early;
+/// only visible entries count); every other entry is −∞. This is `csa2 op indexer` with `blocks`.
+///
+/// `blocks` `(T, B)` int32 from `csa2_candidates`; `block_size` ≥ 1 (the geometry's
+/// `candidate_block_size`, 8). Errors: a block id past the keys (`CSA2_ERR_INVALID_ARGUMENT`),
+/// `block_size` 0, plus those of [`csa2_indexer_logits`].
+///
+/// # Safety
+/// As [`csa2_indexer_logits`].
+#[no_mangle]
+pub unsafe extern "C" fn csa2_indexer_logits_in_blocks(
+    q: *const DLTensor,
+    w: *const DLTensor,
+    positions: *const DLTensor,
+    keys: *const DLTensor,
+    blocks: *const DLTensor,
+    ratio: u32,
+    block_size: u32,
+    q_quant: i32,
+    logits_out: *const DLTensor,
+) -> Csa2Status {
+    boundary("csa2_indexer_logits_in_blocks", || {
+        // SAFETY: a null `blocks` is refused here; the rest is the caller's contract.
+        unsafe {
+            if blocks.is_null() {
+                return Err(Error::NullPointer("blocks"));
+            }
+            indexer(
+                q,
+                w,
+                positions,
+                keys,
+                Some((blocks, block_size)),
+                ratio,
+                q_quant,
+                logits_out,
             )
-        };
-        let mut dims = Dims::default();
-        qv.expect(
-            FLOATS,
-            &[Dim::Any("T"), Dim::Any("H"), Dim::Fixed(INDEX_DIM)],
+        }
+    })
+}
+
+/// The body of both indexer exports; `blocks` = (candidate blocks, block size) for the Reindex path.
+///
+/// # Safety
+/// As [`csa2_indexer_logits`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn indexer(
+    q: *const DLTensor,
+    w: *const DLTensor,
+    positions: *const DLTensor,
+    keys: *const DLTensor,
+    blocks: Option<(*const DLTensor, u32)>,
+    ratio: u32,
+    q_quant: i32,
+    logits_out: *const DLTensor,
+) -> Result<()> {
+    let query_quant = match q_quant {
+        0 => QueryQuant::None,
+        1 => QueryQuant::Mxfp4,
+        2 => QueryQuant::Fp8,
+        v => {
+            return Err(Error::invalid(
+                "q_quant",
+                format!("0 none, 1 mxfp4 or 2 fp8, found {v}"),
+            ))
+        }
+    };
+    // SAFETY: caller's contract (see above).
+    let (qv, wv, pv, kv, mut out) = unsafe {
+        (
+            host(q, "q")?,
+            host(w, "w")?,
+            host(positions, "positions")?,
+            host(keys, "keys")?,
+            host(logits_out, "logits_out")?,
+        )
+    };
+    let mut dims = Dims::default();
+    qv.expect(
+        FLOATS,
+        &[Dim::Any("T"), Dim::Any("H"), Dim::Fixed(INDEX_DIM)],
+        &mut dims,
+    )?;
+    wv.expect(FLOATS, &[Dim::Any("T"), Dim::Any("H")], &mut dims)?;
+    pv.expect(INTS, &[Dim::Any("T")], &mut dims)?;
+    if kv.dtype() == DType::U8 {
+        kv.expect(
+            &[DType::U8],
+            &[Dim::Any("N"), Dim::Fixed(MXFP4_INDEX_BYTES)],
             &mut dims,
         )?;
-        wv.expect(FLOATS, &[Dim::Any("T"), Dim::Any("H")], &mut dims)?;
-        pv.expect(INTS, &[Dim::Any("T")], &mut dims)?;
-        if kv.dtype() == DType::U8 {
-            kv.expect(
-                &[DType::U8],
-                &[Dim::Any("N"), Dim::Fixed(MXFP4_INDEX_BYTES)],
-                &mut dims,
-            )?;
-        } else {
-            kv.expect(FLOATS, &[Dim::Any("N"), Dim::Fixed(INDEX_DIM)], &mut dims)?;
+    } else {
+        kv.expect(FLOATS, &[Dim::Any("N"), Dim::Fixed(INDEX_DIM)], &mut dims)?;
+    }
+    out.expect(FLOATS, &[Dim::Any("T"), Dim::Any("N")], &mut dims)?;
+    let bv = match blocks {
+        // SAFETY: caller's contract (see above).
+        Some((b, _)) => Some(unsafe { host(b, "blocks") }?),
+        None => None,
+    };
+    if let Some(b) = &bv {
+        b.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("B")], &mut dims)?;
+    }
+    let mut inputs = vec![&qv, &wv, &pv, &kv];
+    inputs.extend(bv.as_ref());
+    check_disjoint(&inputs, &[&out])?;
+    let params = IndexerParams {
+        ratio: ratio as usize,
+        heads: qv.shape()[1],
+        query_quant,
+    };
+    let (qf, wf, pos) = (qv.f32s()?, wv.f32s()?, pv.i64s()?);
+    let kf;
+    let keys = if kv.dtype() == DType::U8 {
+        IndexKeys::Mxfp4(kv.bytes()?)
+    } else {
+        kf = kv.f32s()?;
+        IndexKeys::F32(&kf)
+    };
+    let qs = IndexerQueries {
+        q: &qf,
+        w: &wf,
+        positions: &pos,
+    };
+    match (&bv, blocks) {
+        (Some(b), Some((_, block_size))) => {
+            let cp = CandidateParams {
+                block_size: block_size as usize,
+                num_blocks: b.shape()[1].max(1),
+            };
+            let ids = b.i32s()?;
+            fill_floats(&mut out, |o| {
+                crate::ops::indexer::logits_in_blocks(&params, &qs, keys, ids, &cp, o)
+            })
         }
-        out.expect(FLOATS, &[Dim::Any("T"), Dim::Any("N")], &mut dims)?;
-        check_disjoint(&[&qv, &wv, &pv, &kv], &[&out])?;
-        let params = IndexerParams {
-            ratio: ratio as usize,
-            heads: qv.shape()[1],
-            query_quant,
-        };
-        let (qf, wf, pos) = (qv.f32s()?, wv.f32s()?, pv.i64s()?);
-        let kf;
-        let keys = if kv.dtype() == DType::U8 {
-            IndexKeys::Mxfp4(kv.bytes()?)
-        } else {
-            kf = kv.f32s()?;
-            IndexKeys::F32(&kf)
-        };
-        let qs = IndexerQueries {
-            q: &qf,
-            w: &wf,
-            positions: &pos,
-        };
-        fill_floats(&mut out, |o| {
+        _ => fill_floats(&mut out, |o| {
             crate::ops::indexer::logits(&params, &qs, keys, o)
-        })
-    })
+        }),
+    }
 }
 
 fn visible_rows(pos: &[i64], ratio: u32) -> Result<Vec<usize>> {

@@ -68,6 +68,41 @@ impl CompressorState {
     pub fn pending_tokens(&self) -> usize {
         self.pending_kv.len() / KV_DIM
     }
+    /// The open group's carried rows: `kv` `(pending, 512)` and `score` `(pending, 512)` f32
+    /// (`score` empty for ratio 1, which never carries a group).
+    pub fn pending(&self) -> (&[f32], &[f32]) {
+        (&self.pending_kv, &self.pending_score)
+    }
+    /// A state whose next token is at `next_pos`, carrying the open group's rows `kv` and `score`
+    /// (each `(pending, 512)` f32, kv rows then score rows as [`CompressorState::pending`] gives
+    /// them); the state a cache keeps per request between two calls (SPEC §3 "compressor state").
+    ///
+    /// Errors: [`Error::Shape`] when `kv` and `score` differ in length or are not whole rows,
+    /// [`Error::Invalid`] when more rows are carried than tokens precede `next_pos`, or for
+    /// non-finite values.
+    pub fn with_pending(next_pos: u64, kv: Vec<f32>, score: Vec<f32>) -> Result<CompressorState> {
+        if !kv.len().is_multiple_of(KV_DIM) || score.len() != kv.len() {
+            return Err(Error::shape(
+                "carried compressor group",
+                "kv and score of (pending, 512) each",
+                format!("kv {} values, score {} values", kv.len(), score.len()),
+            ));
+        }
+        let pending = kv.len() / KV_DIM;
+        if pending as u64 > next_pos {
+            return Err(Error::invalid(
+                "next_pos",
+                format!("{next_pos} is before the {pending} carried tokens"),
+            ));
+        }
+        check_finite("carried kv", &kv, KV_DIM)?;
+        check_finite("carried score", &score, KV_DIM)?;
+        Ok(CompressorState {
+            next_pos,
+            pending_kv: kv,
+            pending_score: score,
+        })
+    }
 }
 
 /// Entries emitted by one call, entry ids `first_entry .. first_entry + count`.

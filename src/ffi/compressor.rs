@@ -1,0 +1,350 @@
+//! The stateful KV compressor over the C ABI: an opaque per-request state handle, so the two tokens
+//! of a ratio-2 group may arrive in different calls (a decode step after a prefill of odd length)
+//! and still pool exactly as one call (SPEC §2 "Compressor", §3 "compressor state").
+//!
+//! # Ownership and lifetimes
+//! [`csa2_compressor_state_create`] returns a handle owned by the caller; free it once with
+//! [`csa2_compressor_state_free`]. It holds no pointer into the geometry, the cache or any tensor.
+//!
+//! # Thread safety
+//! A handle is internally locked: calls on it may come from any thread, and concurrent calls on one
+//! handle are serialised (the engine should still feed one request's tokens in order, since the
+//! order of two concurrent steps is not defined). `csa2_compressor_state_free` must not race
+//! another call on that handle.
+
+use super::cache::{cache, Csa2Cache};
+use super::dlpack::{check_disjoint, DLTensor, DType};
+use super::ops::{host, host_opt, layer_plan, FLOATS};
+use super::{arg_out, arg_ref, boundary, boundary_value, Csa2Geometry, Csa2Status};
+use crate::error::{Error, Result};
+use crate::formats::{INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
+use crate::npy::{Dim, Dims};
+use crate::ops::compressor::{Compressor, CompressorState, CompressorWeights};
+use crate::ops::rope::Rope;
+use parking_lot::Mutex;
+
+/// Opaque compressor state of one request and one Full layer: the next token position and the
+/// open group's carried rows. Free with [`csa2_compressor_state_free`]. Internally locked.
+pub struct Csa2CompressorState {
+    layer: u32,
+    ratio: usize,
+    st: Mutex<CompressorState>,
+}
+
+fn group_start(start_pos: u64, m: usize) -> Result<()> {
+    if !start_pos.is_multiple_of(m as u64) {
+        return Err(Error::invalid(
+            "start_pos",
+            format!(
+                "{start_pos} is not a multiple of the ratio {m} (a fresh state starts a group)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// # Safety
+/// A non-null `s` must be a live state handle.
+unsafe fn state<'a>(s: *const Csa2CompressorState) -> Result<&'a Csa2CompressorState> {
+    // SAFETY: the caller's contract.
+    unsafe { arg_ref(s, "state") }
+}
+
+/// Creates a compressor state for Full layer `layer` of `geometry` whose next token is at
+/// `start_pos` (a multiple of the layer's ratio) with no open group.
+///
+/// Errors: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_INVALID_ARGUMENT` (layer past the backbone or without
+/// a compressor, `start_pos` not a multiple of the ratio). `*out` is untouched on error.
+///
+/// # Safety
+/// `geometry` must be a live geometry handle (it may be freed after the call); `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_compressor_state_create(
+    geometry: *const Csa2Geometry,
+    layer: u32,
+    start_pos: u64,
+    out: *mut *mut Csa2CompressorState,
+) -> Csa2Status {
+    boundary("csa2_compressor_state_create", || {
+        let (plan, _) = layer_plan(geometry, layer)?;
+        // SAFETY: `out` is the caller's writable slot (null checked).
+        let out = unsafe { arg_out(out, "out") }?;
+        let m = plan.ratio;
+        if !(m == 1 || m == 2) {
+            return Err(Error::invalid(
+                "layer",
+                format!("layer {layer} has no compressor (ratio {m}; Full layers have 1 or 2)"),
+            ));
+        }
+        group_start(start_pos, m)?;
+        *out = Box::into_raw(Box::new(Csa2CompressorState {
+            layer,
+            ratio: m,
+            st: Mutex::new(CompressorState::new(start_pos)),
+        }));
+        Ok(())
+    })
+}
+
+/// Frees a compressor state. Null is a no-op.
+///
+/// # Safety
+/// `s` must be null or a handle not yet freed, with no other call on it in flight.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_compressor_state_free(s: *mut Csa2CompressorState) {
+    boundary_value("csa2_compressor_state_free", (), || {
+        if !s.is_null() {
+            // SAFETY: `s` came from `Box::into_raw` in `csa2_compressor_state_create`, freed once.
+            drop(unsafe { Box::from_raw(s) });
+        }
+    })
+}
+
+/// Drops any open group and sets the next position to `start_pos` (a multiple of the ratio), e.g.
+/// when the request is preempted and recomputed.
+///
+/// Errors: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_INVALID_ARGUMENT` (misaligned `start_pos`; the state
+/// is then unchanged).
+///
+/// # Safety
+/// `s` must be a live state handle.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_compressor_state_reset(
+    s: *const Csa2CompressorState,
+    start_pos: u64,
+) -> Csa2Status {
+    boundary("csa2_compressor_state_reset", || {
+        // SAFETY: the caller's contract.
+        let s = unsafe { state(s) }?;
+        group_start(start_pos, s.ratio)?;
+        *s.st.lock() = CompressorState::new(start_pos);
+        Ok(())
+    })
+}
+
+/// Writes the position of the next token the state expects to `*next_pos` and the tokens of its
+/// open group (0 or, for ratio 2, 1) to `*pending`, and the state's layer to `*layer` (each output
+/// may be null when not wanted).
+///
+/// # Safety
+/// `s` must be a live state handle; non-null outputs writable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_compressor_state_query(
+    s: *const Csa2CompressorState,
+    next_pos: *mut u64,
+    pending: *mut u64,
+    layer: *mut u32,
+) -> Csa2Status {
+    boundary("csa2_compressor_state_query", || {
+        // SAFETY: the caller's contract.
+        let s = unsafe { state(s) }?;
+        let st = s.st.lock();
+        // SAFETY: non-null outputs are writable (caller's contract).
+        unsafe {
+            if let Some(p) = next_pos.as_mut() {
+                *p = st.next_pos();
+            }
+            if let Some(p) = pending.as_mut() {
+                *p = st.pending_tokens() as u64;
+            }
+            if let Some(p) = layer.as_mut() {
+                *p = s.layer;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Feeds the next `T` tokens of a request to the compressor of the state's layer: `kv` `(T, 512)`
+/// float (and, for ratio 2, `score` `(T, 512)` float; null for ratio 1), tokens
+/// `next_pos .. next_pos + T`. The groups these tokens complete — together with the group carried
+/// from earlier calls — are written as NVFP4-DS main-KV records to `main_kv_out` `(E, 288)` uint8
+/// and MXFP4 index-K records to `index_k_out` `(E, 68)` uint8, where `E` must be exactly
+/// `(pending + T) div ratio` (`csa2_compressor_state_query` gives `pending`); the first entry's id
+/// is written to `*first_entry` (may be null). A trailing odd token is carried into the next call.
+/// Weights: `norm` `(512)`, `wk` `(128, 512)`, `k_norm` `(128)` float — those of the state's layer.
+///
+/// A pair split across two calls pools exactly as one call over both tokens.
+///
+/// Errors: `CSA2_ERR_INVALID_ARGUMENT` (`layer` is not the state's layer, `score` given or missing,
+/// non-finite values, an output overlapping another argument), `CSA2_ERR_SHAPE` (wrong `E`), plus
+/// the common errors of `csa2_compress`. On error the state and the outputs are unchanged.
+///
+/// # Safety
+/// `geometry` and `s` must be live handles; each tensor pointer null or a readable `DLTensor`
+/// whose memory stays valid and unused by other threads for the call.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_compress_step(
+    geometry: *const Csa2Geometry,
+    layer: u32,
+    s: *const Csa2CompressorState,
+    kv: *const DLTensor,
+    score: *const DLTensor,
+    norm: *const DLTensor,
+    wk: *const DLTensor,
+    k_norm: *const DLTensor,
+    main_kv_out: *const DLTensor,
+    index_k_out: *const DLTensor,
+    first_entry: *mut u64,
+) -> Csa2Status {
+    boundary("csa2_compress_step", || {
+        let (plan, eps) = layer_plan(geometry, layer)?;
+        // SAFETY: the caller's contract.
+        let s = unsafe { state(s) }?;
+        if layer != s.layer || plan.ratio != s.ratio {
+            return Err(Error::invalid(
+                "layer",
+                format!(
+                    "{layer} (ratio {}) is not the state's layer {} (ratio {})",
+                    plan.ratio, s.layer, s.ratio
+                ),
+            ));
+        }
+        let m = s.ratio;
+        // SAFETY: caller's contract (see above).
+        let (kv, score, norm, wk, k_norm, mut main_out, mut index_out) = unsafe {
+            (
+                host(kv, "kv")?,
+                host_opt(score, "score")?,
+                host(norm, "norm")?,
+                host(wk, "wk")?,
+                host(k_norm, "k_norm")?,
+                host(main_kv_out, "main_kv_out")?,
+                host(index_k_out, "index_k_out")?,
+            )
+        };
+        let mut dims = Dims::default();
+        kv.expect(FLOATS, &[Dim::Any("T"), Dim::Fixed(KV_DIM)], &mut dims)?;
+        if let Some(sc) = &score {
+            sc.expect(FLOATS, &[Dim::Any("T"), Dim::Fixed(KV_DIM)], &mut dims)?;
+        }
+        norm.expect(FLOATS, &[Dim::Fixed(KV_DIM)], &mut dims)?;
+        wk.expect(
+            FLOATS,
+            &[Dim::Fixed(INDEX_DIM), Dim::Fixed(KV_DIM)],
+            &mut dims,
+        )?;
+        k_norm.expect(FLOATS, &[Dim::Fixed(INDEX_DIM)], &mut dims)?;
+        main_out.expect(
+            &[DType::U8],
+            &[Dim::Any("E"), Dim::Fixed(NVFP4_DS_BYTES)],
+            &mut dims,
+        )?;
+        index_out.expect(
+            &[DType::U8],
+            &[Dim::Any("E"), Dim::Fixed(MXFP4_INDEX_BYTES)],
+            &mut dims,
+        )?;
+        let mut inputs = vec![&kv, &norm, &wk, &k_norm];
+        inputs.extend(score.as_ref());
+        check_disjoint(&inputs, &[&main_out, &index_out])?;
+        let (normv, wkv, knv) = (norm.f32s()?, wk.f32s()?, k_norm.f32s()?);
+        let c = Compressor::new(
+            m,
+            eps,
+            Rope::new(&plan.rope)?,
+            CompressorWeights {
+                norm: &normv,
+                wk: &wkv,
+                k_norm: &knv,
+            },
+        )?;
+        let kvv = kv.f32s()?;
+        let sv = score.as_ref().map(|x| x.f32s()).transpose()?;
+        let t = kv.shape()[0];
+        let mut guard = s.st.lock();
+        let e = (guard.pending_tokens() + t) / m;
+        if main_out.shape()[0] != e {
+            return Err(Error::shape(
+                "main_kv_out",
+                format!("[E={e}, {NVFP4_DS_BYTES}] ((pending + T) / ratio)"),
+                format!("{:?}", main_out.shape()),
+            ));
+        }
+        // Work on a copy so that an error leaves the caller's state as it was.
+        let mut next = guard.clone();
+        let out = c.compress(&mut next, &kvv, sv.as_deref())?;
+        if out.count != e {
+            return Err(Error::Internal(format!(
+                "compressor emitted {} entries, expected {e}",
+                out.count
+            )));
+        }
+        main_out.bytes_mut()?.copy_from_slice(&out.main_kv_nvfp4);
+        index_out.bytes_mut()?.copy_from_slice(&out.index_k_mxfp4);
+        // SAFETY: a non-null `first_entry` is writable (caller's contract).
+        if let Some(p) = unsafe { first_entry.as_mut() } {
+            *p = out.first_entry as u64;
+        }
+        *guard = next;
+        Ok(())
+    })
+}
+
+/// Stores the state's open group into request `id`'s compressor slot of the state's layer in cache
+/// `c` (or clears the slot when no group is open), so the cache holds everything needed to resume
+/// the request (e.g. after the engine drops the handle). The cache copies the rows.
+///
+/// Errors: `CSA2_ERR_NOT_FOUND` (request), `CSA2_ERR_INVALID_ARGUMENT` (the state's layer is not a
+/// KV source of ratio > 1 in this cache).
+///
+/// # Safety
+/// `s` and `c` must be live handles.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_compressor_state_save(
+    s: *const Csa2CompressorState,
+    c: *const Csa2Cache,
+    id: u64,
+) -> Csa2Status {
+    boundary("csa2_compressor_state_save", || {
+        // SAFETY: the caller's contract.
+        let (s, m) = unsafe { (state(s)?, cache(c)?) };
+        let st = s.st.lock();
+        let (kv, score) = st.pending();
+        let flat: Option<Vec<f32>> = (!kv.is_empty()).then(|| [kv, score].concat());
+        m.set_compressor_state(id, s.layer as usize, flat.as_deref())
+    })
+}
+
+/// Replaces the state by request `id`'s carried group of the state's layer in cache `c` (none when
+/// the slot is empty), with the next token at `next_pos` (the request's token count).
+///
+/// Errors: `CSA2_ERR_NOT_FOUND` (request), `CSA2_ERR_INVALID_ARGUMENT` (layer not a ratio > 1 KV
+/// source of the cache; `next_pos` inconsistent with the carried tokens: with a group open,
+/// `next_pos − 1` must start a group, otherwise `next_pos` must). The state is unchanged on error.
+///
+/// # Safety
+/// `s` and `c` must be live handles.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_compressor_state_load(
+    s: *const Csa2CompressorState,
+    c: *const Csa2Cache,
+    id: u64,
+    next_pos: u64,
+) -> Csa2Status {
+    boundary("csa2_compressor_state_load", || {
+        // SAFETY: the caller's contract.
+        let (s, m) = unsafe { (state(s)?, cache(c)?) };
+        let carried = m.compressor_state(id, s.layer as usize)?;
+        let (kv, score) = match carried {
+            Some(v) => {
+                let h = v.len() / 2;
+                (v[..h].to_vec(), v[h..].to_vec())
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        let pending = (kv.len() / KV_DIM) as u64;
+        if pending > next_pos || !(next_pos - pending).is_multiple_of(s.ratio as u64) {
+            return Err(Error::invalid(
+                "next_pos",
+                format!(
+                    "{next_pos} with {pending} carried tokens does not start a group of ratio {}",
+                    s.ratio
+                ),
+            ));
+        }
+        let fresh = CompressorState::with_pending(next_pos, kv, score)?;
+        *s.st.lock() = fresh;
+        Ok(())
+    })
+}
