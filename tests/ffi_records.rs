@@ -715,6 +715,20 @@ fn compressor_state_survives_the_cache_and_refuses_bad_steps() {
     );
     ok(unsafe { csa2_compressor_state_reset(st2, 6) });
     assert_eq!(query(st2), (6, 0));
+    // A start at the end of the position range: refused, not an overflow (found by the fuzzer).
+    let mut far = null_mut();
+    ok(unsafe { csa2_compressor_state_create(g, 20, u64::MAX, &mut far) });
+    assert_eq!(
+        step(g, 20, far, &kv[..512], None, &mut w, 1),
+        Err(Csa2Status::Csa2ErrInvalidArgument)
+    );
+    assert!(
+        last_error().contains("largest position"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(query(far), (u64::MAX, 0));
+    unsafe { csa2_compressor_state_free(far) };
     let mut bad = null_mut();
     err(
         unsafe { csa2_compressor_state_create(g, 0, 0, &mut bad) },

@@ -34,6 +34,19 @@ static void expect_status(Csa2Status got, Csa2Status want, const char *needle, c
     }
 }
 
+static DLTensor tensor(void *data, int ndim, int64_t *shape, uint8_t code, uint8_t bits) {
+    DLTensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.device.device_type = kDLCPU;
+    t.ndim = ndim;
+    t.dtype.code = code;
+    t.dtype.bits = bits;
+    t.dtype.lanes = 1;
+    t.shape = shape;
+    return t;
+}
+
 int main(void) {
     const char *v = csa2_version();
     CHECK(v != NULL && strlen(v) >= 5, "version");
@@ -183,6 +196,135 @@ int main(void) {
     expect_status(csa2_cache_allocate(cache, 43, 1), CSA2_OK, NULL, "allocate after free");
     csa2_cache_free(cache);
     csa2_cache_free(NULL);
+
+    /* --- record-level cache access, stateful compressor, candidate-restricted indexer ------ */
+    {
+        Csa2Cache *rc = NULL;
+        expect_status(csa2_cache_create(cg, CSA2_LAYOUT_NVFP4, 4, 256, NULL, 0, &rc), CSA2_OK, NULL, "rec cache");
+        Csa2CacheLayerInfo ci;
+        expect_status(csa2_cache_layer_info(rc, 2, &ci), CSA2_OK, NULL, "layer info");
+        CHECK(ci.kv_source == 1 && ci.ratio == 2 && ci.main_record_bytes == 288 && ci.entries_per_block == 128 &&
+                  ci.compressor_state_floats == 1024,
+              "layer 2 info");
+        expect_status(csa2_cache_add_request(rc, 1), CSA2_OK, NULL, "rec add");
+        expect_status(csa2_cache_allocate(rc, 1, 512), CSA2_OK, NULL, "rec allocate");
+        /* rows 0 and 2 of x into entries 127 and 128 (two blocks) of layer 2's main KV */
+        int64_t ent[2] = {127, 128}, ent_shape[1] = {2}, row_shape[2] = {2, 512}, rec_shape[2] = {2, 288};
+        float rows[2 * 512];
+        memcpy(rows, x, sizeof(float) * 512);
+        memcpy(rows + 512, x + 2 * 512, sizeof(float) * 512);
+        DLTensor te = tensor(ent, 1, ent_shape, kDLInt, 64);
+        DLTensor tr = tensor(rows, 2, row_shape, kDLFloat, 32);
+        expect_status(csa2_cache_write_entries(rc, 1, 2, CSA2_RECORD_MAIN, &te, &tr), CSA2_OK, NULL, "write entries");
+        uint8_t back[2 * 288];
+        DLTensor tb = tensor(back, 2, rec_shape, kDLUInt, 8);
+        expect_status(csa2_cache_read_entries(rc, 1, 2, CSA2_RECORD_MAIN, &te, &tb), CSA2_OK, NULL, "read entries");
+        CHECK(memcmp(back, rec, 288) == 0 && memcmp(back + 288, rec + 2 * 288, 288) == 0,
+              "entries hold the codec's records");
+        expect_status(csa2_cache_write_entries(rc, 9, 2, CSA2_RECORD_MAIN, &te, &tr), CSA2_ERR_NOT_FOUND, "request 9",
+                      "write unknown request");
+        expect_status(csa2_cache_write_entries(rc, 1, 0, CSA2_RECORD_MAIN, &te, &tr), CSA2_ERR_INVALID_ARGUMENT,
+                      "layer 0", "write SWA-only layer");
+        DLTensor dev = tr;
+        dev.device.device_type = kDLCUDA;
+        expect_status(csa2_cache_write_entries(rc, 1, 2, CSA2_RECORD_MAIN, &te, &dev), CSA2_ERR_UNSUPPORTED, "CUDA",
+                      "write device tensor");
+        /* publish block 0: entry 127 becomes read-only, and the batch writes nothing */
+        uint32_t toks[256];
+        for (int i = 0; i < 256; i++) toks[i] = (uint32_t)i;
+        uint8_t key[32];
+        size_t nk = 0;
+        expect_status(csa2_cache_prefix_keys(rc, toks, 256, key, 1, &nk), CSA2_OK, NULL, "keys");
+        expect_status(csa2_cache_publish(rc, 1, key, 1, &nk), CSA2_OK, NULL, "publish");
+        float zeros[2 * 512] = {0};
+        DLTensor tz = tensor(zeros, 2, row_shape, kDLFloat, 32);
+        expect_status(csa2_cache_write_entries(rc, 1, 2, CSA2_RECORD_MAIN, &te, &tz), CSA2_ERR_INVALID_ARGUMENT,
+                      "read-only", "write published block");
+        expect_status(csa2_cache_read_entries(rc, 1, 2, CSA2_RECORD_MAIN, &te, &tb), CSA2_OK, NULL, "read again");
+        CHECK(memcmp(back + 288, rec + 2 * 288, 288) == 0, "refused batch changed nothing");
+
+        /* SWA ring rows */
+        int64_t one_shape[2] = {1, 512};
+        DLTensor t1 = tensor(x, 2, one_shape, kDLFloat, 32);
+        expect_status(csa2_cache_swa_write(rc, 1, 5, 300, &t1), CSA2_OK, NULL, "swa write");
+        float sw[512];
+        DLTensor ts = tensor(sw, 2, one_shape, kDLFloat, 32);
+        expect_status(csa2_cache_swa_read(rc, 1, 5, 300, &ts), CSA2_OK, NULL, "swa read");
+        CHECK(fabsf(sw[0] - x[0]) < 0.1f * (1 + fabsf(x[0])), "swa row survives (%f vs %f)", sw[0], x[0]);
+        expect_status(csa2_cache_swa_read(rc, 1, 5, 301, &ts), CSA2_ERR_NOT_FOUND, "window", "swa read unwritten");
+        int64_t newest = 0;
+        expect_status(csa2_cache_swa_newest(rc, 1, 5, &newest), CSA2_OK, NULL, "swa newest");
+        CHECK(newest == 301, "swa newest %lld", (long long)newest);
+
+        /* stateful compressor: tokens 0 and 1 of layer 2 in two calls = one stateless call */
+        float *norm = malloc(sizeof(float) * 512), *wk = malloc(sizeof(float) * 128 * 512),
+              *kn = malloc(sizeof(float) * 128);
+        for (int i = 0; i < 512; i++) norm[i] = 1.0f;
+        for (int i = 0; i < 128 * 512; i++) wk[i] = 0.01f * sinf((float)i);
+        for (int i = 0; i < 128; i++) kn[i] = 1.0f;
+        int64_t n_shape[1] = {512}, wk_shape[2] = {128, 512}, kn_shape[1] = {128}, kv2_shape[2] = {2, 512};
+        int64_t m1_shape[2] = {1, 288}, i1_shape[2] = {1, 68}, m0_shape[2] = {0, 288}, i0_shape[2] = {0, 68};
+        DLTensor tn = tensor(norm, 1, n_shape, kDLFloat, 32), tw = tensor(wk, 2, wk_shape, kDLFloat, 32),
+                 tk = tensor(kn, 1, kn_shape, kDLFloat, 32);
+        DLTensor kv2 = tensor(x, 2, kv2_shape, kDLFloat, 32), sc2 = tensor(x + 512, 2, kv2_shape, kDLFloat, 32);
+        uint8_t main_all[288], idx_all[68], main_b[288], idx_b[68];
+        DLTensor tma = tensor(main_all, 2, m1_shape, kDLUInt, 8), tia = tensor(idx_all, 2, i1_shape, kDLUInt, 8);
+        expect_status(csa2_compress(cg, 2, &kv2, &sc2, &tn, &tw, &tk, 0, &tma, &tia), CSA2_OK, NULL, "stateless");
+        Csa2CompressorState *cs = NULL;
+        expect_status(csa2_compressor_state_create(cg, 2, 1, &cs), CSA2_ERR_INVALID_ARGUMENT, "multiple",
+                      "state at odd start");
+        expect_status(csa2_compressor_state_create(cg, 2, 0, &cs), CSA2_OK, NULL, "state create");
+        DLTensor kva = tensor(x, 2, one_shape, kDLFloat, 32), sca = tensor(x + 512, 2, one_shape, kDLFloat, 32);
+        DLTensor kvb = tensor(x + 512, 2, one_shape, kDLFloat, 32), scb = tensor(x + 1024, 2, one_shape, kDLFloat, 32);
+        DLTensor tm0 = tensor(main_b, 2, m0_shape, kDLUInt, 8), ti0 = tensor(idx_b, 2, i0_shape, kDLUInt, 8);
+        DLTensor tm1 = tensor(main_b, 2, m1_shape, kDLUInt, 8), ti1 = tensor(idx_b, 2, i1_shape, kDLUInt, 8);
+        uint64_t first = 99, next_pos = 0, pending = 0;
+        expect_status(csa2_compress_step(cg, 2, cs, &kva, &sca, &tn, &tw, &tk, &tm1, &ti1, &first), CSA2_ERR_SHAPE,
+                      "main_kv_out", "step with wrong E");
+        expect_status(csa2_compress_step(cg, 2, cs, &kva, &sca, &tn, &tw, &tk, &tm0, &ti0, &first), CSA2_OK, NULL,
+                      "step 1");
+        expect_status(csa2_compressor_state_query(cs, &next_pos, &pending, NULL), CSA2_OK, NULL, "query");
+        CHECK(next_pos == 1 && pending == 1, "after step 1: next %llu pending %llu", (unsigned long long)next_pos,
+              (unsigned long long)pending);
+        /* park the odd token in the cache, resume on a fresh handle */
+        expect_status(csa2_compressor_state_save(cs, rc, 1), CSA2_OK, NULL, "save");
+        csa2_compressor_state_free(cs);
+        cs = NULL;
+        expect_status(csa2_compressor_state_create(cg, 2, 0, &cs), CSA2_OK, NULL, "state create 2");
+        expect_status(csa2_compressor_state_load(cs, rc, 1, 1), CSA2_OK, NULL, "load");
+        /* the second token: the pair's kv row is x[512..1024) in the stateless call */
+        kvb.data = x + 512;
+        scb.data = x + 1024;
+        expect_status(csa2_compress_step(cg, 2, cs, &kvb, &scb, &tn, &tw, &tk, &tm1, &ti1, &first), CSA2_OK, NULL,
+                      "step 2");
+        CHECK(first == 0, "first entry %llu", (unsigned long long)first);
+        CHECK(memcmp(main_b, main_all, 288) == 0 && memcmp(idx_b, idx_all, 68) == 0,
+              "split pair pools as one call");
+        csa2_compressor_state_free(cs);
+
+        /* candidate-restricted indexer: 1 token at position 9 (ratio 1), 16 keys, block 1 of 8 */
+        float q[128], w1 = 1.0f, keys[16 * 128], logits[16];
+        for (int i = 0; i < 128; i++) q[i] = 0.1f;
+        for (int i = 0; i < 16 * 128; i++) keys[i] = 0.05f * (float)(i % 5);
+        int64_t pos[1] = {9};
+        int32_t blocks[1] = {1};
+        int64_t q_shape[3] = {1, 1, 128}, w_shape[2] = {1, 1}, p_shape[1] = {1}, k_shape[2] = {16, 128},
+                b_shape[2] = {1, 1}, l_shape[2] = {1, 16};
+        DLTensor tq = tensor(q, 3, q_shape, kDLFloat, 32), tw1 = tensor(&w1, 2, w_shape, kDLFloat, 32),
+                 tp = tensor(pos, 1, p_shape, kDLInt, 64), tkk = tensor(keys, 2, k_shape, kDLFloat, 32),
+                 tbl = tensor(blocks, 2, b_shape, kDLInt, 32), tl = tensor(logits, 2, l_shape, kDLFloat, 32);
+        expect_status(csa2_indexer_logits_in_blocks(&tq, &tw1, &tp, &tkk, &tbl, 1, 8, 0, &tl), CSA2_OK, NULL,
+                      "indexer in blocks");
+        int ok_mask = 1;
+        for (int j = 0; j < 16; j++) ok_mask &= (j >= 8 && j <= 9) ? isfinite(logits[j]) : isinf(logits[j]);
+        CHECK(ok_mask, "only entries 8 and 9 (block 1, visible) are scored");
+        expect_status(csa2_indexer_logits_in_blocks(&tq, &tw1, &tp, &tkk, NULL, 1, 8, 0, &tl), CSA2_ERR_NULL_POINTER,
+                      "blocks", "null blocks");
+        free(norm);
+        free(wk);
+        free(kn);
+        csa2_cache_free(rc);
+    }
 
     Csa2ReplayPlan *rp = NULL;
     expect_status(csa2_replay_plan(cg, 7, 1000, 512, 0, &rp), CSA2_ERR_INVALID_ARGUMENT, "mode", "bad mode");

@@ -241,6 +241,16 @@ impl<'a> Compressor<'a> {
                 ),
             ));
         }
+        // Positions are i64 everywhere else (RoPE, the indexer); the last token must be one.
+        if state.next_pos.saturating_add(t as u64) > i64::MAX as u64 {
+            return Err(Error::invalid(
+                "start_pos",
+                format!(
+                    "tokens {} .. {} + {t} run past the largest position (2^63 − 1)",
+                    state.next_pos, state.next_pos
+                ),
+            ));
+        }
         check_finite("kv", kv, KV_DIM)?;
         if let Some(s) = score {
             check_finite("score", s, KV_DIM)?;
