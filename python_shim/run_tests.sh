@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs the csa2_vllm tests against the real vLLM 0.33.0 (CPU) in a cached venv.
 #   python_shim/run_tests.sh [pytest args]
-# Env: CSA2_VLLM_VENV (default: <repo>/.venv-vllm), CSA2_LIB (skip building: test that library;
-# otherwise `cargo build --lib` and use target/debug/libcsa2.so), PYTHON (default python3).
+# By default builds a wheel of ./python_shim (cdylib bundled by setuptools-rust), installs it
+# non-editable and tests the installed package with its bundled library.
+# Env: CSA2_VLLM_VENV (default: <repo>/.venv-vllm), CSA2_WHEEL_PROFILE (cargo profile of the
+# bundled library, default dev), CSA2_SHIM_EDITABLE=1 (editable install + CSA2_LIB instead),
+# CSA2_LIB (test that library instead of the bundled one), PYTHON (default python3).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
@@ -15,14 +18,32 @@ if ! "$venv/bin/python" -c 'import vllm, sys; sys.exit(vllm.__version__ != "0.33
 fi
 "$venv/bin/python" -c 'import pytest' 2>/dev/null || "$venv/bin/pip" install "pytest==9.2.0"
 "$venv/bin/python" -c 'import setuptools_rust' 2>/dev/null || "$venv/bin/pip" install "setuptools-rust==1.13.0"
-if [ -z "${CSA2_LIB:-}" ]; then
-    (cd "$root" && cargo build --lib)
-    export CSA2_LIB="$root/target/debug/libcsa2.so"
-fi
-# Editable install registers the entry point; --no-build-isolation reuses the venv's setuptools.
-# CSA2_LIB takes precedence over the bundled copy at run time.
-if ! "$venv/bin/python" -c 'import csa2_vllm' 2>/dev/null; then
-    "$venv/bin/pip" install --no-build-isolation --no-deps -e "$here"
+if [ "${CSA2_SHIM_EDITABLE:-0}" = 1 ]; then
+    # Quick path for development: editable install, library from `cargo build --lib`.
+    if [ -z "${CSA2_LIB:-}" ]; then
+        (cd "$root" && cargo build --lib)
+        export CSA2_LIB="$root/target/debug/libcsa2.so"
+    fi
+    if ! "$venv/bin/python" -c 'import csa2_vllm' 2>/dev/null; then
+        "$venv/bin/pip" install --no-build-isolation --no-deps -e "$here"
+    fi
+else
+    # What a user does (`pip install ./python_shim`), non-editable: build a wheel from this tree —
+    # setuptools-rust compiles the cdylib and bundles it as csa2_vllm/_csa2*.so — and install it.
+    # CSA2_WHEEL_PROFILE is the cargo profile: `dev` by default (a debug build that reuses
+    # target/debug, ~1.5 min on the 2-core CI machine); `release` is what a plain
+    # `pip install ./python_shim` builds (several minutes here). --no-build-isolation reuses the
+    # venv's setuptools-rust (no network needed).
+    wheels="$root/target/wheels"
+    rm -f "$wheels"/csa2_vllm-*.whl
+    SETUPTOOLS_RUST_CARGO_PROFILE="${CSA2_WHEEL_PROFILE:-dev}" \
+        "$venv/bin/pip" wheel --no-build-isolation --no-deps -q -w "$wheels" "$here"
+    "$venv/bin/pip" install --no-deps --force-reinstall -q "$wheels"/csa2_vllm-*.whl
+    # The tests import the installed package and its bundled library (unless CSA2_LIB was set by
+    # the caller); test_install.py proves both.
+    export CSA2_EXPECT_WHEEL=1
 fi
 cd "$here"
-exec "$venv/bin/python" -m pytest -q "$@"
+# -P: do not put the working directory on sys.path, so `import csa2_vllm` finds the installed
+# package, not the source tree next to the tests.
+exec "$venv/bin/python" -P -m pytest -q -p no:cacheprovider "$@"

@@ -167,6 +167,54 @@ SIGNATURES: dict[str, tuple[list, Any]] = {
     "csa2_attention": ([_T, _T, ctypes.c_int32, _T, ctypes.c_int32, _T, _T, _T, _T, _T,
                         ctypes.c_uint32, ctypes.c_uint32, ctypes.c_float, _T, _T], _C_STATUS),
     "csa2_mhc": ([ctypes.c_void_p] + [_T] * 14, _C_STATUS),
+    "csa2_indexer_logits_in_blocks": ([_T, _T, _T, _T, _T, ctypes.c_uint32, ctypes.c_uint32,
+                                       ctypes.c_int32, _T], _C_STATUS),
+    # KV cache manager (src/ffi/cache.rs) and its record-level access (src/ffi/records.rs).
+    "csa2_cache_create": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_size_t, ctypes.c_size_t,
+                           ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)],
+                          _C_STATUS),
+    "csa2_cache_free": ([ctypes.c_void_p], None),
+    "csa2_cache_add_request": ([ctypes.c_void_p, ctypes.c_uint64], _C_STATUS),
+    "csa2_cache_allocate": ([ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t], _C_STATUS),
+    "csa2_cache_free_request": ([ctypes.c_void_p, ctypes.c_uint64], _C_STATUS),
+    "csa2_cache_prefix_keys": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t,
+                                ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
+                               _C_STATUS),
+    "csa2_cache_publish": ([ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t,
+                            ctypes.POINTER(ctypes.c_size_t)], _C_STATUS),
+    "csa2_cache_adopt_prefix": ([ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p,
+                                 ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)], _C_STATUS),
+    "csa2_cache_slot_mapping": ([ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t,
+                                 ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int64)],
+                                _C_STATUS),
+    "csa2_cache_layer_info": ([ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p], _C_STATUS),
+    "csa2_cache_write_entries": ([ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
+                                  ctypes.c_int32, _T, _T], _C_STATUS),
+    "csa2_cache_read_entries": ([ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
+                                 ctypes.c_int32, _T, _T], _C_STATUS),
+    "csa2_cache_swa_write": ([ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64,
+                              _T], _C_STATUS),
+    "csa2_cache_swa_read": ([ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64,
+                             _T], _C_STATUS),
+    "csa2_cache_swa_newest": ([ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
+                               ctypes.POINTER(ctypes.c_int64)], _C_STATUS),
+    "csa2_cache_set_compressor_state": ([ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, _T],
+                                        _C_STATUS),
+    "csa2_cache_get_compressor_state": ([ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, _T,
+                                         ctypes.POINTER(ctypes.c_int32)], _C_STATUS),
+    # Stateful compressor (src/ffi/compressor.rs).
+    "csa2_compressor_state_create": ([ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64,
+                                      ctypes.POINTER(ctypes.c_void_p)], _C_STATUS),
+    "csa2_compressor_state_free": ([ctypes.c_void_p], None),
+    "csa2_compressor_state_reset": ([ctypes.c_void_p, ctypes.c_uint64], _C_STATUS),
+    "csa2_compressor_state_query": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
+                                     ctypes.POINTER(ctypes.c_uint64),
+                                     ctypes.POINTER(ctypes.c_uint32)], _C_STATUS),
+    "csa2_compress_step": ([ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p] + [_T] * 7
+                           + [ctypes.POINTER(ctypes.c_uint64)], _C_STATUS),
+    "csa2_compressor_state_save": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64], _C_STATUS),
+    "csa2_compressor_state_load": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64,
+                                    ctypes.c_uint64], _C_STATUS),
 }
 
 
@@ -291,3 +339,193 @@ def attention(q, main_kv, swa, topk, positions, sink, out, lse, *, main_format: 
     _call_tensors("csa2_attention", lambda t: (
         t(q), t(main_kv), main_format, t(swa), swa_format, t(topk), t(topk_len), t(positions),
         t(replay_start), t(sink), window, ratio, scale, t(out), t(lse)))
+
+
+def indexer_logits_in_blocks(q, w, positions, keys, blocks, ratio: int, block_size: int,
+                             q_quant: int, out) -> None:
+    """``csa2_indexer_logits_in_blocks`` (the Reindex path): as :func:`indexer_logits`, but row t
+    scores only the entries of its candidate blocks ``blocks[t]`` ((T, B) int32, −1 padded)."""
+    _call_tensors("csa2_indexer_logits_in_blocks",
+                  lambda t: (t(q), t(w), t(positions), t(keys), t(blocks), ratio, block_size,
+                             q_quant, t(out)))
+
+
+def compress(geometry: "Geometry", layer: int, kv, score, norm, wk, k_norm, start_pos: int,
+             main_out, index_out) -> None:
+    """``csa2_compress`` (stateless: ``start_pos`` and T multiples of the layer's ratio)."""
+    _call_tensors("csa2_compress", lambda t: (
+        geometry.handle, layer, t(kv), t(score), t(norm), t(wk), t(k_norm), start_pos,
+        t(main_out), t(index_out)))
+
+
+# ---- handles: geometry, KV cache, compressor state --------------------------------------------
+
+class _Handle:
+    """Owns one opaque csa2 handle; frees it once (``close()`` or garbage collection)."""
+
+    _free = ""
+
+    def __init__(self, handle: int):
+        self.handle = ctypes.c_void_p(handle)
+
+    def close(self) -> None:
+        if self.handle:
+            getattr(lib(), self._free)(self.handle)
+            self.handle = ctypes.c_void_p(None)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Geometry(_Handle):
+    """``Csa2Geometry``: the embedded DeepSeek-V4.1-Flash geometry."""
+
+    _free = "csa2_geometry_free"
+
+    def __init__(self):
+        out = ctypes.c_void_p()
+        call("csa2_geometry_embedded", ctypes.byref(out))
+        super().__init__(out.value)
+
+
+class CacheLayerInfo(ctypes.Structure):
+    """``Csa2CacheLayerInfo`` (format ids are ``Csa2Format`` values, −1 = none)."""
+
+    _fields_ = [("kv_source", ctypes.c_uint8), ("ratio", ctypes.c_uint32),
+                ("main_format", ctypes.c_int32), ("main_record_bytes", ctypes.c_uint64),
+                ("index_format", ctypes.c_int32), ("index_record_bytes", ctypes.c_uint64),
+                ("entries_per_block", ctypes.c_uint64),
+                ("compressor_state_floats", ctypes.c_uint64), ("swa_format", ctypes.c_int32),
+                ("swa_record_bytes", ctypes.c_uint64), ("window", ctypes.c_uint64)]
+
+
+RECORD_MAIN, RECORD_INDEX = 0, 1
+
+
+class Cache(_Handle):
+    """``Csa2Cache``: the paged KV cache manager (host memory), driven record by record.
+
+    Row tensors are float ``(n, dim)`` (encoded / decoded) or uint8 ``(n, record_bytes)`` (raw
+    records); see ``include/csa2.h`` for every rule. All methods raise :class:`Csa2Error`."""
+
+    _free = "csa2_cache_free"
+
+    def __init__(self, geometry: Geometry, num_blocks: int, block_tokens: int = 256,
+                 layout: int = 0, model: bytes = b""):
+        out = ctypes.c_void_p()
+        call("csa2_cache_create", geometry.handle, layout, num_blocks, block_tokens, model or None,
+             len(model), ctypes.byref(out))
+        super().__init__(out.value)
+
+    def add_request(self, rid: int) -> None:
+        call("csa2_cache_add_request", self.handle, rid)
+
+    def allocate(self, rid: int, tokens: int) -> None:
+        call("csa2_cache_allocate", self.handle, rid, tokens)
+
+    def free_request(self, rid: int) -> None:
+        call("csa2_cache_free_request", self.handle, rid)
+
+    def prefix_keys(self, tokens: Sequence[int]) -> bytes:
+        """Chained 32-byte keys of every full block of ``tokens``, concatenated."""
+        arr = (ctypes.c_uint32 * max(len(tokens), 1))(*tokens)
+        n = ctypes.c_size_t()
+        call("csa2_cache_prefix_keys", self.handle, arr, len(tokens), None, 0, ctypes.byref(n))
+        buf = ctypes.create_string_buffer(32 * n.value)
+        call("csa2_cache_prefix_keys", self.handle, arr, len(tokens), buf, n.value, ctypes.byref(n))
+        return buf.raw
+
+    def publish(self, rid: int, keys: bytes) -> int:
+        n = ctypes.c_size_t()
+        call("csa2_cache_publish", self.handle, rid, keys, len(keys) // 32, ctypes.byref(n))
+        return n.value
+
+    def adopt_prefix(self, rid: int, keys: bytes) -> int:
+        n = ctypes.c_size_t()
+        call("csa2_cache_adopt_prefix", self.handle, rid, keys, len(keys) // 32, ctypes.byref(n))
+        return n.value
+
+    def slot_mapping(self, rid: int, layer: int, start: int, count: int) -> list[int]:
+        out = (ctypes.c_int64 * max(count, 1))()
+        call("csa2_cache_slot_mapping", self.handle, rid, layer, start, count, out)
+        return list(out[:count])
+
+    def layer_info(self, layer: int) -> CacheLayerInfo:
+        info = CacheLayerInfo()
+        call("csa2_cache_layer_info", self.handle, layer, ctypes.byref(info))
+        return info
+
+    def write_entries(self, rid: int, layer: int, kind: int, entries, src) -> None:
+        _call_tensors("csa2_cache_write_entries",
+                      lambda t: (self.handle, rid, layer, kind, t(entries), t(src)))
+
+    def read_entries(self, rid: int, layer: int, kind: int, entries, dst) -> None:
+        _call_tensors("csa2_cache_read_entries",
+                      lambda t: (self.handle, rid, layer, kind, t(entries), t(dst)))
+
+    def swa_write(self, rid: int, layer: int, pos_start: int, src) -> None:
+        _call_tensors("csa2_cache_swa_write", lambda t: (self.handle, rid, layer, pos_start, t(src)))
+
+    def swa_read(self, rid: int, layer: int, pos_start: int, dst) -> None:
+        _call_tensors("csa2_cache_swa_read", lambda t: (self.handle, rid, layer, pos_start, t(dst)))
+
+    def swa_newest(self, rid: int, layer: int) -> int:
+        out = ctypes.c_int64()
+        call("csa2_cache_swa_newest", self.handle, rid, layer, ctypes.byref(out))
+        return out.value
+
+    def set_compressor_state(self, rid: int, layer: int, state) -> None:
+        _call_tensors("csa2_cache_set_compressor_state",
+                      lambda t: (self.handle, rid, layer, t(state)))
+
+    def get_compressor_state(self, rid: int, layer: int, out) -> bool:
+        present = ctypes.c_int32()
+        _call_tensors("csa2_cache_get_compressor_state",
+                      lambda t: (self.handle, rid, layer, t(out), ctypes.byref(present)))
+        return bool(present.value)
+
+
+class CompressorState(_Handle):
+    """``Csa2CompressorState``: one request's compressor of one Full layer across calls."""
+
+    _free = "csa2_compressor_state_free"
+
+    def __init__(self, geometry: Geometry, layer: int, start_pos: int = 0):
+        out = ctypes.c_void_p()
+        call("csa2_compressor_state_create", geometry.handle, layer, start_pos, ctypes.byref(out))
+        super().__init__(out.value)
+        self.geometry, self.layer = geometry, layer
+
+    def query(self) -> tuple[int, int]:
+        """(next position, tokens carried in the open group)."""
+        nxt, pend = ctypes.c_uint64(), ctypes.c_uint64()
+        call("csa2_compressor_state_query", self.handle, ctypes.byref(nxt), ctypes.byref(pend),
+             None)
+        return nxt.value, pend.value
+
+    def reset(self, start_pos: int) -> None:
+        call("csa2_compressor_state_reset", self.handle, start_pos)
+
+    def step(self, kv, score, norm, wk, k_norm, main_out, index_out) -> int:
+        """``csa2_compress_step``; returns the first entry id written (outputs hold
+        ``(pending + T) // ratio`` rows)."""
+        first = ctypes.c_uint64()
+        _call_tensors("csa2_compress_step", lambda t: (
+            self.geometry.handle, self.layer, self.handle, t(kv), t(score), t(norm), t(wk),
+            t(k_norm), t(main_out), t(index_out), ctypes.byref(first)))
+        return first.value
+
+    def save(self, cache: Cache, rid: int) -> None:
+        call("csa2_compressor_state_save", self.handle, cache.handle, rid)
+
+    def load(self, cache: Cache, rid: int, next_pos: int) -> None:
+        call("csa2_compressor_state_load", self.handle, cache.handle, rid, next_pos)
