@@ -872,3 +872,45 @@ fn indexer_in_blocks_matches_the_op_and_its_reference() {
     );
     assert!(o2.data.iter().all(|&v| v == 1.0));
 }
+
+#[test]
+fn concurrent_requests_write_and_read_their_own_entries() {
+    // The module docs promise concurrent calls on one handle: 4 threads, each its own request,
+    // writing and reading back entries and SWA rows at the same time.
+    let c = cache(8) as usize;
+    let handles: Vec<_> = (0..4u64)
+        .map(|id| {
+            std::thread::spawn(move || {
+                let c = c as *const Csa2Cache;
+                let mut r = StdRng::seed_from_u64(100 + id);
+                unsafe {
+                    ok(csa2_cache_add_request(c, id));
+                    ok(csa2_cache_allocate(c, id, 512));
+                }
+                for round in 0..20 {
+                    let e: Vec<i64> = (0..8).map(|_| r.random_range(0..256)).collect();
+                    let mut uniq = e.clone();
+                    uniq.sort();
+                    uniq.dedup();
+                    let x = randn(&mut r, uniq.len() * 512);
+                    let mut et = i64t(uniq.clone());
+                    let mut src = f32t(x.clone(), &[uniq.len(), 512]);
+                    ok(unsafe { csa2_cache_write_entries(c, id, 8, 0, &et.dl(), &src.dl()) });
+                    let want = qdq(RecordFormat::Nvfp4Ds, &x).1;
+                    assert_eq!(
+                        read_f32(c, id, 8, 0, &uniq),
+                        want,
+                        "request {id} round {round}"
+                    );
+                    let mut s = f32t(x[..512].to_vec(), &[1, 512]);
+                    ok(unsafe { csa2_cache_swa_write(c, id, 3, round, &s.dl()) });
+                }
+                unsafe { ok(csa2_cache_free_request(c, id)) };
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    unsafe { csa2_cache_free(c as *mut Csa2Cache) };
+}
