@@ -1,0 +1,95 @@
+//! Record-level cache access through the C ABI (`csa2_cache_write_entries` / `_read_entries`):
+//! 1024 main-KV rows of a ratio-2 layer scattered through a request's slot mapping, beside the
+//! codec alone on the same rows (`encode_rows` / `decode_rows`, the floor) and a memcpy of the f32
+//! bytes. Run: `cargo bench --bench cache_records` (figures in docs/PERF.md).
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use csa2::ffi::dlpack::{DLDataType, DLDevice, DLTensor, K_DL_CPU};
+use csa2::ffi::*;
+use csa2::formats::{decode_rows, encode_rows, RecordFormat};
+use std::ffi::c_void;
+use std::hint::black_box;
+use std::ptr::{null, null_mut};
+
+const ROWS: usize = 1024;
+
+fn desc<T>(data: &mut [T], shape: &mut [i64], code: u8, bits: u8) -> DLTensor {
+    DLTensor {
+        data: data.as_mut_ptr() as *mut c_void,
+        device: DLDevice {
+            device_type: K_DL_CPU,
+            device_id: 0,
+        },
+        ndim: shape.len() as i32,
+        dtype: DLDataType {
+            code,
+            bits,
+            lanes: 1,
+        },
+        shape: shape.as_mut_ptr(),
+        strides: null_mut(),
+        byte_offset: 0,
+    }
+}
+
+fn records(c: &mut Criterion) {
+    let fmt = RecordFormat::Nvfp4Ds;
+    let mut g_ = null_mut();
+    let mut cache = null_mut();
+    unsafe {
+        assert_eq!(csa2_geometry_embedded(&mut g_), Csa2Status::Csa2Ok);
+        assert_eq!(
+            csa2_cache_create(g_, 0, 64, 256, null(), 0, &mut cache),
+            Csa2Status::Csa2Ok
+        );
+        assert_eq!(csa2_cache_add_request(cache, 1), Csa2Status::Csa2Ok);
+        // 1024 entries of a ratio-2 layer = 2048 tokens = 8 blocks.
+        assert_eq!(csa2_cache_allocate(cache, 1, 2 * ROWS), Csa2Status::Csa2Ok);
+    }
+    let n = ROWS * fmt.dim();
+    let mut x: Vec<f32> = (0..n)
+        .map(|i| ((i * 2654435761) % 1000) as f32 * 0.006 - 3.0)
+        .collect();
+    let mut y = vec![0f32; n];
+    let mut rec = vec![0u8; ROWS * fmt.record_bytes()];
+    let mut entries: Vec<i64> = (0..ROWS as i64).collect();
+    let (mut es, mut xs, mut ys) = ([ROWS as i64], [ROWS as i64, 512], [ROWS as i64, 512]);
+    let ed = desc(&mut entries, &mut es, 0, 64);
+    let xd = desc(&mut x, &mut xs, 2, 32);
+    let yd = desc(&mut y, &mut ys, 2, 32);
+    let mut g = c.benchmark_group("cache_records/nvfp4");
+    g.throughput(Throughput::Bytes((n * 4) as u64));
+    let x2 = x.clone();
+    let mut y2 = vec![0f32; n];
+    g.bench_function("memcpy", |b| b.iter(|| y2.copy_from_slice(black_box(&x2))));
+    g.bench_function("encode_rows", |b| {
+        b.iter(|| encode_rows(fmt, black_box(&x2), &mut rec).unwrap())
+    });
+    g.bench_function("write_entries", |b| {
+        b.iter(|| unsafe {
+            assert_eq!(
+                csa2_cache_write_entries(cache, 1, 2, 0, &ed, black_box(&xd)),
+                Csa2Status::Csa2Ok
+            )
+        })
+    });
+    g.bench_function("decode_rows", |b| {
+        b.iter(|| decode_rows(fmt, black_box(&rec), &mut y2).unwrap())
+    });
+    g.bench_function("read_entries", |b| {
+        b.iter(|| unsafe {
+            assert_eq!(
+                csa2_cache_read_entries(cache, 1, 2, 0, &ed, black_box(&yd)),
+                Csa2Status::Csa2Ok
+            )
+        })
+    });
+    g.finish();
+    unsafe {
+        csa2_cache_free(cache);
+        csa2_geometry_free(g_);
+    }
+}
+
+criterion_group!(benches, records);
+criterion_main!(benches);
