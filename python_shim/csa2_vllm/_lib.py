@@ -30,6 +30,15 @@ __all__ = [
     "lib",
     "library_path",
     "version",
+    "Geometry",
+    "Cache",
+    "CacheLayerInfo",
+    "CompressorState",
+    "RECORD_MAIN",
+    "RECORD_INDEX",
+    "compress",
+    "indexer_logits",
+    "indexer_logits_in_blocks",
 ]
 
 
