@@ -18,8 +18,12 @@ if ! "$venv/bin/python" -c 'import vllm, sys; sys.exit(vllm.__version__ != "0.33
 fi
 "$venv/bin/python" -c 'import pytest' 2>/dev/null || "$venv/bin/pip" install "pytest==9.2.0"
 "$venv/bin/python" -c 'import setuptools_rust' 2>/dev/null || "$venv/bin/pip" install "setuptools-rust==1.13.0"
+# -P (wheel mode): keep the working directory off sys.path, so `import csa2_vllm` finds the installed
+# package, not the source tree next to the tests. Editable mode imports the source tree on purpose.
+safe_path=-P
 if [ "${CSA2_SHIM_EDITABLE:-0}" = 1 ]; then
     # Quick path for development: editable install, library from `cargo build --lib`.
+    safe_path=
     if [ -z "${CSA2_LIB:-}" ]; then
         (cd "$root" && cargo build --lib)
         export CSA2_LIB="$root/target/debug/libcsa2.so"
@@ -44,6 +48,4 @@ else
     export CSA2_EXPECT_WHEEL=1
 fi
 cd "$here"
-# -P: do not put the working directory on sys.path, so `import csa2_vllm` finds the installed
-# package, not the source tree next to the tests.
-exec "$venv/bin/python" -P -m pytest -q -p no:cacheprovider "$@"
+exec "$venv/bin/python" $safe_path -m pytest -q -p no:cacheprovider "$@"
