@@ -5,10 +5,10 @@
 //! through memory:
 //! - [`unfused_boundary`]: post update (read X, y; write X'), coefficient pass (read X'), collapse
 //!   (read X', write u), RMSNorm (read u, write the sublayer input): (4n+4)·d values per token.
-//! - [`fused_boundary`]: one pass per d-chunk of a token tile computes X' (written once), the shifted
-//!   collapse u, its sum of squares, and the `hc_fn · vec(X')` GEMV plus the mix statistic while the
-//!   chunk is still in L1; the norm scales u while the tile's rows are still in L2:
-//!   (2n+2)·d values per token. `hc_fn` chunks are reused across the tokens of a tile.
+//! - [`fused_boundary`]: per token tile, one pass over each token computes X' (written once), the
+//!   shifted collapse u and its sum of squares; the `hc_fn · vec(X')` GEMV plus the mix statistic
+//!   then reads the tile's X' back from cache (a tile is ≤ 16 tokens × 4d f32) and the norm scales u
+//!   while the tile's rows are still in L2: (2n+2)·d values per token through memory.
 //!
 //! The coefficient GEMV (`hc_fn [24, 4d] · vec(X')`, 24·4d FMAs per token, ≈ 80 % of the arithmetic)
 //! is one kernel, [`mix_block`], called by both paths on the same token tiles and d-chunks: it
@@ -23,11 +23,12 @@ use crate::error::Result;
 use crate::ops::simd::{isa, Isa};
 use rayon::prelude::*;
 
-/// Most tokens per tile: one `hc_fn` chunk (24 × 4 × [`CHUNK`] f32 = 96 KiB) serves this many
-/// tokens; the tile's X' chunk (`MAX_TILE` × 4 KiB) stays in L2 while the GEMV reads it.
-const MAX_TILE: usize = 32;
+/// Most tokens per tile: one `hc_fn` chunk (24 × 4 × [`CHUNK`] f32 = 192 KiB) serves this many
+/// tokens; the tile's X' (`MAX_TILE` × 4·d f32) stays in L2/L3 while the GEMV reads it.
+/// (Tuned at d = 5120 against 8/32 tokens and 256/1024 dims, `benches/mhc.rs`.)
+const MAX_TILE: usize = 16;
 /// Dims per chunk of a stream row (all 4 streams of a token chunk = 4 KiB, L1-resident).
-const CHUNK: usize = 256;
+const CHUNK: usize = 512;
 /// Per-token scratch: the 24 dot products then the sum of squares of X'.
 const MIX_ACC: usize = MIX + 1;
 
@@ -742,35 +743,34 @@ pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) ->
     tiles.for_each(|(ti, ((xn_tile, u_tile), acc_tile))| {
         let t0 = ti * tile;
         let nt = u_tile.len() / d;
-        let mut su = [0.0f32; MAX_TILE];
-        let mut c0 = 0;
-        while c0 < d {
-            let c1 = (c0 + CHUNK).min(d);
-            for tt in 0..nt {
-                let tok = t0 + tt;
-                let xt = &inp.x[tok * HC * d..(tok + 1) * HC * d];
-                let xn = &mut xn_tile[tt * HC * d..(tt + 1) * HC * d];
-                let u = &mut u_tile[tt * d..(tt + 1) * d];
-                let pre = pre_of(inp.pre_prev, tok);
-                su[tt] += match &inp.update {
-                    Some(upd) => {
-                        let m = token_mix(&inp.update, tok);
-                        let y = &upd.y[tok * d..(tok + 1) * d];
-                        update_collapse(d, xt, y, &m, Some(&pre), c0, c1, xn, Some(u))
-                    }
-                    None => {
-                        for j in 0..HC {
-                            xn[j * d + c0..j * d + c1].copy_from_slice(&xt[j * d + c0..j * d + c1]);
-                        }
-                        collapse(d, xn, &pre, c0, c1, u)
-                    }
-                };
-            }
-            // The tile's X' chunk was just written and is still in L1/L2.
-            if let Some(w) = &inp.next {
+        let mut su = vec![0.0f32; nt];
+        // Token-major update: long sequential streams for the prefetchers; the tile's X' (≤ 16 ×
+        // 80 KiB at d = 5120) is still in L2 (at worst L3) when the GEMV reads it back chunk by chunk.
+        for tt in 0..nt {
+            let tok = t0 + tt;
+            let xt = &inp.x[tok * HC * d..(tok + 1) * HC * d];
+            let xn = &mut xn_tile[tt * HC * d..(tt + 1) * HC * d];
+            let u = &mut u_tile[tt * d..(tt + 1) * d];
+            let pre = pre_of(inp.pre_prev, tok);
+            su[tt] = match &inp.update {
+                Some(upd) => {
+                    let m = token_mix(&inp.update, tok);
+                    let y = &upd.y[tok * d..(tok + 1) * d];
+                    update_collapse(d, xt, y, &m, Some(&pre), 0, d, xn, Some(u))
+                }
+                None => {
+                    xn.copy_from_slice(xt);
+                    collapse(d, xn, &pre, 0, d, u)
+                }
+            };
+        }
+        if let Some(w) = &inp.next {
+            let mut c0 = 0;
+            while c0 < d {
+                let c1 = (c0 + CHUNK).min(d);
                 mix_block(d, w.hc_fn, xn_tile, c0, c1, acc_tile);
+                c0 = c1;
             }
-            c0 = c1;
         }
         for (tt, &s) in su.iter().enumerate().take(nt) {
             let r = 1.0 / (s / d as f32 + p.rms_eps).sqrt();
@@ -875,4 +875,96 @@ pub fn unfused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) 
     collapse_pass(p, out.x_new, inp.pre_prev, out.layer_in);
     rms_norm_pass(p, out.layer_in, inp.norm);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tolerance::{compare, F32_VS_F64};
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    /// `acc` of [`mix_block`] in f64, straight from its definition.
+    fn mix_f64(d: usize, hc_fn: &[f32], xs: &[f32], c0: usize, c1: usize) -> Vec<f64> {
+        let mut out = vec![];
+        for xt in xs.chunks_exact(HC * d) {
+            for r in 0..=MIX {
+                let mut s = 0.0f64;
+                for j in 0..HC {
+                    for k in c0..c1 {
+                        let x = xt[j * d + k] as f64;
+                        let w = if r < MIX {
+                            hc_fn[r * HC * d + j * d + k] as f64
+                        } else {
+                            x
+                        };
+                        s += w * x;
+                    }
+                }
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    type Kernel = fn(usize, &[f32], &[f32], usize, usize, &mut [f32]);
+
+    /// Every compiled variant this CPU can run, named.
+    fn kernels() -> Vec<(&'static str, Kernel)> {
+        let mut k: Vec<(&'static str, Kernel)> = vec![("portable", scalar::mix_block)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                // SAFETY: AVX2 + FMA detected just above.
+                k.push(("avx2", |d, f, x, c0, c1, a| unsafe {
+                    avx2::mix_block(d, f, x, c0, c1, a)
+                }));
+            }
+            if is_x86_feature_detected!("avx512f") {
+                // SAFETY: AVX-512F detected just above.
+                k.push(("avx512", |d, f, x, c0, c1, a| unsafe {
+                    avx512::mix_block(d, f, x, c0, c1, a)
+                }));
+            }
+        }
+        k
+    }
+
+    #[test]
+    fn mix_block_variants_match_f64_on_ragged_tokens_and_chunks() {
+        let mut rng = StdRng::seed_from_u64(5);
+        for d in [1, 15, 16, 17, 40, 100, 520] {
+            let sd = 1.0 / ((HC * d) as f32).sqrt();
+            let hc_fn: Vec<f32> = (0..MIX * HC * d)
+                .map(|_| rng.random_range(-sd..sd))
+                .collect();
+            // 1..9 tokens: every remainder of the 4-token (AVX-512) and 3-token (AVX2) groups.
+            for nt in 1..=9 {
+                let xs: Vec<f32> = (0..nt * HC * d)
+                    .map(|_| rng.random_range(-1.0..1.0))
+                    .collect();
+                for (c0, c1) in [(0, d), (d / 3, d), (1.min(d), d - d / 4), (d, d)] {
+                    let want = mix_f64(d, &hc_fn, &xs, c0, c1);
+                    for (name, k) in kernels() {
+                        // Start from non-zero partials: the kernels accumulate across chunks.
+                        let mut acc = vec![0.5f32; nt * MIX_ACC];
+                        k(d, &hc_fn, &xs, c0, c1, &mut acc);
+                        let got: Vec<f32> = acc.iter().map(|v| v - 0.5).collect();
+                        let s = compare(&got, &want, &F32_VS_F64);
+                        assert!(s.ok(&F32_VS_F64), "{name} d={d} nt={nt} {c0}..{c1}: {s:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_split_tokens_over_two_threads_up_to_the_cap() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let tiles: Vec<usize> = pool.install(|| [1, 3, 8, 10, 16, 17, 4096].map(tile_for).to_vec());
+        // ≤ 4 per thread: as many as that; above: rounded up to the 4-token group, capped at 16.
+        assert_eq!(tiles, vec![1, 2, 4, 8, 8, 12, MAX_TILE]);
+    }
 }
