@@ -1,6 +1,9 @@
-//! mHC boundary: fused single pass vs the four unfused passes, beside a memcpy measured in the
-//! same run. Prints `T | µs | GB/s` per path; bytes are the modeled activation traffic
-//! ((2n+2)·d f32 per token fused, (4n+4)·d unfused) plus one read of `hc_fn` per call.
+//! mHC boundary: fused single pass vs the four unfused passes, beside a memcpy and an FMA-peak probe
+//! measured in the same run. Prints `T | µs | GB/s` per path; bytes are the modeled activation
+//! traffic ((2n+2)·d f32 per token fused, (4n+4)·d unfused) plus one read of `hc_fn` per call. The
+//! two paths are timed alternately (best of each) so a load change on a shared machine hits both.
+//! The `GEMV` columns time the coefficient pass alone (`cpu::coefficients`: 24·4d FMAs per token)
+//! against the measured peak.
 //!
 //! `cargo bench --bench mhc` (env: CSA2_BENCH_TOKENS="1,16,256,4096", CSA2_BENCH_D=5120,
 //! CSA2_BENCH_SECONDS=2 per measurement).
@@ -22,16 +25,42 @@ fn fill(rng: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(lo..hi)).collect()
 }
 
+/// The clock: wall time, or with `CSA2_BENCH_CLOCK=cpu` the CPU time of all this process's threads
+/// (sum of the first field of `/proc/self/task/*/schedstat`, ns). On a shared, overloaded machine
+/// CPU time leaves out the time other processes held the cores; use it with `RAYON_NUM_THREADS=1`
+/// (idle spinning of pool threads would count) and T ≥ 16 (reading the files costs tens of µs).
+fn now() -> Duration {
+    static CPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *CPU.get_or_init(|| std::env::var("CSA2_BENCH_CLOCK").as_deref() == Ok("cpu")) {
+        let ns: u64 = std::fs::read_dir("/proc/self/task")
+            .expect("/proc/self/task")
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("schedstat")).ok())
+            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .sum();
+        Duration::from_nanos(ns)
+    } else {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        T0.get_or_init(Instant::now).elapsed()
+    }
+}
+
 /// Best wall time of `f` over repeated runs for about `budget` (at least 3 runs).
 fn best<F: FnMut()>(budget: Duration, mut f: F) -> Duration {
-    f();
+    best_of::<1, _>(budget, |_| f())[0]
+}
+
+/// Best wall time of each of `n` = N variants, run round-robin for about `budget` (≥ 3 rounds).
+fn best_of<const N: usize, F: FnMut(usize)>(budget: Duration, mut f: F) -> [Duration; N] {
+    (0..N).for_each(&mut f);
     let start = Instant::now();
-    let mut best = Duration::MAX;
+    let mut best = [Duration::MAX; N];
     let mut runs = 0;
     while runs < 3 || start.elapsed() < budget {
-        let t = Instant::now();
-        f();
-        best = best.min(t.elapsed());
+        for (i, b) in best.iter_mut().enumerate() {
+            let t = now();
+            f(i);
+            *b = (*b).min(now() - t);
+        }
         runs += 1;
     }
     best
@@ -65,13 +94,30 @@ fn main() {
     let memcpy_gbs = 2.0 * (n * 4) as f64 / t.as_secs_f64() / 1e9;
     drop((src, dst));
     println!(
-        "mHC boundary, d = {d}, threads = {}",
-        rayon::current_num_threads()
+        "mHC boundary, d = {d}, threads = {}, clock = {}",
+        rayon::current_num_threads(),
+        std::env::var("CSA2_BENCH_CLOCK").unwrap_or_else(|_| "wall".into())
     );
     println!("memcpy 256 MiB: {memcpy_gbs:.1} GB/s (read + write)");
+    // The probe counts wall time; rescale to the bench clock (equal unless CSA2_BENCH_CLOCK=cpu).
+    let (w0, c0) = (Instant::now(), now());
+    let peak = cpu::fma_peak_gflops(300) * w0.elapsed().as_secs_f64() / (now() - c0).as_secs_f64();
     println!(
-        "{:>6} | {:>11} {:>8} | {:>11} {:>8} | {:>7} | {:>9}",
-        "T", "fused µs", "GB/s", "unfused µs", "GB/s", "speedup", "fused/memcpy"
+        "FMA peak (all threads, ISA {:?}): {peak:.1} GFLOP/s",
+        csa2::ops::simd::isa()
+    );
+    println!(
+        "{:>6} | {:>11} {:>8} | {:>11} {:>8} | {:>7} | {:>9} | {:>9} {:>8} {:>6}",
+        "T",
+        "fused µs",
+        "GB/s",
+        "unfused µs",
+        "GB/s",
+        "speedup",
+        "fused/memcpy",
+        "GEMV µs",
+        "GFLOP/s",
+        "%peak"
     );
     for &t in &tokens {
         let x = fill(&mut rng, t * HC * d, -1.0, 1.0);
@@ -109,14 +155,17 @@ fn main() {
                 cpu::unfused_boundary(&p, &inp, &mut out).unwrap()
             }
         };
-        let tf = best(budget, || run(true));
-        let tu = best(budget, || run(false));
+        let [tf, tu] = best_of(budget, |i| run(i == 0));
+        let tg = best(budget, || {
+            cpu::coefficients(&p, &inp.next.unwrap(), &x, &mut co.as_mut())
+        });
+        let gflops = (2 * MIX * HC * d * t) as f64 / tg.as_secs_f64() / 1e9;
         let act = (t * d * 4) as f64;
         let fused_bytes = (2 * HC + 2) as f64 * act + fn_bytes;
         let unfused_bytes = (4 * HC + 4) as f64 * act + fn_bytes;
         let gbs = |b: f64, dt: Duration| b / dt.as_secs_f64() / 1e9;
         println!(
-            "{:>6} | {:>11.1} {:>8.1} | {:>11.1} {:>8.1} | {:>6.2}x | {:>8.2}",
+            "{:>6} | {:>11.1} {:>8.1} | {:>11.1} {:>8.1} | {:>6.2}x | {:>8.2} | {:>9.1} {:>8.1} {:>5.0}%",
             t,
             tf.as_secs_f64() * 1e6,
             gbs(fused_bytes, tf),
@@ -124,6 +173,9 @@ fn main() {
             gbs(unfused_bytes, tu),
             tu.as_secs_f64() / tf.as_secs_f64(),
             gbs(fused_bytes, tf) / memcpy_gbs,
+            tg.as_secs_f64() * 1e6,
+            gflops,
+            100.0 * gflops / peak,
         );
     }
 }

@@ -114,7 +114,32 @@ impl Model {
     }
 
     /// Loads a checkpoint directory (released naming; see `crate::weights`) for geometry `g`.
+    ///
+    /// Errors: [`crate::Error::Invalid`] when the directory's `config.json` (if present) describes
+    /// another geometry than `g` (e.g. a tiny checkpoint loaded at full scale), naming both; then as
+    /// [`Checkpoint::open`] and [`Checkpoint::layer`] (a missing tensor is named).
     pub fn from_checkpoint(dir: &Path, g: Geometry) -> Result<Model> {
+        let cfg = dir.join("config.json");
+        if cfg.exists() {
+            let found = Geometry::from_path(&cfg)?;
+            if found != g {
+                let dims = |g: &Geometry| {
+                    format!(
+                        "hidden {}, {} heads, {} layers",
+                        g.hidden_size, g.num_heads, g.num_layers
+                    )
+                };
+                return Err(crate::Error::invalid(
+                    "checkpoint",
+                    format!(
+                        "{} describes {}, but the run expects {} (choose the matching scale)",
+                        cfg.display(),
+                        dims(&found),
+                        dims(&g)
+                    ),
+                ));
+            }
+        }
         let ck = Checkpoint::open(dir)?;
         let layers = (0..g.num_layers)
             .map(|l| ck.layer(&g, l).map(Arc::new))

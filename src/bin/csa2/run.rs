@@ -364,11 +364,17 @@ fn run_in_pool(a: Args) -> Result<()> {
             .expect("static template")
             .progress_chars("=> "),
     );
+    // Digest of every step's final hidden state: what the weights produced (tests compare it).
+    let mut digest = Sha256::new();
     let reports = session(
         &a,
         &backend,
         &reqs,
-        |_, _, _| {},
+        |_, _, out| {
+            out.hidden
+                .iter()
+                .for_each(|v| digest.update(v.to_le_bytes()))
+        },
         |t| {
             bar.inc(1);
             bar.set_message(format!("context {}", t.prompt_tokens + t.generated_tokens));
@@ -409,6 +415,12 @@ fn run_in_pool(a: Args) -> Result<()> {
             last.hbm_global_bytes as f64 / ctx as f64
         );
     }
+    let output_sha256: String = digest
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    println!("Output digest (SHA-256 of every step's final hidden state): {output_sha256}");
     if let Some(path) = &a.json {
         std::fs::write(
             path,
@@ -418,6 +430,7 @@ fn run_in_pool(a: Args) -> Result<()> {
                 "decoder_replay": backend.cfg.decoder_replay,
                 "ttl_s": a.ttl_s,
                 "turns": reports,
+                "output_sha256": output_sha256,
             }))
             .expect("json"),
         )

@@ -1,39 +1,52 @@
-//! The fast CPU path of mHC: threads over token tiles (rayon), AVX2+FMA inner loops picked at run
-//! time (scalar fallback elsewhere).
+//! The fast CPU path of mHC: threads over token tiles (rayon), AVX-512 / AVX2+FMA inner loops picked
+//! at run time through [`crate::ops::simd::isa`] (`CSA2_ISA=avx2|portable` caps it), scalar fallback.
 //!
 //! Both paths share the same inner kernels, so they differ only in how often the streams travel
 //! through memory:
 //! - [`unfused_boundary`]: post update (read X, y; write X'), coefficient pass (read X'), collapse
 //!   (read X', write u), RMSNorm (read u, write the sublayer input): (4n+4)·d values per token.
-//! - [`fused_boundary`]: one pass per d-chunk of a token tile computes X' (written once), the shifted
-//!   collapse u, its sum of squares, and the `hc_fn · vec(X')` GEMV plus the mix statistic while the
-//!   chunk is still in L1; the norm scales u while the tile's rows are still in L2:
-//!   (2n+2)·d values per token. `hc_fn` chunks are reused across the tokens of a tile.
+//! - [`fused_boundary`]: per token tile, one pass over each token computes X' (written once), the
+//!   shifted collapse u and its sum of squares; the `hc_fn · vec(X')` GEMV plus the mix statistic
+//!   then reads the tile's X' back from cache (a tile is ≤ 16 tokens × 4d f32) and the norm scales u
+//!   while the tile's rows are still in L2: (2n+2)·d values per token through memory.
+//!
+//! The coefficient GEMV (`hc_fn [24, 4d] · vec(X')`, 24·4d FMAs per token, ≈ 80 % of the arithmetic)
+//! is one kernel, [`mix_block`], called by both paths on the same token tiles and d-chunks: it
+//! register-blocks over tokens (4 tokens × 6 rows of accumulators with AVX-512) so one `hc_fn` load
+//! feeds 4 FMAs, and each `hc_fn` chunk is streamed once per tile, not once per token.
 
 // Index loops mirror the (i, j) subscripts of the formulas in SPEC §4.
 #![allow(clippy::needless_range_loop)]
 
 use super::{BoundaryIn, BoundaryOut, CoeffsMut, MhcParams, MixWeights, PostUpdate, HC, MIX};
 use crate::error::Result;
+use crate::ops::simd::{isa, Isa};
 use rayon::prelude::*;
 
-/// Tokens per tile: one `hc_fn` chunk (24 × 4 × [`CHUNK`] f32 = 96 KiB) serves this many tokens.
-const TILE: usize = 8;
+/// Most tokens per tile: one `hc_fn` chunk (24 × 4 × [`CHUNK`] f32 = 192 KiB) serves this many
+/// tokens; the tile's X' (`MAX_TILE` × 4·d f32) stays in L2/L3 while the GEMV reads it.
+/// (Tuned at d = 5120 against 8/32 tokens and 256/1024 dims, `benches/mhc.rs`.)
+const MAX_TILE: usize = 16;
 /// Dims per chunk of a stream row (all 4 streams of a token chunk = 4 KiB, L1-resident).
-const CHUNK: usize = 256;
+const CHUNK: usize = 512;
 /// Per-token scratch: the 24 dot products then the sum of squares of X'.
 const MIX_ACC: usize = MIX + 1;
 
 // ---- inner kernels: dispatch --------------------------------------------------------------------
 
+/// AVX2 + FMA usable (also true on AVX-512 machines unless `CSA2_ISA=portable`).
 fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+    cfg!(target_arch = "x86_64") && isa() != Isa::Portable
+}
+
+/// Tokens per tile for `t` tokens: at most [`MAX_TILE`], few enough that every rayon thread gets a
+/// tile, a multiple of the 4-token GEMV group where that does not starve a thread.
+fn tile_for(t: usize) -> usize {
+    let per = t.div_ceil(rayon::current_num_threads().max(1)).max(1);
+    if per <= 4 {
+        per
+    } else {
+        (per.div_ceil(4) * 4).min(MAX_TILE)
     }
 }
 
@@ -84,17 +97,32 @@ fn collapse(d: usize, xt: &[f32], pre: &[f32; HC], c0: usize, c1: usize, u: &mut
     scalar::collapse::<false>(d, xt, pre, c0, c1, u)
 }
 
-/// acc[r] += Σ_j Σ_{k∈c0..c1} hc_fn[r, j·d + k]·X[j][k] for r < 24; acc[24] += Σ X².
+// ---- the mix GEMV: hc_fn [24, 4d] · vec(X') for a block of tokens ---------------------------------
+
+/// For every token `tt` of the contiguous block `xs [nt, 4, d]`:
+/// `acc[tt·25 + r] += Σ_j Σ_{k∈c0..c1} hc_fn[r, j·d + k]·X[tt][j][k]` (r < 24) and
+/// `acc[tt·25 + 24] += Σ_j Σ_k X[tt][j][k]²`.
+///
+/// The kernels register-block over tokens: each `hc_fn` vector load feeds one FMA per token of a
+/// group (4 tokens × 6 rows = 24 accumulators with AVX-512, 3 × 4 with AVX2), so `hc_fn` travels
+/// through L1 once per token group instead of once per token.
 #[inline]
-fn dot_mix(d: usize, hc_fn: &[f32], xt: &[f32], c0: usize, c1: usize, acc: &mut [f32]) {
-    assert!(hc_fn.len() == MIX * HC * d && xt.len() == HC * d && acc.len() == MIX_ACC);
-    assert!(c0 <= c1 && c1 <= d);
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: AVX2+FMA detected; lengths asserted above.
-        return unsafe { avx2::dot_mix(d, hc_fn, xt, c0, c1, acc) };
+fn mix_block(d: usize, hc_fn: &[f32], xs: &[f32], c0: usize, c1: usize, acc: &mut [f32]) {
+    assert!(hc_fn.len() == MIX * HC * d && xs.len().is_multiple_of(HC * d));
+    assert!(acc.len() == xs.len() / (HC * d) * MIX_ACC && c0 <= c1 && c1 <= d);
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => {
+            // SAFETY: `isa()` reported AVX-512F at run time; lengths asserted above.
+            unsafe { avx512::mix_block(d, hc_fn, xs, c0, c1, acc) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            // SAFETY: `isa()` reported AVX2 + FMA at run time; lengths asserted above.
+            unsafe { avx2::mix_block(d, hc_fn, xs, c0, c1, acc) }
+        }
+        _ => scalar::mix_block(d, hc_fn, xs, c0, c1, acc),
     }
-    scalar::dot_mix::<false>(d, hc_fn, xt, c0, c1, acc)
 }
 
 /// Σ v[c0..c1]² (same lane order as the sums inside the other kernels).
@@ -119,7 +147,7 @@ fn scale_by(v: &mut [f32], s: f32, w: &[f32]) {
 }
 
 mod scalar {
-    use super::{TokenMix, HC, MIX};
+    use super::{TokenMix, HC, MIX, MIX_ACC};
 
     #[inline(always)]
     pub fn madd<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
@@ -187,32 +215,27 @@ mod scalar {
         su
     }
 
-    #[inline(always)]
-    pub fn dot_mix<const F: bool>(
-        d: usize,
-        hc_fn: &[f32],
-        xt: &[f32],
-        c0: usize,
-        c1: usize,
-        acc: &mut [f32],
-    ) {
-        for (r, a) in acc[..MIX].iter_mut().enumerate() {
-            let row = &hc_fn[r * HC * d..(r + 1) * HC * d];
+    /// Portable [`super::mix_block`]: one token at a time, sequential sums.
+    pub fn mix_block(d: usize, hc_fn: &[f32], xs: &[f32], c0: usize, c1: usize, acc: &mut [f32]) {
+        for (xt, a) in xs.chunks_exact(HC * d).zip(acc.chunks_exact_mut(MIX_ACC)) {
+            for (r, ar) in a[..MIX].iter_mut().enumerate() {
+                let row = &hc_fn[r * HC * d..(r + 1) * HC * d];
+                let mut s = 0.0f32;
+                for j in 0..HC {
+                    for k in c0..c1 {
+                        s += row[j * d + k] * xt[j * d + k];
+                    }
+                }
+                *ar += s;
+            }
             let mut s = 0.0f32;
             for j in 0..HC {
                 for k in c0..c1 {
-                    s = madd::<F>(row[j * d + k], xt[j * d + k], s);
+                    s += xt[j * d + k] * xt[j * d + k];
                 }
             }
-            *a += s;
+            a[MIX] += s;
         }
-        let mut s = 0.0f32;
-        for j in 0..HC {
-            for k in c0..c1 {
-                s = madd::<F>(xt[j * d + k], xt[j * d + k], s);
-            }
-        }
-        acc[MIX] += s;
     }
 
     #[inline(always)]
@@ -223,7 +246,7 @@ mod scalar {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{scalar, TokenMix, HC, MIX};
+    use super::{scalar, TokenMix, HC, MIX, MIX_ACC};
     use std::arch::x86_64::*;
 
     #[inline(always)]
@@ -348,63 +371,92 @@ mod avx2 {
         hsum(acc) + scalar::collapse::<true>(d, xt, pre, cv, c1, u)
     }
 
-    /// SAFETY (callers): AVX2+FMA present; `hc_fn` holds 24·4·d, `xt` 4·d, `acc` 25; c0 ≤ c1 ≤ d.
+    /// Rows per accumulator group and tokens per group of the AVX2 GEMV: 4 × 3 accumulators + 3
+    /// X vectors + 1 `hc_fn` vector = the 16 ymm registers.
+    const RG: usize = 4;
+    const TB: usize = 3;
+
+    /// SAFETY (callers): AVX2+FMA present; `hc_fn` holds 24·4·d, `xs` nt·4·d, `acc` nt·25,
+    /// c0 ≤ c1 ≤ d.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_mix(
+    pub unsafe fn mix_block(
         d: usize,
         hc_fn: &[f32],
-        xt: &[f32],
+        xs: &[f32],
         c0: usize,
         c1: usize,
         acc: &mut [f32],
     ) {
+        let nt = xs.len() / (HC * d);
+        let mut t = 0;
+        while t < nt {
+            let b = (nt - t).min(TB);
+            let x = &xs[t * HC * d..(t + b) * HC * d];
+            let a = &mut acc[t * MIX_ACC..(t + b) * MIX_ACC];
+            match b {
+                3 => group::<3>(d, hc_fn, x, c0, c1, a),
+                2 => group::<2>(d, hc_fn, x, c0, c1, a),
+                _ => group::<1>(d, hc_fn, x, c0, c1, a),
+            }
+            t += b;
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn group<const B: usize>(
+        d: usize,
+        hc_fn: &[f32],
+        xs: &[f32],
+        c0: usize,
+        c1: usize,
+        acc: &mut [f32],
+    ) {
+        let row = HC * d;
         let cv = split(c0, c1);
         let fp = hc_fn.as_ptr();
-        let xp = xt.as_ptr();
-        let row = HC * d;
-        // Eight rows at a time: 8 accumulators + the shared X vector stay in registers.
-        for g in 0..MIX / 8 {
-            let mut a = [_mm256_setzero_ps(); 8];
+        let xp = xs.as_ptr();
+        for g in 0..MIX / RG {
+            let fg = fp.add(g * RG * row);
+            let mut a = [[_mm256_setzero_ps(); B]; RG];
+            let mut tail = [[0.0f32; B]; RG];
             for j in 0..HC {
-                let mut k = c0;
-                while k < cv {
-                    // SAFETY: row (8g+q) < 24 and j·d + k + 8 ≤ 4·d.
-                    let xv = _mm256_loadu_ps(xp.add(j * d + k));
+                let mut k = j * d + c0;
+                while k < j * d + cv {
+                    // SAFETY: k + 8 ≤ j·d + c1 ≤ 4·d inside each token's and each row's 4·d.
+                    let mut x = [_mm256_setzero_ps(); B];
+                    for (bb, xv) in x.iter_mut().enumerate() {
+                        *xv = _mm256_loadu_ps(xp.add(bb * row + k));
+                    }
                     for (q, aq) in a.iter_mut().enumerate() {
-                        let f = _mm256_loadu_ps(fp.add((8 * g + q) * row + j * d + k));
-                        *aq = _mm256_fmadd_ps(f, xv, *aq);
+                        let f = _mm256_loadu_ps(fg.add(q * row + k));
+                        for (ab, xv) in aq.iter_mut().zip(&x) {
+                            *ab = _mm256_fmadd_ps(f, *xv, *ab);
+                        }
                     }
                     k += 8;
                 }
-            }
-            for (q, aq) in a.iter().enumerate() {
-                let r = 8 * g + q;
-                let mut s = hsum(*aq);
-                for j in 0..HC {
-                    for k in cv..c1 {
-                        s = hc_fn[r * row + j * d + k].mul_add(xt[j * d + k], s);
+                for k in j * d + cv..j * d + c1 {
+                    for (q, tq) in tail.iter_mut().enumerate() {
+                        for (bb, tb) in tq.iter_mut().enumerate() {
+                            *tb = hc_fn[(g * RG + q) * row + k].mul_add(xs[bb * row + k], *tb);
+                        }
                     }
                 }
-                acc[r] += s;
+            }
+            for q in 0..RG {
+                for bb in 0..B {
+                    acc[bb * MIX_ACC + g * RG + q] += hsum(a[q][bb]) + tail[q][bb];
+                }
             }
         }
-        let mut sq = _mm256_setzero_ps();
-        for j in 0..HC {
-            let mut k = c0;
-            while k < cv {
-                // SAFETY: j·d + k + 8 ≤ 4·d.
-                let xv = _mm256_loadu_ps(xp.add(j * d + k));
-                sq = _mm256_fmadd_ps(xv, xv, sq);
-                k += 8;
+        for bb in 0..B {
+            let xt = &xs[bb * row..(bb + 1) * row];
+            let mut s = 0.0;
+            for j in 0..HC {
+                s += sumsq(xt, j * d + c0, j * d + c1);
             }
+            acc[bb * MIX_ACC + MIX] += s;
         }
-        let mut s = hsum(sq);
-        for j in 0..HC {
-            for k in cv..c1 {
-                s = xt[j * d + k].mul_add(xt[j * d + k], s);
-            }
-        }
-        acc[MIX] += s;
     }
 
     /// SAFETY (callers): AVX2+FMA present; c0 ≤ c1 ≤ v.len().
@@ -422,6 +474,162 @@ mod avx2 {
         }
         hsum(acc) + scalar::sumsq::<true>(v, cv, c1)
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{HC, MIX, MIX_ACC};
+    use std::arch::x86_64::*;
+
+    /// Rows per accumulator group and tokens per group: 6 × 4 accumulators + 4 X vectors + 1
+    /// `hc_fn` vector = 29 of the 32 zmm registers; 10 loads feed 24 FMAs.
+    const RG: usize = 6;
+    const TB: usize = 4;
+
+    /// SAFETY (callers): AVX-512F present; `hc_fn` holds 24·4·d, `xs` nt·4·d, `acc` nt·25,
+    /// c0 ≤ c1 ≤ d.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn mix_block(
+        d: usize,
+        hc_fn: &[f32],
+        xs: &[f32],
+        c0: usize,
+        c1: usize,
+        acc: &mut [f32],
+    ) {
+        let nt = xs.len() / (HC * d);
+        let mut t = 0;
+        while t < nt {
+            let b = (nt - t).min(TB);
+            let x = &xs[t * HC * d..(t + b) * HC * d];
+            let a = &mut acc[t * MIX_ACC..(t + b) * MIX_ACC];
+            match b {
+                4 => group::<4>(d, hc_fn, x, c0, c1, a),
+                3 => group::<3>(d, hc_fn, x, c0, c1, a),
+                2 => group::<2>(d, hc_fn, x, c0, c1, a),
+                _ => group::<1>(d, hc_fn, x, c0, c1, a),
+            }
+            t += b;
+        }
+    }
+
+    /// One group of B ≤ 4 tokens over the chunk c0..c1 of each of the 4 streams; the ragged end of
+    /// the chunk (< 16 dims) runs through masked loads, whose zero lanes add nothing.
+    #[inline(always)]
+    unsafe fn group<const B: usize>(
+        d: usize,
+        hc_fn: &[f32],
+        xs: &[f32],
+        c0: usize,
+        c1: usize,
+        acc: &mut [f32],
+    ) {
+        let row = HC * d;
+        let cv = c0 + (c1 - c0) / 16 * 16;
+        let mask: __mmask16 = ((1u32 << (c1 - cv)) - 1) as __mmask16;
+        let fp = hc_fn.as_ptr();
+        let xp = xs.as_ptr();
+        for g in 0..MIX / RG {
+            let fg = fp.add(g * RG * row);
+            let mut a = [[_mm512_setzero_ps(); B]; RG];
+            for j in 0..HC {
+                let mut k = j * d + c0;
+                while k < j * d + cv {
+                    // SAFETY: k + 16 ≤ j·d + c1 ≤ 4·d: inside each token's and each row's 4·d.
+                    let mut x = [_mm512_setzero_ps(); B];
+                    for (bb, xv) in x.iter_mut().enumerate() {
+                        *xv = _mm512_loadu_ps(xp.add(bb * row + k));
+                    }
+                    for (q, aq) in a.iter_mut().enumerate() {
+                        let f = _mm512_loadu_ps(fg.add(q * row + k));
+                        for (ab, xv) in aq.iter_mut().zip(&x) {
+                            *ab = _mm512_fmadd_ps(f, *xv, *ab);
+                        }
+                    }
+                    k += 16;
+                }
+                if mask != 0 {
+                    // SAFETY: masked lanes are not read; the unmasked ones end at j·d + c1.
+                    let mut x = [_mm512_setzero_ps(); B];
+                    for (bb, xv) in x.iter_mut().enumerate() {
+                        *xv = _mm512_maskz_loadu_ps(mask, xp.add(bb * row + k));
+                    }
+                    for (q, aq) in a.iter_mut().enumerate() {
+                        let f = _mm512_maskz_loadu_ps(mask, fg.add(q * row + k));
+                        for (ab, xv) in aq.iter_mut().zip(&x) {
+                            *ab = _mm512_fmadd_ps(f, *xv, *ab);
+                        }
+                    }
+                }
+            }
+            for q in 0..RG {
+                for bb in 0..B {
+                    acc[bb * MIX_ACC + g * RG + q] += _mm512_reduce_add_ps(a[q][bb]);
+                }
+            }
+        }
+        let mut s = [_mm512_setzero_ps(); B];
+        for j in 0..HC {
+            let mut k = j * d + c0;
+            while k < j * d + cv {
+                for (bb, sb) in s.iter_mut().enumerate() {
+                    // SAFETY: as in the GEMV loop.
+                    let x = _mm512_loadu_ps(xp.add(bb * row + k));
+                    *sb = _mm512_fmadd_ps(x, x, *sb);
+                }
+                k += 16;
+            }
+            if mask != 0 {
+                for (bb, sb) in s.iter_mut().enumerate() {
+                    // SAFETY: as in the masked GEMV tail.
+                    let x = _mm512_maskz_loadu_ps(mask, xp.add(bb * row + k));
+                    *sb = _mm512_fmadd_ps(x, x, *sb);
+                }
+            }
+        }
+        for (bb, sb) in s.iter().enumerate() {
+            acc[bb * MIX_ACC + MIX] += _mm512_reduce_add_ps(*sb);
+        }
+    }
+
+    /// 24 independent accumulators × 16 lanes for `iters` rounds (the FMA peak probe).
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn fma_probe(iters: usize) -> f32 {
+        let a = _mm512_set1_ps(std::hint::black_box(0.999));
+        let b = _mm512_set1_ps(std::hint::black_box(1e-3));
+        let mut acc = [_mm512_setzero_ps(); 24];
+        for _ in 0..iters {
+            for r in acc.iter_mut() {
+                *r = _mm512_fmadd_ps(*r, a, b);
+            }
+        }
+        acc.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
+    }
+}
+
+/// This machine's f32 FMA throughput with the vector width the mix GEMV uses, measured on every
+/// rayon thread at once and summed (GFLOP/s, 2 flop per FMA): the ceiling the benchmark compares the
+/// GEMV's GFLOP/s to. Runs about `millis` milliseconds.
+pub fn fma_peak_gflops(millis: u64) -> f64 {
+    let threads = rayon::current_num_threads().max(1);
+    (0..threads)
+        .into_par_iter()
+        .map(|_| {
+            #[cfg(target_arch = "x86_64")]
+            if isa() == Isa::Avx512 {
+                let t0 = std::time::Instant::now();
+                let (mut iters, mut sink) = (0usize, 0f32);
+                while t0.elapsed().as_millis() < millis as u128 {
+                    // SAFETY: `isa()` reported AVX-512F at run time.
+                    sink += unsafe { avx512::fma_probe(1 << 16) };
+                    iters += 1 << 16;
+                }
+                std::hint::black_box(sink);
+                return iters as f64 * 24.0 * 16.0 * 2.0 / t0.elapsed().as_secs_f64() / 1e9;
+            }
+            crate::ops::simd::fma_peak_gflops(millis)
+        })
+        .sum()
 }
 
 // ---- coefficient epilogue ------------------------------------------------------------------------
@@ -523,46 +731,46 @@ pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) ->
     let t = inp.validate(p)?;
     out.validate(p, t, inp.next.is_some())?;
     let d = p.hidden;
+    let tile = tile_for(t);
     // Raw dots + sum of squares per token (100 B each); zipped even when unused to keep one loop.
     let mut acc = vec![0.0f32; t * MIX_ACC];
     let tiles = out
         .x_new
-        .par_chunks_mut(TILE * HC * d)
-        .zip(out.layer_in.par_chunks_mut(TILE * d))
-        .zip(acc.par_chunks_mut(TILE * MIX_ACC))
+        .par_chunks_mut(tile * HC * d)
+        .zip(out.layer_in.par_chunks_mut(tile * d))
+        .zip(acc.par_chunks_mut(tile * MIX_ACC))
         .enumerate();
     tiles.for_each(|(ti, ((xn_tile, u_tile), acc_tile))| {
-        let t0 = ti * TILE;
+        let t0 = ti * tile;
         let nt = u_tile.len() / d;
-        let mut su = [0.0f32; TILE];
-        let mut c0 = 0;
-        while c0 < d {
-            let c1 = (c0 + CHUNK).min(d);
-            for tt in 0..nt {
-                let tok = t0 + tt;
-                let xt = &inp.x[tok * HC * d..(tok + 1) * HC * d];
-                let xn = &mut xn_tile[tt * HC * d..(tt + 1) * HC * d];
-                let u = &mut u_tile[tt * d..(tt + 1) * d];
-                let pre = pre_of(inp.pre_prev, tok);
-                su[tt] += match &inp.update {
-                    Some(upd) => {
-                        let m = token_mix(&inp.update, tok);
-                        let y = &upd.y[tok * d..(tok + 1) * d];
-                        update_collapse(d, xt, y, &m, Some(&pre), c0, c1, xn, Some(u))
-                    }
-                    None => {
-                        for j in 0..HC {
-                            xn[j * d + c0..j * d + c1].copy_from_slice(&xt[j * d + c0..j * d + c1]);
-                        }
-                        collapse(d, xn, &pre, c0, c1, u)
-                    }
-                };
-                if let Some(w) = &inp.next {
-                    let a = &mut acc_tile[tt * MIX_ACC..(tt + 1) * MIX_ACC];
-                    dot_mix(d, w.hc_fn, xn, c0, c1, a);
+        let mut su = vec![0.0f32; nt];
+        // Token-major update: long sequential streams for the prefetchers; the tile's X' (≤ 16 ×
+        // 80 KiB at d = 5120) is still in L2 (at worst L3) when the GEMV reads it back chunk by chunk.
+        for tt in 0..nt {
+            let tok = t0 + tt;
+            let xt = &inp.x[tok * HC * d..(tok + 1) * HC * d];
+            let xn = &mut xn_tile[tt * HC * d..(tt + 1) * HC * d];
+            let u = &mut u_tile[tt * d..(tt + 1) * d];
+            let pre = pre_of(inp.pre_prev, tok);
+            su[tt] = match &inp.update {
+                Some(upd) => {
+                    let m = token_mix(&inp.update, tok);
+                    let y = &upd.y[tok * d..(tok + 1) * d];
+                    update_collapse(d, xt, y, &m, Some(&pre), 0, d, xn, Some(u))
                 }
+                None => {
+                    xn.copy_from_slice(xt);
+                    collapse(d, xn, &pre, 0, d, u)
+                }
+            };
+        }
+        if let Some(w) = &inp.next {
+            let mut c0 = 0;
+            while c0 < d {
+                let c1 = (c0 + CHUNK).min(d);
+                mix_block(d, w.hc_fn, xn_tile, c0, c1, acc_tile);
+                c0 = c1;
             }
-            c0 = c1;
         }
         for (tt, &s) in su.iter().enumerate().take(nt) {
             let r = 1.0 / (s / d as f32 + p.rms_eps).sqrt();
@@ -603,24 +811,14 @@ pub fn coefficients(p: &MhcParams, w: &MixWeights, x: &[f32], out: &mut CoeffsMu
     let d = p.hidden;
     let t = x.len() / (HC * d);
     let mut acc = vec![0.0f32; t * MIX_ACC];
-    acc.par_chunks_mut(TILE * MIX_ACC)
-        .zip(x.par_chunks(TILE * HC * d))
+    let tile = tile_for(t);
+    acc.par_chunks_mut(tile * MIX_ACC)
+        .zip(x.par_chunks(tile * HC * d))
         .for_each(|(a, xs)| {
-            let nt = xs.len() / (HC * d);
             let mut c0 = 0;
             while c0 < d {
                 let c1 = (c0 + CHUNK).min(d);
-                for tt in 0..nt {
-                    let xt = &xs[tt * HC * d..(tt + 1) * HC * d];
-                    dot_mix(
-                        d,
-                        w.hc_fn,
-                        xt,
-                        c0,
-                        c1,
-                        &mut a[tt * MIX_ACC..(tt + 1) * MIX_ACC],
-                    );
-                }
+                mix_block(d, w.hc_fn, xs, c0, c1, a);
                 c0 = c1;
             }
         });
@@ -677,4 +875,96 @@ pub fn unfused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) 
     collapse_pass(p, out.x_new, inp.pre_prev, out.layer_in);
     rms_norm_pass(p, out.layer_in, inp.norm);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tolerance::{compare, F32_VS_F64};
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    /// `acc` of [`mix_block`] in f64, straight from its definition.
+    fn mix_f64(d: usize, hc_fn: &[f32], xs: &[f32], c0: usize, c1: usize) -> Vec<f64> {
+        let mut out = vec![];
+        for xt in xs.chunks_exact(HC * d) {
+            for r in 0..=MIX {
+                let mut s = 0.0f64;
+                for j in 0..HC {
+                    for k in c0..c1 {
+                        let x = xt[j * d + k] as f64;
+                        let w = if r < MIX {
+                            hc_fn[r * HC * d + j * d + k] as f64
+                        } else {
+                            x
+                        };
+                        s += w * x;
+                    }
+                }
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    type Kernel = fn(usize, &[f32], &[f32], usize, usize, &mut [f32]);
+
+    /// Every compiled variant this CPU can run, named.
+    fn kernels() -> Vec<(&'static str, Kernel)> {
+        let mut k: Vec<(&'static str, Kernel)> = vec![("portable", scalar::mix_block)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                // SAFETY: AVX2 + FMA detected just above.
+                k.push(("avx2", |d, f, x, c0, c1, a| unsafe {
+                    avx2::mix_block(d, f, x, c0, c1, a)
+                }));
+            }
+            if is_x86_feature_detected!("avx512f") {
+                // SAFETY: AVX-512F detected just above.
+                k.push(("avx512", |d, f, x, c0, c1, a| unsafe {
+                    avx512::mix_block(d, f, x, c0, c1, a)
+                }));
+            }
+        }
+        k
+    }
+
+    #[test]
+    fn mix_block_variants_match_f64_on_ragged_tokens_and_chunks() {
+        let mut rng = StdRng::seed_from_u64(5);
+        for d in [1, 15, 16, 17, 40, 100, 520] {
+            let sd = 1.0 / ((HC * d) as f32).sqrt();
+            let hc_fn: Vec<f32> = (0..MIX * HC * d)
+                .map(|_| rng.random_range(-sd..sd))
+                .collect();
+            // 1..9 tokens: every remainder of the 4-token (AVX-512) and 3-token (AVX2) groups.
+            for nt in 1..=9 {
+                let xs: Vec<f32> = (0..nt * HC * d)
+                    .map(|_| rng.random_range(-1.0..1.0))
+                    .collect();
+                for (c0, c1) in [(0, d), (d / 3, d), (1.min(d), d - d / 4), (d, d)] {
+                    let want = mix_f64(d, &hc_fn, &xs, c0, c1);
+                    for (name, k) in kernels() {
+                        // Start from non-zero partials: the kernels accumulate across chunks.
+                        let mut acc = vec![0.5f32; nt * MIX_ACC];
+                        k(d, &hc_fn, &xs, c0, c1, &mut acc);
+                        let got: Vec<f32> = acc.iter().map(|v| v - 0.5).collect();
+                        let s = compare(&got, &want, &F32_VS_F64);
+                        assert!(s.ok(&F32_VS_F64), "{name} d={d} nt={nt} {c0}..{c1}: {s:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_split_tokens_over_two_threads_up_to_the_cap() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let tiles: Vec<usize> = pool.install(|| [1, 3, 8, 10, 16, 17, 4096].map(tile_for).to_vec());
+        // ≤ 4 per thread: as many as that; above: rounded up to the 4-token group, capped at 16.
+        assert_eq!(tiles, vec![1, 2, 4, 8, 8, 12, MAX_TILE]);
+    }
 }
