@@ -174,8 +174,6 @@ pub(crate) trait Vf32: Copy {
     fn fmadd(a: Self, b: Self, c: Self) -> Self;
     /// Lane-wise max.
     fn max(a: Self, b: Self) -> Self;
-    /// Lane-wise product.
-    fn mul(a: Self, b: Self) -> Self;
     /// Sum of the lanes (tree order).
     fn hsum(self) -> f32;
 }
@@ -212,11 +210,6 @@ impl Vf32 for F32x16 {
     fn max(a: Self, b: Self) -> Self {
         // SAFETY: AVX-512F is enabled (see splat).
         F32x16(unsafe { std::arch::x86_64::_mm512_max_ps(a.0, b.0) })
-    }
-    #[inline(always)]
-    fn mul(a: Self, b: Self) -> Self {
-        // SAFETY: AVX-512F is enabled (see splat).
-        F32x16(unsafe { std::arch::x86_64::_mm512_mul_ps(a.0, b.0) })
     }
     #[inline(always)]
     fn hsum(self) -> f32 {
@@ -257,11 +250,6 @@ impl Vf32 for F32x8 {
     fn max(a: Self, b: Self) -> Self {
         // SAFETY: AVX is enabled (see splat).
         F32x8(unsafe { std::arch::x86_64::_mm256_max_ps(a.0, b.0) })
-    }
-    #[inline(always)]
-    fn mul(a: Self, b: Self) -> Self {
-        // SAFETY: AVX is enabled (see splat).
-        F32x8(unsafe { std::arch::x86_64::_mm256_mul_ps(a.0, b.0) })
     }
     #[inline(always)]
     fn hsum(self) -> f32 {
@@ -306,10 +294,6 @@ impl Vf32 for Portable8 {
     #[inline(always)]
     fn max(a: Self, b: Self) -> Self {
         Portable8(std::array::from_fn(|i| a.0[i].max(b.0[i])))
-    }
-    #[inline(always)]
-    fn mul(a: Self, b: Self) -> Self {
-        Portable8(std::array::from_fn(|i| a.0[i] * b.0[i]))
     }
     #[inline(always)]
     fn hsum(self) -> f32 {
