@@ -176,6 +176,28 @@ pub(crate) trait Vf32: Copy {
     fn max(a: Self, b: Self) -> Self;
     /// Sum of the lanes (tree order).
     fn hsum(self) -> f32;
+    /// `e^x` lane-wise, ≤ 2 ulp for x in [−87.3, 88.3] (Cody–Waite reduction by ln 2, degree-5
+    /// minimax polynomial); below −87.3 it returns e^−87.3 ≈ 1.2e-38 instead of a subnormal or 0;
+    /// NaN stays NaN.
+    fn exp(self) -> Self;
+}
+
+/// Constants of [`Vf32::exp`]: ln 2 split in a part exact in f32 and the rest, then the
+/// minimax coefficients of (e^r − 1 − r) / r² on |r| ≤ ln 2 / 2 (Cephes `expf`).
+mod expc {
+    pub const HI: f32 = 88.376_26;
+    pub const LO: f32 = -87.336_54;
+    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+    pub const LN2_HI: f32 = 0.693_359_4;
+    pub const LN2_LO: f32 = -2.121_944_4e-4;
+    pub const P: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ];
 }
 
 /// 16 lanes of AVX-512F.
@@ -215,6 +237,31 @@ impl Vf32 for F32x16 {
     fn hsum(self) -> f32 {
         // SAFETY: AVX-512F is enabled (see splat).
         unsafe { std::arch::x86_64::_mm512_reduce_add_ps(self.0) }
+    }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        use std::arch::x86_64::*;
+        // SAFETY: AVX-512F is enabled (see splat).
+        unsafe {
+            // min/max return their second operand when one is NaN: NaN flows through.
+            let x = _mm512_min_ps(_mm512_set1_ps(expc::HI), self.0);
+            let x = _mm512_max_ps(_mm512_set1_ps(expc::LO), x);
+            let n = _mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(expc::LOG2E)));
+            let nf = _mm512_cvtepi32_ps(n);
+            let r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(expc::LN2_HI), x);
+            let r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(expc::LN2_LO), r);
+            let mut p = _mm512_set1_ps(expc::P[0]);
+            for c in &expc::P[1..] {
+                p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
+            }
+            let y = _mm512_fmadd_ps(
+                _mm512_mul_ps(p, r),
+                r,
+                _mm512_add_ps(r, _mm512_set1_ps(1.0)),
+            );
+            let two_n = _mm512_slli_epi32::<23>(_mm512_add_epi32(n, _mm512_set1_epi32(127)));
+            F32x16(_mm512_mul_ps(y, _mm512_castsi512_ps(two_n)))
+        }
     }
 }
 
@@ -265,6 +312,31 @@ impl Vf32 for F32x8 {
             _mm_cvtss_f32(s)
         }
     }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        use std::arch::x86_64::*;
+        // SAFETY: AVX2 and FMA are enabled (see splat).
+        unsafe {
+            // min/max return their second operand when one is NaN: NaN flows through.
+            let x = _mm256_min_ps(_mm256_set1_ps(expc::HI), self.0);
+            let x = _mm256_max_ps(_mm256_set1_ps(expc::LO), x);
+            let n = _mm256_cvtps_epi32(_mm256_mul_ps(x, _mm256_set1_ps(expc::LOG2E)));
+            let nf = _mm256_cvtepi32_ps(n);
+            let r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(expc::LN2_HI), x);
+            let r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(expc::LN2_LO), r);
+            let mut p = _mm256_set1_ps(expc::P[0]);
+            for c in &expc::P[1..] {
+                p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
+            }
+            let y = _mm256_fmadd_ps(
+                _mm256_mul_ps(p, r),
+                r,
+                _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+            );
+            let two_n = _mm256_slli_epi32::<23>(_mm256_add_epi32(n, _mm256_set1_epi32(127)));
+            F32x8(_mm256_mul_ps(y, _mm256_castsi256_ps(two_n)))
+        }
+    }
 }
 
 /// 8 lanes in plain arrays (any target); multiply then add, no fused libm call.
@@ -299,5 +371,66 @@ impl Vf32 for Portable8 {
     fn hsum(self) -> f32 {
         let a = self.0;
         ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+    }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        Portable8(
+            self.0
+                .map(|x| if x < expc::LO { expc::LO } else { x }.exp()),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    multiversion!(exp_mv, fn(x: &[f32], out: &mut [f32]), exp_body);
+
+    #[inline(always)]
+    fn exp_body<V: Vf32>(x: &[f32], out: &mut [f32]) {
+        for (a, o) in x.chunks_exact(V::L).zip(out.chunks_exact_mut(V::L)) {
+            // SAFETY: both chunks hold L floats.
+            unsafe { V::load(a.as_ptr()).exp().store(o.as_mut_ptr()) };
+        }
+    }
+
+    /// The vector exp against f64 over its whole range (every ISA via `CSA2_ISA` in CI), plus the
+    /// edges: 0 → 1 exactly, NaN stays NaN, the clamp below −87.3.
+    #[test]
+    fn exp_is_within_two_ulp() {
+        let n = 1 << 16;
+        let mut x: Vec<f32> = (0..n)
+            .map(|i| expc::LO + (expc::HI - expc::LO) * i as f32 / (n - 1) as f32)
+            .collect();
+        x.extend([
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            1e-8,
+            -1e-8,
+            f32::NAN,
+            -1000.0,
+            -1e30,
+            0.5,
+            -0.5,
+        ]);
+        x.resize(x.len().next_multiple_of(16), 0.0);
+        let mut out = vec![0f32; x.len()];
+        exp_mv(&x, &mut out);
+        for (&a, &e) in x.iter().zip(&out) {
+            if a.is_nan() {
+                assert!(e.is_nan());
+                continue;
+            }
+            let want = (a.max(expc::LO) as f64).exp();
+            let ulp = (want as f32).abs() * f32::EPSILON;
+            assert!(
+                ((e as f64) - want).abs() <= 2.0 * ulp as f64,
+                "exp({a}) = {e}, want {want}"
+            );
+        }
+        assert_eq!(out[n], 1.0);
     }
 }

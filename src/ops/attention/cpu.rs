@@ -195,14 +195,40 @@ fn heads_body<V: Vf32>(
             }
         }
     }
+    // Softmax rows, L lanes at a time (the vector exp is within 2 ulp of e^x).
+    let mut lanes = [0f32; 16];
+    let vscale = V::splat(scale);
+    let one = V::splat(1.0);
     for (hi, row) in s.chunks_exact_mut(n).enumerate() {
-        let mut mx = f32::NEG_INFINITY;
-        for v in row.iter_mut() {
+        let (body, tail) = row.split_at_mut(n - n % l);
+        let mut vmx = V::splat(f32::NEG_INFINITY);
+        for c in body.chunks_exact_mut(l) {
+            // SAFETY: `c` holds L floats.
+            unsafe {
+                let v = V::fmadd(V::load(c.as_ptr()), vscale, zero);
+                v.store(c.as_mut_ptr());
+                vmx = V::max(vmx, v);
+            }
+        }
+        // SAFETY: `lanes` holds 16 ≥ L floats.
+        unsafe { vmx.store(lanes.as_mut_ptr()) };
+        let mut mx = lanes[..l].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        for v in tail.iter_mut() {
             *v *= scale;
             mx = mx.max(*v);
         }
-        let mut sum = 0f32;
-        for v in row.iter_mut() {
+        let neg_mx = V::splat(-mx);
+        let mut vsum = zero;
+        for c in body.chunks_exact_mut(l) {
+            // SAFETY: `c` holds L floats.
+            unsafe {
+                let e = V::fmadd(V::load(c.as_ptr()), one, neg_mx).exp();
+                e.store(c.as_mut_ptr());
+                vsum = V::fmadd(e, one, vsum);
+            }
+        }
+        let mut sum = vsum.hsum();
+        for v in tail.iter_mut() {
             *v = (*v - mx).exp();
             sum += *v;
         }
@@ -210,7 +236,12 @@ fn heads_body<V: Vf32>(
         // Sink in the denominator only, in the frame of the row max (e^(a − mx) may overflow to ∞,
         // which correctly drives the output to 0).
         let inv = 1.0 / (sum + (sink[hi] - mx).exp());
-        for v in row.iter_mut() {
+        let vinv = V::splat(inv);
+        for c in body.chunks_exact_mut(l) {
+            // SAFETY: `c` holds L floats.
+            unsafe { V::fmadd(V::load(c.as_ptr()), vinv, zero).store(c.as_mut_ptr()) };
+        }
+        for v in tail.iter_mut() {
             *v *= inv;
         }
     }
