@@ -3,7 +3,7 @@
 //! The index Q of a token is stored transposed, `qt[d][h]` (heads padded to [`HPAD`] with zero
 //! weight), so that one vector holds the same dim of L heads. Keys are decoded [`KB`] at a time
 //! into plain f32 rows with the SIMD row codec (bit-identical to the reference decode), and the
-//! kernel broadcasts `k[d]` against the head vectors: [`NK`] keys × 2 head vectors = 8 independent
+//! kernel broadcasts `k[d]` against the head vectors: [`NK`] keys × 2 head vectors = 12 independent
 //! FMA chains, no transposition of the keys and one horizontal sum per key. ReLU and the head
 //! weights are applied lane-wise before that sum. A decoded batch is reused by every query of a
 //! query block (prefill); decode (one query) splits the keys across threads instead.
@@ -20,10 +20,11 @@ use rayon::prelude::*;
 const HPAD: usize = 32;
 /// Queries sharing one decoded key batch in prefill.
 const QB: usize = 8;
-/// Keys decoded per batch (16 KiB of f32 rows: stays in L1 beside one query's 16 KiB `qt`).
-const KB: usize = 32;
-/// Keys scored together by the kernel.
-const NK: usize = 4;
+/// Keys decoded per batch (15 KiB of f32 rows: stays in L1 beside one query's 16 KiB `qt`).
+const KB: usize = 30;
+/// Keys scored together by the kernel: 6 keys × 2 head vectors = 12 accumulators, enough to
+/// cover the FMA latency of two ports, and 15 registers in all (fits AVX2's 16).
+const NK: usize = 6;
 /// Keys per task when one query's keys are split across threads.
 const KEYS_PER_TASK: usize = 8192;
 
@@ -148,8 +149,7 @@ pub fn score_ids(pr: &Prepared, t0: usize, keys: &IndexKeys, ids: &[u32], outs: 
             }
             continue;
         }
-        let kb = &mut kbuf[..chunk.len()];
-        decode_keys(isa, keys, chunk, kb);
+        let kb = key_rows(isa, keys, chunk, &mut kbuf);
         for (qi, out) in outs.iter_mut().enumerate() {
             let t = t0 + qi;
             let dst = &mut out[off..off + chunk.len()];
@@ -169,20 +169,34 @@ pub fn score_ids(pr: &Prepared, t0: usize, keys: &IndexKeys, ids: &[u32], outs: 
     }
 }
 
-/// Decodes entries `ids` into f32 rows (the exact reference values).
-fn decode_keys(isa: fast::Isa, keys: &IndexKeys<'_>, ids: &[u32], out: &mut [[f32; INDEX_DIM]]) {
+/// Entries `ids` as f32 rows (the exact reference values): f32 keys with consecutive ids are used
+/// in place, anything else is decoded / copied into `buf`.
+fn key_rows<'a>(
+    isa: fast::Isa,
+    keys: &IndexKeys<'a>,
+    ids: &[u32],
+    buf: &'a mut [[f32; INDEX_DIM]; KB],
+) -> &'a [[f32; INDEX_DIM]] {
+    let (first, last) = (ids[0] as usize, ids[ids.len() - 1] as usize);
     match keys {
+        IndexKeys::F32(k) if last - first + 1 == ids.len() => {
+            k[first * INDEX_DIM..(last + 1) * INDEX_DIM]
+                .as_chunks::<INDEX_DIM>()
+                .0
+        }
         IndexKeys::F32(k) => {
-            for (o, &j) in out.iter_mut().zip(ids) {
+            for (o, &j) in buf.iter_mut().zip(ids) {
                 o.copy_from_slice(&k[j as usize * INDEX_DIM..][..INDEX_DIM]);
             }
+            &buf[..ids.len()]
         }
         IndexKeys::Mxfp4(k) => {
-            for (o, &j) in out.iter_mut().zip(ids) {
+            for (o, &j) in buf.iter_mut().zip(ids) {
                 let rec = &k[j as usize * MXFP4_INDEX_BYTES..][..MXFP4_INDEX_BYTES];
                 let (d, s) = rec.split_at(64);
                 fast::decode_row(isa, RecordFormat::Mxfp4Index, d, s, o);
             }
+            &buf[..ids.len()]
         }
     }
 }
