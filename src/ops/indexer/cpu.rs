@@ -209,6 +209,7 @@ multiversion!(
 
 /// `out[k] = Σ_h w[h] · ReLU(Σ_d qt[d][h] · keys[k][d])` for every row of `keys`.
 #[inline(always)]
+#[allow(clippy::needless_range_loop)] // d indexes both qt and every key row of the block
 fn logits_body<V: Vf32>(
     qt: &[f32],
     w: &[f32],
