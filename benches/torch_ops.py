@@ -2,7 +2,8 @@
 
     .venv-ops/bin/python benches/torch_ops.py [--keys 1048576] [--prefill-tokens 4096] [--prefill-ratio 2]
 
-Each figure is the best of a few runs, with torch's CPU thread count = the machine's cores. The
+Each figure is the median of a few runs (min–max spread printed), with torch's CPU thread count =
+`--threads` (default: the machine's cores, which is what rayon uses for `csa2`). The
 quantised caches are decoded with torch ops (the launch-day style: dequantise, then dense maths).
 """
 
@@ -17,17 +18,20 @@ E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -
 
 
 def best(fn, reps):
+    """(median, min, max) wall seconds of `reps` runs after one warm-up."""
     fn()
     ts = []
-    for _ in range(reps):
+    for _ in range(max(reps, 1)):
         t = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t)
-    return min(ts)
+    ts.sort()
+    return ts[len(ts) // 2], ts[0], ts[-1]
 
 
-def line(name, secs, flops, nbytes, note=""):
-    print(f"{name:<44} {secs * 1e6:>10.1f} µs | {flops / secs / 1e9:>8.2f} GFLOP/s | {nbytes / secs / 1e9:>7.2f} GB/s  {note}")
+def line(name, st, flops, nbytes, note=""):
+    secs, lo, hi = st
+    print(f"{name:<44} {secs * 1e6:>10.1f} µs [{lo * 1e6:.1f}–{hi * 1e6:.1f}] | {flops / secs / 1e9:>8.2f} GFLOP/s | {nbytes / secs / 1e9:>7.2f} GB/s  {note}")
 
 
 def decode_fp4(packed):  # [N, B] uint8 → [N, 2B] f32 (low nibble first)
@@ -60,8 +64,10 @@ def main():
     ap.add_argument("--prefill-tokens", type=int, default=4096)
     ap.add_argument("--prefill-ratio", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--prefill-reps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
     a = ap.parse_args()
-    torch.set_num_threads(os.cpu_count())
+    torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
 
@@ -141,7 +147,7 @@ def main():
             out[s : s + 512] = torch.einsum("th,thn->tn", wp[s : s + 512], d)
         return out.masked_fill_(mask, float("-inf"))
 
-    t = best(prefill, min(a.reps, 2))
+    t = best(prefill, a.prefill_reps)
     macs = float(vis.sum()) * 4096
     line(f"prefill indexer {tt} tokens × {ne} entries (m={m})", t, 2 * macs, 4 * tt * ne, "dense then mask; GFLOP/s counts visible MACs")
 

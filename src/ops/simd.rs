@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 /// The instruction set the fast paths use on this machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX-512F present (kernels run their AVX2 + FMA version; see [`multiversion`]).
+    /// AVX-512F present: 16 f32 lanes.
     Avx512,
     /// AVX2 + FMA: 8 f32 lanes.
     Avx2,
@@ -36,6 +36,22 @@ pub fn isa() -> Isa {
     })
 }
 
+/// The row-codec level (`formats::fast`) that matches [`isa`], so that a capped run (`CSA2_ISA`)
+/// also caps the record decoders the kernels call.
+pub(crate) fn codec_isa() -> crate::formats::fast::Isa {
+    use crate::formats::fast::Isa as C;
+    let want = match isa() {
+        Isa::Avx512 => C::Avx512,
+        Isa::Avx2 => C::Avx2,
+        Isa::Portable => C::Scalar,
+    };
+    if want.is_supported() {
+        want
+    } else {
+        C::Scalar
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn detect() -> Isa {
     if is_x86_feature_detected!("avx512f")
@@ -55,29 +71,37 @@ fn detect() -> Isa {
     Isa::Portable
 }
 
-/// Calls `$body::<V>(args…)` compiled for the detected ISA, V = [`F32x8`] (AVX2 + FMA, also used on
-/// AVX-512 machines) or [`Portable8`].
+/// Calls `$body::<V>(args…)` compiled for the detected ISA: V = [`F32x16`] (AVX-512F), [`F32x8`]
+/// (AVX2 + FMA) or [`Portable8`].
 ///
-/// AVX-512 intrinsics need Rust 1.89 while the crate's MSRV is 1.85; on Zen 4 (the dev machine)
-/// 512-bit FMAs are double-pumped and measured no faster than AVX2 (research/toolchain.md §5).
-/// A 16-lane type can be added here once the MSRV moves.
+/// The crate's MSRV (1.89) has the AVX-512 intrinsics. On Sapphire Rapids-class Xeons (two 512-bit
+/// FMA ports) the 16-lane version doubles the FMA rate; `CSA2_ISA=avx2` selects the 8-lane one for
+/// A/B runs and for CPUs that down-clock on 512-bit code.
 ///
 /// `$body` must be an `#[inline(always)]` generic function so that its code is generated inside the
-/// `target_feature` wrapper.
+/// `target_feature` wrapper, and must accept any `V::L` ≤ 16.
 macro_rules! multiversion {
     ($name:ident, fn($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)?, $body:ident) => {
         #[allow(clippy::too_many_arguments)]
         fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn v512($($arg: $ty),*) $(-> $ret)? {
+                    $body::<$crate::ops::simd::F32x16>($($arg),*)
+                }
                 #[target_feature(enable = "avx2,fma")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn v256($($arg: $ty),*) $(-> $ret)? {
                     $body::<$crate::ops::simd::F32x8>($($arg),*)
                 }
-                if $crate::ops::simd::isa() != $crate::ops::simd::Isa::Portable {
+                match $crate::ops::simd::isa() {
+                    // SAFETY: `isa()` reported AVX-512F, AVX2 and FMA present at run time.
+                    $crate::ops::simd::Isa::Avx512 => return unsafe { v512($($arg),*) },
                     // SAFETY: `isa()` reported AVX2 and FMA present at run time.
-                    return unsafe { v256($($arg),*) };
+                    $crate::ops::simd::Isa::Avx2 => return unsafe { v256($($arg),*) },
+                    $crate::ops::simd::Isa::Portable => {}
                 }
             }
             $body::<$crate::ops::simd::Portable8>($($arg),*)
@@ -90,23 +114,26 @@ pub(crate) use multiversion;
 /// Measures this machine's f32 FMA throughput on the calling thread, in GFLOP/s (2 flop per FMA):
 /// the "peak" that benchmark GMAC/s figures are compared to. Runs about `millis` milliseconds.
 pub fn fma_peak_gflops(millis: u64) -> f64 {
-    multiversion!(peak_mv, fn(iters: usize) -> f32, peak_body);
+    multiversion!(peak_mv, fn(iters: usize) -> (f32, usize), peak_body);
     let t0 = std::time::Instant::now();
     let mut iters = 0usize;
     let mut sink = 0f32;
+    let mut lanes = 8;
     while t0.elapsed().as_millis() < millis as u128 {
-        sink += peak_mv(1 << 16);
+        let (s, l) = peak_mv(1 << 16);
+        sink += s;
+        lanes = l;
         iters += 1 << 16;
     }
     let secs = t0.elapsed().as_secs_f64();
     std::hint::black_box(sink);
-    // Each iteration: 12 accumulators × 8 lanes FMAs.
-    iters as f64 * 12.0 * 8.0 * 2.0 / secs / 1e9
+    // Each iteration: 12 accumulators × `lanes` FMAs.
+    iters as f64 * 12.0 * lanes as f64 * 2.0 / secs / 1e9
 }
 
 /// 12 independent accumulator vectors: enough to cover the FMA latency.
 #[inline(always)]
-fn peak_body<V: Vf32>(iters: usize) -> f32 {
+fn peak_body<V: Vf32>(iters: usize) -> (f32, usize) {
     let a = V::splat(std::hint::black_box(0.999));
     let b = V::splat(std::hint::black_box(1e-3));
     let mut acc = [V::splat(0.0); 12];
@@ -122,7 +149,7 @@ fn peak_body<V: Vf32>(iters: usize) -> f32 {
         unsafe { r.store(out.as_mut_ptr()) };
         total += out[..V::L].iter().sum::<f32>();
     }
-    total
+    (total, V::L)
 }
 
 /// An f32 vector of `L` lanes, the one abstraction the kernels are written against.
@@ -147,6 +174,95 @@ pub(crate) trait Vf32: Copy {
     fn fmadd(a: Self, b: Self, c: Self) -> Self;
     /// Lane-wise max.
     fn max(a: Self, b: Self) -> Self;
+    /// Sum of the lanes (tree order).
+    fn hsum(self) -> f32;
+    /// `e^x` lane-wise, ≤ 2 ulp for x in [−87.3, 88.3] (Cody–Waite reduction by ln 2, degree-5
+    /// minimax polynomial); below −87.3 it returns e^−87.3 ≈ 1.2e-38 instead of a subnormal or 0;
+    /// NaN stays NaN.
+    fn exp(self) -> Self;
+}
+
+/// Constants of [`Vf32::exp`]: ln 2 split in a part exact in f32 and the rest, then the
+/// minimax coefficients of (e^r − 1 − r) / r² on |r| ≤ ln 2 / 2 (Cephes `expf`).
+mod expc {
+    pub const HI: f32 = 88.376_26;
+    pub const LO: f32 = -87.336_54;
+    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+    pub const LN2_HI: f32 = 0.693_359_4;
+    pub const LN2_LO: f32 = -2.121_944_4e-4;
+    pub const P: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ];
+}
+
+/// 16 lanes of AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct F32x16(std::arch::x86_64::__m512);
+
+#[cfg(target_arch = "x86_64")]
+impl Vf32 for F32x16 {
+    const L: usize = 16;
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        // SAFETY: only reached inside `target_feature(enable = "avx512f,…")` code (multiversion!).
+        F32x16(unsafe { std::arch::x86_64::_mm512_set1_ps(x) })
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the caller guarantees 16 readable floats; AVX-512F is enabled (see splat).
+        F32x16(unsafe { std::arch::x86_64::_mm512_loadu_ps(p) })
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: the caller guarantees 16 writable floats; AVX-512F is enabled (see splat).
+        unsafe { std::arch::x86_64::_mm512_storeu_ps(p, self.0) }
+    }
+    #[inline(always)]
+    fn fmadd(a: Self, b: Self, c: Self) -> Self {
+        // SAFETY: AVX-512F is enabled (see splat).
+        F32x16(unsafe { std::arch::x86_64::_mm512_fmadd_ps(a.0, b.0, c.0) })
+    }
+    #[inline(always)]
+    fn max(a: Self, b: Self) -> Self {
+        // SAFETY: AVX-512F is enabled (see splat).
+        F32x16(unsafe { std::arch::x86_64::_mm512_max_ps(a.0, b.0) })
+    }
+    #[inline(always)]
+    fn hsum(self) -> f32 {
+        // SAFETY: AVX-512F is enabled (see splat).
+        unsafe { std::arch::x86_64::_mm512_reduce_add_ps(self.0) }
+    }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        use std::arch::x86_64::*;
+        // SAFETY: AVX-512F is enabled (see splat).
+        unsafe {
+            // min/max return their second operand when one is NaN: NaN flows through.
+            let x = _mm512_min_ps(_mm512_set1_ps(expc::HI), self.0);
+            let x = _mm512_max_ps(_mm512_set1_ps(expc::LO), x);
+            let n = _mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(expc::LOG2E)));
+            let nf = _mm512_cvtepi32_ps(n);
+            let r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(expc::LN2_HI), x);
+            let r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(expc::LN2_LO), r);
+            let mut p = _mm512_set1_ps(expc::P[0]);
+            for c in &expc::P[1..] {
+                p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
+            }
+            let y = _mm512_fmadd_ps(
+                _mm512_mul_ps(p, r),
+                r,
+                _mm512_add_ps(r, _mm512_set1_ps(1.0)),
+            );
+            let two_n = _mm512_slli_epi32::<23>(_mm512_add_epi32(n, _mm512_set1_epi32(127)));
+            F32x16(_mm512_mul_ps(y, _mm512_castsi512_ps(two_n)))
+        }
+    }
 }
 
 /// 8 lanes of AVX2 + FMA.
@@ -182,6 +298,45 @@ impl Vf32 for F32x8 {
         // SAFETY: AVX is enabled (see splat).
         F32x8(unsafe { std::arch::x86_64::_mm256_max_ps(a.0, b.0) })
     }
+    #[inline(always)]
+    fn hsum(self) -> f32 {
+        use std::arch::x86_64::*;
+        // SAFETY: AVX is enabled (see splat).
+        unsafe {
+            let s = _mm_add_ps(
+                _mm256_castps256_ps128(self.0),
+                _mm256_extractf128_ps::<1>(self.0),
+            );
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+            _mm_cvtss_f32(s)
+        }
+    }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        use std::arch::x86_64::*;
+        // SAFETY: AVX2 and FMA are enabled (see splat).
+        unsafe {
+            // min/max return their second operand when one is NaN: NaN flows through.
+            let x = _mm256_min_ps(_mm256_set1_ps(expc::HI), self.0);
+            let x = _mm256_max_ps(_mm256_set1_ps(expc::LO), x);
+            let n = _mm256_cvtps_epi32(_mm256_mul_ps(x, _mm256_set1_ps(expc::LOG2E)));
+            let nf = _mm256_cvtepi32_ps(n);
+            let r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(expc::LN2_HI), x);
+            let r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(expc::LN2_LO), r);
+            let mut p = _mm256_set1_ps(expc::P[0]);
+            for c in &expc::P[1..] {
+                p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
+            }
+            let y = _mm256_fmadd_ps(
+                _mm256_mul_ps(p, r),
+                r,
+                _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+            );
+            let two_n = _mm256_slli_epi32::<23>(_mm256_add_epi32(n, _mm256_set1_epi32(127)));
+            F32x8(_mm256_mul_ps(y, _mm256_castsi256_ps(two_n)))
+        }
+    }
 }
 
 /// 8 lanes in plain arrays (any target); multiply then add, no fused libm call.
@@ -211,5 +366,71 @@ impl Vf32 for Portable8 {
     #[inline(always)]
     fn max(a: Self, b: Self) -> Self {
         Portable8(std::array::from_fn(|i| a.0[i].max(b.0[i])))
+    }
+    #[inline(always)]
+    fn hsum(self) -> f32 {
+        let a = self.0;
+        ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+    }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        Portable8(
+            self.0
+                .map(|x| if x < expc::LO { expc::LO } else { x }.exp()),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    multiversion!(exp_mv, fn(x: &[f32], out: &mut [f32]), exp_body);
+
+    #[inline(always)]
+    fn exp_body<V: Vf32>(x: &[f32], out: &mut [f32]) {
+        for (a, o) in x.chunks_exact(V::L).zip(out.chunks_exact_mut(V::L)) {
+            // SAFETY: both chunks hold L floats.
+            unsafe { V::load(a.as_ptr()).exp().store(o.as_mut_ptr()) };
+        }
+    }
+
+    /// The vector exp against f64 over its whole range (every ISA via `CSA2_ISA` in CI), plus the
+    /// edges: 0 → 1 exactly, NaN stays NaN, the clamp below −87.3.
+    #[test]
+    fn exp_is_within_two_ulp() {
+        let n = 1 << 16;
+        let mut x: Vec<f32> = (0..n)
+            .map(|i| expc::LO + (expc::HI - expc::LO) * i as f32 / (n - 1) as f32)
+            .collect();
+        x.extend([
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            1e-8,
+            -1e-8,
+            f32::NAN,
+            -1000.0,
+            -1e30,
+            0.5,
+            -0.5,
+        ]);
+        x.resize(x.len().next_multiple_of(16), 0.0);
+        let mut out = vec![0f32; x.len()];
+        exp_mv(&x, &mut out);
+        for (&a, &e) in x.iter().zip(&out) {
+            if a.is_nan() {
+                assert!(e.is_nan());
+                continue;
+            }
+            let want = (a.max(expc::LO) as f64).exp();
+            let ulp = (want as f32).abs() * f32::EPSILON;
+            assert!(
+                ((e as f64) - want).abs() <= 2.0 * ulp as f64,
+                "exp({a}) = {e}, want {want}"
+            );
+        }
+        assert_eq!(out[n], 1.0);
     }
 }

@@ -1,6 +1,7 @@
 //! `csa2 bench ops`: times the CPU fast paths on the benchmark shapes of the ops issue and prints
-//! `µs | GFLOP/s | GB/s` beside an in-run baseline (a read pass, the machine's FMA peak). The torch
-//! CPU baseline is `benches/torch_ops.py`, run in the same session; docs/PERF.md records both.
+//! `median µs [min–max] | GFLOP/s | GB/s` beside an in-run baseline (a read pass, the machine's
+//! FMA peak). The torch CPU baseline is `benches/torch_ops.py`, run in the same session
+//! (`benches/ops_side_by_side.sh` interleaves the two); docs/PERF.md records both.
 
 use csa2::formats::{encode_rows, RecordFormat};
 use csa2::ops::attention::{self, AttentionInputs, AttentionParams, KvRows, HEADS};
@@ -23,27 +24,46 @@ pub struct Args {
     /// Compression ratio of the prefill chunk.
     #[arg(long, default_value_t = 2)]
     prefill_ratio: usize,
-    /// Repetitions per figure (the best is reported).
+    /// Repetitions of the prefill-indexer figure (after one warm-up).
+    #[arg(long, default_value_t = 2)]
+    prefill_reps: usize,
+    /// Repetitions per figure (the median is reported, with the min–max spread).
     #[arg(long, default_value_t = 5)]
     reps: usize,
 }
 
-/// Best wall time of `reps` runs, in seconds.
-fn best<F: FnMut()>(reps: usize, mut f: F) -> f64 {
+/// Wall times of `reps` runs after one warm-up, in seconds.
+#[derive(Clone, Copy)]
+struct Stats {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+fn time<F: FnMut()>(reps: usize, mut f: F) -> Stats {
     f();
-    (0..reps.max(1))
+    let mut ts: Vec<f64> = (0..reps.max(1))
         .map(|_| {
             let t = Instant::now();
             f();
             t.elapsed().as_secs_f64()
         })
-        .fold(f64::INFINITY, f64::min)
+        .collect();
+    ts.sort_by(f64::total_cmp);
+    Stats {
+        median: ts[ts.len() / 2],
+        min: ts[0],
+        max: ts[ts.len() - 1],
+    }
 }
 
-fn line(name: &str, secs: f64, flops: f64, bytes: f64, note: &str) {
+fn line(name: &str, st: Stats, flops: f64, bytes: f64, note: &str) {
+    let secs = st.median;
     println!(
-        "{name:<44} {:>10.1} µs | {:>8.2} GFLOP/s | {:>7.2} GB/s  {note}",
+        "{name:<44} {:>10.1} µs [{:.1}–{:.1}] | {:>8.2} GFLOP/s | {:>7.2} GB/s  {note}",
         secs * 1e6,
+        st.min * 1e6,
+        st.max * 1e6,
         flops / secs / 1e9,
         bytes / secs / 1e9
     );
@@ -66,7 +86,7 @@ pub fn run(a: Args) -> Result<()> {
 
     // Read-pass baseline: sum of 1M f32 (one thread), the unit of the top-k goal.
     let logits = rand_normal(&mut rng, 1 << 20, 1.0);
-    let read = best(a.reps * 4, || {
+    let read = time(a.reps * 4, || {
         let mut acc = [0f32; 16];
         for c in logits.chunks_exact(16) {
             for l in 0..16 {
@@ -83,7 +103,7 @@ pub fn run(a: Args) -> Result<()> {
         "baseline",
     );
     let mut sel = vec![0i32; 512];
-    let tk = best(a.reps * 4, || {
+    let tk = time(a.reps * 4, || {
         topk::select(&logits, logits.len(), &mut sel);
     });
     line(
@@ -91,7 +111,7 @@ pub fn run(a: Args) -> Result<()> {
         tk,
         0.0,
         4.0 * 1048576.0,
-        &format!("= {:.2}× the read pass", tk / read),
+        &format!("= {:.2}× the read pass (medians)", tk.median / read.median),
     );
 
     // Decode indexer: one query, 32 heads × 128, over `keys` MXFP4 entries.
@@ -110,7 +130,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     let p1 = IndexerParams::new(1);
     let mut out = vec![0f32; n];
-    let t_idx = best(a.reps, || {
+    let t_idx = time(a.reps, || {
         indexer::logits(&p1, &qs, IndexKeys::Mxfp4(&km), &mut out).expect("valid")
     });
     let macs = 32.0 * 128.0 * n as f64;
@@ -121,11 +141,28 @@ pub fn run(a: Args) -> Result<()> {
         68.0 * n as f64,
         &format!(
             "{:.1} GMAC/s = {:.0}% of the {threads}-thread FMA peak",
-            macs / t_idx / 1e9,
-            100.0 * 2.0 * macs / t_idx / 1e9 / (peak1 * threads as f64)
+            macs / t_idx.median / 1e9,
+            100.0 * 2.0 * macs / t_idx.median / 1e9 / (peak1 * threads as f64)
         ),
     );
-    let t_full = best(a.reps, || {
+    // The same sweep over f32 keys: the like-for-like figure for torch on pre-decoded keys.
+    let kf: Vec<f32> = {
+        let mut v = vec![0f32; n * 128];
+        csa2::formats::decode_rows(RecordFormat::Mxfp4Index, &km, &mut v)?;
+        v
+    };
+    let t_f32 = time(a.reps, || {
+        indexer::logits(&p1, &qs, IndexKeys::F32(&kf), &mut out).expect("valid")
+    });
+    line(
+        &format!("decode indexer, {n} f32 keys"),
+        t_f32,
+        2.0 * macs,
+        512.0 * n as f64,
+        &format!("{:.1} GMAC/s", macs / t_f32.median / 1e9),
+    );
+    drop(kf);
+    let t_full = time(a.reps, || {
         indexer::logits(&p1, &qs, IndexKeys::Mxfp4(&km), &mut out).expect("valid");
         topk::select(&out, n, &mut sel);
     });
@@ -141,7 +178,7 @@ pub fn run(a: Args) -> Result<()> {
     let cp = CandidateParams::default();
     let mut blocks = vec![0i32; cp.num_blocks];
     candidates::select_blocks(&cp, &out, n, &mut blocks);
-    let t_cand = best(a.reps, || {
+    let t_cand = time(a.reps, || {
         candidates::select_blocks(&cp, &out, n, &mut blocks);
     });
     line(
@@ -165,7 +202,7 @@ pub fn run(a: Args) -> Result<()> {
         let ids = &pools[0];
         let mut vals = vec![0f32; ids.len()];
         let keys = IndexKeys::Mxfp4(&km[..nn * 68]);
-        let t = best(a.reps, || {
+        let t = time(a.reps, || {
             use rayon::prelude::*;
             vals.par_chunks_mut(4096)
                 .zip(ids.par_chunks(4096))
@@ -206,7 +243,7 @@ pub fn run(a: Args) -> Result<()> {
     let ap = AttentionParams::default();
     let mut o = vec![0f32; HEADS * 512];
     let mut l = vec![0f32; HEADS];
-    let t_att = best(a.reps * 4, || {
+    let t_att = time(a.reps * 4, || {
         attention::attention(
             &ap,
             &inp,
@@ -243,7 +280,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     let pp = IndexerParams::new(m);
     let mut outp = vec![0f32; t * ne];
-    let t_pre = best(a.reps.min(2), || {
+    let t_pre = time(a.prefill_reps, || {
         indexer::logits(&pp, &qs, IndexKeys::Mxfp4(&kpm), &mut outp).expect("valid")
     });
     let vis_sum: f64 = posp.iter().map(|&p| indexer::visible(p, m) as f64).sum();
@@ -255,7 +292,7 @@ pub fn run(a: Args) -> Result<()> {
         4.0 * (t * ne) as f64,
         &format!(
             "{:.1} GMAC/s (causal: visible MACs only)",
-            macs / t_pre / 1e9
+            macs / t_pre.median / 1e9
         ),
     );
     Ok(())

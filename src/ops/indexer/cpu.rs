@@ -1,48 +1,63 @@
 //! Indexer fast path.
 //!
-//! Keys are decoded a tile of `L` entries at a time into a transposed f32 tile `[128][L]` (L = 8
-//! lanes of AVX2), so that one vector holds the same dim of L keys. For a block of 8 heads the
-//! kernel then keeps 8 accumulators of L lanes (`acc[h] += q[h][d] · tile[d]`), and the ReLU and the
-//! head weights are applied lane-wise: no horizontal sums. A decoded tile is reused by every query
-//! of a query block (prefill); decode (one query) splits the keys across threads instead.
+//! The index Q of a token is stored transposed, `qt[d][h]` (heads padded to [`HPAD`] with zero
+//! weight), so that one vector holds the same dim of L heads. Keys are decoded [`KB`] at a time
+//! into plain f32 rows with the SIMD row codec (bit-identical to the reference decode), and the
+//! kernel broadcasts `k[d]` against the head vectors: [`NK`] keys × 2 head vectors = 12 independent
+//! FMA chains, no transposition of the keys and one horizontal sum per key. ReLU and the head
+//! weights are applied lane-wise before that sum. A decoded batch is reused by every query of a
+//! query block (prefill); decode (one query) splits the keys across threads instead.
+//!
+//! Every query quantisation (`none`, `mxfp4`, `fp8`) runs this f32 path on the exact
+//! (de)quantised values: the results agree with the f64 reference within the tolerance table.
 
 use super::{IndexKeys, IndexerParams, IndexerQueries, INDEX_DIM};
-use crate::formats::scalar::{e2m1_decode, e8m0_decode};
-use crate::formats::MXFP4_INDEX_BYTES;
-use crate::ops::simd::{multiversion, Vf32};
+use crate::formats::{fast, RecordFormat, MXFP4_INDEX_BYTES};
+use crate::ops::simd::{codec_isa, multiversion, Vf32};
 use rayon::prelude::*;
 
-/// Heads scored together (accumulators per lane group).
-const HB: usize = 8;
-/// Queries sharing one decoded tile in prefill.
+/// Heads are padded to a multiple of this: two 16-lane vectors (or four 8-lane ones).
+const HPAD: usize = 32;
+/// Queries sharing one decoded key batch in prefill.
 const QB: usize = 8;
+/// Keys decoded per batch (15 KiB of f32 rows: stays in L1 beside one query's 16 KiB `qt`).
+const KB: usize = 30;
+/// Keys scored together by the kernel: 6 keys × 2 head vectors = 12 accumulators, enough to
+/// cover the FMA latency of two ports, and 15 registers in all (fits AVX2's 16).
+const NK: usize = 6;
 /// Keys per task when one query's keys are split across threads.
 const KEYS_PER_TASK: usize = 8192;
 
-/// Queries after fake quantisation, heads padded to a multiple of [`HB`] with zero weight.
+/// Queries after fake quantisation, transposed and padded.
 pub struct Prepared {
-    q: Vec<[f32; INDEX_DIM]>,
+    /// (tokens, 128, hp): `qt[(t · 128 + d) · hp + h]`.
+    qt: Vec<f32>,
+    /// (tokens, hp).
     w: Vec<f32>,
     hp: usize,
     vis: Vec<usize>,
 }
 
 impl Prepared {
-    /// Copies, fake-quantises and pads the queries; `vis` = visible entries per token.
+    /// Copies, fake-quantises, transposes and pads the queries; `vis` = visible entries per token.
     pub fn new(p: &IndexerParams, qs: &IndexerQueries, vis: Vec<usize>) -> Prepared {
         let t = vis.len();
-        let hp = p.heads.div_ceil(HB) * HB;
-        let mut q = vec![[0f32; INDEX_DIM]; t * hp];
+        let hp = p.heads.div_ceil(HPAD) * HPAD;
+        let mut qt = vec![0f32; t * INDEX_DIM * hp];
         let mut w = vec![0f32; t * hp];
+        let mut row = [0f32; INDEX_DIM];
         for ti in 0..t {
+            let dst = &mut qt[ti * INDEX_DIM * hp..][..INDEX_DIM * hp];
             for h in 0..p.heads {
-                let row = &mut q[ti * hp + h];
                 row.copy_from_slice(&qs.q[(ti * p.heads + h) * INDEX_DIM..][..INDEX_DIM]);
-                p.query_quant.apply(row);
+                p.query_quant.apply(&mut row);
+                for (d, &v) in row.iter().enumerate() {
+                    dst[d * hp + h] = v;
+                }
                 w[ti * hp + h] = qs.w[ti * p.heads + h];
             }
         }
-        Prepared { q, w, hp, vis }
+        Prepared { qt, w, hp, vis }
     }
     fn tokens(&self) -> usize {
         self.vis.len()
@@ -123,135 +138,117 @@ pub fn pooled(pr: &Prepared, keys: IndexKeys, pools: &[Vec<u32>], out: &mut [f32
 /// Scores entries `ids` (ascending) for queries `t0 .. t0 + outs.len()`; `outs[i][k]` receives the
 /// logit of `ids[k]` for query `t0 + i` (−∞ when `ids[k]` is not visible to it).
 pub fn score_ids(pr: &Prepared, t0: usize, keys: &IndexKeys, ids: &[u32], outs: &mut [&mut [f32]]) {
-    score_ids_mv(&pr.q, &pr.w, pr.hp, &pr.vis, t0, keys, ids, outs)
-}
-
-multiversion!(
-    score_ids_mv,
-    fn(
-        q: &[[f32; INDEX_DIM]],
-        w: &[f32],
-        hp: usize,
-        vis: &[usize],
-        t0: usize,
-        keys: &IndexKeys<'_>,
-        ids: &[u32],
-        outs: &mut [&mut [f32]],
-    ),
-    score_ids_body
-);
-
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn score_ids_body<V: Vf32>(
-    q: &[[f32; INDEX_DIM]],
-    w: &[f32],
-    hp: usize,
-    vis: &[usize],
-    t0: usize,
-    keys: &IndexKeys<'_>,
-    ids: &[u32],
-    outs: &mut [&mut [f32]],
-) {
-    // Transposed tile: dim d of key l at `tile[d · L + l]` (L = V::L ≤ 16).
-    let mut tile = [0f32; INDEX_DIM * 16];
-    let mut lg = [0f32; 16];
-    for (ci, chunk) in ids.chunks(V::L).enumerate() {
-        decode_tile(V::L, keys, chunk, &mut tile);
-        let off = ci * V::L;
+    let isa = codec_isa();
+    let mut kbuf = [[0f32; INDEX_DIM]; KB];
+    for (ci, chunk) in ids.chunks(KB).enumerate() {
+        let off = ci * KB;
+        let first = chunk[0] as usize;
+        if (0..outs.len()).all(|qi| first >= pr.vis[t0 + qi]) {
+            for out in outs.iter_mut() {
+                out[off..off + chunk.len()].fill(f32::NEG_INFINITY);
+            }
+            continue;
+        }
+        let kb = key_rows(isa, keys, chunk, &mut kbuf);
         for (qi, out) in outs.iter_mut().enumerate() {
             let t = t0 + qi;
             let dst = &mut out[off..off + chunk.len()];
-            if chunk[0] as usize >= vis[t] {
+            if first >= pr.vis[t] {
                 dst.fill(f32::NEG_INFINITY);
                 continue;
             }
-            tile_logits::<V>(
-                &q[t * hp..(t + 1) * hp],
-                &w[t * hp..(t + 1) * hp],
-                &tile,
-                &mut lg,
-            );
-            for (k, (d, &j)) in dst.iter_mut().zip(chunk).enumerate() {
-                *d = if (j as usize) < vis[t] {
-                    lg[k]
-                } else {
-                    f32::NEG_INFINITY
-                };
-            }
-        }
-    }
-}
-
-/// `Σ_h w[h] · ReLU(q[h] · key_l)` for the V::L keys of `tile` into `out[..V::L]`.
-#[inline(always)]
-#[allow(clippy::needless_range_loop)] // d indexes both the tile rows and every head's q
-fn tile_logits<V: Vf32>(
-    q: &[[f32; INDEX_DIM]],
-    w: &[f32],
-    tile: &[f32; INDEX_DIM * 16],
-    out: &mut [f32; 16],
-) {
-    let zero = V::splat(0.0);
-    let mut logit = zero;
-    for (qb, wb) in q.chunks_exact(HB).zip(w.chunks_exact(HB)) {
-        let qb: &[[f32; INDEX_DIM]; HB] = qb.try_into().expect("HB rows");
-        let mut acc = [zero; HB];
-        for d in 0..INDEX_DIM {
-            // SAFETY: d·L + L ≤ 128·16 = tile.len() since L ≤ 16.
-            let kv = unsafe { V::load(tile.as_ptr().add(d * V::L)) };
-            for h in 0..HB {
-                acc[h] = V::fmadd(V::splat(qb[h][d]), kv, acc[h]);
-            }
-        }
-        for h in 0..HB {
-            logit = V::fmadd(V::splat(wb[h]), V::max(acc[h], zero), logit);
-        }
-    }
-    // SAFETY: `out` holds 16 ≥ L floats.
-    unsafe { logit.store(out.as_mut_ptr()) };
-}
-
-/// Decodes entries `ids` into the transposed tile of `l` lanes (missing lanes zero).
-#[inline(always)]
-fn decode_tile(lanes: usize, keys: &IndexKeys<'_>, ids: &[u32], tile: &mut [f32; INDEX_DIM * 16]) {
-    if ids.len() < lanes {
-        tile.fill(0.0);
-    }
-    match keys {
-        IndexKeys::F32(k) => {
-            for (l, &j) in ids.iter().enumerate() {
-                let row = &k[j as usize * INDEX_DIM..][..INDEX_DIM];
-                for d in 0..INDEX_DIM {
-                    tile[d * lanes + l] = row[d];
+            let qt = &pr.qt[t * INDEX_DIM * pr.hp..][..INDEX_DIM * pr.hp];
+            let w = &pr.w[t * pr.hp..][..pr.hp];
+            logits_mv(qt, w, pr.hp, kb, dst);
+            for (d, &j) in dst.iter_mut().zip(chunk) {
+                if j as usize >= pr.vis[t] {
+                    *d = f32::NEG_INFINITY;
                 }
             }
+        }
+    }
+}
+
+/// Entries `ids` as f32 rows (the exact reference values): f32 keys with consecutive ids are used
+/// in place, anything else is decoded / copied into `buf`.
+fn key_rows<'a>(
+    isa: fast::Isa,
+    keys: &IndexKeys<'a>,
+    ids: &[u32],
+    buf: &'a mut [[f32; INDEX_DIM]; KB],
+) -> &'a [[f32; INDEX_DIM]] {
+    let (first, last) = (ids[0] as usize, ids[ids.len() - 1] as usize);
+    match keys {
+        IndexKeys::F32(k) if last - first + 1 == ids.len() => {
+            k[first * INDEX_DIM..(last + 1) * INDEX_DIM]
+                .as_chunks::<INDEX_DIM>()
+                .0
+        }
+        IndexKeys::F32(k) => {
+            for (o, &j) in buf.iter_mut().zip(ids) {
+                o.copy_from_slice(&k[j as usize * INDEX_DIM..][..INDEX_DIM]);
+            }
+            &buf[..ids.len()]
         }
         IndexKeys::Mxfp4(k) => {
-            for (l, &j) in ids.iter().enumerate() {
-                let rec: &[u8; MXFP4_INDEX_BYTES] = k[j as usize * MXFP4_INDEX_BYTES..]
-                    [..MXFP4_INDEX_BYTES]
-                    .try_into()
-                    .unwrap();
-                for b in 0..4 {
-                    let lut = scaled_lut(e8m0_decode(rec[64 + b]));
-                    for i in 0..16 {
-                        let byte = rec[b * 16 + i];
-                        tile[(b * 32 + 2 * i) * lanes + l] = lut[(byte & 15) as usize];
-                        tile[(b * 32 + 2 * i + 1) * lanes + l] = lut[(byte >> 4) as usize];
-                    }
-                }
+            for (o, &j) in buf.iter_mut().zip(ids) {
+                let rec = &k[j as usize * MXFP4_INDEX_BYTES..][..MXFP4_INDEX_BYTES];
+                let (d, s) = rec.split_at(64);
+                fast::decode_row(isa, RecordFormat::Mxfp4Index, d, s, o);
             }
+            &buf[..ids.len()]
         }
     }
 }
 
-/// The 16 E2M1 code values times `s`.
+multiversion!(
+    logits_mv,
+    fn(qt: &[f32], w: &[f32], hp: usize, keys: &[[f32; INDEX_DIM]], out: &mut [f32]),
+    logits_body
+);
+
+/// `out[k] = Σ_h w[h] · ReLU(Σ_d qt[d][h] · keys[k][d])` for every row of `keys`.
 #[inline(always)]
-fn scaled_lut(s: f32) -> [f32; 16] {
-    let mut t = [0f32; 16];
-    for (c, v) in t.iter_mut().enumerate() {
-        *v = e2m1_decode(c as u8) * s;
+#[allow(clippy::needless_range_loop)] // d indexes both qt and every key row of the block
+fn logits_body<V: Vf32>(
+    qt: &[f32],
+    w: &[f32],
+    hp: usize,
+    keys: &[[f32; INDEX_DIM]],
+    out: &mut [f32],
+) {
+    assert!(qt.len() == INDEX_DIM * hp && w.len() == hp && hp.is_multiple_of(HPAD));
+    assert!(out.len() == keys.len());
+    let l = V::L;
+    let zero = V::splat(0.0);
+    for (kk, dst) in keys.chunks(NK).zip(out.chunks_mut(NK)) {
+        // A short last group repeats its last key; the extra results are not stored.
+        let kr: [&[f32; INDEX_DIM]; NK] = std::array::from_fn(|i| &kk[i.min(kk.len() - 1)]);
+        let mut lv = [zero; NK];
+        for h0 in (0..hp).step_by(2 * l) {
+            let mut acc = [[zero; 2]; NK];
+            for d in 0..INDEX_DIM {
+                // SAFETY: h0 + 2L ≤ hp (hp is a multiple of 32 ≥ 2L), so d·hp + h0 + 2L ≤ qt.len().
+                let (q0, q1) = unsafe {
+                    let p = qt.as_ptr().add(d * hp + h0);
+                    (V::load(p), V::load(p.add(l)))
+                };
+                for i in 0..NK {
+                    let b = V::splat(kr[i][d]);
+                    acc[i][0] = V::fmadd(q0, b, acc[i][0]);
+                    acc[i][1] = V::fmadd(q1, b, acc[i][1]);
+                }
+            }
+            // SAFETY: h0 + 2L ≤ hp = w.len().
+            let (w0, w1) =
+                unsafe { (V::load(w.as_ptr().add(h0)), V::load(w.as_ptr().add(h0 + l))) };
+            for i in 0..NK {
+                lv[i] = V::fmadd(w0, V::max(acc[i][0], zero), lv[i]);
+                lv[i] = V::fmadd(w1, V::max(acc[i][1], zero), lv[i]);
+            }
+        }
+        for (o, v) in dst.iter_mut().zip(lv) {
+            *o = v.hsum();
+        }
     }
-    t
 }

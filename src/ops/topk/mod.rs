@@ -8,8 +8,8 @@
 //!   logits (vLLM fills `0..compress_len` directly; the set is the same).
 //!
 //! Scored selections come out sorted by (logit desc, index asc). The fast path
-//! ([`cpu::select_scored`]) estimates a threshold from a sample and keeps only entries above it in
-//! one read pass, falling back to an exact pass when the estimate was too high.
+//! ([`cpu::select_scored`]) is one streaming pass against a running threshold with a bounded
+//! candidate buffer (see its module docs).
 
 pub mod cpu;
 pub mod reference;
