@@ -101,6 +101,9 @@ pub struct StepPlan {
     pub cut_layer: usize,
     /// Whether any row was trimmed.
     pub trimmed: bool,
+    /// Exact replay (SPEC §3, the `L × window` staircase): per layer, the rows it runs and the index
+    /// into `all` of each. Empty for every other plan (the layers run `all` or `kept`).
+    pub stair: Vec<(RowSet, Vec<usize>)>,
 }
 
 impl StepPlan {
@@ -208,11 +211,95 @@ impl StepPlan {
             kept_idx,
             cut_layer,
             trimmed,
+            stair: vec![],
         })
+    }
+
+    /// Plans a step of the exact replay staircase (SPEC §3 "the exact alternative";
+    /// `replay::ReplayMode::Exact`): request `i` runs layer `l` on its rows at positions
+    /// `≥ starts[i][l]`, whose window starts at `max(p − (window − 1), starts[i][l], replay_start)`.
+    /// Every layer's compressor sees exactly the rows of its layer and no decoder rows are trimmed,
+    /// so with `starts` from `replay::plan` every kept row sees the state a cold run would hold.
+    ///
+    /// `starts[i]` has one entry per layer, non-decreasing (a row must have run every layer below
+    /// the ones it runs). A start at or past a request's last row leaves that layer without rows of
+    /// the request in this step (a chunk before the layer's first row).
+    ///
+    /// Errors: those of [`StepPlan::new`]; [`Error::Invalid`] when `starts` does not give one
+    /// non-decreasing list of `num_layers` starts per request.
+    pub fn staircase(g: &Geometry, seqs: &[SeqStep], starts: &[Vec<usize>]) -> Result<StepPlan> {
+        let mut plan = StepPlan::new(g, seqs, false)?;
+        if starts.len() != seqs.len() {
+            return Err(Error::invalid(
+                "staircase starts",
+                format!(
+                    "one list per request: {} requests, found {}",
+                    seqs.len(),
+                    starts.len()
+                ),
+            ));
+        }
+        for (s, st) in seqs.iter().zip(starts) {
+            if st.len() != g.num_layers || st.windows(2).any(|w| w[1] < w[0]) {
+                return Err(Error::invalid(
+                    format!("request {} staircase", s.req),
+                    format!(
+                        "expected {} non-decreasing layer starts, found {st:?}",
+                        g.num_layers
+                    ),
+                ));
+            }
+        }
+        plan.stair = (0..g.num_layers)
+            .map(|l| {
+                let mut set = RowSet::default();
+                let mut idx = vec![];
+                for i in 0..plan.all.len() {
+                    let si = plan.all.seq[i];
+                    let start = starts[si][l];
+                    let p = plan.all.pos[i] as usize;
+                    if p >= start {
+                        set.push(si, p, plan.all.floor[i].max(start));
+                        idx.push(i);
+                    }
+                }
+                (set, idx)
+            })
+            .collect();
+        Ok(plan)
+    }
+
+    /// For each row of `dst`'s row set, its index in `src`'s row set (`src ≤ dst`, a layer's rows
+    /// are a subset of every earlier layer's); `None` when both layers run the same rows.
+    pub fn select_between(&self, src: usize, dst: usize) -> Option<Vec<usize>> {
+        if self.stair.is_empty() {
+            let (ks, kd) = (src >= self.cut_layer, dst >= self.cut_layer);
+            return (ks != kd && self.trimmed && !ks).then(|| self.kept_idx.clone());
+        }
+        let (a, b) = (&self.stair[src].1, &self.stair[dst].1);
+        if a == b {
+            return None;
+        }
+        let mut at = vec![usize::MAX; self.all.len()];
+        for (j, &i) in a.iter().enumerate() {
+            at[i] = j;
+        }
+        Some(b.iter().map(|&i| at[i]).collect())
+    }
+
+    /// Rows the last layer runs: the rows of the step's final hidden state.
+    pub fn output_rows(&self) -> &RowSet {
+        match self.stair.last() {
+            Some((set, _)) => set,
+            None => &self.kept,
+        }
     }
 
     /// Rows a layer's attention work runs on.
     pub fn rows_for(&self, layer: usize) -> &RowSet {
+        if let Some((set, _)) = self.stair.get(layer) {
+            return set;
+        }
         if layer >= self.cut_layer {
             &self.kept
         } else {
