@@ -73,14 +73,29 @@ fn exact_replay_matches_a_cold_run_at_hits_around_the_window() {
         assert_eq!(exact.hit, if hit > 128 { hit } else { 0 }, "H = {hit}");
         assert_eq!(bounded.replayed_tokens, if hit > 128 { 128 } else { 0 });
         let e = worst(exact);
-        println!("H = {hit}: exact vs cold worst row error {e:.3e}, bounded {:.3e}", worst(bounded));
-        assert!(e <= FLOOR, "H = {hit}: exact replay differs from cold by {e:.3e}");
+        println!(
+            "H = {hit}: exact vs cold worst row error {e:.3e}, bounded {:.3e}",
+            worst(bounded)
+        );
+        assert!(
+            e <= FLOOR,
+            "H = {hit}: exact replay differs from cold by {e:.3e}"
+        );
         for st in &exact.persistence {
-            assert!(st.rel <= FLOOR, "H = {hit} decode step {}: {}", st.step, st.rel);
+            assert!(
+                st.rel <= FLOOR,
+                "H = {hit} decode step {}: {}",
+                st.step,
+                st.rel
+            );
         }
         // Bounded replay is not exact: decoder replay trims the 168-row prompt, and from H = 129
         // the encoder replay truncates windows.
-        assert!(worst(bounded) > FLOOR, "H = {hit}: bounded {}", worst(bounded));
+        assert!(
+            worst(bounded) > FLOOR,
+            "H = {hit}: bounded {}",
+            worst(bounded)
+        );
         assert_rows_follow_the_plan(exact, Variant::Exact);
     }
 }
@@ -104,7 +119,11 @@ fn bounded_replay_differs_exactly_where_the_spec_says() {
     // Miss: encoder replay of [H − 128, H) with windows floored at H − 128.
     let hit = 256;
     let s = spec(hit, 150, SnapshotPolicy::Miss, 2);
-    let r = run(&s, Variant::Exact, &[Variant::EncoderOnly, Variant::Bounded]);
+    let r = run(
+        &s,
+        Variant::Exact,
+        &[Variant::EncoderOnly, Variant::Bounded],
+    );
     for vr in &r.variants {
         let t = &vr.turns[1];
         assert_rows_follow_the_plan(t, vr.variant);
@@ -132,7 +151,11 @@ fn bounded_replay_differs_exactly_where_the_spec_says() {
     // replay; decoder windows are never persisted, so decoder layers differ with or without
     // decoder bounded replay.
     let s = spec(hit, 150, SnapshotPolicy::Hit, 2);
-    let r = run(&s, Variant::Exact, &[Variant::EncoderOnly, Variant::Bounded]);
+    let r = run(
+        &s,
+        Variant::Exact,
+        &[Variant::EncoderOnly, Variant::Bounded],
+    );
     for vr in &r.variants {
         let t = &vr.turns[1];
         assert!(t.snapshot_hit);
@@ -142,10 +165,21 @@ fn bounded_replay_differs_exactly_where_the_spec_says() {
             let e = t.layers[l].streams.max_rel();
             assert!(e <= FLOOR, "{:?} encoder layer {l}: {e:.3e}", vr.variant);
         }
-        let enc = (0..20).map(|l| t.layers[l].streams.max_rel()).fold(0.0, f64::max);
-        let dec = (20..40).map(|l| t.layers[l].streams.max_rel()).fold(0.0, f64::max);
-        println!("hit, {:?}: encoder {enc:.3e}, decoder {dec:.3e}, output {:.3e}", vr.variant, t.output.prompt.max_rel);
-        assert!(dec > 2.0 * enc, "{:?}: decoder {dec:.3e} vs encoder {enc:.3e}", vr.variant);
+        let enc = (0..20)
+            .map(|l| t.layers[l].streams.max_rel())
+            .fold(0.0, f64::max);
+        let dec = (20..40)
+            .map(|l| t.layers[l].streams.max_rel())
+            .fold(0.0, f64::max);
+        println!(
+            "hit, {:?}: encoder {enc:.3e}, decoder {dec:.3e}, output {:.3e}",
+            vr.variant, t.output.prompt.max_rel
+        );
+        assert!(
+            dec > 2.0 * enc,
+            "{:?}: decoder {dec:.3e} vs encoder {enc:.3e}",
+            vr.variant
+        );
         assert!(t.output.prompt.max_rel > enc, "{:?}", vr.variant);
         assert!(t.output.prompt.max_rel > FLOOR, "{:?}", vr.variant);
     }
@@ -196,7 +230,10 @@ fn settling_needs_every_later_step_below_the_floor() {
             })
             .collect()
     };
-    assert_eq!(settles_at(&st(&[1.0, 1e-9, 1.0, 1e-9, 1e-9]), 1e-3), Some(3));
+    assert_eq!(
+        settles_at(&st(&[1.0, 1e-9, 1.0, 1e-9, 1e-9]), 1e-3),
+        Some(3)
+    );
     assert_eq!(settles_at(&st(&[1.0, 1e-9, 1.0]), 1e-3), None);
     assert_eq!(settles_at(&st(&[]), 1e-3), None);
 }
@@ -205,7 +242,14 @@ fn settling_needs_every_later_step_below_the_floor() {
 fn bad_sessions_are_typed_errors() {
     let mut s = spec(140, 30, SnapshotPolicy::Miss, 2);
     s.turns = 0;
-    let e = analyze(&backend(), &s, Variant::Exact, &[Variant::Bounded], &mut |_| {}).unwrap_err();
+    let e = analyze(
+        &backend(),
+        &s,
+        Variant::Exact,
+        &[Variant::Bounded],
+        &mut |_| {},
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("turns"), "{e}");
     assert!(Variant::from_name("nope").is_err());
     assert!(SnapshotPolicy::from_name("sometimes").is_err());

@@ -357,19 +357,20 @@ struct Runner {
     req: ReqId,
 }
 
+/// One layer's reference rows: position → (input `u`, streams).
+type LayerRows = HashMap<usize, (Vec<f32>, Vec<f32>)>;
+
 /// Rows of the reference: per layer, position → (input, streams); final output by position.
 #[derive(Default)]
 struct Capture {
-    layers: Vec<HashMap<usize, (Vec<f32>, Vec<f32>)>>,
+    layers: Vec<LayerRows>,
     output: HashMap<usize, Vec<f32>>,
 }
 
 impl Runner {
     fn new(base: &Backend, variant: Variant) -> Runner {
         let mut backend = base.clone();
-        backend.cfg = backend
-            .cfg
-            .with_decoder_replay(variant == Variant::Bounded);
+        backend.cfg = backend.cfg.with_decoder_replay(variant == Variant::Bounded);
         let cache = ContiguousCache::new(backend.geometry(), backend.cfg.formats);
         Runner {
             variant,
@@ -382,7 +383,11 @@ impl Runner {
 
     fn plan(&self, prompt: usize, hit: usize, snapshot: bool) -> Result<ReplayPlan> {
         let cfg = ReplayConfig::from_geometry(self.backend.geometry(), self.variant.mode());
-        let hit = if self.variant == Variant::Cold { 0 } else { hit };
+        let hit = if self.variant == Variant::Cold {
+            0
+        } else {
+            hit
+        };
         replay_plan(&cfg, prompt, hit, snapshot && self.saved.is_some())
     }
 
@@ -464,13 +469,8 @@ impl Runner {
             cached_until: q,
         };
         let mut tm = Timings::default();
-        self.backend.step_observed(
-            &[s],
-            &[token_at(seed, q)],
-            &mut self.cache,
-            &mut tm,
-            obs,
-        )
+        self.backend
+            .step_observed(&[s], &[token_at(seed, q)], &mut self.cache, &mut tm, obs)
     }
 
     /// End of a turn: snapshot encoder windows and carries, drop every live SWA window.
@@ -510,23 +510,17 @@ fn output_rows(o: &StepOutput) -> impl Iterator<Item = (usize, &[f32])> {
         .map(move |(i, &p)| (p as usize, &o.hidden[i * d..(i + 1) * d]))
 }
 
-fn view_rows<'a>(
-    v: &'a LayerView<'a>,
-) -> impl Iterator<Item = (usize, &'a [f32], &'a [f32])> + 'a {
+fn view_rows<'a>(v: &'a LayerView<'a>) -> impl Iterator<Item = (usize, &'a [f32], &'a [f32])> + 'a {
     let n = v.rows.len().max(1);
     let (d, s) = (v.input.len() / n, v.streams.len() / n);
     debug_assert_eq!(s, d * HC);
-    v.rows
-        .pos
-        .iter()
-        .enumerate()
-        .map(move |(i, &p)| {
-            (
-                p as usize,
-                &v.input[i * d..(i + 1) * d],
-                &v.streams[i * s..(i + 1) * s],
-            )
-        })
+    v.rows.pos.iter().enumerate().map(move |(i, &p)| {
+        (
+            p as usize,
+            &v.input[i * d..(i + 1) * d],
+            &v.streams[i * s..(i + 1) * s],
+        )
+    })
 }
 
 /// Compares one run's layer views and outputs to the capture, accumulating into `t`.
@@ -573,9 +567,7 @@ impl Comparer<'_> {
             };
             match row_error(h, rh) {
                 Ok((r, c)) => {
-                    t.output
-                        .class(class_of(p, self.hit, self.prompt))
-                        .add(r, c);
+                    t.output.class(class_of(p, self.hit, self.prompt)).add(r, c);
                     last = Some((r, c));
                 }
                 Err(e) => {
