@@ -144,7 +144,20 @@ fn print_report(r: &Report) {
     println!();
     println!(
         "{:<13} {:>4} {:>6} {:>5} {:>5} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9}",
-        "variant", "turn", "prompt", "hit", "snap", "replay", "layers/x", "replayed", "prompt", "out max", "out mean", "out cos", "decode[0]", "settles"
+        "variant",
+        "turn",
+        "prompt",
+        "hit",
+        "snap",
+        "replay",
+        "layers/x",
+        "replayed",
+        "prompt",
+        "out max",
+        "out mean",
+        "out cos",
+        "decode[0]",
+        "settles"
     );
     for v in &r.variants {
         for t in &v.turns {
@@ -193,7 +206,18 @@ fn print_report(r: &Report) {
     );
     println!(
         "{:>5} {:<8} {:>6} {:>9} {:>9} {:>6} {:>9} {:>9} {:>10} {:>6} {:>9} {:>9}",
-        "layer", "role", "rep n", "rep max", "rep mean", "new n", "new max", "new mean", "new cos", "dec n", "dec max", "dec mean"
+        "layer",
+        "role",
+        "rep n",
+        "rep max",
+        "rep mean",
+        "new n",
+        "new max",
+        "new mean",
+        "new cos",
+        "dec n",
+        "dec max",
+        "dec mean"
     );
     for l in &t.layers {
         let s = &l.streams;
