@@ -389,6 +389,59 @@ mod tests {
     }
 
     #[test]
+    fn staircase_rows_follow_the_replay_planner() {
+        use crate::replay::{plan, ReplayConfig, ReplayMode};
+        let g = Geometry::embedded();
+        // A hit of 5,300 tokens (past the 40 × 128 staircase), 300 new tokens, in two chunks.
+        let (h, i) = (5300usize, 5600usize);
+        let rp = plan(
+            &ReplayConfig::from_geometry(&g, ReplayMode::Exact),
+            i,
+            h,
+            false,
+        )
+        .unwrap();
+        let starts: Vec<usize> = rp.layers.iter().map(|l| l.rows.start).collect();
+        assert_eq!(starts[0], h - 40 * 128);
+        assert_eq!(starts[39], h - 128);
+        let mut ran = vec![0usize; g.num_layers];
+        for (first, len) in [(starts[0], 2000), (starts[0] + 2000, i - starts[0] - 2000)] {
+            let mut s = prefill(1, first, len, i);
+            s.replay_start = starts[0];
+            let p = StepPlan::staircase(&g, &[s], std::slice::from_ref(&starts)).unwrap();
+            assert!(!p.trimmed);
+            for l in 0..g.num_layers {
+                let r = p.rows_for(l);
+                ran[l] += r.len();
+                if let Some(&p0) = r.pos.first() {
+                    assert!(p0 as usize >= starts[l]);
+                    assert!(r.floor.iter().all(|&f| f == starts[l]), "layer {l}");
+                }
+                if l > 0 {
+                    // Each layer's rows are a subset of the previous layer's, mapped by position.
+                    if let Some(idx) = p.select_between(l - 1, l) {
+                        let prev = p.rows_for(l - 1);
+                        for (k, &j) in idx.iter().enumerate() {
+                            assert_eq!(prev.pos[j], r.pos[k]);
+                        }
+                    }
+                }
+            }
+            assert_eq!(p.output_rows(), p.rows_for(39));
+        }
+        for l in 0..g.num_layers {
+            assert_eq!(ran[l], rp.layers[l].rows.len(), "layer {l}");
+        }
+        // Starts must be one non-decreasing list per request and layer.
+        let s = prefill(1, 0, 10, 10);
+        let mut bad = starts.clone();
+        bad[5] = bad[4] - 1;
+        assert!(StepPlan::staircase(&g, &[s], &[bad]).is_err());
+        assert!(StepPlan::staircase(&g, &[s], &[starts[..39].to_vec()]).is_err());
+        assert!(StepPlan::staircase(&g, &[s], &[]).is_err());
+    }
+
+    #[test]
     fn bad_steps_are_errors() {
         let g = Geometry::embedded();
         let mut d = prefill(1, 0, 2, 2);
