@@ -429,8 +429,8 @@ mod tests {
             }
             assert_eq!(p.output_rows(), p.rows_for(39));
         }
-        for l in 0..g.num_layers {
-            assert_eq!(ran[l], rp.layers[l].rows.len(), "layer {l}");
+        for (l, (n, run)) in ran.iter().zip(&rp.layers).enumerate() {
+            assert_eq!(*n, run.rows.len(), "layer {l}");
         }
         // Starts must be one non-decreasing list per request and layer.
         let s = prefill(1, 0, 10, 10);
