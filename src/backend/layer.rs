@@ -40,11 +40,12 @@ use std::collections::HashMap;
 /// the candidate pool of the candidate source, for the rows they were computed on.
 #[derive(Debug, Default)]
 pub struct StepBuffers {
-    /// index-source layer → (computed on kept rows?, top-k `[rows, k]`).
-    pub topk: HashMap<usize, (bool, Vec<i32>)>,
-    /// The candidate pool `[rows, num_blocks]` (block ids, −1 padded) and whether it was computed on
-    /// kept rows; `None` while no row has more visible entries than the pool holds (no-op, SPEC §2).
-    pub pool: Option<(bool, Vec<i32>)>,
+    /// index-source layer → (the layer whose rows it was computed on, top-k `[rows, k]`).
+    pub topk: HashMap<usize, (usize, Vec<i32>)>,
+    /// The candidate pool `[rows, num_blocks]` (block ids, −1 padded) and the layer whose rows it
+    /// was computed on; `None` while no row has more visible entries than the pool holds (no-op,
+    /// SPEC §2).
+    pub pool: Option<(usize, Vec<i32>)>,
     /// Main KV of (request, KV source, entries) decoded once per step for prefill spans, shared by
     /// the Reuse layers of that source (a prefill row set reads most entries many times over).
     pub decoded_main: HashMap<(u64, usize, usize), std::sync::Arc<Vec<f32>>>,
@@ -54,19 +55,20 @@ impl StepBuffers {
     fn rows_of(
         &self,
         data: &[i32],
-        kept_src: bool,
-        kept_dst: bool,
+        src: usize,
+        dst: usize,
         width: usize,
         plan: &StepPlan,
     ) -> Vec<i32> {
-        if kept_src == kept_dst || !plan.trimmed {
-            return data.to_vec();
+        // Published on more rows than the reader runs (after the decoder cut, or a step higher on
+        // the exact-replay staircase): select the reader's rows.
+        match plan.select_between(src, dst) {
+            None => data.to_vec(),
+            Some(idx) => idx
+                .iter()
+                .flat_map(|&i| data[i * width..(i + 1) * width].iter().copied())
+                .collect(),
         }
-        // Published on all rows, read on kept rows: select the kept ones.
-        plan.kept_idx
-            .iter()
-            .flat_map(|&i| data[i * width..(i + 1) * width].iter().copied())
-            .collect()
     }
 }
 
@@ -103,7 +105,6 @@ pub fn attention_sublayer(
     let lp: &LayerPlan = &g.layers[l];
     let role = lp.role;
     let rows = plan.rows_for(l);
-    let kept = l >= plan.cut_layer;
     let r = rows.len();
     let d = g.hidden_size;
     let (h, hd) = (g.num_heads, g.head_dim);
@@ -202,20 +203,20 @@ pub fn attention_sublayer(
     let topk: Vec<i32> = match role {
         Role::SwaOnly => vec![],
         Role::Full | Role::Reindex => {
-            let sel = index_and_select(g, cfg, w, plan, l, rows, u, &qr, cache, bufs, kept, tm)?;
-            bufs.topk.insert(l, (kept, sel.clone()));
+            let sel = index_and_select(g, cfg, w, plan, l, rows, u, &qr, cache, bufs, tm)?;
+            bufs.topk.insert(l, (l, sel.clone()));
             sel
         }
         Role::Reuse => {
             let src = lp
                 .index_source
                 .ok_or_else(|| Error::Internal(format!("reuse layer {l} has no index source")))?;
-            let (src_kept, t) = bufs.topk.get(&src).ok_or_else(|| {
+            let (src_rows, t) = bufs.topk.get(&src).ok_or_else(|| {
                 Error::Internal(format!(
                     "layer {l} reads the top-k of layer {src}, which has not run in this step"
                 ))
             })?;
-            bufs.rows_of(t, *src_kept, kept, k, plan)
+            bufs.rows_of(t, *src_rows, l, k, plan)
         }
     };
 
@@ -467,7 +468,6 @@ fn index_and_select(
     qr: &[f32],
     cache: &dyn KvCache,
     bufs: &mut StepBuffers,
-    kept: bool,
     tm: &mut Timings,
 ) -> Result<Vec<i32>> {
     let lp = &g.layers[l];
@@ -523,7 +523,7 @@ fn index_and_select(
     let pool = if reads_pool {
         bufs.pool
             .as_ref()
-            .map(|(pk, p)| bufs.rows_of(p, *pk, kept, cp.num_blocks, plan))
+            .map(|(pl, p)| bufs.rows_of(p, *pl, l, cp.num_blocks, plan))
     } else {
         None
     };
@@ -608,7 +608,7 @@ fn index_and_select(
         tm.time(role, Op::Topk, || select_rows(&lg, n, &vis, out_sel))?;
     }
     if writes_pool {
-        bufs.pool = new_pool.map(|p| (kept, p));
+        bufs.pool = new_pool.map(|p| (l, p));
     }
     Ok(sel)
 }

@@ -8,6 +8,7 @@
 //! - [`layer`]: one attention sublayer in its role (Full / Reindex / Reuse / SWA-only);
 //! - [`stack`]: the layers with mHC at both sites, embedding and FFN placeholders;
 //! - [`launch_day`]: the configuration vLLM first shipped (SPEC §5);
+//! - [`replay_error`]: exact vs bounded replay, measured per layer and per turn;
 //! - [`gemm`]: the dense projections; [`timing`]: per-role, per-op wall time.
 
 pub mod cache;
@@ -15,6 +16,7 @@ pub mod gemm;
 pub mod launch_day;
 pub mod layer;
 pub mod plan;
+pub mod replay_error;
 pub mod stack;
 pub mod timing;
 

@@ -101,6 +101,9 @@ pub struct StepPlan {
     pub cut_layer: usize,
     /// Whether any row was trimmed.
     pub trimmed: bool,
+    /// Exact replay (SPEC §3, the `L × window` staircase): per layer, the rows it runs and the index
+    /// into `all` of each. Empty for every other plan (the layers run `all` or `kept`).
+    pub stair: Vec<(RowSet, Vec<usize>)>,
 }
 
 impl StepPlan {
@@ -208,11 +211,95 @@ impl StepPlan {
             kept_idx,
             cut_layer,
             trimmed,
+            stair: vec![],
         })
+    }
+
+    /// Plans a step of the exact replay staircase (SPEC §3 "the exact alternative";
+    /// `replay::ReplayMode::Exact`): request `i` runs layer `l` on its rows at positions
+    /// `≥ starts[i][l]`, whose window starts at `max(p − (window − 1), starts[i][l], replay_start)`.
+    /// Every layer's compressor sees exactly the rows of its layer and no decoder rows are trimmed,
+    /// so with `starts` from `replay::plan` every kept row sees the state a cold run would hold.
+    ///
+    /// `starts[i]` has one entry per layer, non-decreasing (a row must have run every layer below
+    /// the ones it runs). A start at or past a request's last row leaves that layer without rows of
+    /// the request in this step (a chunk before the layer's first row).
+    ///
+    /// Errors: those of [`StepPlan::new`]; [`Error::Invalid`] when `starts` does not give one
+    /// non-decreasing list of `num_layers` starts per request.
+    pub fn staircase(g: &Geometry, seqs: &[SeqStep], starts: &[Vec<usize>]) -> Result<StepPlan> {
+        let mut plan = StepPlan::new(g, seqs, false)?;
+        if starts.len() != seqs.len() {
+            return Err(Error::invalid(
+                "staircase starts",
+                format!(
+                    "one list per request: {} requests, found {}",
+                    seqs.len(),
+                    starts.len()
+                ),
+            ));
+        }
+        for (s, st) in seqs.iter().zip(starts) {
+            if st.len() != g.num_layers || st.windows(2).any(|w| w[1] < w[0]) {
+                return Err(Error::invalid(
+                    format!("request {} staircase", s.req),
+                    format!(
+                        "expected {} non-decreasing layer starts, found {st:?}",
+                        g.num_layers
+                    ),
+                ));
+            }
+        }
+        plan.stair = (0..g.num_layers)
+            .map(|l| {
+                let mut set = RowSet::default();
+                let mut idx = vec![];
+                for i in 0..plan.all.len() {
+                    let si = plan.all.seq[i];
+                    let start = starts[si][l];
+                    let p = plan.all.pos[i] as usize;
+                    if p >= start {
+                        set.push(si, p, plan.all.floor[i].max(start));
+                        idx.push(i);
+                    }
+                }
+                (set, idx)
+            })
+            .collect();
+        Ok(plan)
+    }
+
+    /// For each row of `dst`'s row set, its index in `src`'s row set (`src ≤ dst`, a layer's rows
+    /// are a subset of every earlier layer's); `None` when both layers run the same rows.
+    pub fn select_between(&self, src: usize, dst: usize) -> Option<Vec<usize>> {
+        if self.stair.is_empty() {
+            let (ks, kd) = (src >= self.cut_layer, dst >= self.cut_layer);
+            return (ks != kd && self.trimmed && !ks).then(|| self.kept_idx.clone());
+        }
+        let (a, b) = (&self.stair[src].1, &self.stair[dst].1);
+        if a == b {
+            return None;
+        }
+        let mut at = vec![usize::MAX; self.all.len()];
+        for (j, &i) in a.iter().enumerate() {
+            at[i] = j;
+        }
+        Some(b.iter().map(|&i| at[i]).collect())
+    }
+
+    /// Rows the last layer runs: the rows of the step's final hidden state.
+    pub fn output_rows(&self) -> &RowSet {
+        match self.stair.last() {
+            Some((set, _)) => set,
+            None => &self.kept,
+        }
     }
 
     /// Rows a layer's attention work runs on.
     pub fn rows_for(&self, layer: usize) -> &RowSet {
+        if let Some((set, _)) = self.stair.get(layer) {
+            return set;
+        }
         if layer >= self.cut_layer {
             &self.kept
         } else {
@@ -299,6 +386,59 @@ mod tests {
         assert_eq!(c.all.floor[0], 872);
         assert_eq!(c.kept.pos[0], 1044);
         assert_eq!(c.kept.floor[0], 1044);
+    }
+
+    #[test]
+    fn staircase_rows_follow_the_replay_planner() {
+        use crate::replay::{plan, ReplayConfig, ReplayMode};
+        let g = Geometry::embedded();
+        // A hit of 5,300 tokens (past the 40 × 128 staircase), 300 new tokens, in two chunks.
+        let (h, i) = (5300usize, 5600usize);
+        let rp = plan(
+            &ReplayConfig::from_geometry(&g, ReplayMode::Exact),
+            i,
+            h,
+            false,
+        )
+        .unwrap();
+        let starts: Vec<usize> = rp.layers.iter().map(|l| l.rows.start).collect();
+        assert_eq!(starts[0], h - 40 * 128);
+        assert_eq!(starts[39], h - 128);
+        let mut ran = vec![0usize; g.num_layers];
+        for (first, len) in [(starts[0], 2000), (starts[0] + 2000, i - starts[0] - 2000)] {
+            let mut s = prefill(1, first, len, i);
+            s.replay_start = starts[0];
+            let p = StepPlan::staircase(&g, &[s], std::slice::from_ref(&starts)).unwrap();
+            assert!(!p.trimmed);
+            for l in 0..g.num_layers {
+                let r = p.rows_for(l);
+                ran[l] += r.len();
+                if let Some(&p0) = r.pos.first() {
+                    assert!(p0 as usize >= starts[l]);
+                    assert!(r.floor.iter().all(|&f| f == starts[l]), "layer {l}");
+                }
+                if l > 0 {
+                    // Each layer's rows are a subset of the previous layer's, mapped by position.
+                    if let Some(idx) = p.select_between(l - 1, l) {
+                        let prev = p.rows_for(l - 1);
+                        for (k, &j) in idx.iter().enumerate() {
+                            assert_eq!(prev.pos[j], r.pos[k]);
+                        }
+                    }
+                }
+            }
+            assert_eq!(p.output_rows(), p.rows_for(39));
+        }
+        for (l, (n, run)) in ran.iter().zip(&rp.layers).enumerate() {
+            assert_eq!(*n, run.rows.len(), "layer {l}");
+        }
+        // Starts must be one non-decreasing list per request and layer.
+        let s = prefill(1, 0, 10, 10);
+        let mut bad = starts.clone();
+        bad[5] = bad[4] - 1;
+        assert!(StepPlan::staircase(&g, &[s], &[bad]).is_err());
+        assert!(StepPlan::staircase(&g, &[s], &[starts[..39].to_vec()]).is_err());
+        assert!(StepPlan::staircase(&g, &[s], &[]).is_err());
     }
 
     #[test]

@@ -13,7 +13,7 @@
 
 use super::cache::KvCache;
 use super::layer::{attention_sublayer, StepBuffers};
-use super::plan::{SeqStep, StepPlan};
+use super::plan::{RowSet, SeqStep, StepPlan};
 use super::timing::{Op, Timings};
 use super::BackendConfig;
 use crate::error::{Error, Result};
@@ -169,13 +169,30 @@ pub fn embed(token: u32, seed: u64, d: usize, out: &mut [f32]) {
 /// What a step returns.
 #[derive(Debug, Clone)]
 pub struct StepOutput {
-    /// The step's row plan (the output rows are `plan.kept`).
+    /// The step's row plan (the output rows are `plan.output_rows()`).
     pub plan: StepPlan,
     /// Final hidden state `[kept rows, d]`.
     pub hidden: Vec<f32>,
     /// When traced: each layer's attention input `[rows of that layer, d]` (layer order).
     pub layer_inputs: Vec<Vec<f32>>,
 }
+
+/// What a step shows its observer once layer `layer` is done (both mHC sites applied).
+#[derive(Debug, Clone, Copy)]
+pub struct LayerView<'a> {
+    /// Layer index.
+    pub layer: usize,
+    /// The rows the layer ran (positions, requests).
+    pub rows: &'a RowSet,
+    /// The attention input `u` (collapsed, `attn_norm`ed) `[rows, d]`.
+    pub input: &'a [f32],
+    /// The hyper-connection streams after the layer `[rows, 4, d]` (the FFN placeholder's update
+    /// included).
+    pub streams: &'a [f32],
+}
+
+/// A per-layer observer of a step (the replay error analyzer's probe).
+pub type LayerObserver<'o> = dyn FnMut(LayerView<'_>) + 'o;
 
 /// A backend: a model, a configuration (CSA2 or launch day) and its mHC parameters.
 #[derive(Debug, Clone)]
@@ -225,8 +242,54 @@ impl Backend {
         tm: &mut Timings,
         trace: bool,
     ) -> Result<StepOutput> {
+        let plan = StepPlan::new(&self.model.geometry, seqs, self.cfg.decoder_replay)?;
+        self.run_plan(plan, tokens, cache, tm, trace, None)
+    }
+
+    /// Runs one step of the exact replay staircase (SPEC §3, [`StepPlan::staircase`]): request `i`
+    /// runs layer `l` on its rows at positions `≥ starts[i][l]`; no decoder rows are trimmed
+    /// whatever the configuration says.
+    ///
+    /// Errors: as [`Backend::step`] and [`StepPlan::staircase`].
+    pub fn step_exact(
+        &self,
+        seqs: &[SeqStep],
+        starts: &[Vec<usize>],
+        tokens: &[u32],
+        cache: &mut dyn KvCache,
+        tm: &mut Timings,
+        observe: Option<&mut LayerObserver<'_>>,
+    ) -> Result<StepOutput> {
+        let plan = StepPlan::staircase(&self.model.geometry, seqs, starts)?;
+        self.run_plan(plan, tokens, cache, tm, false, observe)
+    }
+
+    /// [`Backend::step`] with an observer called after every layer.
+    pub fn step_observed(
+        &self,
+        seqs: &[SeqStep],
+        tokens: &[u32],
+        cache: &mut dyn KvCache,
+        tm: &mut Timings,
+        observe: &mut LayerObserver<'_>,
+    ) -> Result<StepOutput> {
+        let plan = StepPlan::new(&self.model.geometry, seqs, self.cfg.decoder_replay)?;
+        self.run_plan(plan, tokens, cache, tm, false, Some(observe))
+    }
+
+    /// Runs a planned step (see [`Backend::step`]); `observe` sees every layer's rows, input and
+    /// output streams.
+    pub fn run_plan(
+        &self,
+        plan: StepPlan,
+        tokens: &[u32],
+        cache: &mut dyn KvCache,
+        tm: &mut Timings,
+        trace: bool,
+        mut observe: Option<&mut LayerObserver<'_>>,
+    ) -> Result<StepOutput> {
         let g = &self.model.geometry;
-        let plan = StepPlan::new(g, seqs, self.cfg.decoder_replay)?;
+        let seqs = &plan.seqs[..];
         let t = plan.total_rows();
         if tokens.len() != t {
             return Err(Error::shape(
@@ -235,7 +298,7 @@ impl Backend {
                 tokens.len(),
             ));
         }
-        for s in seqs {
+        for s in seqs.iter() {
             if !cache.contains(s.req) {
                 cache.open(s.req)?;
             }
@@ -256,6 +319,8 @@ impl Backend {
         let mut bufs = StepBuffers::default();
         let mut layer_inputs = vec![];
         let mut rows = t;
+        // The previous layer's input, kept for the observer until its output streams exist.
+        let mut prev_u: Option<Vec<f32>> = None;
         for l in 0..g.num_layers {
             let w = &self.model.layers[l];
             let role = g.layers[l].role;
@@ -279,6 +344,14 @@ impl Backend {
             })?;
             let co = b.coeffs.expect("next given");
             let (mut xs, mut u, mut co) = (b.x_new, b.layer_in, co);
+            if let (Some(obs), Some(pu)) = (observe.as_mut(), prev_u.take()) {
+                obs(LayerView {
+                    layer: l - 1,
+                    rows: plan.rows_for(l - 1),
+                    input: &pu,
+                    streams: &xs,
+                });
+            }
             let mut u_all = None;
             if l == plan.cut_layer && plan.trimmed {
                 let k = &plan.kept_idx;
@@ -289,6 +362,21 @@ impl Backend {
                 let uk = select_rows(&u, d, k);
                 u_all = Some(std::mem::replace(&mut u, uk));
                 rows = k.len();
+            } else if let Some(k) = plan
+                .stair
+                .get(l)
+                .and(plan.select_between(l.saturating_sub(1), l))
+            {
+                // One step up the exact-replay staircase: drop the rows this layer does not run.
+                xs = select_rows(&xs, HC * d, &k);
+                co.pre = select_rows(&co.pre, HC, &k);
+                co.post = select_rows(&co.post, HC, &k);
+                co.comb = select_rows(&co.comb, HC * HC, &k);
+                u = select_rows(&u, d, &k);
+                rows = k.len();
+            }
+            if observe.is_some() {
+                prev_u = Some(u.clone());
             }
             if trace {
                 layer_inputs.push(u.clone());
@@ -351,6 +439,14 @@ impl Backend {
                 self.cfg.mhc,
             )
         })?;
+        if let (Some(obs), Some(pu)) = (observe.as_mut(), prev_u.take()) {
+            obs(LayerView {
+                layer: g.num_layers - 1,
+                rows: plan.rows_for(g.num_layers - 1),
+                input: &pu,
+                streams: &b.x_new,
+            });
+        }
         Ok(StepOutput {
             plan,
             hidden: b.layer_in,

@@ -13,6 +13,7 @@ mod codec;
 mod geometry;
 mod make_checkpoint;
 mod op;
+mod replay_error;
 mod run;
 mod ssd_writer;
 mod trace;
@@ -43,6 +44,8 @@ enum Cmd {
     MakeCheckpoint(make_checkpoint::Args),
     /// Run a multi-turn agentic session through the 40-layer stack (prefix hits, snapshots, replay).
     Run(run::Args),
+    /// Exact vs bounded replay on the same session: per layer and per turn error, and persistence.
+    ReplayError(replay_error::Args),
     /// A/B: the CSA2 backend vs the launch-day backend on identical inputs (bytes, decode, prefill).
     Ab(ab::Args),
     /// Run one CSA2 op on .npy inputs (fast path or --reference); formats in docs/OPS.md.
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Cmd::SsdWriter(a) => ssd_writer::run(a),
         Cmd::MakeCheckpoint(a) => make_checkpoint::run(a),
         Cmd::Run(a) => run::run(a),
+        Cmd::ReplayError(a) => replay_error::run(a),
         Cmd::Ab(a) => ab::run(a),
         Cmd::Op(a) => op::run(a),
         Cmd::Check(a) => check::run(a),
