@@ -150,6 +150,10 @@ pub struct StepOutput {
     pub hidden: Vec<f32>,
     /// When traced: each layer's attention input `[rows of that layer, d]` (layer order).
     pub layer_inputs: Vec<Vec<f32>>,
+    /// When traced: each layer's attention sublayer output `[rows of that layer, d]` (layer order).
+    pub layer_outputs: Vec<Vec<f32>>,
+    /// When traced: the top-k `[rows, index_topk]` of every Full and Reindex layer, by layer.
+    pub topk: Vec<(usize, Vec<i32>)>,
 }
 
 /// A backend: a model, a configuration (CSA2 or launch day) and its mHC parameters.
@@ -230,6 +234,7 @@ impl Backend {
         let mut pending: Option<(Vec<f32>, Vec<f32>, Vec<f32>)> = None;
         let mut bufs = StepBuffers::default();
         let mut layer_inputs = vec![];
+        let mut layer_outputs = vec![];
         let mut rows = t;
         for l in 0..g.num_layers {
             let w = &self.model.layers[l];
@@ -281,6 +286,9 @@ impl Backend {
                 tm,
             )
             .map_err(|e| annotate(e, l))?;
+            if trace {
+                layer_outputs.push(y.clone());
+            }
             x = xs;
             pre = co.pre;
             // ---- FFN site
@@ -326,10 +334,18 @@ impl Backend {
                 self.cfg.mhc,
             )
         })?;
+        let mut topk: Vec<(usize, Vec<i32>)> = if trace {
+            bufs.topk.into_iter().map(|(l, (_, t))| (l, t)).collect()
+        } else {
+            vec![]
+        };
+        topk.sort_unstable_by_key(|t| t.0);
         Ok(StepOutput {
             plan,
             hidden: b.layer_in,
             layer_inputs,
+            layer_outputs,
+            topk,
         })
     }
 }
