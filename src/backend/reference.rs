@@ -347,8 +347,7 @@ fn index_select(
                 cx.entry(src, Region::Index, j, bs, key);
                 let mut s = 0f64;
                 for (hh, qh) in qi.chunks_exact(INDEX_DIM).enumerate() {
-                    let d: f64 = qh.iter().zip(key.iter()).map(|(&a, &c)| a * c as f64).sum();
-                    s += wts[hh] * d.max(0.0);
+                    s += wts[hh] * dot64(key, qh).max(0.0);
                 }
                 s as f32
             },

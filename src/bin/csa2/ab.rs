@@ -26,22 +26,32 @@ pub struct Args {
     #[arg(long, num_args = 1..=2, default_values_t = vec!["bundled".to_string()])]
     workload: Vec<String>,
     /// Context lengths for the decode rows (K = 1024, M = 1024²).
-    #[arg(long, default_value = "4K,32K,128K,1M")]
+    /// The default covers the short end, the length where the candidate pool starts to bound
+    /// Reindex scoring (128K), and 1M where the designs differ most; add 32K etc. at will.
+    #[arg(long, default_value = "4K,128K,1M")]
     contexts: String,
-    /// Timed decode steps per context and backend (after one warm-up step).
+    /// Timed decode steps per context and backend (at least 1).
     #[arg(long, default_value_t = 1)]
     decode_steps: usize,
+    /// Untimed decode steps before the timed ones. The default times the first step: at real
+    /// dimensions a step streams GBs of weights and touches the whole synthesized cache, so a
+    /// warm-up mostly doubles the run (at 1M the launch-day step alone takes tens of seconds).
+    #[arg(long, default_value_t = 0)]
+    warmup: usize,
     /// Contexts (a subset of --contexts) where each backend's first decode step is compared with
     /// the f64 reference step (`all`, `none` or lengths). The reference reads every visible index
     /// key in f64 three times (end-to-end, and once on each backend's layer inputs), which costs
-    /// seconds per 100K entries on 2 cores: by default only contexts up to 128K.
-    #[arg(long, default_value = "128K")]
+    /// seconds per 100K entries on 2 cores, on top of three f64 passes over the weights: by
+    /// default only the shortest context (4K); `--accuracy-max 128K` adds the pooled regime.
+    #[arg(long, default_value = "4K")]
     accuracy_max: String,
     /// Model scale: `full` (real dimensions; layers of one role share synthetic weights to fit in
     /// memory) or `tiny`.
     #[arg(long, default_value = "full")]
     scale: String,
-    /// Largest prompt used for the prefill rows (the workload's prompt is clipped to it).
+    /// Largest prompt used for the prefill rows (the workload's prompt is clipped to it). Default:
+    /// 32 at full scale (a prefill is ~1.7 TFLOP per 192 rows on 2 cores; decoder replay trims
+    /// nothing below the 128-token window, so pass 256 or more to see its saving), 1024 tiny.
     #[arg(long)]
     prefill_max: Option<usize>,
     /// Worker threads (0 = all cores).
@@ -250,10 +260,16 @@ fn accuracy(model: &Model, ctx: usize, d: &Decoded, e2e: &RefStep) -> Result<Acc
     })
 }
 
-fn decode_run(b: &Backend, ctx: usize, steps: usize, trace: bool) -> Result<Decoded> {
+fn decode_run(
+    b: &Backend,
+    ctx: usize,
+    warmup: usize,
+    steps: usize,
+    trace: bool,
+) -> Result<Decoded> {
     let mut cache = ContiguousCache::new(b.geometry(), b.cfg.formats);
     synthesize(b, &mut cache, ctx)?;
-    decode_on(b, &mut cache, ctx, steps, trace)
+    decode_on(b, &mut cache, ctx, warmup, steps, trace)
 }
 
 /// Decode steps on a cache already holding `ctx` tokens of request 1.
@@ -261,6 +277,7 @@ fn decode_on(
     b: &Backend,
     cache: &mut ContiguousCache,
     ctx: usize,
+    warmup: usize,
     steps: usize,
     trace: bool,
 ) -> Result<Decoded> {
@@ -268,7 +285,8 @@ fn decode_on(
     let mut total = Timings::default();
     let mut secs = 0.0;
     let mut hidden = vec![];
-    for i in 0..=steps {
+    let n_steps = warmup + steps.max(1);
+    for i in 0..n_steps {
         let s = SeqStep {
             req: 1,
             first_pos: ctx + i,
@@ -285,17 +303,18 @@ fn decode_on(
             // The first step's output: both backends (and the reference) see identical inputs.
             hidden = out.hidden.clone();
             first = Some(out);
-            continue; // warm-up
         }
-        secs += dt;
-        total.merge(&tm);
+        if i >= warmup {
+            secs += dt;
+            total.merge(&tm);
+        }
     }
     let u = cache.usage();
     let n = steps.max(1) as f64;
     Ok(Decoded {
         step_secs: secs / n,
         timings: total.scaled(1.0 / n),
-        global_bytes_per_token: u.global_bytes() as f64 / (ctx + steps + 1) as f64,
+        global_bytes_per_token: u.global_bytes() as f64 / (ctx + n_steps) as f64,
         swa_bytes_per_request: u.swa_bytes,
         hidden,
         trace: first.filter(|_| trace),
@@ -385,7 +404,7 @@ fn run_in_pool(a: Args) -> Result<()> {
         }
     };
     let prefill_max = a.prefill_max.unwrap_or(match scale {
-        Scale::Full => 192,
+        Scale::Full => 32,
         Scale::Tiny => 1024,
     });
     // The workload's median prompt, clipped to what this machine prefills in seconds.
@@ -418,7 +437,7 @@ fn run_in_pool(a: Args) -> Result<()> {
         let mut pair = vec![];
         for b in &backends {
             bar.set_message(format!("decode at {ctx} tokens: {}", b.cfg.name));
-            pair.push(decode_run(b, ctx, a.decode_steps, traced)?);
+            pair.push(decode_run(b, ctx, a.warmup, a.decode_steps, traced)?);
             bar.inc(1);
         }
         if traced {
@@ -479,8 +498,8 @@ fn run_in_pool(a: Args) -> Result<()> {
     );
     println!(
         "Long contexts are synthesized directly into each backend's cache (its own record formats), \
-         not prefilled; decode steps then run the whole stack. {} timed step(s) after 1 warm-up.",
-        a.decode_steps
+         not prefilled; decode steps then run the whole stack. {} timed step(s) after {} warm-up.",
+        a.decode_steps, a.warmup
     );
     println!();
     println!("KV bytes, measured from each backend's allocator");
@@ -576,8 +595,7 @@ fn run_in_pool(a: Args) -> Result<()> {
         "{:>9} {:>10} | {:>9} {:>8}",
         "context", "backend", "hid cos", "hid rel"
     );
-    for r in ROLES {
-        let n = &r.as_str()[..r.as_str().len().min(7)];
+    for n in ["full", "rdx", "reuse", "swa"] {
         header += &format!(" | {:>9} {:>8}", format!("{n} cos"), format!("{n} rel"));
     }
     header += &format!(" | {:>9} {:>9}", "topk full", "topk rdx");
@@ -638,6 +656,7 @@ fn run_in_pool(a: Args) -> Result<()> {
             "scale": scale.as_str(),
             "shared_weights": model.shared,
             "decode_steps": a.decode_steps,
+            "warmup_steps": a.warmup,
             "reference_seconds": reference_secs,
             "weights_seconds": weights_secs,
             "contexts": rows.iter().zip(&accs).map(|((ctx, p), acc)| json!({
@@ -824,7 +843,7 @@ fn plots(
 
 #[cfg(test)]
 mod tests {
-    use super::synth_value;
+    use super::*;
 
     /// Regression: the hash overflowed (and panicked under overflow checks) for any k ≥ 1.
     #[test]
@@ -843,5 +862,131 @@ mod tests {
         }
         let rms = (sum_sq / n as f64).sqrt();
         assert!((0.8..1.2).contains(&rms), "rms {rms}");
+    }
+
+    #[test]
+    fn agreement_and_overlap_math() {
+        let a = agreement(&[1.0, 0.5, 0.0], &[1.0, 0.0, 0.0]).unwrap();
+        assert!((a.cosine - 1.0 / 1.25f64.sqrt()).abs() < 1e-12, "{a:?}");
+        assert!((a.max_rel - 0.5).abs() < 1e-12, "{a:?}");
+        let same = agreement(&[2.0, -4.0], &[2.0, -4.0]).unwrap();
+        assert_eq!((same.cosine, same.max_rel), (1.0, 0.0));
+        // The error is relative to the largest reference magnitude, not per element.
+        let b = agreement(&[10.0, 1e-3], &[10.0, 0.0]).unwrap();
+        assert!((b.max_rel - 1e-4).abs() < 1e-9, "{b:?}");
+        let nan = agreement(&[f32::NAN, 1.0], &[1.0, 1.0]).unwrap();
+        assert!(nan.cosine.is_nan() && nan.max_rel.is_infinite());
+        assert!(agreement(&[1.0], &[1.0, 2.0]).is_err());
+        assert!((overlap(&[1, 2, 3, -1], &[2, 3, 4, -1]) - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(overlap(&[-1, -1], &[-1, -1]), 1.0);
+        assert_eq!(overlap(&[5, 5, 6], &[5, 7]), 0.5);
+    }
+
+    fn tiny() -> Arc<Model> {
+        Arc::new(Model::synthetic(Scale::Tiny, 1, false).unwrap())
+    }
+
+    /// Both backends agree with the f64 reference up to quantization error (a wrong reference —
+    /// RoPE, scale, window or selection — would not), and corrupting one main-KV record that every
+    /// layer of Full layer 2's group attends moves the figures.
+    #[test]
+    fn accuracy_column_measures_and_can_fail() {
+        let model = tiny();
+        let ctx = 1024;
+        let e2e = reference_step(&model, ctx, None).unwrap();
+        assert_eq!(e2e.hidden.len(), model.geometry.hidden_size);
+        let mut clean = vec![];
+        for cfg in [BackendConfig::CSA2, LAUNCH_DAY] {
+            let b = Backend::new(model.clone(), cfg).unwrap();
+            let d = decode_run(&b, ctx, 0, 1, true).unwrap();
+            let acc = accuracy(&model, ctx, &d, &e2e).unwrap();
+            assert!(acc.hidden.cosine > 0.99, "{}: {acc:?}", cfg.name);
+            // Quantized caches cannot be exact: a figure of exactly 1 would mean nothing was read.
+            assert!(acc.hidden.cosine < 1.0 - 1e-9, "{}: {acc:?}", cfg.name);
+            assert_eq!(acc.roles.len(), 4);
+            for r in &acc.roles {
+                assert!(r.cosine_min > 0.98, "{}: {r:?}", cfg.name);
+                if r.role == "full" || r.role == "reindex" {
+                    assert!(r.topk_overlap.is_some(), "{r:?}");
+                }
+            }
+            clean.push((b, acc));
+        }
+        // Corrupt entry 0 of layer 2 (512 entries at ratio 2 = index_topk: all are selected).
+        let (b, acc) = &clean[0];
+        let mut cache = ContiguousCache::new(b.geometry(), b.cfg.formats);
+        synthesize(b, &mut cache, ctx).unwrap();
+        cache
+            .write_entries(1, 2, Region::Main, 0, &[40.0f32; 512])
+            .unwrap();
+        let d = decode_on(b, &mut cache, ctx, 0, 1, true).unwrap();
+        let bad = accuracy(&model, ctx, &d, &e2e).unwrap();
+        let full = |a: &Accuracy| a.roles.iter().find(|r| r.role == "full").unwrap().cosine_min;
+        assert!(full(&bad) < full(acc) - 0.05, "{bad:?} vs {acc:?}");
+        assert!(bad.hidden.cosine < acc.hidden.cosine, "{bad:?} vs {acc:?}");
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: Args,
+    }
+
+    /// `csa2 ab --scale tiny` end to end, with a context above the candidate pool's capacity
+    /// (16,384 entries) so pooled Reindex scoring runs; the JSON holds every table number.
+    #[test]
+    fn tiny_run_end_to_end_json_holds_the_table() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("ab.json");
+        let cli = Cli::try_parse_from([
+            "ab",
+            "--scale",
+            "tiny",
+            "--contexts",
+            "1K,20K",
+            "--accuracy-max",
+            "all",
+            "--prefill-max",
+            "24",
+            "--threads",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+            "--plots",
+            dir.path().to_str().unwrap(),
+        ])
+        .unwrap();
+        run(cli.a).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let ctxs = v["contexts"].as_array().unwrap();
+        assert_eq!(ctxs.len(), 2);
+        for c in ctxs {
+            for b in c["backends"].as_array().unwrap() {
+                assert!(b["step_seconds"].as_f64().unwrap() > 0.0);
+                assert!(b["global_bytes_per_token"].as_f64().unwrap() > 0.0);
+                assert!(b["timings"]["by_role"]["full"]["total"].is_number());
+            }
+            for k in ["ratio_step", "ratio_bytes"] {
+                assert!(c[k].is_number(), "{k}");
+            }
+            assert_eq!(c["ratio_roles"].as_object().unwrap().len(), 4);
+            assert_eq!(c["ratio_ops"].as_object().unwrap().len(), Op::ALL.len());
+            let acc = c["accuracy"].as_array().unwrap();
+            assert_eq!(acc.len(), 2);
+            for a in acc {
+                let cos = a["hidden"]["cosine"].as_f64().unwrap();
+                assert!(cos > 0.99 && cos < 1.0, "{a}");
+                assert_eq!(a["roles"].as_array().unwrap().len(), 4);
+            }
+        }
+        // At 20K the Reindex layers score inside the pool; the overlap is reported for them.
+        let rdx = &ctxs[1]["accuracy"][0]["roles"][1];
+        assert_eq!(rdx["role"], "reindex");
+        assert!(rdx["topk_overlap"].as_f64().unwrap() > 0.5, "{rdx}");
+        assert_eq!(v["prefill"]["runs"].as_array().unwrap().len(), 3);
+        assert!(dir.path().join("kv_bytes.svg").exists());
+        assert!(dir.path().join("decode_time.svg").exists());
     }
 }
