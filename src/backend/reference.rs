@@ -83,7 +83,10 @@ fn linear64(m: &Matrix, x: &[f64]) -> Result<Vec<f64>> {
     if x.len() != m.cols || m.data.len() != m.rows * m.cols {
         return Err(Error::shape(
             "reference projection",
-            format!("an input of {} for a [{}, {}] weight", m.cols, m.rows, m.cols),
+            format!(
+                "an input of {} for a [{}, {}] weight",
+                m.cols, m.rows, m.cols
+            ),
             x.len(),
         ));
     }
@@ -360,10 +363,9 @@ fn index_select(
 }
 
 fn lp_indexer(w: &LayerWeights, l: usize) -> Result<&crate::weights::IndexerWeights> {
-    w.attn
-        .indexer
-        .as_ref()
-        .ok_or_else(|| Error::NotFound(format!("layer {l}: indexing layer without indexer weights")))
+    w.attn.indexer.as_ref().ok_or_else(|| {
+        Error::NotFound(format!("layer {l}: indexing layer without indexer weights"))
+    })
 }
 
 /// The reference decode step of `token` at position `pos` over `cache` (see the module docs).
@@ -428,7 +430,8 @@ pub fn decode_step(
             let (y, sel) = sublayer(&cx, w, l, &f[l], &mut b)?;
             out.layer_inputs.push(to_f64(&f[l]));
             out.attn_out.push(y);
-            out.topk.push(sel.filter(|_| g.layers[l].role != Role::Reuse));
+            out.topk
+                .push(sel.filter(|_| g.layers[l].role != Role::Reuse));
             continue;
         }
         let bd = mhc::reference::boundary(
@@ -450,7 +453,8 @@ pub fn decode_step(
         let yf = to_f32(&y);
         out.layer_inputs.push(bd.layer_in);
         out.attn_out.push(y);
-        out.topk.push(sel.filter(|_| g.layers[l].role != Role::Reuse));
+        out.topk
+            .push(sel.filter(|_| g.layers[l].role != Role::Reuse));
         pre = to_f32(&cpre);
         let (post, comb) = (to_f32(&cpost), to_f32(&ccomb));
         let bf = mhc::reference::boundary(

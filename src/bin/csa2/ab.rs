@@ -116,7 +116,9 @@ fn exact_entry(layer: usize, _region: Region, i: usize, row: &mut [f32]) {
 /// The exact SWA rows of positions `ctx − min(window, ctx) .. ctx` (the same rows for every layer).
 fn exact_window(window: usize, ctx: usize) -> Vec<f32> {
     let w = window.min(ctx);
-    (0..w * 512).map(|i| synth_value(99, i / 512, i % 512)).collect()
+    (0..w * 512)
+        .map(|i| synth_value(99, i / 512, i % 512))
+        .collect()
 }
 
 /// Fills `cache` for request 1 as if `ctx` tokens had been prefilled: every Full layer's entries
@@ -128,9 +130,8 @@ fn synthesize(b: &Backend, cache: &mut ContiguousCache, ctx: usize) -> Result<()
     for lp in g.layers_with(Role::Full) {
         let n = ctx / lp.ratio;
         for region in [Region::Main, Region::Index] {
-            cache.synthesize_entries(1, lp.id, region, n, |i, r| {
-                exact_entry(lp.id, region, i, r)
-            })?;
+            cache
+                .synthesize_entries(1, lp.id, region, n, |i, r| exact_entry(lp.id, region, i, r))?;
         }
         *cache.carry(1, lp.id)? = Some(CompressorState::new(ctx as u64));
     }
@@ -240,10 +241,9 @@ fn accuracy(model: &Model, ctx: usize, d: &Decoded, e2e: &RefStep) -> Result<Acc
             acc.layers += 1;
             acc.cosine_min = acc.cosine_min.min(a.cosine);
             acc.max_rel_max = acc.max_rel_max.max(a.max_rel);
-            if let (Some((_, sel)), Some(Some(r))) = (
-                tr.topk.iter().find(|t| t.0 == lp.id),
-                local.topk.get(lp.id),
-            ) {
+            if let (Some((_, sel)), Some(Some(r))) =
+                (tr.topk.iter().find(|t| t.0 == lp.id), local.topk.get(lp.id))
+            {
                 ov.push(overlap(sel, r));
             }
         }
@@ -921,7 +921,13 @@ mod tests {
             .unwrap();
         let d = decode_on(b, &mut cache, ctx, 0, 1, true).unwrap();
         let bad = accuracy(&model, ctx, &d, &e2e).unwrap();
-        let full = |a: &Accuracy| a.roles.iter().find(|r| r.role == "full").unwrap().cosine_min;
+        let full = |a: &Accuracy| {
+            a.roles
+                .iter()
+                .find(|r| r.role == "full")
+                .unwrap()
+                .cosine_min
+        };
         assert!(full(&bad) < full(acc) - 0.05, "{bad:?} vs {acc:?}");
         assert!(bad.hidden.cosine < acc.hidden.cosine, "{bad:?} vs {acc:?}");
     }
