@@ -870,7 +870,10 @@ mod tests {
         assert!((a.cosine - 1.0 / 1.25f64.sqrt()).abs() < 1e-12, "{a:?}");
         assert!((a.max_rel - 0.5).abs() < 1e-12, "{a:?}");
         let same = agreement(&[2.0, -4.0], &[2.0, -4.0]).unwrap();
-        assert_eq!((same.cosine, same.max_rel), (1.0, 0.0));
+        assert!(
+            (same.cosine - 1.0).abs() < 1e-12 && same.max_rel == 0.0,
+            "{same:?}"
+        );
         // The error is relative to the largest reference magnitude, not per element.
         let b = agreement(&[10.0, 1e-3], &[10.0, 0.0]).unwrap();
         assert!((b.max_rel - 1e-4).abs() < 1e-9, "{b:?}");
@@ -887,8 +890,8 @@ mod tests {
     }
 
     /// Both backends agree with the f64 reference up to quantization error (a wrong reference —
-    /// RoPE, scale, window or selection — would not), and corrupting one main-KV record that every
-    /// layer of Full layer 2's group attends moves the figures.
+    /// RoPE, scale, window or selection — would not), and corrupting one main-KV record that
+    /// layers 2–7 attend moves the figures (measured: hidden cosine 0.99995 → 0.14).
     #[test]
     fn accuracy_column_measures_and_can_fail() {
         let model = tiny();
@@ -923,15 +926,14 @@ mod tests {
             .unwrap();
         let d = decode_on(b, &mut cache, ctx, 0, 1, true).unwrap();
         let bad = accuracy(&model, ctx, &d, &e2e).unwrap();
-        let full = |a: &Accuracy| {
-            a.roles
-                .iter()
-                .find(|r| r.role == "full")
-                .unwrap()
-                .cosine_min
-        };
-        assert!(full(&bad) < full(acc) - 0.05, "{bad:?} vs {acc:?}");
-        assert!(bad.hidden.cosine < acc.hidden.cosine, "{bad:?} vs {acc:?}");
+        // Entry 0 is read by layer 2 and its five Reuse layers; whichever role's attention output
+        // it dominates, the worst per-role cosine and the final hidden state must both move.
+        let worst = |a: &Accuracy| a.roles.iter().map(|r| r.cosine_min).fold(1.0, f64::min);
+        assert!(worst(&bad) < worst(acc) - 0.05, "{bad:?} vs {acc:?}");
+        assert!(
+            bad.hidden.cosine < acc.hidden.cosine - 0.05,
+            "{bad:?} vs {acc:?}"
+        );
     }
 
     #[derive(clap::Parser)]
