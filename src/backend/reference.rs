@@ -34,15 +34,21 @@ use crate::weights::{LayerWeights, Matrix};
 use rayon::prelude::*;
 use std::collections::HashMap;
 
+/// `(layer, region, entry, out row)`: writes the exact values of one entry.
+pub type EntryFn<'a> = dyn Fn(usize, Region, usize, &mut [f32]) + Sync + 'a;
+
+/// `layer → (n, 512)` exact SWA rows before the step.
+pub type WindowFn<'a> = dyn Fn(usize) -> Vec<f32> + Sync + 'a;
+
 /// Exact contents of one request's cache before the step.
 pub struct ExactCache<'a> {
     /// Exact value row of entry `i` of KV-source layer `layer` in `region` (512 values for
     /// [`Region::Main`], 128 for [`Region::Index`]); called for `i < pos / ratio` only.
-    pub entry: &'a (dyn Fn(usize, Region, usize, &mut [f32]) + Sync),
+    pub entry: &'a EntryFn<'a>,
     /// Exact SWA rows of `layer` for the positions just before the step, oldest first,
     /// `(n, 512)` f32 (RoPE applied, as stored); `n ≥ min(pos, window − 1)`, extra older rows are
     /// ignored.
-    pub window: &'a (dyn Fn(usize) -> Vec<f32> + Sync),
+    pub window: &'a WindowFn<'a>,
 }
 
 /// What the reference step produces (f64).
