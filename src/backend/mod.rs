@@ -9,13 +9,15 @@
 //! - [`stack`]: the layers with mHC at both sites, embedding and FFN placeholders;
 //! - [`launch_day`]: the configuration vLLM first shipped (SPEC §5);
 //! - [`replay_error`]: exact vs bounded replay, measured per layer and per turn;
-//! - [`gemm`]: the dense projections; [`timing`]: per-role, per-op wall time.
+//! - [`gemm`]: the dense projections; [`timing`]: per-role, per-op wall time;
+//! - [`reference`]: the f64 reference of a decode step (what `csa2 ab` measures accuracy against).
 
 pub mod cache;
 pub mod gemm;
 pub mod launch_day;
 pub mod layer;
 pub mod plan;
+pub mod reference;
 pub mod replay_error;
 pub mod stack;
 pub mod timing;

@@ -175,6 +175,10 @@ pub struct StepOutput {
     pub hidden: Vec<f32>,
     /// When traced: each layer's attention input `[rows of that layer, d]` (layer order).
     pub layer_inputs: Vec<Vec<f32>>,
+    /// When traced: each layer's attention sublayer output `[rows of that layer, d]` (layer order).
+    pub layer_outputs: Vec<Vec<f32>>,
+    /// When traced: the top-k `[rows, index_topk]` of every Full and Reindex layer, by layer.
+    pub topk: Vec<(usize, Vec<i32>)>,
 }
 
 /// What a step shows its observer once layer `layer` is done (both mHC sites applied).
@@ -318,6 +322,7 @@ impl Backend {
         let mut pending: Option<(Vec<f32>, Vec<f32>, Vec<f32>)> = None;
         let mut bufs = StepBuffers::default();
         let mut layer_inputs = vec![];
+        let mut layer_outputs = vec![];
         let mut rows = t;
         // The previous layer's input, kept for the observer until its output streams exist.
         let mut prev_u: Option<Vec<f32>> = None;
@@ -394,6 +399,9 @@ impl Backend {
                 tm,
             )
             .map_err(|e| annotate(e, l))?;
+            if trace {
+                layer_outputs.push(y.clone());
+            }
             x = xs;
             pre = co.pre;
             // ---- FFN site
@@ -447,10 +455,18 @@ impl Backend {
                 streams: &b.x_new,
             });
         }
+        let mut topk: Vec<(usize, Vec<i32>)> = if trace {
+            bufs.topk.into_iter().map(|(l, (_, t))| (l, t)).collect()
+        } else {
+            vec![]
+        };
+        topk.sort_unstable_by_key(|t| t.0);
         Ok(StepOutput {
             plan,
             hidden: b.layer_in,
             layer_inputs,
+            layer_outputs,
+            topk,
         })
     }
 }

@@ -6,6 +6,8 @@
 
 use csa2::backend::cache::Region;
 use csa2::backend::launch_day::LAUNCH_DAY;
+use csa2::backend::reference::{self, ExactCache, RefStep};
+use csa2::backend::stack::FfnPlaceholder;
 use csa2::backend::timing::{Op, Timings, ROLES};
 use csa2::backend::{Backend, BackendConfig, ContiguousCache, KvCache, Model, Phase, SeqStep};
 use csa2::geometry::Role;
@@ -24,16 +26,32 @@ pub struct Args {
     #[arg(long, num_args = 1..=2, default_values_t = vec!["bundled".to_string()])]
     workload: Vec<String>,
     /// Context lengths for the decode rows (K = 1024, M = 1024²).
-    #[arg(long, default_value = "4K,32K,128K,1M")]
+    /// The default covers the short end, the length where the candidate pool starts to bound
+    /// Reindex scoring (128K), and 1M where the designs differ most; add 32K etc. at will.
+    #[arg(long, default_value = "4K,128K,1M")]
     contexts: String,
-    /// Timed decode steps per context and backend (after one warm-up step).
-    #[arg(long, default_value_t = 2)]
+    /// Timed decode steps per context and backend (at least 1).
+    #[arg(long, default_value_t = 1)]
     decode_steps: usize,
+    /// Untimed decode steps before the timed ones. The default times the first step: at real
+    /// dimensions a step streams GBs of weights and touches the whole synthesized cache, so a
+    /// warm-up mostly doubles the run (at 1M the launch-day step alone takes tens of seconds).
+    #[arg(long, default_value_t = 0)]
+    warmup: usize,
+    /// Contexts (a subset of --contexts) where each backend's first decode step is compared with
+    /// the f64 reference step (`all`, `none` or lengths). The reference reads every visible index
+    /// key in f64 three times (end-to-end, and once on each backend's layer inputs), which costs
+    /// seconds per 100K entries on 2 cores, on top of three f64 passes over the weights: by
+    /// default only the shortest context (4K); `--accuracy-max 128K` adds the pooled regime.
+    #[arg(long, default_value = "4K")]
+    accuracy_max: String,
     /// Model scale: `full` (real dimensions; layers of one role share synthetic weights to fit in
     /// memory) or `tiny`.
     #[arg(long, default_value = "full")]
     scale: String,
-    /// Largest prompt used for the prefill rows (the workload's prompt is clipped to it).
+    /// Largest prompt used for the prefill rows (the workload's prompt is clipped to it). Default:
+    /// 32 at full scale (a prefill is ~1.7 TFLOP per 192 rows on 2 cores; decoder replay trims
+    /// nothing below the 128-token window, so pass 256 or more to see its saving), 1024 tiny.
     #[arg(long)]
     prefill_max: Option<usize>,
     /// Worker threads (0 = all cores).
@@ -71,6 +89,8 @@ struct Decoded {
     global_bytes_per_token: f64,
     swa_bytes_per_request: usize,
     hidden: Vec<f32>,
+    /// The first step's per-layer inputs / outputs and top-k (for the accuracy rows).
+    trace: Option<csa2::backend::stack::StepOutput>,
 }
 
 /// Deterministic synthetic cache value for (seed, entry i, channel k): uniform in ±1.7 (unit RMS,
@@ -85,38 +105,188 @@ fn synth_value(seed: usize, i: usize, k: usize) -> f32 {
     ((h >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.4
 }
 
+/// The exact value row of entry `i` of Full layer `layer` (main KV: 512 values; index K: the
+/// first 128 of the same row) — what [`synthesize`] encodes and the f64 reference reads.
+fn exact_entry(layer: usize, _region: Region, i: usize, row: &mut [f32]) {
+    for (k, v) in row.iter_mut().enumerate() {
+        *v = synth_value(layer, i, k);
+    }
+}
+
+/// The exact SWA rows of positions `ctx − min(window, ctx) .. ctx` (the same rows for every layer).
+fn exact_window(window: usize, ctx: usize) -> Vec<f32> {
+    let w = window.min(ctx);
+    (0..w * 512)
+        .map(|i| synth_value(99, i / 512, i % 512))
+        .collect()
+}
+
 /// Fills `cache` for request 1 as if `ctx` tokens had been prefilled: every Full layer's entries
-/// and every layer's SWA window (synthetic values with unit RMS, like normed latents).
+/// and every layer's SWA window (synthetic values with unit RMS, like normed latents), encoded in
+/// parallel by the cache's own record formats.
 fn synthesize(b: &Backend, cache: &mut ContiguousCache, ctx: usize) -> Result<()> {
     let g = b.geometry();
     cache.open(1)?;
-    let val = synth_value;
     for lp in g.layers_with(Role::Full) {
         let n = ctx / lp.ratio;
         for region in [Region::Main, Region::Index] {
-            cache.synthesize_entries(1, lp.id, region, n, |i, r| {
-                for (k, v) in r.iter_mut().enumerate() {
-                    *v = val(lp.id, i, k);
-                }
-            })?;
+            cache
+                .synthesize_entries(1, lp.id, region, n, |i, r| exact_entry(lp.id, region, i, r))?;
         }
         *cache.carry(1, lp.id)? = Some(CompressorState::new(ctx as u64));
     }
     let w = g.window.min(ctx);
-    let rows: Vec<f32> = (0..w * 512).map(|i| val(99, i / 512, i % 512)).collect();
+    let rows = exact_window(g.window, ctx);
     for l in 0..g.num_layers {
         cache.swa_write(1, l, ctx - w, &rows)?;
     }
     Ok(())
 }
 
-fn decode_run(b: &Backend, ctx: usize, steps: usize) -> Result<Decoded> {
+/// The f64 reference of the first decode step at `ctx` (token 7, as in [`decode_on`]) over the
+/// exact synthetic cache; with `forced`, on a backend's traced layer inputs.
+fn reference_step(model: &Model, ctx: usize, forced: Option<&[Vec<f32>]>) -> Result<RefStep> {
+    let rows = exact_window(model.geometry.window, ctx);
+    let window = |_l: usize| rows.clone();
+    let exact = ExactCache {
+        entry: &exact_entry,
+        window: &window,
+    };
+    reference::decode_step(model, FfnPlaceholder::Identity, 7, ctx, &exact, forced)
+}
+
+/// Agreement of a result with the reference: cosine, and max |a − r| / max |r| (the ∞-norm
+/// relative error; an elementwise ratio would be dominated by entries near zero).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+struct Agreement {
+    cosine: f64,
+    max_rel: f64,
+}
+
+fn agreement(a: &[f32], r: &[f64]) -> Result<Agreement> {
+    if a.len() != r.len() {
+        return Err(Error::shape("accuracy comparison", r.len(), a.len()));
+    }
+    if a.iter().any(|v| !v.is_finite()) {
+        return Ok(Agreement {
+            cosine: f64::NAN,
+            max_rel: f64::INFINITY,
+        });
+    }
+    let s = csa2::tolerance::compare(a, r, &csa2::tolerance::QUANT_VS_EXACT);
+    let rmax = r.iter().fold(0f64, |m, v| m.max(v.abs()));
+    Ok(Agreement {
+        cosine: 1.0 - s.cos_diff,
+        max_rel: s.max_abs / rmax.max(f64::MIN_POSITIVE),
+    })
+}
+
+/// One role's attention outputs against the reference run on the backend's own layer inputs
+/// (each layer's error on identical inputs): worst cosine and worst max-rel over the role's
+/// layers, and the mean top-k overlap of its indexing layers (Full, Reindex).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+struct RoleAccuracy {
+    role: &'static str,
+    layers: usize,
+    cosine_min: f64,
+    max_rel_max: f64,
+    topk_overlap: Option<f64>,
+}
+
+/// A backend's first decode step against the f64 reference.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+struct Accuracy {
+    /// Final hidden state vs the end-to-end reference.
+    hidden: Agreement,
+    /// Per role (report order), local errors.
+    roles: Vec<RoleAccuracy>,
+}
+
+/// |selected ∩ reference| / |reference| over the valid (≥ 0) ids of one top-k row.
+fn overlap(sel: &[i32], reference: &[i32]) -> f64 {
+    let want: std::collections::HashSet<i32> =
+        reference.iter().copied().filter(|&j| j >= 0).collect();
+    if want.is_empty() {
+        return 1.0;
+    }
+    let hit = sel
+        .iter()
+        .filter(|&&j| j >= 0)
+        .collect::<std::collections::HashSet<_>>()
+        .into_iter()
+        .filter(|j| want.contains(j))
+        .count();
+    hit as f64 / want.len() as f64
+}
+
+fn accuracy(model: &Model, ctx: usize, d: &Decoded, e2e: &RefStep) -> Result<Accuracy> {
+    let g = &model.geometry;
+    let tr = d
+        .trace
+        .as_ref()
+        .ok_or_else(|| Error::Internal("accuracy needs a traced first step".into()))?;
+    let local = reference_step(model, ctx, Some(&tr.layer_inputs))?;
+    let mut roles = vec![];
+    for role in ROLES {
+        let mut acc = RoleAccuracy {
+            role: role.as_str(),
+            layers: 0,
+            cosine_min: f64::INFINITY,
+            max_rel_max: 0.0,
+            topk_overlap: None,
+        };
+        let mut ov = vec![];
+        for lp in g.layers.iter().filter(|lp| lp.role == role) {
+            let a = agreement(&tr.layer_outputs[lp.id], &local.attn_out[lp.id])?;
+            acc.layers += 1;
+            acc.cosine_min = acc.cosine_min.min(a.cosine);
+            acc.max_rel_max = acc.max_rel_max.max(a.max_rel);
+            if let (Some((_, sel)), Some(Some(r))) =
+                (tr.topk.iter().find(|t| t.0 == lp.id), local.topk.get(lp.id))
+            {
+                ov.push(overlap(sel, r));
+            }
+        }
+        if !ov.is_empty() {
+            acc.topk_overlap = Some(ov.iter().sum::<f64>() / ov.len() as f64);
+        }
+        if acc.layers > 0 {
+            roles.push(acc);
+        }
+    }
+    Ok(Accuracy {
+        hidden: agreement(&d.hidden, &e2e.hidden)?,
+        roles,
+    })
+}
+
+fn decode_run(
+    b: &Backend,
+    ctx: usize,
+    warmup: usize,
+    steps: usize,
+    trace: bool,
+) -> Result<Decoded> {
     let mut cache = ContiguousCache::new(b.geometry(), b.cfg.formats);
     synthesize(b, &mut cache, ctx)?;
+    decode_on(b, &mut cache, ctx, warmup, steps, trace)
+}
+
+/// Decode steps on a cache already holding `ctx` tokens of request 1.
+fn decode_on(
+    b: &Backend,
+    cache: &mut ContiguousCache,
+    ctx: usize,
+    warmup: usize,
+    steps: usize,
+    trace: bool,
+) -> Result<Decoded> {
+    let mut first = None;
     let mut total = Timings::default();
     let mut secs = 0.0;
     let mut hidden = vec![];
-    for i in 0..=steps {
+    let n_steps = warmup + steps.max(1);
+    for i in 0..n_steps {
         let s = SeqStep {
             req: 1,
             first_pos: ctx + i,
@@ -127,23 +297,27 @@ fn decode_run(b: &Backend, ctx: usize, steps: usize) -> Result<Decoded> {
         };
         let mut tm = Timings::default();
         let t0 = Instant::now();
-        let out = b.step(&[s], &[(7 + i) as u32], &mut cache, &mut tm, false)?;
+        let out = b.step(&[s], &[(7 + i) as u32], cache, &mut tm, trace && i == 0)?;
         let dt = t0.elapsed().as_secs_f64();
         if i == 0 {
-            hidden = out.hidden; // the first step's output: both backends see identical inputs
-            continue; // warm-up
+            // The first step's output: both backends (and the reference) see identical inputs.
+            hidden = out.hidden.clone();
+            first = Some(out);
         }
-        secs += dt;
-        total.merge(&tm);
+        if i >= warmup {
+            secs += dt;
+            total.merge(&tm);
+        }
     }
     let u = cache.usage();
     let n = steps.max(1) as f64;
     Ok(Decoded {
         step_secs: secs / n,
         timings: total.scaled(1.0 / n),
-        global_bytes_per_token: u.global_bytes() as f64 / (ctx + steps + 1) as f64,
+        global_bytes_per_token: u.global_bytes() as f64 / (ctx + n_steps) as f64,
         swa_bytes_per_request: u.swa_bytes,
         hidden,
+        trace: first.filter(|_| trace),
     })
 }
 
@@ -200,6 +374,17 @@ fn run_in_pool(a: Args) -> Result<()> {
     if contexts.is_empty() || contexts.iter().any(|&c| c < 1024) {
         return Err(Error::invalid("contexts", "give one or more lengths ≥ 1K"));
     }
+    let accuracy_max = match a.accuracy_max.trim() {
+        "none" => 0,
+        "all" => usize::MAX,
+        s => parse_len(s).map_err(|_| {
+            Error::invalid(
+                "accuracy-max",
+                format!("expected `all`, `none` or a length like 128K, found `{s}`"),
+            )
+        })?,
+    };
+    let n_acc = contexts.iter().filter(|&&c| c <= accuracy_max).count();
     let reqs = match a.workload.first().map(String::as_str) {
         Some("bundled") => csa2::sim::trace::parse(
             csa2::sim::trace::EXCERPT,
@@ -219,7 +404,7 @@ fn run_in_pool(a: Args) -> Result<()> {
         }
     };
     let prefill_max = a.prefill_max.unwrap_or(match scale {
-        Scale::Full => 192,
+        Scale::Full => 32,
         Scale::Tiny => 1024,
     });
     // The workload's median prompt, clipped to what this machine prefills in seconds.
@@ -228,7 +413,7 @@ fn run_in_pool(a: Args) -> Result<()> {
     let median = lens.get(lens.len() / 2).copied().unwrap_or(prefill_max);
     let prefill_len = median.clamp(1, prefill_max);
 
-    let bar = ProgressBar::new((2 * contexts.len() + 4) as u64);
+    let bar = ProgressBar::new((2 * contexts.len() + 3 * n_acc + 4) as u64);
     bar.set_style(
         ProgressStyle::with_template("{msg:<44} [{bar:30}] {pos}/{len} {elapsed}")
             .expect("static template")
@@ -245,13 +430,34 @@ fn run_in_pool(a: Args) -> Result<()> {
     ];
 
     let mut rows = vec![];
+    let mut accs: Vec<Option<Vec<Accuracy>>> = vec![];
+    let mut reference_secs = 0.0;
     for &ctx in &contexts {
+        let traced = ctx <= accuracy_max;
         let mut pair = vec![];
         for b in &backends {
             bar.set_message(format!("decode at {ctx} tokens: {}", b.cfg.name));
-            pair.push(decode_run(b, ctx, a.decode_steps)?);
+            pair.push(decode_run(b, ctx, a.warmup, a.decode_steps, traced)?);
             bar.inc(1);
         }
+        if traced {
+            let t = Instant::now();
+            bar.set_message(format!("f64 reference at {ctx} tokens"));
+            let e2e = reference_step(&model, ctx, None)?;
+            bar.inc(1);
+            let mut acc = vec![];
+            for (b, d) in backends.iter().zip(&pair) {
+                bar.set_message(format!("f64 reference at {ctx}: {} layers", b.cfg.name));
+                acc.push(accuracy(&model, ctx, d, &e2e)?);
+                bar.inc(1);
+            }
+            reference_secs += t.elapsed().as_secs_f64();
+            accs.push(Some(acc));
+        } else {
+            accs.push(None);
+        }
+        // The traces are only needed for the accuracy rows.
+        pair.iter_mut().for_each(|d| d.trace = None);
         rows.push((ctx, pair));
     }
     let toks: Vec<u32> = (0..prefill_len as u32)
@@ -292,8 +498,8 @@ fn run_in_pool(a: Args) -> Result<()> {
     );
     println!(
         "Long contexts are synthesized directly into each backend's cache (its own record formats), \
-         not prefilled; decode steps then run the whole stack. {} timed step(s) after 1 warm-up.",
-        a.decode_steps
+         not prefilled; decode steps then run the whole stack. {} timed step(s) after {} warm-up.",
+        a.decode_steps, a.warmup
     );
     println!();
     println!("KV bytes, measured from each backend's allocator");
@@ -377,6 +583,61 @@ fn run_in_pool(a: Args) -> Result<()> {
     }
     println!();
     println!(
+        "Accuracy of the first decode step vs the f64 reference (exact cache values, unquantized \
+         index Q, exact top-k; cos = cosine, rel = max|a−r|/max|r|)"
+    );
+    println!(
+        "  hidden: final hidden state vs the reference's own chain; per role: each layer's attention \
+         output vs the reference on the backend's own layer input (worst layer); topk: mean overlap \
+         of the selected entries with the reference's"
+    );
+    let mut header = format!(
+        "{:>9} {:>10} | {:>9} {:>8}",
+        "context", "backend", "hid cos", "hid rel"
+    );
+    for n in ["full", "rdx", "reuse", "swa"] {
+        header += &format!(" | {:>9} {:>8}", format!("{n} cos"), format!("{n} rel"));
+    }
+    header += &format!(" | {:>9} {:>9}", "topk full", "topk rdx");
+    println!("{header}");
+    for ((ctx, _), acc) in rows.iter().zip(&accs) {
+        let Some(acc) = acc else {
+            println!("{ctx:>9} {:>10} | (not computed: above --accuracy-max)", "");
+            continue;
+        };
+        for (b, ac) in backends.iter().zip(acc) {
+            let mut line = format!(
+                "{:>9} {:>10} | {:>9.6} {:>8.4}",
+                ctx,
+                short(b.cfg.name),
+                ac.hidden.cosine,
+                ac.hidden.max_rel
+            );
+            for r in ROLES {
+                match ac.roles.iter().find(|x| x.role == r.as_str()) {
+                    Some(x) => line += &format!(" | {:>9.6} {:>8.4}", x.cosine_min, x.max_rel_max),
+                    None => line += &format!(" | {:>9} {:>8}", "-", "-"),
+                }
+            }
+            for r in [Role::Full, Role::Reindex] {
+                match ac
+                    .roles
+                    .iter()
+                    .find(|x| x.role == r.as_str())
+                    .and_then(|x| x.topk_overlap)
+                {
+                    Some(o) => line += &format!(" {:>9.4}", o),
+                    None => line += &format!(" {:>9}", "-"),
+                }
+            }
+            println!("{line}");
+        }
+    }
+    if reference_secs > 0.0 {
+        println!("(f64 reference steps took {reference_secs:.1} s)");
+    }
+    println!();
+    println!(
         "Prefill of {prefill_len} tokens (workload median {median}, clipped to {prefill_max})"
     );
     for (name, secs, _) in &prefills {
@@ -395,7 +656,10 @@ fn run_in_pool(a: Args) -> Result<()> {
             "scale": scale.as_str(),
             "shared_weights": model.shared,
             "decode_steps": a.decode_steps,
-            "contexts": rows.iter().map(|(ctx, p)| json!({
+            "warmup_steps": a.warmup,
+            "reference_seconds": reference_secs,
+            "weights_seconds": weights_secs,
+            "contexts": rows.iter().zip(&accs).map(|((ctx, p), acc)| json!({
                 "context": ctx,
                 "backends": backends.iter().zip(p).map(|(b, d)| json!({
                     "name": b.cfg.name,
@@ -408,10 +672,18 @@ fn run_in_pool(a: Args) -> Result<()> {
                 "ratio_bytes": p[0].global_bytes_per_token / p[1].global_bytes_per_token,
                 "agreement": {"cosine": cos_and_rel(&p[0].hidden, &p[1].hidden).0,
                               "rel_l2": cos_and_rel(&p[0].hidden, &p[1].hidden).1},
+                "accuracy": acc.as_ref().map(|acc| backends.iter().zip(acc).map(|(b, ac)| json!({
+                    "name": b.cfg.name,
+                    "hidden": ac.hidden,
+                    "roles": ac.roles,
+                })).collect::<Vec<_>>()),
+                "ratio_roles": ROLES.iter().map(|&r| (r.as_str().to_string(), json!(ratio(p[0].timings.role_total(r), p[1].timings.role_total(r))))).collect::<serde_json::Map<_, _>>(),
+                "ratio_ops": Op::ALL.iter().map(|&o| (o.as_str().to_string(), json!(ratio(p[0].timings.op_total(o), p[1].timings.op_total(o))))).collect::<serde_json::Map<_, _>>(),
             })).collect::<Vec<_>>(),
             "prefill": {
                 "tokens": prefill_len,
-                "runs": prefills.iter().map(|(n, s, tm)| json!({"name": n, "seconds": s, "timings": tm.to_json()})).collect::<Vec<_>>(),
+                "workload_median": median,
+                "runs": prefills.iter().map(|(n, s, tm)| json!({"name": n, "seconds": s, "tokens_per_second": prefill_len as f64 / s, "ratio_to_launch_day": s / prefills[2].1, "timings": tm.to_json()})).collect::<Vec<_>>(),
             },
         });
         std::fs::write(path, serde_json::to_string_pretty(&v).expect("json"))
@@ -571,7 +843,7 @@ fn plots(
 
 #[cfg(test)]
 mod tests {
-    use super::synth_value;
+    use super::*;
 
     /// Regression: the hash overflowed (and panicked under overflow checks) for any k ≥ 1.
     #[test]
@@ -590,5 +862,141 @@ mod tests {
         }
         let rms = (sum_sq / n as f64).sqrt();
         assert!((0.8..1.2).contains(&rms), "rms {rms}");
+    }
+
+    #[test]
+    fn agreement_and_overlap_math() {
+        let a = agreement(&[1.0, 0.5, 0.0], &[1.0, 0.0, 0.0]).unwrap();
+        assert!((a.cosine - 1.0 / 1.25f64.sqrt()).abs() < 1e-12, "{a:?}");
+        assert!((a.max_rel - 0.5).abs() < 1e-12, "{a:?}");
+        let same = agreement(&[2.0, -4.0], &[2.0, -4.0]).unwrap();
+        assert!(
+            (same.cosine - 1.0).abs() < 1e-12 && same.max_rel == 0.0,
+            "{same:?}"
+        );
+        // The error is relative to the largest reference magnitude, not per element.
+        let b = agreement(&[10.0, 1e-3], &[10.0, 0.0]).unwrap();
+        assert!((b.max_rel - 1e-4).abs() < 1e-9, "{b:?}");
+        let nan = agreement(&[f32::NAN, 1.0], &[1.0, 1.0]).unwrap();
+        assert!(nan.cosine.is_nan() && nan.max_rel.is_infinite());
+        assert!(agreement(&[1.0], &[1.0, 2.0]).is_err());
+        assert!((overlap(&[1, 2, 3, -1], &[2, 3, 4, -1]) - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(overlap(&[-1, -1], &[-1, -1]), 1.0);
+        assert_eq!(overlap(&[5, 5, 6], &[5, 7]), 0.5);
+    }
+
+    fn tiny() -> Arc<Model> {
+        Arc::new(Model::synthetic(Scale::Tiny, 1, false).unwrap())
+    }
+
+    /// Both backends agree with the f64 reference up to quantization error (a wrong reference —
+    /// RoPE, scale, window or selection — would not), and corrupting one main-KV record that
+    /// layers 2–7 attend moves the figures (measured: hidden cosine 0.99995 → 0.14).
+    #[test]
+    fn accuracy_column_measures_and_can_fail() {
+        let model = tiny();
+        let ctx = 1024;
+        let e2e = reference_step(&model, ctx, None).unwrap();
+        assert_eq!(e2e.hidden.len(), model.geometry.hidden_size);
+        let mut clean = vec![];
+        for cfg in [BackendConfig::CSA2, LAUNCH_DAY] {
+            let b = Backend::new(model.clone(), cfg).unwrap();
+            let d = decode_run(&b, ctx, 0, 1, true).unwrap();
+            let acc = accuracy(&model, ctx, &d, &e2e).unwrap();
+            // Full scale measures 0.9995 (csa2) / 0.9999 (launch day); tiny has 256-wide states.
+            assert!(acc.hidden.cosine > 0.98, "{}: {acc:?}", cfg.name);
+            // Quantized caches cannot be exact: a figure of exactly 1 would mean nothing was read.
+            assert!(acc.hidden.cosine < 1.0 - 1e-9, "{}: {acc:?}", cfg.name);
+            assert_eq!(acc.roles.len(), 4);
+            for r in &acc.roles {
+                // Per layer, FP4 records cost csa2 ≈ 0.94 cosine at full scale (launch day 0.99).
+                assert!(r.cosine_min > 0.85, "{}: {r:?}", cfg.name);
+                if r.role == "full" || r.role == "reindex" {
+                    assert!(r.topk_overlap.is_some(), "{r:?}");
+                }
+            }
+            clean.push((b, acc));
+        }
+        // Corrupt entry 0 of layer 2 (512 entries at ratio 2 = index_topk: all are selected).
+        let (b, acc) = &clean[0];
+        let mut cache = ContiguousCache::new(b.geometry(), b.cfg.formats);
+        synthesize(b, &mut cache, ctx).unwrap();
+        cache
+            .write_entries(1, 2, Region::Main, 0, &[40.0f32; 512])
+            .unwrap();
+        let d = decode_on(b, &mut cache, ctx, 0, 1, true).unwrap();
+        let bad = accuracy(&model, ctx, &d, &e2e).unwrap();
+        // Entry 0 is read by layer 2 and its five Reuse layers; whichever role's attention output
+        // it dominates, the worst per-role cosine and the final hidden state must both move.
+        let worst = |a: &Accuracy| a.roles.iter().map(|r| r.cosine_min).fold(1.0, f64::min);
+        assert!(worst(&bad) < worst(acc) - 0.05, "{bad:?} vs {acc:?}");
+        assert!(
+            bad.hidden.cosine < acc.hidden.cosine - 0.05,
+            "{bad:?} vs {acc:?}"
+        );
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: Args,
+    }
+
+    /// `csa2 ab --scale tiny` end to end, with a context above the candidate pool's capacity
+    /// (16,384 entries) so pooled Reindex scoring runs; the JSON holds every table number.
+    #[test]
+    fn tiny_run_end_to_end_json_holds_the_table() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("ab.json");
+        let cli = Cli::try_parse_from([
+            "ab",
+            "--scale",
+            "tiny",
+            "--contexts",
+            "1K,20K",
+            "--accuracy-max",
+            "all",
+            "--prefill-max",
+            "24",
+            "--threads",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+            "--plots",
+            dir.path().to_str().unwrap(),
+        ])
+        .unwrap();
+        run(cli.a).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let ctxs = v["contexts"].as_array().unwrap();
+        assert_eq!(ctxs.len(), 2);
+        for c in ctxs {
+            for b in c["backends"].as_array().unwrap() {
+                assert!(b["step_seconds"].as_f64().unwrap() > 0.0);
+                assert!(b["global_bytes_per_token"].as_f64().unwrap() > 0.0);
+                assert!(b["timings"]["by_role"]["full"]["total"].is_number());
+            }
+            for k in ["ratio_step", "ratio_bytes"] {
+                assert!(c[k].is_number(), "{k}");
+            }
+            assert_eq!(c["ratio_roles"].as_object().unwrap().len(), 4);
+            assert_eq!(c["ratio_ops"].as_object().unwrap().len(), Op::ALL.len());
+            let acc = c["accuracy"].as_array().unwrap();
+            assert_eq!(acc.len(), 2);
+            for a in acc {
+                let cos = a["hidden"]["cosine"].as_f64().unwrap();
+                assert!(cos > 0.98 && cos < 1.0, "{a}");
+                assert_eq!(a["roles"].as_array().unwrap().len(), 4);
+            }
+        }
+        // At 20K the Reindex layers score inside the pool; the overlap is reported for them.
+        let rdx = &ctxs[1]["accuracy"][0]["roles"][1];
+        assert_eq!(rdx["role"], "reindex");
+        assert!(rdx["topk_overlap"].as_f64().unwrap() > 0.5, "{rdx}");
+        assert_eq!(v["prefill"]["runs"].as_array().unwrap().len(), 3);
+        assert!(dir.path().join("kv_bytes.svg").exists());
+        assert!(dir.path().join("decode_time.svg").exists());
     }
 }
