@@ -107,8 +107,10 @@ impl CacheUsage {
     }
 }
 
-/// The cache interface the layer modes use. Implementations: [`ContiguousCache`] here; the paged
-/// block manager of `crate::cache` plugs in through the same trait.
+/// The cache interface the layer modes use. Implementations: [`ContiguousCache`] here, and
+/// [`super::paged::PagedCache`], which runs it over the paged block manager of `crate::cache`
+/// (block tables, slot mapping, block-planar pages, per-request SWA rings). Both return the same
+/// records for the same writes, so the stack's outputs are bit-identical over either.
 ///
 /// Thread safety: writers take `&mut self`; readers take `&self` and may run from many rayon tasks
 /// at once, so implementations must be `Sync`.

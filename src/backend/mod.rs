@@ -3,6 +3,8 @@
 //!
 //! - [`cache`]: the [`cache::KvCache`] trait the layer modes reach the KV cache through, and a simple
 //!   contiguous per-request implementation;
+//! - [`paged`]: the same trait over the paged block manager of `crate::cache` (block tables, slot
+//!   mapping, block-planar pages);
 //! - [`plan`]: the rows of one step (prefill chunks and decode tokens of many requests), decoder
 //!   bounded replay (SPEC §3) and window floors;
 //! - [`layer`]: one attention sublayer in its role (Full / Reindex / Reuse / SWA-only);
@@ -16,6 +18,7 @@ pub mod cache;
 pub mod gemm;
 pub mod launch_day;
 pub mod layer;
+pub mod paged;
 pub mod plan;
 pub mod reference;
 pub mod replay_error;
@@ -24,6 +27,7 @@ pub mod timing;
 
 pub use cache::{CacheFormats, ContiguousCache, KvCache};
 pub use layer::ReindexMode;
+pub use paged::PagedCache;
 pub use plan::{Phase, SeqStep, StepPlan};
 pub use stack::{Backend, Model};
 

@@ -935,6 +935,18 @@ impl CacheManager {
         Ok(st.swa_hi[layer])
     }
 
+    /// Forgets `layer`'s SWA window of request `id` (the ring bytes stay allocated): the next
+    /// write may start at any position, e.g. a window restart on a replay or a dropped decoder
+    /// window (`backend::paged::PagedCache`).
+    ///
+    /// Errors: [`Error::NotFound`] (request), [`Error::Invalid`] (layer).
+    pub fn swa_clear(&self, id: RequestId, layer: usize) -> Result<()> {
+        self.swa_offset(layer, 0)?;
+        let s = self.session(id)?;
+        s.lock().swa_hi[layer] = None;
+        Ok(())
+    }
+
     /// Copies the SWA windows of the snapshotted layers (`spec.snapshot_layers`) of request `id`,
     /// in layer order, each window in ring order rotated so the oldest token comes first. This is
     /// the DRAM-tier snapshot (V4.1: the encoder layers only).

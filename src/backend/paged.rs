@@ -1,0 +1,493 @@
+//! [`PagedCache`]: the [`KvCache`] trait over the paged [`CacheManager`] — block tables, slot
+//! mapping, block-planar pages per KV-source layer and per-request SWA rings (SPEC §1, `crate::cache`).
+//!
+//! The stack sees exactly what [`super::ContiguousCache`] gives it (same records, same window rules,
+//! so the same hidden states bit for bit); only where the bytes live differs:
+//! - compressed entries are encoded into standalone records, mapped to slots by the manager's slot
+//!   mapping (vLLM's `block_table[i // S]·S + i % S`) and scattered into the block-planar pages;
+//!   blocks are allocated as entries grow (one block covers `block_tokens` tokens of every
+//!   KV-source layer), so a full pool surfaces as [`Error::OutOfBlocks`] before anything changes;
+//! - [`KvCache::records`] gathers a range back into standalone records, one page lock per block;
+//! - SWA rows go to the manager's per-request ring; the held range (window start and restarts on a
+//!   non-continuing write) is tracked here, since the ring itself only knows its newest position;
+//! - the compressor carry is the stack's own [`CompressorState`] and is kept here per request (the
+//!   trait hands out `&mut` to it); its bytes are counted as in the contiguous cache.
+//!
+//! Request ids are the manager's ids unchanged, so a manager shared with other users (the C ABI)
+//! must not reuse them. Prefix publishing and adoption stay with the manager's callers: this
+//! adapter never seals a block.
+
+use super::cache::{CacheFormats, CacheUsage, KvCache, Region, ReqId, SwaSnapshot};
+use crate::cache::{CacheConfig, CacheManager, CacheSpec, RecordKind};
+use crate::error::{Error, Result};
+use crate::formats::{decode_rows, encode_rows, KV_DIM};
+use crate::geometry::{Geometry, KvLayout};
+use crate::ops::compressor::CompressorState;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// One KV-source layer as the adapter sees it.
+#[derive(Debug, Clone, Copy)]
+struct Pool {
+    layer: usize,
+    ratio: usize,
+}
+
+#[derive(Debug)]
+struct ReqState {
+    /// Stored entries per pool (index into `PagedCache::pools`): [main, index].
+    entries: Vec<[usize; 2]>,
+    /// Per layer: the SWA positions held (None: no window since open or drop).
+    swa: Vec<Option<Range<usize>>>,
+    carry: HashMap<usize, Option<CompressorState>>,
+}
+
+/// The [`KvCache`] trait over a shared paged [`CacheManager`] (see the module docs).
+#[derive(Debug)]
+pub struct PagedCache {
+    manager: Arc<CacheManager>,
+    formats: CacheFormats,
+    pools: Vec<Pool>,
+    num_layers: usize,
+    window: usize,
+    reqs: HashMap<ReqId, ReqState>,
+}
+
+fn kind(region: Region) -> RecordKind {
+    match region {
+        Region::Main => RecordKind::Main,
+        Region::Index => RecordKind::Index,
+    }
+}
+
+impl PagedCache {
+    /// The adapter over `manager`. Its spec must give every KV-source layer the same main and
+    /// index formats (one [`CacheFormats`]), as [`CacheSpec::from_geometry`] does.
+    ///
+    /// Errors: [`Error::Invalid`] for a spec without KV-source layers, a pool without index K, or
+    /// pools of different formats.
+    pub fn new(manager: Arc<CacheManager>) -> Result<PagedCache> {
+        let spec = manager.spec();
+        let first = spec.pools.first().ok_or_else(|| {
+            Error::invalid(
+                "cache spec",
+                format!("{} has no KV-source layer", spec.name),
+            )
+        })?;
+        let formats = CacheFormats {
+            main: first.main,
+            index: first.index.ok_or_else(|| {
+                Error::invalid(
+                    "cache spec",
+                    format!("layer {} has no index K (CSA2 needs one)", first.layer),
+                )
+            })?,
+            swa: spec.swa_format,
+        };
+        if let Some(p) = spec
+            .pools
+            .iter()
+            .find(|p| p.main != formats.main || p.index != Some(formats.index))
+        {
+            return Err(Error::invalid(
+                "cache spec",
+                format!(
+                    "layer {} stores {:?}/{:?}, layer {} {:?}/{:?}: one format per region expected",
+                    p.layer, p.main, p.index, first.layer, formats.main, formats.index
+                ),
+            ));
+        }
+        Ok(PagedCache {
+            formats,
+            pools: spec
+                .pools
+                .iter()
+                .map(|p| Pool {
+                    layer: p.layer,
+                    ratio: p.ratio,
+                })
+                .collect(),
+            num_layers: spec.num_layers,
+            window: spec.window,
+            reqs: HashMap::new(),
+            manager,
+        })
+    }
+
+    /// A fresh host-memory manager of `num_blocks` blocks of 256 tokens for geometry `g` in the
+    /// KV layout whose record formats are `formats` (CSA2 → NVFP4, launch day → V4 record), and the
+    /// adapter over it.
+    ///
+    /// Errors: [`Error::Invalid`] when no [`KvLayout`] has `formats`, or from [`CacheManager::new`].
+    pub fn host(g: &Geometry, formats: CacheFormats, num_blocks: usize) -> Result<PagedCache> {
+        let spec = KvLayout::ALL
+            .iter()
+            .map(|&l| CacheSpec::from_geometry(g, l))
+            .find(|s| {
+                s.swa_format == formats.swa
+                    && s.pools
+                        .iter()
+                        .all(|p| p.main == formats.main && p.index == Some(formats.index))
+            })
+            .ok_or_else(|| {
+                Error::invalid(
+                    "formats",
+                    format!("{formats:?} is not one of the KV layouts (nvfp4, mxfp8, v4)"),
+                )
+            })?;
+        let m = CacheManager::new(spec, CacheConfig::host(num_blocks), b"csa2 backend paged")?;
+        PagedCache::new(Arc::new(m))
+    }
+
+    /// The manager (block tables, slot mapping, measured stats).
+    pub fn manager(&self) -> &Arc<CacheManager> {
+        &self.manager
+    }
+
+    fn pool(&self, layer: usize) -> Result<usize> {
+        self.pools
+            .iter()
+            .position(|p| p.layer == layer)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "layer",
+                    format!(
+                        "layer {layer} owns no global KV (KV-source layers: {:?})",
+                        self.pools.iter().map(|p| p.layer).collect::<Vec<_>>()
+                    ),
+                )
+            })
+    }
+    fn check_layer(&self, layer: usize) -> Result<()> {
+        if layer < self.num_layers {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                "layer",
+                format!("{layer} is out of range 0..{}", self.num_layers),
+            ))
+        }
+    }
+    fn req(&self, req: ReqId) -> Result<&ReqState> {
+        self.reqs
+            .get(&req)
+            .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
+    }
+    fn req_mut(&mut self, req: ReqId) -> Result<&mut ReqState> {
+        self.reqs
+            .get_mut(&req)
+            .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
+    }
+
+    /// Points `layer`'s ring at `start` with `records` (oldest first), replacing what it held.
+    fn swa_reset(&mut self, req: ReqId, layer: usize, start: usize, records: &[u8]) -> Result<()> {
+        self.manager.swa_clear(req, layer)?;
+        self.manager.swa_write_rows(req, layer, start, records)?;
+        let n = records.len() / self.formats.swa.record_bytes();
+        self.req_mut(req)?.swa[layer] = Some(start..start + n);
+        Ok(())
+    }
+}
+
+impl KvCache for PagedCache {
+    fn formats(&self) -> CacheFormats {
+        self.formats
+    }
+
+    fn open(&mut self, req: ReqId) -> Result<()> {
+        if self.reqs.contains_key(&req) {
+            return Err(Error::invalid(
+                "request",
+                format!("request {req} is already open"),
+            ));
+        }
+        self.manager.add_request(req)?;
+        self.reqs.insert(
+            req,
+            ReqState {
+                entries: vec![[0; 2]; self.pools.len()],
+                swa: vec![None; self.num_layers],
+                carry: HashMap::new(),
+            },
+        );
+        Ok(())
+    }
+
+    fn contains(&self, req: ReqId) -> bool {
+        self.reqs.contains_key(&req)
+    }
+
+    fn close(&mut self, req: ReqId) -> Result<()> {
+        self.req(req)?;
+        self.manager.free_request(req)?;
+        self.reqs.remove(&req);
+        Ok(())
+    }
+
+    fn entries(&self, req: ReqId, layer: usize) -> Result<usize> {
+        let p = self.pool(layer)?;
+        Ok(self.req(req)?.entries[p][0])
+    }
+
+    fn write_entries(
+        &mut self,
+        req: ReqId,
+        layer: usize,
+        region: Region,
+        first: usize,
+        rows: &[f32],
+    ) -> Result<()> {
+        let p = self.pool(layer)?;
+        let fmt = self.formats.of(region);
+        if !rows.len().is_multiple_of(fmt.dim()) {
+            return Err(Error::shape(
+                format!("layer {layer} {region:?} rows"),
+                format!("a multiple of {}", fmt.dim()),
+                rows.len(),
+            ));
+        }
+        let n = rows.len() / fmt.dim();
+        let r = region as usize;
+        let count = self.req(req)?.entries[p][r];
+        if first > count {
+            return Err(Error::invalid(
+                "first",
+                format!(
+                    "layer {layer} {region:?}: entry {first} would leave a gap after {count} stored entries"
+                ),
+            ));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let rb = fmt.record_bytes();
+        let mut recs = vec![0u8; n * rb];
+        encode_rows(fmt, rows, &mut recs)?;
+        // Entry j of a ratio-m layer covers tokens [j·m, j·m + m): grow the block table first, so
+        // an exhausted pool fails before any slot is touched.
+        self.manager
+            .allocate(req, (first + n) * self.pools[p].ratio)?;
+        let slots = self.manager.slot_mapping(req, layer, first..first + n)?;
+        let k = kind(region);
+        self.manager.check_writable(layer, k, &slots)?;
+        for (slot, rec) in slots.iter().zip(recs.chunks_exact(rb)) {
+            self.manager.write_record(layer, k, *slot, rec)?;
+        }
+        let c = &mut self.req_mut(req)?.entries[p][r];
+        *c = (*c).max(first + n);
+        Ok(())
+    }
+
+    fn records(
+        &self,
+        req: ReqId,
+        layer: usize,
+        region: Region,
+        range: Range<usize>,
+    ) -> Result<Cow<'_, [u8]>> {
+        let p = self.pool(layer)?;
+        let count = self.req(req)?.entries[p][region as usize];
+        if range.end > count || range.start > range.end {
+            return Err(Error::invalid(
+                "range",
+                format!("layer {layer} {region:?}: entries {range:?} requested, {count} stored"),
+            ));
+        }
+        if range.is_empty() {
+            return Ok(Cow::Borrowed(&[]));
+        }
+        let k = kind(region);
+        let place = *self
+            .manager
+            .block_layout()
+            .place(layer, k)
+            .ok_or_else(|| Error::Internal(format!("layer {layer} has no {k:?} page")))?;
+        let (page, slots_per_block) = (place.page, place.page.slots as u64);
+        let fmt = page.format;
+        let (rb, db) = (fmt.record_bytes(), fmt.data_bytes());
+        let slots = self.manager.slot_mapping(req, layer, range)?;
+        let mut out = vec![0u8; slots.len() * rb];
+        // Consecutive entries share a block until the page is full: one page lock per block run.
+        let mut i = 0;
+        while i < slots.len() {
+            let block = slots[i] / slots_per_block;
+            let run = slots[i..]
+                .iter()
+                .take_while(|&&s| s / slots_per_block == block)
+                .count();
+            let dst = &mut out[i * rb..(i + run) * rb];
+            self.manager.with_page(layer, k, block as u32, |pg| {
+                for (s, o) in slots[i..i + run].iter().zip(dst.chunks_exact_mut(rb)) {
+                    let (d, sc) = page.slot_ranges((s % slots_per_block) as usize);
+                    o[..db].copy_from_slice(&pg[d]);
+                    o[db..].copy_from_slice(&pg[sc]);
+                }
+            })?;
+            i += run;
+        }
+        Ok(Cow::Owned(out))
+    }
+
+    fn swa_write(&mut self, req: ReqId, layer: usize, first: usize, rows: &[f32]) -> Result<()> {
+        self.check_layer(layer)?;
+        let fmt = self.formats.swa;
+        if !rows.len().is_multiple_of(fmt.dim()) {
+            return Err(Error::shape(
+                format!("layer {layer} SWA rows"),
+                format!("a multiple of {}", fmt.dim()),
+                rows.len(),
+            ));
+        }
+        let w = self.window;
+        let n = rows.len() / fmt.dim();
+        let held = self.req(req)?.swa[layer].clone();
+        // Only the newest `window` rows can survive: encode just those.
+        let skip = n.saturating_sub(w);
+        let mut recs = vec![0u8; (n - skip) * fmt.record_bytes()];
+        encode_rows(fmt, &rows[skip * fmt.dim()..], &mut recs)?;
+        let start = match held {
+            Some(h) if h.end == first => h.start,
+            // A write that does not continue the window restarts it (replay, decoder jump).
+            _ => {
+                self.manager.swa_clear(req, layer)?;
+                first
+            }
+        };
+        self.manager
+            .swa_write_rows(req, layer, first + skip, &recs)?;
+        let end = first + n;
+        self.req_mut(req)?.swa[layer] = Some(start.max(end.saturating_sub(w))..end);
+        Ok(())
+    }
+
+    fn swa_held(&self, req: ReqId, layer: usize) -> Result<Range<usize>> {
+        self.check_layer(layer)?;
+        Ok(self.req(req)?.swa[layer].clone().unwrap_or(0..0))
+    }
+
+    fn swa_read(
+        &self,
+        req: ReqId,
+        layer: usize,
+        range: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let held = self.swa_held(req, layer)?;
+        let fmt = self.formats.swa;
+        if range.is_empty() {
+            return Ok(());
+        }
+        if range.start < held.start || range.end > held.end {
+            return Err(Error::invalid(
+                "range",
+                format!("layer {layer} SWA positions {range:?} requested, {held:?} held"),
+            ));
+        }
+        if out.len() != range.len() * fmt.dim() {
+            return Err(Error::shape(
+                "SWA read output",
+                range.len() * fmt.dim(),
+                out.len(),
+            ));
+        }
+        let mut recs = vec![0u8; range.len() * fmt.record_bytes()];
+        self.manager
+            .swa_read_rows(req, layer, range.start, &mut recs)?;
+        decode_rows(fmt, &recs, out)
+    }
+
+    fn swa_snapshot(&self, req: ReqId, layers: &[usize]) -> Result<SwaSnapshot> {
+        let st = self.req(req)?;
+        let rb = self.formats.swa.record_bytes();
+        let mut out = SwaSnapshot {
+            end: 0,
+            layers: vec![],
+        };
+        for &l in layers {
+            self.check_layer(l)?;
+            let Some(held) = st.swa[l].clone() else {
+                continue;
+            };
+            let mut recs = vec![0u8; held.len() * rb];
+            if !held.is_empty() {
+                self.manager.swa_read_rows(req, l, held.start, &mut recs)?;
+            }
+            out.end = out.end.max(held.end);
+            out.layers.push((l, held.start, recs));
+        }
+        Ok(out)
+    }
+
+    fn swa_restore(&mut self, req: ReqId, snap: &SwaSnapshot) -> Result<()> {
+        let (w, rb) = (self.window, self.formats.swa.record_bytes());
+        for (l, _, recs) in &snap.layers {
+            self.check_layer(*l)?;
+            if recs.len() % rb != 0 || recs.len() / rb > w {
+                return Err(Error::shape(
+                    format!("snapshot of layer {l}"),
+                    format!("at most {w} records of {rb} B"),
+                    format!("{} B", recs.len()),
+                ));
+            }
+        }
+        self.req(req)?;
+        for (l, start, recs) in &snap.layers {
+            self.swa_reset(req, *l, *start, recs)?;
+        }
+        Ok(())
+    }
+
+    fn swa_drop(&mut self, req: ReqId, layers: &[usize]) -> Result<()> {
+        for &l in layers {
+            self.check_layer(l)?;
+        }
+        self.req(req)?;
+        for &l in layers {
+            self.manager.swa_clear(req, l)?;
+            self.req_mut(req)?.swa[l] = None;
+        }
+        Ok(())
+    }
+
+    fn carry(&mut self, req: ReqId, layer: usize) -> Result<&mut Option<CompressorState>> {
+        self.pool(layer)?;
+        Ok(self.req_mut(req)?.carry.entry(layer).or_default())
+    }
+
+    fn carry_drop(&mut self, req: ReqId) -> Result<()> {
+        self.req_mut(req)?.carry.clear();
+        Ok(())
+    }
+
+    /// Global bytes: `main_bytes`/`index_bytes` are the records stored, `global_allocated` the
+    /// slab bytes of the blocks in use, read from the manager's allocator ([`CacheManager::stats`]);
+    /// `swa_bytes` the manager's live rings (allocated for every layer when a request opens).
+    fn usage(&self) -> CacheUsage {
+        let s = self.manager.stats();
+        let mut u = CacheUsage {
+            requests: self.reqs.len(),
+            global_allocated: s.in_use_bytes,
+            swa_bytes: s.session_bytes,
+            ..Default::default()
+        };
+        let (mb, ib) = (
+            self.formats.main.record_bytes(),
+            self.formats.index.record_bytes(),
+        );
+        for st in self.reqs.values() {
+            for e in &st.entries {
+                u.main_bytes += e[0] * mb;
+                u.index_bytes += e[1] * ib;
+            }
+            u.carry_bytes += st
+                .carry
+                .values()
+                .flatten()
+                .map(|c| c.pending_tokens() * 2 * KV_DIM * 4)
+                .sum::<usize>();
+        }
+        u
+    }
+}
