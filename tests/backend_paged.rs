@@ -371,3 +371,59 @@ fn a_full_pool_is_a_clean_out_of_blocks() {
     let bad = CacheManager::new(CacheSpec::v4_flash(), CacheConfig::host(1), b"v4").unwrap();
     assert!(PagedCache::new(Arc::new(bad)).is_err());
 }
+
+/// `csa2 run` over both caches: three turns (the last one a prefix hit with a snapshot restore) give
+/// the same `output_sha256`, and the paged run reports the manager's measured bytes.
+#[test]
+fn csa2_run_digest_is_the_same_over_both_caches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut digests = vec![];
+    for cache in ["paged", "contiguous"] {
+        let json = tmp.path().join(format!("{cache}.json"));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_csa2"))
+            .args([
+                "run",
+                "--turns",
+                "3",
+                "--token-scale",
+                "0.004",
+                "--decode-max",
+                "3",
+                "--ttl-s",
+                "100000",
+                "--cache",
+                cache,
+                "--json",
+                json.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{cache}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains(&format!("Cache: {cache}")), "{stdout}");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(v["cache"], cache);
+        let turns = v["turns"].as_array().unwrap();
+        assert_eq!(turns.len(), 3);
+        // Turn 2 reuses turn 1's global KV and restores its encoder windows from the snapshot.
+        assert!(turns[2]["prefix_hit"].as_u64().unwrap() > 0, "{v}");
+        assert_eq!(turns[2]["snapshot_hit"], true, "{v}");
+        if cache == "paged" {
+            let r = &v["cache_manager"]["request"];
+            let ctx = turns[2]["prompt_tokens"].as_u64().unwrap()
+                + turns[2]["generated_tokens"].as_u64().unwrap();
+            assert_eq!(r["tokens"].as_u64().unwrap(), ctx, "{r}");
+            assert!(r["slab_bytes"].as_u64().unwrap() > 0);
+        } else {
+            assert!(v["cache_manager"].is_null());
+        }
+        digests.push(v["output_sha256"].as_str().unwrap().to_string());
+    }
+    assert_eq!(digests[0].len(), 64);
+    assert_eq!(digests[0], digests[1], "paged vs contiguous output digests");
+}

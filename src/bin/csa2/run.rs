@@ -15,8 +15,11 @@
 use csa2::backend::launch_day::LAUNCH_DAY;
 use csa2::backend::stack::StepOutput;
 use csa2::backend::timing::Timings;
-use csa2::backend::{Backend, BackendConfig, ContiguousCache, KvCache, Model, Phase, SeqStep};
+use csa2::backend::{
+    Backend, BackendConfig, ContiguousCache, KvCache, Model, PagedCache, Phase, SeqStep,
+};
 use csa2::cache::prefix::PrefixKey;
+use csa2::cache::CacheManager;
 use csa2::geometry::Role;
 use csa2::ops::compressor::CompressorState;
 use csa2::replay::{plan as replay_plan, ReplayConfig, ReplayMode};
@@ -76,6 +79,43 @@ pub struct Args {
     /// Use the launch-day backend instead of CSA2.
     #[arg(long)]
     launch_day: bool,
+    /// KV cache: `paged` (the block manager: block tables, slot mapping, block-planar pages) or
+    /// `contiguous` (one growing buffer per request and layer). Same outputs bit for bit.
+    #[arg(long, value_enum, default_value_t = CacheKind::Paged)]
+    cache: CacheKind,
+    /// Blocks of 256 tokens in the paged pool (0 = enough for the session's final context).
+    #[arg(long, default_value_t = 0)]
+    cache_blocks: usize,
+}
+
+/// Which [`KvCache`] implementation a run uses.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheKind {
+    /// [`PagedCache`] over the paged `CacheManager`.
+    Paged,
+    /// [`ContiguousCache`].
+    Contiguous,
+}
+
+impl CacheKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            CacheKind::Paged => "paged",
+            CacheKind::Contiguous => "contiguous",
+        }
+    }
+}
+
+/// Tokens of the session's final context: every turn's new prompt tokens and generated tokens.
+fn session_tokens(a: &Args, reqs: &[csa2::sim::trace::TraceRequest]) -> usize {
+    reqs.iter()
+        .step_by(a.stride.max(1))
+        .take(a.turns)
+        .map(|r| {
+            ((r.input_length as f64 * a.token_scale).round() as usize).max(1)
+                + r.output_length.clamp(1, a.decode_max.max(1))
+        })
+        .sum()
 }
 
 /// One turn's numbers.
@@ -137,11 +177,12 @@ fn key(session: u64, ctx: usize) -> PrefixKey {
     )
 }
 
-/// Runs a session; `on_turn` is called after each turn. Also used by `csa2 replay-error`.
+/// Runs a session over `cache`; `on_turn` is called after each turn.
 pub fn session(
     a: &Args,
     backend: &Backend,
     reqs: &[csa2::sim::trace::TraceRequest],
+    cache: &mut dyn KvCache,
     mut on_step: impl FnMut(usize, &str, &StepOutput),
     mut on_turn: impl FnMut(&TurnReport),
 ) -> Result<Vec<TurnReport>> {
@@ -160,7 +201,6 @@ pub fn session(
     let encoder: Vec<usize> = (0..g.first_decoder_layer).collect();
     let all_layers: Vec<usize> = (0..g.num_layers).collect();
     let kv_layers: Vec<usize> = g.layers_with(Role::Full).map(|l| l.id).collect();
-    let mut cache = ContiguousCache::new(&g, backend.cfg.formats);
     let mut ctx = 0usize;
     let mut reports = vec![];
     let t_first = reqs.first().map_or(0, |r| r.timestamp);
@@ -214,7 +254,7 @@ pub fn session(
             };
             let toks: Vec<u32> = (pos..pos + len).map(|q| token_at(sid, q)).collect();
             let mut tm = Timings::default();
-            let out = backend.step(&[s], &toks, &mut cache, &mut tm, true)?;
+            let out = backend.step(&[s], &toks, cache, &mut tm, true)?;
             on_step(turn, "prefill", &out);
             pos += len;
         }
@@ -234,7 +274,7 @@ pub fn session(
                 cached_until: q,
             };
             let mut tm = Timings::default();
-            let out = backend.step(&[s], &[token_at(sid, q)], &mut cache, &mut tm, true)?;
+            let out = backend.step(&[s], &[token_at(sid, q)], cache, &mut tm, true)?;
             on_step(turn, "decode", &out);
             swa_peak = swa_peak.max(cache.usage().swa_bytes);
         }
@@ -366,10 +406,24 @@ fn run_in_pool(a: Args) -> Result<()> {
     );
     // Digest of every step's final hidden state: what the weights produced (tests compare it).
     let mut digest = Sha256::new();
+    let (mut cache, manager): (Box<dyn KvCache>, Option<Arc<CacheManager>>) = match a.cache {
+        CacheKind::Paged => {
+            let blocks = match a.cache_blocks {
+                0 => session_tokens(&a, &reqs).div_ceil(256) + 1,
+                n => n,
+            };
+            let p = PagedCache::host(g, backend.cfg.formats, blocks)?;
+            let m = p.manager().clone();
+            (Box::new(p), Some(m))
+        }
+        CacheKind::Contiguous => (Box::new(ContiguousCache::new(g, backend.cfg.formats)), None),
+    };
+    let t_session = Instant::now();
     let reports = session(
         &a,
         &backend,
         &reqs,
+        cache.as_mut(),
         |_, _, out| {
             out.hidden
                 .iter()
@@ -380,6 +434,7 @@ fn run_in_pool(a: Args) -> Result<()> {
             bar.set_message(format!("context {}", t.prompt_tokens + t.generated_tokens));
         },
     )?;
+    let session_s = t_session.elapsed().as_secs_f64();
     bar.finish_and_clear();
     println!(
         "{:>4} {:>8} {:>7} {:>7} {:>5} {:>7} {:>7} {:>4} {:>8} {:>8} {:>9} {:>8} {:>11} {:>10} {:>10}",
@@ -415,6 +470,29 @@ fn run_in_pool(a: Args) -> Result<()> {
             last.hbm_global_bytes as f64 / ctx as f64
         );
     }
+    let usage = cache.usage();
+    // The session's request (id 1) stays open after its last turn: its table is the context.
+    let manager = match &manager {
+        Some(m) => Some((m.stats(), m.request_bytes(1)?)),
+        None => None,
+    };
+    match &manager {
+        Some((m, r)) => println!(
+            "Cache: paged (CacheManager, {} blocks of 256 tokens): {} blocks in use = {} B of slabs measured by the allocator for {} tokens = {:.1} B/token ({} B padding in the last block); SWA rings {} B; session {:.2} s.",
+            m.total_blocks,
+            m.used_blocks,
+            r.slab_bytes,
+            r.tokens,
+            r.bytes_per_token,
+            r.padding_bytes,
+            m.session_bytes,
+            session_s
+        ),
+        None => println!(
+            "Cache: contiguous (one buffer per request and layer): {} B of global KV allocated; session {:.2} s.",
+            usage.global_allocated, session_s
+        ),
+    }
     let output_sha256: String = digest
         .finalize()
         .iter()
@@ -426,6 +504,9 @@ fn run_in_pool(a: Args) -> Result<()> {
             path,
             serde_json::to_string_pretty(&serde_json::json!({
                 "backend": backend.cfg.name,
+                "cache": a.cache.as_str(),
+                "cache_manager": manager.map(|(stats, request)| serde_json::json!({"stats": stats, "request": request})),
+                "session_s": session_s,
                 "scale": a.scale,
                 "decoder_replay": backend.cfg.decoder_replay,
                 "ttl_s": a.ttl_s,
