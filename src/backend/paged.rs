@@ -491,3 +491,125 @@ impl KvCache for PagedCache {
         u
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::ContiguousCache;
+
+    fn rows(n: usize, dim: usize, seed: f32) -> Vec<f32> {
+        (0..n * dim)
+            .map(|i| ((i as f32 * 0.37 + seed).sin()) * 1.5)
+            .collect()
+    }
+
+    /// Every window the two caches hold agrees, range and rows.
+    fn same_windows(c: &ContiguousCache, p: &PagedCache, req: ReqId, layers: &[usize]) {
+        for &l in layers {
+            let h = c.swa_held(req, l).unwrap();
+            assert_eq!(p.swa_held(req, l).unwrap(), h, "layer {l}");
+            let mut x = vec![0f32; h.len() * 512];
+            let mut y = vec![1f32; h.len() * 512];
+            c.swa_read(req, l, h.clone(), &mut x).unwrap();
+            p.swa_read(req, l, h, &mut y).unwrap();
+            assert!(x == y, "layer {l} rows");
+        }
+        assert_eq!(
+            c.swa_snapshot(req, layers).unwrap(),
+            p.swa_snapshot(req, layers).unwrap()
+        );
+    }
+
+    #[test]
+    fn swa_windows_follow_the_contiguous_rules_step_by_step() {
+        let g = Geometry::embedded();
+        let w = g.window;
+        let mut c = ContiguousCache::new(&g, CacheFormats::CSA2);
+        let mut p = PagedCache::host(&g, CacheFormats::CSA2, 4).unwrap();
+        let x = rows(400, 512, 1.0);
+        let r = |a: usize, b: usize| &x[a * 512..b * 512];
+        // (first, rows): within the window, across it, more than a window at once, an empty
+        // write, a jump forward, a jump back older than the ring (restarts), then continuing.
+        let writes: [(usize, &[f32]); 8] = [
+            (0, r(0, 127)),
+            (127, r(127, 129)),
+            (129, r(129, 300)),
+            (300, &[]),
+            (1000, r(0, 1)),
+            (5, r(5, 5 + w + 9)),
+            (5 + w + 9, r(200, 203)),
+            (7, r(0, 0)),
+        ];
+        for cache in [&mut c as &mut dyn KvCache, &mut p] {
+            cache.open(1).unwrap();
+        }
+        for (i, (first, rs)) in writes.iter().enumerate() {
+            for cache in [&mut c as &mut dyn KvCache, &mut p] {
+                cache.swa_write(1, 5, *first, rs).unwrap();
+            }
+            same_windows(&c, &p, 1, &[5]);
+            if i == 2 {
+                assert_eq!(p.swa_held(1, 5).unwrap(), 300 - w..300);
+            }
+        }
+        assert_eq!(p.swa_held(1, 5).unwrap(), 7..7);
+        // Drop / restore of an arbitrary layer set, including never-written layers.
+        for cache in [&mut c as &mut dyn KvCache, &mut p] {
+            cache.swa_write(1, 6, 40, r(0, 50)).unwrap();
+        }
+        let snap = c.swa_snapshot(1, &[5, 6, 7]).unwrap();
+        assert_eq!(snap.layers.len(), 2, "layer 7 never wrote");
+        for cache in [&mut c as &mut dyn KvCache, &mut p] {
+            cache.swa_drop(1, &[5, 6]).unwrap();
+            assert_eq!(cache.swa_held(1, 6).unwrap(), 0..0);
+            cache.swa_restore(1, &snap).unwrap();
+        }
+        same_windows(&c, &p, 1, &[5, 6, 7]);
+        assert_eq!(p.swa_held(1, 6).unwrap(), 40..90);
+        // Out-of-window reads and bad snapshots are typed errors.
+        let mut out = vec![0f32; 512];
+        assert!(p.swa_read(1, 6, 39..40, &mut out).is_err());
+        assert!(p.swa_read(1, 40, 0..1, &mut out).is_err());
+        let bad = SwaSnapshot {
+            end: 0,
+            layers: vec![(6, 0, vec![0u8; 100])],
+        };
+        assert!(matches!(p.swa_restore(1, &bad), Err(Error::Shape { .. })));
+        assert_eq!(
+            p.swa_held(1, 6).unwrap(),
+            40..90,
+            "a refused restore changes nothing"
+        );
+    }
+
+    #[test]
+    fn entries_round_trip_and_the_tail_can_be_rewritten() {
+        let g = Geometry::embedded();
+        for f in [CacheFormats::CSA2, CacheFormats::LAUNCH_DAY] {
+            let mut c = ContiguousCache::new(&g, f);
+            let mut p = PagedCache::host(&g, f, 4).unwrap();
+            let x = rows(300, 512, 0.3);
+            let y = rows(2, 512, 2.0);
+            for cache in [&mut c as &mut dyn KvCache, &mut p] {
+                cache.open(1).unwrap();
+                // Layer 2 (ratio 2): 128 entries per 256-token block; 300 entries span 3 blocks.
+                cache
+                    .write_entries(1, 2, Region::Main, 0, &x[..127 * 512])
+                    .unwrap();
+                cache
+                    .write_entries(1, 2, Region::Main, 127, &x[127 * 512..])
+                    .unwrap();
+                // Rewrite entries 255 and 256 (across a block boundary).
+                cache.write_entries(1, 2, Region::Main, 255, &y).unwrap();
+                assert_eq!(cache.entries(1, 2).unwrap(), 300);
+            }
+            for range in [0..300, 1..2, 127..129, 250..300, 5..5] {
+                let a = c.records(1, 2, Region::Main, range.clone()).unwrap();
+                let b = p.records(1, 2, Region::Main, range.clone()).unwrap();
+                assert!(a[..] == b[..], "{f:?} {range:?}");
+            }
+            assert_eq!(p.manager().block_table(1).unwrap().len(), 3);
+            assert_eq!(p.usage().main_bytes, c.usage().main_bytes);
+        }
+    }
+}
