@@ -8,6 +8,10 @@
 //! snapshot is restored (no replay), an expired one costs an encoder bounded replay of the last
 //! window (SPEC §3, planned by `replay::plan`).
 //!
+//! The KV cache is the paged block manager through `PagedCache` (`--cache paged`, the default; the
+//! pool is sized to the session's final context unless `--cache-blocks` says otherwise) or the
+//! per-request `ContiguousCache` (`--cache contiguous`); both give the same `output_sha256`.
+//!
 //! Placeholders (out of scope, stated in the output): token ids of prompts and of generated tokens
 //! are deterministic synthetic ids (no tokenizer, no LM head); the embedding and the MoE FFN are the
 //! stack's placeholders.
