@@ -38,8 +38,8 @@ use std::path::PathBuf;
 /// Where a case's random choices come from: a seeded generator (the harness's own runs and the
 /// seed corpus) or a fuzzer's input bytes (cargo-fuzz, `fuzz/fuzz_targets/c_abi.rs`).
 pub enum Source<'a> {
-    /// Deterministic from a seed.
-    Seeded(StdRng),
+    /// Deterministic from a seed (boxed: `StdRng` is large beside a slice).
+    Seeded(Box<StdRng>),
     /// The bytes left of a fuzzer input; reads past the end give zeros.
     Bytes(&'a [u8]),
 }
@@ -852,7 +852,7 @@ fn mutate(r: &mut Source<'_>, c: &mut Case) {
 /// Builds case `seed` (deterministic): a valid template plus 0–3 mutations (none when `seed` is a
 /// multiple of 8, so every export is also exercised on valid input).
 pub fn build(seed: u64, x: &Ctx) -> Case {
-    let mut r = Source::Seeded(StdRng::seed_from_u64(seed));
+    let mut r = Source::Seeded(Box::new(StdRng::seed_from_u64(seed)));
     build_from(
         &mut r,
         seed & FAMILY2 != 0,

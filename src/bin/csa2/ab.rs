@@ -649,6 +649,13 @@ fn run_in_pool(a: Args) -> Result<()> {
             secs / prefills[2].1
         );
     }
+    if prefill_len <= model.geometry.window {
+        println!(
+            "(decoder replay keeps the last {} prompt rows, so a {prefill_len}-token prefill shows no \
+             saving: pass --prefill-max 256 or more to measure it)",
+            model.geometry.window
+        );
+    }
     println!("(synthetic weights generated in {weights_secs:.1} s)");
 
     if let Some(path) = &a.json {
