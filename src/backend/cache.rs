@@ -291,6 +291,80 @@ impl ContiguousCache {
     }
 }
 
+/// Argument checks every [`KvCache`] implementation applies, so the contiguous and the paged cache
+/// refuse the same inputs with the same errors.
+pub(crate) mod checks {
+    use super::Region;
+    use crate::error::{Error, Result};
+    use crate::formats::RecordFormat;
+    use std::ops::Range;
+
+    /// Rows in `rows` (flat f32, `fmt.dim()` per row); `what` names them in the error.
+    pub(crate) fn row_count(what: &str, fmt: RecordFormat, rows: &[f32]) -> Result<usize> {
+        if !rows.len().is_multiple_of(fmt.dim()) {
+            return Err(Error::shape(
+                what.to_string(),
+                format!("a multiple of {}", fmt.dim()),
+                rows.len(),
+            ));
+        }
+        Ok(rows.len() / fmt.dim())
+    }
+
+    /// Entries are written in order: `first` may rewrite the tail but not leave a gap.
+    pub(crate) fn no_gap(layer: usize, region: Region, first: usize, count: usize) -> Result<()> {
+        if first > count {
+            return Err(Error::invalid(
+                "first",
+                format!(
+                    "layer {layer} {region:?}: entry {first} would leave a gap after {count} stored entries"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `range` lies within the `count` stored entries.
+    pub(crate) fn stored(
+        layer: usize,
+        region: Region,
+        range: &Range<usize>,
+        count: usize,
+    ) -> Result<()> {
+        if range.end > count || range.start > range.end {
+            return Err(Error::invalid(
+                "range",
+                format!("layer {layer} {region:?}: entries {range:?} requested, {count} stored"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// An SWA read of `range` into `out_len` floats, against the positions `held`.
+    pub(crate) fn swa_read(
+        layer: usize,
+        range: &Range<usize>,
+        held: &Range<usize>,
+        fmt: RecordFormat,
+        out_len: usize,
+    ) -> Result<()> {
+        if range.start < held.start || range.end > held.end {
+            return Err(Error::invalid(
+                "range",
+                format!("layer {layer} SWA positions {range:?} requested, {held:?} held"),
+            ));
+        }
+        if out_len != range.len() * fmt.dim() {
+            return Err(Error::shape(
+                "SWA read output",
+                range.len() * fmt.dim(),
+                out_len,
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl KvCache for ContiguousCache {
     fn formats(&self) -> CacheFormats {
         self.formats
@@ -341,25 +415,10 @@ impl KvCache for ContiguousCache {
     ) -> Result<()> {
         self.check_kv_layer(layer)?;
         let fmt = self.formats.of(region);
-        if !rows.len().is_multiple_of(fmt.dim()) {
-            return Err(Error::shape(
-                format!("layer {layer} {region:?} rows"),
-                format!("a multiple of {}", fmt.dim()),
-                rows.len(),
-            ));
-        }
-        let n = rows.len() / fmt.dim();
+        let n = checks::row_count(&format!("layer {layer} {region:?} rows"), fmt, rows)?;
         let st = self.req_mut(req)?;
         let p = st.global.entry((layer, region)).or_default();
-        if first > p.count {
-            return Err(Error::invalid(
-                "first",
-                format!(
-                    "layer {layer} {region:?}: entry {first} would leave a gap after {} stored entries",
-                    p.count
-                ),
-            ));
-        }
+        checks::no_gap(layer, region, first, p.count)?;
         let rb = fmt.record_bytes();
         let end = (first + n).max(p.count);
         p.bytes.resize(end * rb, 0);
@@ -379,12 +438,7 @@ impl KvCache for ContiguousCache {
         let rb = self.formats.of(region).record_bytes();
         let st = self.req(req)?;
         let count = st.global.get(&(layer, region)).map_or(0, |p| p.count);
-        if range.end > count || range.start > range.end {
-            return Err(Error::invalid(
-                "range",
-                format!("layer {layer} {region:?}: entries {range:?} requested, {count} stored"),
-            ));
-        }
+        checks::stored(layer, region, &range, count)?;
         if range.is_empty() {
             return Ok(Cow::Borrowed(&[]));
         }
@@ -395,15 +449,8 @@ impl KvCache for ContiguousCache {
     fn swa_write(&mut self, req: ReqId, layer: usize, first: usize, rows: &[f32]) -> Result<()> {
         self.check_layer(layer)?;
         let fmt = self.formats.swa;
-        if !rows.len().is_multiple_of(fmt.dim()) {
-            return Err(Error::shape(
-                format!("layer {layer} SWA rows"),
-                format!("a multiple of {}", fmt.dim()),
-                rows.len(),
-            ));
-        }
+        let n = checks::row_count(&format!("layer {layer} SWA rows"), fmt, rows)?;
         let w = self.window;
-        let n = rows.len() / fmt.dim();
         let rb = fmt.record_bytes();
         let st = self.req_mut(req)?;
         let ring = st.swa[layer].get_or_insert_with(|| Ring {
@@ -444,19 +491,7 @@ impl KvCache for ContiguousCache {
         if range.is_empty() {
             return Ok(());
         }
-        if range.start < held.start || range.end > held.end {
-            return Err(Error::invalid(
-                "range",
-                format!("layer {layer} SWA positions {range:?} requested, {held:?} held"),
-            ));
-        }
-        if out.len() != range.len() * fmt.dim() {
-            return Err(Error::shape(
-                "SWA read output",
-                range.len() * fmt.dim(),
-                out.len(),
-            ));
-        }
+        checks::swa_read(layer, &range, &held, fmt, out.len())?;
         let ring = self.req(req)?.swa[layer].as_ref().expect("held");
         let (w, rb) = (self.window, fmt.record_bytes());
         let mut recs = Vec::with_capacity(range.len() * rb);

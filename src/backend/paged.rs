@@ -17,7 +17,7 @@
 //! must not reuse them. Prefix publishing and adoption stay with the manager's callers: this
 //! adapter never seals a block.
 
-use super::cache::{CacheFormats, CacheUsage, KvCache, Region, ReqId, SwaSnapshot};
+use super::cache::{checks, CacheFormats, CacheUsage, KvCache, Region, ReqId, SwaSnapshot};
 use crate::cache::{CacheConfig, CacheManager, CacheSpec, RecordKind};
 use crate::error::{Error, Result};
 use crate::formats::{decode_rows, encode_rows, KV_DIM};
@@ -241,24 +241,10 @@ impl KvCache for PagedCache {
     ) -> Result<()> {
         let p = self.pool(layer)?;
         let fmt = self.formats.of(region);
-        if !rows.len().is_multiple_of(fmt.dim()) {
-            return Err(Error::shape(
-                format!("layer {layer} {region:?} rows"),
-                format!("a multiple of {}", fmt.dim()),
-                rows.len(),
-            ));
-        }
-        let n = rows.len() / fmt.dim();
+        let n = checks::row_count(&format!("layer {layer} {region:?} rows"), fmt, rows)?;
         let r = region as usize;
         let count = self.req(req)?.entries[p][r];
-        if first > count {
-            return Err(Error::invalid(
-                "first",
-                format!(
-                    "layer {layer} {region:?}: entry {first} would leave a gap after {count} stored entries"
-                ),
-            ));
-        }
+        checks::no_gap(layer, region, first, count)?;
         if n == 0 {
             return Ok(());
         }
@@ -289,12 +275,7 @@ impl KvCache for PagedCache {
     ) -> Result<Cow<'_, [u8]>> {
         let p = self.pool(layer)?;
         let count = self.req(req)?.entries[p][region as usize];
-        if range.end > count || range.start > range.end {
-            return Err(Error::invalid(
-                "range",
-                format!("layer {layer} {region:?}: entries {range:?} requested, {count} stored"),
-            ));
-        }
+        checks::stored(layer, region, &range, count)?;
         if range.is_empty() {
             return Ok(Cow::Borrowed(&[]));
         }
@@ -333,15 +314,8 @@ impl KvCache for PagedCache {
     fn swa_write(&mut self, req: ReqId, layer: usize, first: usize, rows: &[f32]) -> Result<()> {
         self.check_layer(layer)?;
         let fmt = self.formats.swa;
-        if !rows.len().is_multiple_of(fmt.dim()) {
-            return Err(Error::shape(
-                format!("layer {layer} SWA rows"),
-                format!("a multiple of {}", fmt.dim()),
-                rows.len(),
-            ));
-        }
+        let n = checks::row_count(&format!("layer {layer} SWA rows"), fmt, rows)?;
         let w = self.window;
-        let n = rows.len() / fmt.dim();
         let held = self.req(req)?.swa[layer].clone();
         // Only the newest `window` rows can survive: encode just those.
         let skip = n.saturating_sub(w);
@@ -379,19 +353,7 @@ impl KvCache for PagedCache {
         if range.is_empty() {
             return Ok(());
         }
-        if range.start < held.start || range.end > held.end {
-            return Err(Error::invalid(
-                "range",
-                format!("layer {layer} SWA positions {range:?} requested, {held:?} held"),
-            ));
-        }
-        if out.len() != range.len() * fmt.dim() {
-            return Err(Error::shape(
-                "SWA read output",
-                range.len() * fmt.dim(),
-                out.len(),
-            ));
-        }
+        checks::swa_read(layer, &range, &held, fmt, out.len())?;
         let mut recs = vec![0u8; range.len() * fmt.record_bytes()];
         self.manager
             .swa_read_rows(req, layer, range.start, &mut recs)?;
