@@ -13,12 +13,11 @@
 //! another call on that handle.
 
 use super::cache::{cache, Csa2Cache};
-use super::dlpack::{check_disjoint, DLTensor, DType};
-use super::ops::{host, host_opt, layer_plan, FLOATS};
+use super::dlpack::{check_disjoint, DLTensor};
+use super::ops::{compress_views, layer_plan};
 use super::{arg_out, arg_ref, boundary, boundary_value, Csa2Geometry, Csa2Status};
 use crate::error::{Error, Result};
-use crate::formats::{INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
-use crate::npy::{Dim, Dims};
+use crate::formats::{KV_DIM, NVFP4_DS_BYTES};
 use crate::ops::compressor::{Compressor, CompressorState, CompressorWeights};
 use crate::ops::rope::Rope;
 use parking_lot::Mutex;
@@ -202,39 +201,8 @@ pub unsafe extern "C" fn csa2_compress_step(
         }
         let m = s.ratio;
         // SAFETY: caller's contract (see above).
-        let (kv, score, norm, wk, k_norm, mut main_out, mut index_out) = unsafe {
-            (
-                host(kv, "kv")?,
-                host_opt(score, "score")?,
-                host(norm, "norm")?,
-                host(wk, "wk")?,
-                host(k_norm, "k_norm")?,
-                host(main_kv_out, "main_kv_out")?,
-                host(index_k_out, "index_k_out")?,
-            )
-        };
-        let mut dims = Dims::default();
-        kv.expect(FLOATS, &[Dim::Any("T"), Dim::Fixed(KV_DIM)], &mut dims)?;
-        if let Some(sc) = &score {
-            sc.expect(FLOATS, &[Dim::Any("T"), Dim::Fixed(KV_DIM)], &mut dims)?;
-        }
-        norm.expect(FLOATS, &[Dim::Fixed(KV_DIM)], &mut dims)?;
-        wk.expect(
-            FLOATS,
-            &[Dim::Fixed(INDEX_DIM), Dim::Fixed(KV_DIM)],
-            &mut dims,
-        )?;
-        k_norm.expect(FLOATS, &[Dim::Fixed(INDEX_DIM)], &mut dims)?;
-        main_out.expect(
-            &[DType::U8],
-            &[Dim::Any("E"), Dim::Fixed(NVFP4_DS_BYTES)],
-            &mut dims,
-        )?;
-        index_out.expect(
-            &[DType::U8],
-            &[Dim::Any("E"), Dim::Fixed(MXFP4_INDEX_BYTES)],
-            &mut dims,
-        )?;
+        let (kv, score, norm, wk, k_norm, mut main_out, mut index_out) =
+            unsafe { compress_views(kv, score, norm, wk, k_norm, main_kv_out, index_k_out) }?;
         let mut inputs = vec![&kv, &norm, &wk, &k_norm];
         inputs.extend(score.as_ref());
         check_disjoint(&inputs, &[&main_out, &index_out])?;

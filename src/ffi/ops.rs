@@ -34,6 +34,67 @@ use crate::ops::rope::{Direction, Rope};
 pub(super) const FLOATS: &[DType] = &[DType::F32, DType::Bf16, DType::F16];
 pub(super) const INTS: &[DType] = &[DType::I32, DType::I64];
 
+/// The validated host views of a compressor call (`csa2_compress`, `csa2_compress_step`): `kv`
+/// `(T, 512)` float, optional `score` `(T, 512)` float, `norm` `(512)`, `wk` `(128, 512)`, `k_norm`
+/// `(128)` float, and the record outputs `(E, 288)` / `(E, 68)` uint8.
+///
+/// # Safety
+/// Each pointer null or a readable `DLTensor` whose memory stays valid for `'a`.
+#[allow(clippy::type_complexity)]
+pub(super) unsafe fn compress_views<'a>(
+    kv: *const DLTensor,
+    score: *const DLTensor,
+    norm: *const DLTensor,
+    wk: *const DLTensor,
+    k_norm: *const DLTensor,
+    main_kv_out: *const DLTensor,
+    index_k_out: *const DLTensor,
+) -> Result<(
+    View<'a>,
+    Option<View<'a>>,
+    View<'a>,
+    View<'a>,
+    View<'a>,
+    View<'a>,
+    View<'a>,
+)> {
+    // SAFETY: forwarded caller contract.
+    let (kv, score, norm, wk, k_norm, main_out, index_out) = unsafe {
+        (
+            host(kv, "kv")?,
+            host_opt(score, "score")?,
+            host(norm, "norm")?,
+            host(wk, "wk")?,
+            host(k_norm, "k_norm")?,
+            host(main_kv_out, "main_kv_out")?,
+            host(index_k_out, "index_k_out")?,
+        )
+    };
+    let mut dims = Dims::default();
+    kv.expect(FLOATS, &[Dim::Any("T"), Dim::Fixed(KV_DIM)], &mut dims)?;
+    if let Some(s) = &score {
+        s.expect(FLOATS, &[Dim::Any("T"), Dim::Fixed(KV_DIM)], &mut dims)?;
+    }
+    norm.expect(FLOATS, &[Dim::Fixed(KV_DIM)], &mut dims)?;
+    wk.expect(
+        FLOATS,
+        &[Dim::Fixed(INDEX_DIM), Dim::Fixed(KV_DIM)],
+        &mut dims,
+    )?;
+    k_norm.expect(FLOATS, &[Dim::Fixed(INDEX_DIM)], &mut dims)?;
+    main_out.expect(
+        &[DType::U8],
+        &[Dim::Any("E"), Dim::Fixed(NVFP4_DS_BYTES)],
+        &mut dims,
+    )?;
+    index_out.expect(
+        &[DType::U8],
+        &[Dim::Any("E"), Dim::Fixed(MXFP4_INDEX_BYTES)],
+        &mut dims,
+    )?;
+    Ok((kv, score, norm, wk, k_norm, main_out, index_out))
+}
+
 /// A required host tensor.
 ///
 /// # Safety
@@ -178,39 +239,8 @@ pub unsafe extern "C" fn csa2_compress(
         let (plan, eps) = layer_plan(geometry, layer)?;
         let m = plan.ratio;
         // SAFETY: caller's contract (see above).
-        let (kv, score, norm, wk, k_norm, mut main_out, mut index_out) = unsafe {
-            (
-                host(kv, "kv")?,
-                host_opt(score, "score")?,
-                host(norm, "norm")?,
-                host(wk, "wk")?,
-                host(k_norm, "k_norm")?,
-                host(main_kv_out, "main_kv_out")?,
-                host(index_k_out, "index_k_out")?,
-            )
-        };
-        let mut dims = Dims::default();
-        kv.expect(FLOATS, &[Dim::Any("T"), Dim::Fixed(KV_DIM)], &mut dims)?;
-        if let Some(s) = &score {
-            s.expect(FLOATS, &[Dim::Any("T"), Dim::Fixed(KV_DIM)], &mut dims)?;
-        }
-        norm.expect(FLOATS, &[Dim::Fixed(KV_DIM)], &mut dims)?;
-        wk.expect(
-            FLOATS,
-            &[Dim::Fixed(INDEX_DIM), Dim::Fixed(KV_DIM)],
-            &mut dims,
-        )?;
-        k_norm.expect(FLOATS, &[Dim::Fixed(INDEX_DIM)], &mut dims)?;
-        main_out.expect(
-            &[DType::U8],
-            &[Dim::Any("E"), Dim::Fixed(NVFP4_DS_BYTES)],
-            &mut dims,
-        )?;
-        index_out.expect(
-            &[DType::U8],
-            &[Dim::Any("E"), Dim::Fixed(MXFP4_INDEX_BYTES)],
-            &mut dims,
-        )?;
+        let (kv, score, norm, wk, k_norm, mut main_out, mut index_out) =
+            unsafe { compress_views(kv, score, norm, wk, k_norm, main_kv_out, index_k_out) }?;
         let t = kv.shape()[0];
         if m == 0 {
             return Err(Error::invalid(
