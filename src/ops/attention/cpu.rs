@@ -25,6 +25,15 @@ use crate::ops::simd::{codec_isa, multiversion, Vf32};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
+/// One score task: (its rows of the f32 tile, its rows of Sᵀ), (its chunk max, its chunk sum).
+type ScoreChunk<'a> = (
+    usize,
+    (
+        (&'a mut [f32], &'a mut [f32]),
+        (&'a mut [f32], &'a mut [f32]),
+    ),
+);
+
 /// Rows per score task (decoded and scored together while they are hot in cache).
 const CHUNK: usize = 64;
 /// Output dims per P·V task.
@@ -138,11 +147,10 @@ fn token(
     }
     let isa = codec_isa();
     let qt = &*qt;
-    let score =
-        |(c, ((k, s), (m, e))): (usize, ((&mut [f32], &mut [f32]), (&mut [f32], &mut [f32])))| {
-            gather(isa, r, &kv.0, &kv.1, c * CHUNK, k);
-            scores_mv(qt, k, hp, s, m, e);
-        };
+    let score = |(c, ((k, s), (m, e))): ScoreChunk| {
+        gather(isa, r, &kv.0, &kv.1, c * CHUNK, k);
+        scores_mv(qt, k, hp, s, m, e);
+    };
     if par {
         kf.par_chunks_mut(CHUNK * KV_DIM)
             .zip(st.par_chunks_mut(CHUNK * hp))
@@ -273,7 +281,7 @@ fn scores_body<V: Vf32>(
 fn score_tiles<V: Vf32, const R: usize>(qt: &[f32], kf: &[f32], hp: usize, st: &mut [f32]) {
     let l = V::L;
     let n = st.len() / hp;
-    assert!(kf.len() == n * KV_DIM && qt.len() == KV_DIM * hp && hp % (4 * l) == 0);
+    assert!(kf.len() == n * KV_DIM && qt.len() == KV_DIM * hp && hp.is_multiple_of(4 * l));
     let zero = V::splat(0.0);
     for h0 in (0..hp).step_by(4 * l) {
         for d0 in (0..KV_DIM).step_by(DBLOCK) {
@@ -301,8 +309,8 @@ fn score_tiles<V: Vf32, const R: usize>(qt: &[f32], kf: &[f32], hp: usize, st: &
                         }
                     }
                 }
-                for r in 0..R.min(n - j0) {
-                    for (v, a) in acc[r].iter().enumerate() {
+                for (r, ar) in acc.iter().enumerate().take(n - j0) {
+                    for (v, a) in ar.iter().enumerate() {
                         // SAFETY: j0 + r < n and h0 + 4L ≤ hp.
                         unsafe { a.store(st.as_mut_ptr().add((j0 + r) * hp + h0 + v * l)) };
                     }
@@ -355,7 +363,7 @@ fn pv_tiles<V: Vf32, const HB: usize>(pt: &[f32], kf: &[f32], hp: usize, d0: usi
     let l = V::L;
     let h = o.len() / SLICE;
     let n = pt.len() / hp;
-    assert!(kf.len() == n * KV_DIM && d0 + SLICE <= KV_DIM && hp % HB == 0 && h <= hp);
+    assert!(kf.len() == n * KV_DIM && d0 + SLICE <= KV_DIM && hp.is_multiple_of(HB) && h <= hp);
     let zero = V::splat(0.0);
     for h0 in (0..h).step_by(HB) {
         for dd in (0..SLICE).step_by(2 * l) {
