@@ -42,6 +42,13 @@ const SLICE: usize = 64;
 const HEAD_PAD: usize = 64;
 /// Dims of `Qᵀ` streamed per pass of the score micro-kernel (128 × 64 heads × 4 B = 32 KiB).
 const DBLOCK: usize = 128;
+/// Rows per pass of the P·V micro-kernel: its slice of the row tile, of `P` and of the output
+/// (32 × 256 B, 32 × 256 B, 64 × 256 B) stay in L1 while every head block streams them.
+const PV_ROWS: usize = 32;
+/// Row stride of the f32 row tile: 512 + 16 floats, so that successive rows (2112 B apart) fall in
+/// different L1 sets; with a 2 KiB stride the column slices P·V streams alias into a few sets and
+/// miss on every pass.
+const KS: usize = KV_DIM + 16;
 
 thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -64,7 +71,7 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
 /// Scratch floats for one token of `n` rows and `h` heads.
 fn scratch_len(n: usize, h: usize) -> usize {
     let hp = h.div_ceil(HEAD_PAD) * HEAD_PAD;
-    n * KV_DIM + n * hp + KV_DIM * hp + 2 * n.div_ceil(CHUNK) * hp + h * KV_DIM
+    n * KS + n * hp + KV_DIM * hp + 2 * n.div_ceil(CHUNK) * hp + h * KV_DIM
 }
 
 /// Runs every token; shapes are checked by [`super::attention`].
@@ -130,7 +137,7 @@ fn token(
     }
     let hp = h.div_ceil(HEAD_PAD) * HEAD_PAD;
     let nc = n.div_ceil(CHUNK);
-    let (kf, rest) = buf.split_at_mut(n * KV_DIM);
+    let (kf, rest) = buf.split_at_mut(n * KS);
     let (st, rest) = rest.split_at_mut(n * hp);
     let (qt, rest) = rest.split_at_mut(KV_DIM * hp);
     let (mx, rest) = rest.split_at_mut(nc * hp);
@@ -152,13 +159,13 @@ fn token(
         scores_mv(qt, k, hp, s, m, e);
     };
     if par {
-        kf.par_chunks_mut(CHUNK * KV_DIM)
+        kf.par_chunks_mut(CHUNK * KS)
             .zip(st.par_chunks_mut(CHUNK * hp))
             .zip(mx.par_chunks_mut(hp).zip(sm.par_chunks_mut(hp)))
             .enumerate()
             .for_each(score);
     } else {
-        kf.chunks_mut(CHUNK * KV_DIM)
+        kf.chunks_mut(CHUNK * KS)
             .zip(st.chunks_mut(CHUNK * hp))
             .zip(mx.chunks_mut(hp).zip(sm.chunks_mut(hp)))
             .enumerate()
@@ -199,10 +206,11 @@ fn token(
 }
 
 /// Decodes a token's attended rows `r0 ..` (main entries, then the window) into `dst`
-/// (rows, 512) f32.
+/// (rows, [`KS`]) f32.
 fn gather(isa: fast::Isa, r: &TokenRows, main: &KvRows, swa: &KvRows, r0: usize, dst: &mut [f32]) {
     let nm = r.main.len();
-    for (i, d) in dst.chunks_exact_mut(KV_DIM).enumerate() {
+    for (i, d) in dst.chunks_exact_mut(KS).enumerate() {
+        let d = &mut d[..KV_DIM];
         let k = r0 + i;
         if k < nm {
             row(isa, main, r.main[k], d);
@@ -230,7 +238,7 @@ multiversion!(
     scores_body
 );
 
-/// Scores of a chunk: `st` (rows, hp) = `kf` (rows, 512) · `qt` (512, hp); then, per head column,
+/// Scores of a chunk: `st` (rows, hp) = `kf` (rows, 512 of [`KS`]) · `qt` (512, hp); then, per head column,
 /// `mx` = the chunk max, `st` ← e^(st − mx) and `sm` = the chunk sum.
 #[inline(always)]
 fn scores_body<V: Vf32>(
@@ -281,7 +289,7 @@ fn scores_body<V: Vf32>(
 fn score_tiles<V: Vf32, const R: usize>(qt: &[f32], kf: &[f32], hp: usize, st: &mut [f32]) {
     let l = V::L;
     let n = st.len() / hp;
-    assert!(kf.len() == n * KV_DIM && qt.len() == KV_DIM * hp && hp.is_multiple_of(4 * l));
+    assert!(kf.len() == n * KS && qt.len() == KV_DIM * hp && hp.is_multiple_of(4 * l));
     let zero = V::splat(0.0);
     for h0 in (0..hp).step_by(4 * l) {
         for d0 in (0..KV_DIM).step_by(DBLOCK) {
@@ -303,7 +311,7 @@ fn score_tiles<V: Vf32, const R: usize>(qt: &[f32], kf: &[f32], hp: usize, st: &
                     });
                     for r in 0..R {
                         // SAFETY: jr[r] < n, d < 512.
-                        let k = V::splat(unsafe { *kf.get_unchecked(jr[r] * KV_DIM + d) });
+                        let k = V::splat(unsafe { *kf.get_unchecked(jr[r] * KS + d) });
                         for v in 0..4 {
                             acc[r][v] = V::fmadd(k, qv[v], acc[r][v]);
                         }
@@ -363,30 +371,41 @@ fn pv_tiles<V: Vf32, const HB: usize>(pt: &[f32], kf: &[f32], hp: usize, d0: usi
     let l = V::L;
     let h = o.len() / SLICE;
     let n = pt.len() / hp;
-    assert!(kf.len() == n * KV_DIM && d0 + SLICE <= KV_DIM && hp.is_multiple_of(HB) && h <= hp);
+    assert!(kf.len() == n * KS && d0 + SLICE <= KV_DIM && hp.is_multiple_of(HB) && h <= hp);
     let zero = V::splat(0.0);
-    for h0 in (0..h).step_by(HB) {
-        for dd in (0..SLICE).step_by(2 * l) {
-            let mut acc = [[zero; 2]; HB];
-            for j in 0..n {
-                // SAFETY: j < n and d0 + dd + 2L ≤ 512.
-                let (k0, k1) = unsafe {
-                    let p = kf.as_ptr().add(j * KV_DIM + d0 + dd);
-                    (V::load(p), V::load(p.add(l)))
-                };
-                for (i, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: h0 + i < hp (hp is a multiple of HB) and j < n.
-                    let p = V::splat(unsafe { *pt.get_unchecked(j * hp + h0 + i) });
-                    a[0] = V::fmadd(p, k0, a[0]);
-                    a[1] = V::fmadd(p, k1, a[1]);
+    for j0 in (0..n).step_by(PV_ROWS) {
+        for h0 in (0..h).step_by(HB) {
+            for dd in (0..SLICE).step_by(2 * l) {
+                let mut acc = [[zero; 2]; HB];
+                if j0 > 0 {
+                    for (i, a) in acc.iter_mut().enumerate().take(h - h0) {
+                        // SAFETY: (h0 + i) * SLICE + dd + 2L ≤ o.len().
+                        unsafe {
+                            let p = o.as_ptr().add((h0 + i) * SLICE + dd);
+                            *a = [V::load(p), V::load(p.add(l))];
+                        }
+                    }
                 }
-            }
-            for (i, a) in acc.iter().enumerate().take(h - h0) {
-                let dst = &mut o[(h0 + i) * SLICE + dd..][..2 * l];
-                // SAFETY: `dst` holds 2L writable floats.
-                unsafe {
-                    a[0].store(dst.as_mut_ptr());
-                    a[1].store(dst.as_mut_ptr().add(l));
+                for j in j0..(j0 + PV_ROWS).min(n) {
+                    // SAFETY: j < n and d0 + dd + 2L ≤ 512.
+                    let (k0, k1) = unsafe {
+                        let p = kf.as_ptr().add(j * KS + d0 + dd);
+                        (V::load(p), V::load(p.add(l)))
+                    };
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: h0 + i < hp (hp is a multiple of HB) and j < n.
+                        let p = V::splat(unsafe { *pt.get_unchecked(j * hp + h0 + i) });
+                        a[0] = V::fmadd(p, k0, a[0]);
+                        a[1] = V::fmadd(p, k1, a[1]);
+                    }
+                }
+                for (i, a) in acc.iter().enumerate().take(h - h0) {
+                    let dst = &mut o[(h0 + i) * SLICE + dd..][..2 * l];
+                    // SAFETY: `dst` holds 2L writable floats.
+                    unsafe {
+                        a[0].store(dst.as_mut_ptr());
+                        a[1].store(dst.as_mut_ptr().add(l));
+                    }
                 }
             }
         }
