@@ -142,14 +142,17 @@ fn token(
     let (qt, rest) = rest.split_at_mut(KV_DIM * hp);
     let (mx, rest) = rest.split_at_mut(nc * hp);
     let (sm, ot) = rest.split_at_mut(nc * hp);
-    // Qᵀ (512, hp) with the softmax scale folded in; padded heads are zero.
-    for (d, row) in qt.chunks_exact_mut(hp).enumerate() {
-        for (hi, v) in row.iter_mut().enumerate() {
-            *v = if hi < h {
-                q[hi * KV_DIM + d] * scale
-            } else {
-                0.0
-            };
+    // Qᵀ (512, hp) with the softmax scale folded in; padded heads are zero. Transposed in blocks of
+    // 16 dims so that both sides stay within a few KiB of L1 (a plain column walk strides 2 KiB).
+    if h < hp {
+        qt.fill(0.0);
+    }
+    for d0 in (0..KV_DIM).step_by(16) {
+        for hi in 0..h {
+            let src = &q[hi * KV_DIM + d0..][..16];
+            for (dd, &x) in src.iter().enumerate() {
+                qt[(d0 + dd) * hp + hi] = x * scale;
+            }
         }
     }
     let isa = codec_isa();
