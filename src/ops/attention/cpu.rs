@@ -40,8 +40,11 @@ const CHUNK: usize = 64;
 const SLICE: usize = 64;
 /// Heads are padded to a multiple of this (4 vectors of 16 lanes or 8 vectors of 8 lanes).
 const HEAD_PAD: usize = 64;
-/// Dims of `Qᵀ` streamed per pass of the score micro-kernel (128 × 64 heads × 4 B = 32 KiB).
-const DBLOCK: usize = 128;
+/// Dims of `Qᵀ` streamed per pass of the score micro-kernel (64 × 64 heads × 4 B = 16 KiB, L1).
+/// Each pass starts fresh accumulators that are then added to the stored partial scores: the
+/// 512-term dot products become 8 chains of 64 (a single 512-long chain in each lane loses about
+/// 10× more precision on sharp logits).
+const DBLOCK: usize = 64;
 /// Rows per pass of the P·V micro-kernel: its slice of the row tile, of `P` and of the output
 /// (32 × 256 B, 32 × 256 B, 64 × 256 B) stay in L1 while every head block streams them.
 const PV_ROWS: usize = 32;
@@ -286,27 +289,19 @@ fn scores_body<V: Vf32>(
     }
 }
 
-/// The score GEMM in tiles of `R` rows × 4 vectors of heads, over blocks of [`DBLOCK`] dims
-/// (accumulators are stored between blocks); a short last tile repeats its last row.
+/// The score GEMM in tiles of `R` rows × 4 vectors of heads, over blocks of [`DBLOCK`] dims (each
+/// block's sums are added to the stored partial scores); a short last tile repeats its last row.
 #[inline(always)]
 fn score_tiles<V: Vf32, const R: usize>(qt: &[f32], kf: &[f32], hp: usize, st: &mut [f32]) {
     let l = V::L;
     let n = st.len() / hp;
     assert!(kf.len() == n * KS && qt.len() == KV_DIM * hp && hp.is_multiple_of(4 * l));
-    let zero = V::splat(0.0);
+    let (zero, one) = (V::splat(0.0), V::splat(1.0));
     for h0 in (0..hp).step_by(4 * l) {
         for d0 in (0..KV_DIM).step_by(DBLOCK) {
             for j0 in (0..n).step_by(R) {
                 let jr: [usize; R] = std::array::from_fn(|r| (j0 + r).min(n - 1));
                 let mut acc = [[zero; 4]; R];
-                if d0 > 0 {
-                    for r in 0..R {
-                        for (v, a) in acc[r].iter_mut().enumerate() {
-                            // SAFETY: jr[r] < n and h0 + 4L ≤ hp.
-                            *a = unsafe { V::load(st.as_ptr().add(jr[r] * hp + h0 + v * l)) };
-                        }
-                    }
-                }
                 for d in d0..d0 + DBLOCK {
                     // SAFETY: d < 512 and h0 + 4L ≤ hp.
                     let qv: [V; 4] = std::array::from_fn(|v| unsafe {
@@ -321,9 +316,17 @@ fn score_tiles<V: Vf32, const R: usize>(qt: &[f32], kf: &[f32], hp: usize, st: &
                     }
                 }
                 for (r, ar) in acc.iter().enumerate().take(n - j0) {
-                    for (v, a) in ar.iter().enumerate() {
+                    for (v, &a) in ar.iter().enumerate() {
                         // SAFETY: j0 + r < n and h0 + 4L ≤ hp.
-                        unsafe { a.store(st.as_mut_ptr().add((j0 + r) * hp + h0 + v * l)) };
+                        unsafe {
+                            let p = st.as_mut_ptr().add((j0 + r) * hp + h0 + v * l);
+                            let a = if d0 > 0 {
+                                V::fmadd(V::load(p), one, a)
+                            } else {
+                                a
+                            };
+                            a.store(p);
+                        }
                     }
                 }
             }
