@@ -42,8 +42,8 @@ const SLICE: usize = 64;
 const HEAD_PAD: usize = 64;
 /// Dims of `Qᵀ` streamed per pass of the score micro-kernel (64 × 64 heads × 4 B = 16 KiB, L1).
 /// Each pass starts fresh accumulators that are then added to the stored partial scores: the
-/// 512-term dot products become 8 chains of 64 (a single 512-long chain in each lane loses about
-/// 10× more precision on sharp logits).
+/// 512-term dot products become 8 chains of 64 (one 512-long chain per lane — each lane is one
+/// head — lost about 10× more precision on sharp logits).
 const DBLOCK: usize = 64;
 /// Rows per pass of the P·V micro-kernel: its slice of the row tile, of `P` and of the output
 /// (32 × 256 B, 32 × 256 B, 64 × 256 B) stay in L1 while every head block streams them.
