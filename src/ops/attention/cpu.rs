@@ -255,10 +255,10 @@ fn scores_body<V: Vf32>(
     mx: &mut [f32],
     sm: &mut [f32],
 ) {
-    // 4 rows × 4 vectors = 16 accumulators with 16 lanes (of 32 registers); 2 × 4 with 8 lanes
-    // (of 16 registers).
+    // 6 rows × 4 vectors = 24 accumulators with 16 lanes (of 32 registers: 10 loads per 24 FMAs);
+    // 2 × 4 with 8 lanes (of 16 registers).
     if V::L == 16 {
-        score_tiles::<V, 4>(qt, kf, hp, st);
+        score_tiles::<V, 6>(qt, kf, hp, st);
     } else {
         score_tiles::<V, 2>(qt, kf, hp, st);
     }
