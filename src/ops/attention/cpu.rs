@@ -1,40 +1,66 @@
-//! Attention fast path.
+//! Attention fast path: per token, two small GEMMs around a column-wise softmax.
 //!
 //! Per token the ≤ 640 attended rows are gathered and decoded to f32 once (the SIMD row codecs,
-//! bit-identical to the reference decode; a lone token decodes its rows on every thread), then
-//! shared by all heads (MQA). Work is split into tasks of [`HB`] heads so that rayon can balance
-//! a decode step even when one worker is descheduled on a loaded machine (a fixed two-way split
-//! made the step as slow as its slowest half).
+//! bit-identical to the reference decode) into a (rows, 512) tile shared by all heads (MQA). Then:
 //!
-//! Scores are register-blocked dot products of 4 query heads × 2 key rows (8 FMA chains, rows read
-//! in place, no key transposition); P·V keeps 8 heads × 2 vectors of output dims in registers
-//! while streaming the rows. Scratch buffers are per-thread and reused across calls.
+//! 1. scores `Sᵀ = K · (scale·Q)ᵀ` as a (rows, heads) tile: the query block is transposed once per
+//!    token to (512, heads) so that the heads lie along the vector lanes; the micro-kernel holds
+//!    `R` rows × 4 vectors of heads in registers and streams 128-dim blocks of `Qᵀ` (32 KiB, L1)
+//!    while broadcasting key values, so no horizontal sums are needed;
+//! 2. the softmax runs down the columns (all heads at once, no horizontal reductions): each chunk
+//!    of [`CHUNK`] rows keeps its own max and sum, which are merged afterwards (the per-chunk
+//!    rescale is folded into one pass over `P`);
+//! 3. `O = P · V` with the output dims split into slices of [`SLICE`], so that a task reads only its
+//!    own columns of the row tile; the micro-kernel keeps `HB` heads × 2 vectors of dims in
+//!    registers.
+//!
+//! A lone decode token runs steps 1 (together with the decode of the chunk's rows) and 3 as rayon
+//! tasks of [`CHUNK`] rows / [`SLICE`] dims, so that a step stays balanced when one worker is
+//! descheduled on a loaded machine; a prefill batch runs one token per task. Scratch buffers are
+//! per-thread and reused across calls.
 
 use super::{AttentionInputs, AttentionParams, KvRows, TokenRows};
 use crate::formats::{fast, KV_DIM};
 use crate::ops::simd::{codec_isa, multiversion, Vf32};
 use rayon::prelude::*;
 use std::cell::RefCell;
-use std::thread::LocalKey;
 
-/// Heads per task and per P·V register block.
-const HB: usize = 8;
-/// Rows decoded per task when a lone token's rows are gathered in parallel.
-const GATHER_ROWS: usize = 64;
+/// One score task: (its rows of the f32 tile, its rows of Sᵀ), (its chunk max, its chunk sum).
+type ScoreChunk<'a> = (
+    usize,
+    (
+        (&'a mut [f32], &'a mut [f32]),
+        (&'a mut [f32], &'a mut [f32]),
+    ),
+);
+
+/// Rows per score task (decoded and scored together while they are hot in cache).
+const CHUNK: usize = 64;
+/// Output dims per P·V task.
+const SLICE: usize = 64;
+/// Heads are padded to a multiple of this (4 vectors of 16 lanes or 8 vectors of 8 lanes).
+const HEAD_PAD: usize = 64;
+/// Dims of `Qᵀ` streamed per pass of the score micro-kernel (64 × 64 heads × 4 B = 16 KiB, L1).
+/// Each pass starts fresh accumulators that are then added to the stored partial scores: the
+/// 512-term dot products become 8 chains of 64 (one 512-long chain per lane — each lane is one
+/// head — lost about 10× more precision on sharp logits).
+const DBLOCK: usize = 64;
+/// Rows per pass of the P·V micro-kernel: its slice of the row tile, of `P` and of the output
+/// (32 × 256 B, 32 × 256 B, 64 × 256 B) stay in L1 while every head block streams them.
+const PV_ROWS: usize = 32;
+/// Row stride of the f32 row tile: 512 + 16 floats, so that successive rows (2112 B apart) fall in
+/// different L1 sets; with a 2 KiB stride the column slices P·V streams alias into a few sets and
+/// miss on every pass.
+const KS: usize = KV_DIM + 16;
 
 thread_local! {
-    static ROWS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` on this thread's scratch buffer of at least `len` floats (a fresh one when the buffer
 /// is already in use further up this thread's stack, e.g. under rayon work stealing).
-fn with_scratch<R>(
-    key: &'static LocalKey<RefCell<Vec<f32>>>,
-    len: usize,
-    f: impl FnOnce(&mut [f32]) -> R,
-) -> R {
-    key.with(|c| match c.try_borrow_mut() {
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|c| match c.try_borrow_mut() {
         Ok(mut v) => {
             if v.len() < len {
                 v.resize(len, 0.0);
@@ -43,6 +69,12 @@ fn with_scratch<R>(
         }
         Err(_) => f(&mut vec![0.0; len]),
     })
+}
+
+/// Scratch floats for one token of `n` rows and `h` heads.
+fn scratch_len(n: usize, h: usize) -> usize {
+    let hp = h.div_ceil(HEAD_PAD) * HEAD_PAD;
+    n * KS + n * hp + KV_DIM * hp + 2 * n.div_ceil(CHUNK) * hp + h * KV_DIM
 }
 
 /// Runs every token; shapes are checked by [`super::attention`].
@@ -60,52 +92,131 @@ pub fn attention(
     if t == 0 {
         return;
     }
-    let isa = codec_isa();
-    let one = |ti: usize, kf: &[f32], n: usize, h0: usize, o: &mut [f32], l: &mut [f32]| {
-        let q = &inp.q[(ti * h + h0) * KV_DIM..][..o.len()];
-        let sink = &inp.sink[h0..h0 + l.len()];
-        with_scratch(&SCORES, l.len() * n, |s| {
-            heads_mv(q, kf, n, p.scale, sink, s, o, l)
+    let kv = (main, swa);
+    let one = |ti: usize, o: &mut [f32], l: &mut [f32], par: bool| {
+        let r = &rows[ti];
+        let n = r.main.len() + r.swa.len();
+        let q = &inp.q[ti * h * KV_DIM..][..h * KV_DIM];
+        with_scratch(scratch_len(n, h), |buf| {
+            token(p.scale, q, inp.sink, r, &kv, o, l, par, buf)
         });
     };
     if t >= rayon::current_num_threads() {
         out.par_chunks_mut(h * KV_DIM)
             .zip(lse.par_chunks_mut(h))
             .enumerate()
-            .for_each(|(ti, (o, l))| {
-                let r = &rows[ti];
-                let n = r.main.len() + r.swa.len();
-                with_scratch(&ROWS, n * KV_DIM, |kf| {
-                    gather(isa, r, &main, &swa, 0, kf);
-                    one(ti, kf, n, 0, o, l);
-                });
-            });
+            .for_each(|(ti, (o, l))| one(ti, o, l, false));
     } else {
         for (ti, (o, l)) in out
             .chunks_mut(h * KV_DIM)
             .zip(lse.chunks_mut(h))
             .enumerate()
         {
-            let r = &rows[ti];
-            let n = r.main.len() + r.swa.len();
-            with_scratch(&ROWS, n * KV_DIM, |kf| {
-                kf.par_chunks_mut(GATHER_ROWS * KV_DIM)
-                    .enumerate()
-                    .for_each(|(c, part)| gather(isa, r, &main, &swa, c * GATHER_ROWS, part));
-                o.par_chunks_mut(HB * KV_DIM)
-                    .zip(l.par_chunks_mut(HB))
-                    .enumerate()
-                    .for_each(|(c, (o, l))| one(ti, kf, n, c * HB, o, l));
-            });
+            one(ti, o, l, true);
+        }
+    }
+}
+
+/// Attention of one token: `q` (heads, 512), `out` (heads, 512), `lse` (heads); `par` spreads the
+/// row chunks and dim slices over rayon.
+#[allow(clippy::too_many_arguments)]
+fn token(
+    scale: f32,
+    q: &[f32],
+    sink: &[f32],
+    r: &TokenRows,
+    kv: &(KvRows, KvRows),
+    out: &mut [f32],
+    lse: &mut [f32],
+    par: bool,
+    buf: &mut [f32],
+) {
+    let h = lse.len();
+    let n = r.main.len() + r.swa.len();
+    if n == 0 {
+        out.fill(0.0);
+        lse.fill(f32::NEG_INFINITY);
+        return;
+    }
+    let hp = h.div_ceil(HEAD_PAD) * HEAD_PAD;
+    let nc = n.div_ceil(CHUNK);
+    let (kf, rest) = buf.split_at_mut(n * KS);
+    let (st, rest) = rest.split_at_mut(n * hp);
+    let (qt, rest) = rest.split_at_mut(KV_DIM * hp);
+    let (mx, rest) = rest.split_at_mut(nc * hp);
+    let (sm, ot) = rest.split_at_mut(nc * hp);
+    // Qᵀ (512, hp) with the softmax scale folded in; padded heads are zero. Transposed in blocks of
+    // 16 dims so that both sides stay within a few KiB of L1 (a plain column walk strides 2 KiB).
+    if h < hp {
+        qt.fill(0.0);
+    }
+    for d0 in (0..KV_DIM).step_by(16) {
+        for hi in 0..h {
+            let src = &q[hi * KV_DIM + d0..][..16];
+            for (dd, &x) in src.iter().enumerate() {
+                qt[(d0 + dd) * hp + hi] = x * scale;
+            }
+        }
+    }
+    let isa = codec_isa();
+    let qt = &*qt;
+    let score = |(c, ((k, s), (m, e))): ScoreChunk| {
+        gather(isa, r, &kv.0, &kv.1, c * CHUNK, k);
+        scores_mv(qt, k, hp, s, m, e);
+    };
+    if par {
+        kf.par_chunks_mut(CHUNK * KS)
+            .zip(st.par_chunks_mut(CHUNK * hp))
+            .zip(mx.par_chunks_mut(hp).zip(sm.par_chunks_mut(hp)))
+            .enumerate()
+            .for_each(score);
+    } else {
+        kf.chunks_mut(CHUNK * KS)
+            .zip(st.chunks_mut(CHUNK * hp))
+            .zip(mx.chunks_mut(hp).zip(sm.chunks_mut(hp)))
+            .enumerate()
+            .for_each(score);
+    }
+    // Merge the chunks: M = max of the chunk maxima, Σ e^(z − M), lse without the sink; the sink
+    // enters the denominator only, in the frame of M (e^(a − M) may overflow to ∞, which correctly
+    // drives the output to 0). `mx` becomes the factor each chunk's P is scaled by.
+    for hi in 0..hp {
+        if hi >= h {
+            (0..nc).for_each(|c| mx[c * hp + hi] = 0.0);
+            continue;
+        }
+        let m = (0..nc).fold(f32::NEG_INFINITY, |a, c| a.max(mx[c * hp + hi]));
+        let mut sum = 0.0f32;
+        for c in 0..nc {
+            let f = (mx[c * hp + hi] - m).exp();
+            mx[c * hp + hi] = f;
+            sum += sm[c * hp + hi] * f;
+        }
+        lse[hi] = m + sum.ln();
+        let inv = 1.0 / (sum + (sink[hi] - m).exp());
+        (0..nc).for_each(|c| mx[c * hp + hi] *= inv);
+    }
+    rescale_mv(st, mx, hp);
+    let (kf, st) = (&*kf, &*st);
+    let pv = |(si, o): (usize, &mut [f32])| pv_mv(st, kf, hp, si * SLICE, o);
+    if par {
+        ot.par_chunks_mut(h * SLICE).enumerate().for_each(pv);
+    } else {
+        ot.chunks_mut(h * SLICE).enumerate().for_each(pv);
+    }
+    for (si, o) in ot.chunks_exact(h * SLICE).enumerate() {
+        for (hi, src) in o.chunks_exact(SLICE).enumerate() {
+            out[hi * KV_DIM + si * SLICE..][..SLICE].copy_from_slice(src);
         }
     }
 }
 
 /// Decodes a token's attended rows `r0 ..` (main entries, then the window) into `dst`
-/// (rows, 512) f32.
+/// (rows, [`KS`]) f32.
 fn gather(isa: fast::Isa, r: &TokenRows, main: &KvRows, swa: &KvRows, r0: usize, dst: &mut [f32]) {
     let nm = r.main.len();
-    for (i, d) in dst.chunks_exact_mut(KV_DIM).enumerate() {
+    for (i, d) in dst.chunks_exact_mut(KS).enumerate() {
+        let d = &mut d[..KV_DIM];
         let k = r0 + i;
         if k < nm {
             row(isa, main, r.main[k], d);
@@ -128,144 +239,179 @@ fn row(isa: fast::Isa, kv: &KvRows, i: usize, out: &mut [f32]) {
 }
 
 multiversion!(
-    heads_mv,
-    fn(
-        q: &[f32],
-        kf: &[f32],
-        n: usize,
-        scale: f32,
-        sink: &[f32],
-        s: &mut [f32],
-        out: &mut [f32],
-        lse: &mut [f32],
-    ),
-    heads_body
+    scores_mv,
+    fn(qt: &[f32], kf: &[f32], hp: usize, st: &mut [f32], mx: &mut [f32], sm: &mut [f32]),
+    scores_body
 );
 
-/// Attention of `lse.len()` heads (q rows `q`, output rows `out`) over the `n` rows of `kf`;
-/// `s` is (heads, n) scratch.
+/// Scores of a chunk: `st` (rows, hp) = `kf` (rows, 512 of [`KS`]) · `qt` (512, hp); then, per head column,
+/// `mx` = the chunk max, `st` ← e^(st − mx) and `sm` = the chunk sum.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn heads_body<V: Vf32>(
-    q: &[f32],
+fn scores_body<V: Vf32>(
+    qt: &[f32],
     kf: &[f32],
-    n: usize,
-    scale: f32,
-    sink: &[f32],
-    s: &mut [f32],
-    out: &mut [f32],
-    lse: &mut [f32],
+    hp: usize,
+    st: &mut [f32],
+    mx: &mut [f32],
+    sm: &mut [f32],
 ) {
-    let h = lse.len();
-    if n == 0 {
-        out.fill(0.0);
-        lse.fill(f32::NEG_INFINITY);
-        return;
+    // 6 rows × 4 vectors = 24 accumulators with 16 lanes (of 32 registers: 10 loads per 24 FMAs);
+    // 2 × 4 with 8 lanes (of 16 registers).
+    if V::L == 16 {
+        score_tiles::<V, 6>(qt, kf, hp, st);
+    } else {
+        score_tiles::<V, 2>(qt, kf, hp, st);
     }
-    assert!(q.len() == h * KV_DIM && out.len() == h * KV_DIM && kf.len() >= n * KV_DIM);
-    assert!(s.len() == h * n);
     let l = V::L;
-    let zero = V::splat(0.0);
-    // Scores: 4 heads × 2 rows per register block; a short block repeats its last head / row.
-    for h0 in (0..h).step_by(4) {
-        let hr: [usize; 4] = std::array::from_fn(|i| (h0 + i).min(h - 1));
-        for j0 in (0..n).step_by(2) {
-            let jr = [j0, (j0 + 1).min(n - 1)];
-            let mut acc = [[zero; 2]; 4];
-            for d in (0..KV_DIM).step_by(l) {
-                // SAFETY: every head row index < h and row index < n; d + L ≤ 512.
-                let (k0, k1) = unsafe {
-                    (
-                        V::load(kf.as_ptr().add(jr[0] * KV_DIM + d)),
-                        V::load(kf.as_ptr().add(jr[1] * KV_DIM + d)),
-                    )
-                };
-                for i in 0..4 {
-                    // SAFETY: as above.
-                    let qv = unsafe { V::load(q.as_ptr().add(hr[i] * KV_DIM + d)) };
-                    acc[i][0] = V::fmadd(qv, k0, acc[i][0]);
-                    acc[i][1] = V::fmadd(qv, k1, acc[i][1]);
-                }
-            }
-            for i in 0..4.min(h - h0) {
-                s[(h0 + i) * n + j0] = acc[i][0].hsum();
-                if j0 + 1 < n {
-                    s[(h0 + i) * n + j0 + 1] = acc[i][1].hsum();
-                }
-            }
-        }
-    }
-    // Softmax rows, L lanes at a time (the vector exp is within 2 ulp of e^x).
-    let mut lanes = [0f32; 16];
-    let vscale = V::splat(scale);
+    let n = st.len() / hp;
     let one = V::splat(1.0);
-    for (hi, row) in s.chunks_exact_mut(n).enumerate() {
-        let (body, tail) = row.split_at_mut(n - n % l);
-        let mut vmx = V::splat(f32::NEG_INFINITY);
-        for c in body.chunks_exact_mut(l) {
-            // SAFETY: `c` holds L floats.
+    for c in (0..hp).step_by(l) {
+        let mut m = V::splat(f32::NEG_INFINITY);
+        for j in 0..n {
+            // SAFETY: c + L ≤ hp, j < n.
+            m = V::max(m, unsafe { V::load(st.as_ptr().add(j * hp + c)) });
+        }
+        let mut s = V::splat(0.0);
+        // SAFETY: mx holds hp floats.
+        unsafe { m.store(mx.as_mut_ptr().add(c)) };
+        let neg = V::fmadd(m, V::splat(-1.0), V::splat(0.0));
+        for j in 0..n {
+            // SAFETY: as above.
             unsafe {
-                let v = V::fmadd(V::load(c.as_ptr()), vscale, zero);
-                v.store(c.as_mut_ptr());
-                vmx = V::max(vmx, v);
+                let p = st.as_mut_ptr().add(j * hp + c);
+                let e = V::fmadd(V::load(p), one, neg).exp();
+                e.store(p);
+                s = V::fmadd(e, one, s);
             }
         }
-        // SAFETY: `lanes` holds 16 ≥ L floats.
-        unsafe { vmx.store(lanes.as_mut_ptr()) };
-        let mut mx = lanes[..l].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        for v in tail.iter_mut() {
-            *v *= scale;
-            mx = mx.max(*v);
-        }
-        let neg_mx = V::splat(-mx);
-        let mut vsum = zero;
-        for c in body.chunks_exact_mut(l) {
-            // SAFETY: `c` holds L floats.
-            unsafe {
-                let e = V::fmadd(V::load(c.as_ptr()), one, neg_mx).exp();
-                e.store(c.as_mut_ptr());
-                vsum = V::fmadd(e, one, vsum);
-            }
-        }
-        let mut sum = vsum.hsum();
-        for v in tail.iter_mut() {
-            *v = (*v - mx).exp();
-            sum += *v;
-        }
-        lse[hi] = mx + sum.ln();
-        // Sink in the denominator only, in the frame of the row max (e^(a − mx) may overflow to ∞,
-        // which correctly drives the output to 0).
-        let inv = 1.0 / (sum + (sink[hi] - mx).exp());
-        let vinv = V::splat(inv);
-        for c in body.chunks_exact_mut(l) {
-            // SAFETY: `c` holds L floats.
-            unsafe { V::fmadd(V::load(c.as_ptr()), vinv, zero).store(c.as_mut_ptr()) };
-        }
-        for v in tail.iter_mut() {
-            *v *= inv;
-        }
+        // SAFETY: sm holds hp floats.
+        unsafe { s.store(sm.as_mut_ptr().add(c)) };
     }
-    // Output: HB heads × 2L dims of accumulators per pass over the rows.
-    for h0 in (0..h).step_by(HB) {
-        let hb = HB.min(h - h0);
-        for d0 in (0..KV_DIM).step_by(2 * l) {
-            let mut acc = [[zero; 2]; HB];
-            for j in 0..n {
-                let row = &kf[j * KV_DIM + d0..][..2 * l];
-                // SAFETY: `row` holds 2L floats.
-                let (k0, k1) = unsafe { (V::load(row.as_ptr()), V::load(row.as_ptr().add(l))) };
-                for (i, a) in acc.iter_mut().enumerate().take(hb) {
-                    let p = V::splat(s[(h0 + i) * n + j]);
-                    a[0] = V::fmadd(p, k0, a[0]);
-                    a[1] = V::fmadd(p, k1, a[1]);
+}
+
+/// The score GEMM in tiles of `R` rows × 4 vectors of heads, over blocks of [`DBLOCK`] dims (each
+/// block's sums are added to the stored partial scores); a short last tile repeats its last row.
+#[inline(always)]
+fn score_tiles<V: Vf32, const R: usize>(qt: &[f32], kf: &[f32], hp: usize, st: &mut [f32]) {
+    let l = V::L;
+    let n = st.len() / hp;
+    assert!(kf.len() == n * KS && qt.len() == KV_DIM * hp && hp.is_multiple_of(4 * l));
+    let (zero, one) = (V::splat(0.0), V::splat(1.0));
+    for h0 in (0..hp).step_by(4 * l) {
+        for d0 in (0..KV_DIM).step_by(DBLOCK) {
+            for j0 in (0..n).step_by(R) {
+                let jr: [usize; R] = std::array::from_fn(|r| (j0 + r).min(n - 1));
+                let mut acc = [[zero; 4]; R];
+                for d in d0..d0 + DBLOCK {
+                    // SAFETY: d < 512 and h0 + 4L ≤ hp.
+                    let qv: [V; 4] = std::array::from_fn(|v| unsafe {
+                        V::load(qt.as_ptr().add(d * hp + h0 + v * l))
+                    });
+                    for r in 0..R {
+                        // SAFETY: jr[r] < n, d < 512.
+                        let k = V::splat(unsafe { *kf.get_unchecked(jr[r] * KS + d) });
+                        for v in 0..4 {
+                            acc[r][v] = V::fmadd(k, qv[v], acc[r][v]);
+                        }
+                    }
+                }
+                for (r, ar) in acc.iter().enumerate().take(n - j0) {
+                    for (v, &a) in ar.iter().enumerate() {
+                        // SAFETY: j0 + r < n and h0 + 4L ≤ hp.
+                        unsafe {
+                            let p = st.as_mut_ptr().add((j0 + r) * hp + h0 + v * l);
+                            let a = if d0 > 0 {
+                                V::fmadd(V::load(p), one, a)
+                            } else {
+                                a
+                            };
+                            a.store(p);
+                        }
+                    }
                 }
             }
-            for (i, a) in acc.iter().enumerate().take(hb) {
-                let o = &mut out[(h0 + i) * KV_DIM + d0..][..2 * l];
-                // SAFETY: `o` holds 2L writable floats.
-                unsafe {
-                    a[0].store(o.as_mut_ptr());
-                    a[1].store(o.as_mut_ptr().add(l));
+        }
+    }
+}
+
+multiversion!(
+    rescale_mv,
+    fn(st: &mut [f32], f: &[f32], hp: usize),
+    rescale_body
+);
+
+/// `st` (rows, hp) row j ← row j ⊙ `f` row (j / CHUNK).
+#[inline(always)]
+fn rescale_body<V: Vf32>(st: &mut [f32], f: &[f32], hp: usize) {
+    let zero = V::splat(0.0);
+    for (j, row) in st.chunks_exact_mut(hp).enumerate() {
+        let fr = &f[(j / CHUNK) * hp..][..hp];
+        for (x, y) in row.chunks_exact_mut(V::L).zip(fr.chunks_exact(V::L)) {
+            // SAFETY: both chunks hold L floats.
+            unsafe {
+                V::fmadd(V::load(x.as_ptr()), V::load(y.as_ptr()), zero).store(x.as_mut_ptr())
+            };
+        }
+    }
+}
+
+multiversion!(
+    pv_mv,
+    fn(pt: &[f32], kf: &[f32], hp: usize, d0: usize, o: &mut [f32]),
+    pv_body
+);
+
+/// One dim slice of `O = P · V`: `o` (heads, SLICE) = `pt`ᵀ (hp, rows) · `kf`[:, d0 .. d0 + SLICE].
+#[inline(always)]
+fn pv_body<V: Vf32>(pt: &[f32], kf: &[f32], hp: usize, d0: usize, o: &mut [f32]) {
+    // 8 heads × 2 vectors = 16 accumulators with 16 lanes; 4 × 2 with 8 lanes.
+    if V::L == 16 {
+        pv_tiles::<V, 8>(pt, kf, hp, d0, o);
+    } else {
+        pv_tiles::<V, 4>(pt, kf, hp, d0, o);
+    }
+}
+
+#[inline(always)]
+fn pv_tiles<V: Vf32, const HB: usize>(pt: &[f32], kf: &[f32], hp: usize, d0: usize, o: &mut [f32]) {
+    let l = V::L;
+    let h = o.len() / SLICE;
+    let n = pt.len() / hp;
+    assert!(kf.len() == n * KS && d0 + SLICE <= KV_DIM && hp.is_multiple_of(HB) && h <= hp);
+    let zero = V::splat(0.0);
+    for j0 in (0..n).step_by(PV_ROWS) {
+        for h0 in (0..h).step_by(HB) {
+            for dd in (0..SLICE).step_by(2 * l) {
+                let mut acc = [[zero; 2]; HB];
+                if j0 > 0 {
+                    for (i, a) in acc.iter_mut().enumerate().take(h - h0) {
+                        // SAFETY: (h0 + i) * SLICE + dd + 2L ≤ o.len().
+                        unsafe {
+                            let p = o.as_ptr().add((h0 + i) * SLICE + dd);
+                            *a = [V::load(p), V::load(p.add(l))];
+                        }
+                    }
+                }
+                for j in j0..(j0 + PV_ROWS).min(n) {
+                    // SAFETY: j < n and d0 + dd + 2L ≤ 512.
+                    let (k0, k1) = unsafe {
+                        let p = kf.as_ptr().add(j * KS + d0 + dd);
+                        (V::load(p), V::load(p.add(l)))
+                    };
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: h0 + i < hp (hp is a multiple of HB) and j < n.
+                        let p = V::splat(unsafe { *pt.get_unchecked(j * hp + h0 + i) });
+                        a[0] = V::fmadd(p, k0, a[0]);
+                        a[1] = V::fmadd(p, k1, a[1]);
+                    }
+                }
+                for (i, a) in acc.iter().enumerate().take(h - h0) {
+                    let dst = &mut o[(h0 + i) * SLICE + dd..][..2 * l];
+                    // SAFETY: `dst` holds 2L writable floats.
+                    unsafe {
+                        a[0].store(dst.as_mut_ptr());
+                        a[1].store(dst.as_mut_ptr().add(l));
+                    }
                 }
             }
         }
