@@ -610,17 +610,8 @@ impl CacheManager {
         slot: u64,
         record: &[u8],
     ) -> Result<()> {
-        self.host_only()?;
-        let place = *self.place(layer, kind)?;
+        let (place, block, s) = self.locate_record(layer, kind, slot, record.len())?;
         let fmt = place.page.format;
-        if record.len() != fmt.record_bytes() {
-            return Err(Error::shape(
-                format!("{} record", fmt.name()),
-                fmt.record_bytes(),
-                record.len(),
-            ));
-        }
-        let (block, s) = self.split_slot(&place, slot)?;
         self.check_unsealed(block, slot)?;
         let (d, sc) = place.page.slot_ranges(s);
         let mut slab = self.slabs[block].write();
@@ -629,6 +620,29 @@ impl CacheManager {
         page[d].copy_from_slice(&record[..db]);
         page[sc].copy_from_slice(&record[db..]);
         Ok(())
+    }
+
+    /// The page place, block and slot-in-block of a standalone record of `len` bytes at `slot`
+    /// (the checks [`CacheManager::write_record`] and [`CacheManager::read_record`] share).
+    fn locate_record(
+        &self,
+        layer: usize,
+        kind: RecordKind,
+        slot: u64,
+        len: usize,
+    ) -> Result<(PagePlace, usize, usize)> {
+        self.host_only()?;
+        let place = *self.place(layer, kind)?;
+        let fmt = place.page.format;
+        if len != fmt.record_bytes() {
+            return Err(Error::shape(
+                format!("{} record", fmt.name()),
+                fmt.record_bytes(),
+                len,
+            ));
+        }
+        let (block, s) = self.split_slot(&place, slot)?;
+        Ok((place, block, s))
     }
 
     fn check_unsealed(&self, block: usize, slot: u64) -> Result<()> {
@@ -651,17 +665,8 @@ impl CacheManager {
         slot: u64,
         out: &mut [u8],
     ) -> Result<()> {
-        self.host_only()?;
-        let place = *self.place(layer, kind)?;
+        let (place, block, s) = self.locate_record(layer, kind, slot, out.len())?;
         let fmt = place.page.format;
-        if out.len() != fmt.record_bytes() {
-            return Err(Error::shape(
-                format!("{} record", fmt.name()),
-                fmt.record_bytes(),
-                out.len(),
-            ));
-        }
-        let (block, s) = self.split_slot(&place, slot)?;
         let (d, sc) = place.page.slot_ranges(s);
         let slab = self.slabs[block].read();
         let page = &slab[place.range()];
