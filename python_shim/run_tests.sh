@@ -48,4 +48,11 @@ else
     export CSA2_EXPECT_WHEEL=1
 fi
 cd "$here"
-exec "$venv/bin/python" $safe_path -m pytest -q -p no:cacheprovider "$@"
+"$venv/bin/python" $safe_path -m pytest -q -p no:cacheprovider "$@"
+# With no arguments, also the tests that run vLLM's own Triton kernels (its V4.1 metadata, gathers
+# and FlashMLA layer code) in Triton's CPU interpreter; both variables must be set before vLLM is
+# imported, hence a second process (see tests_interpreted/conftest.py).
+if [ $# -eq 0 ]; then
+    CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 "$venv/bin/python" $safe_path -m pytest -q \
+        -p no:cacheprovider -W ignore::DeprecationWarning tests_interpreted
+fi

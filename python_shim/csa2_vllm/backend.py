@@ -1,21 +1,68 @@
-"""The ``CSA2_RS`` attention backend class.
+"""The ``CSA2_RS`` attention backend classes.
 
 For DeepSeek-V4.1 a backend class supplies metadata builders, the KV-cache layout and capability
 flags; the attention itself runs in the layer class (``csa2_vllm.attention``). We keep the FlashMLA
 V4.1 cache geometry and metadata (so vLLM's paged caches, block tables and SWA metadata are
-unchanged) and only rename the backend.
+unchanged) with two differences:
+
+- ``nvfp4_ds_mla`` is a supported KV-cache dtype: on SM100 our layer prefers the 288-B NVFP4
+  compressed record (csa2's FP4 cache), which vLLM otherwise lets only its mega-attention kernel read;
+- the metadata builders declare ``AttentionCGSupport.NEVER``: csa2's attention runs through the host
+  C ABI, which a CUDA graph cannot capture. vLLM then keeps attention out of full graphs; the
+  V4.1 attention op (``vllm::deepseek_v4_attention``) is a piecewise splitting op, so the rest of the
+  step can still be graph-captured.
 """
 
 from __future__ import annotations
 
-from vllm.models.deepseek_v41.sparse_mla import DeepseekV4FlashMLABackend
+from typing import ClassVar
+
+from vllm.config.cache import CacheDType
+from vllm.models.deepseek_v41.nvidia.flashmla import (
+    DeepseekSparseSWAFlashMLABackend,
+    DeepseekSparseSWAFlashMLAMetadataBuilder,
+)
+from vllm.models.deepseek_v41.sparse_mla import (
+    DeepseekV4FlashMLABackend,
+    DeepseekV4FlashMLAMetadataBuilder,
+)
+from vllm.v1.attention.backend import AttentionCGSupport
 
 from . import BACKEND_NAME
+
+
+class Csa2MetadataBuilder(DeepseekV4FlashMLAMetadataBuilder):
+    """FlashMLA V4.1 compressed-cache metadata; never inside a CUDA graph (host attention)."""
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+
+
+class Csa2SWAMetadataBuilder(DeepseekSparseSWAFlashMLAMetadataBuilder):
+    """vLLM's SWA metadata (per-token SWA slot lists in paged coordinates); never graph-captured."""
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
 
 
 class Csa2SparseMLABackend(DeepseekV4FlashMLABackend):
     """FlashMLA-V4.1-compatible cache layout and metadata; attention by csa2."""
 
+    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = [
+        *DeepseekV4FlashMLABackend.supported_kv_cache_dtypes,
+        "nvfp4_ds_mla",
+    ]
+
     @staticmethod
     def get_name() -> str:
         return BACKEND_NAME
+
+    @staticmethod
+    def get_builder_cls() -> type[Csa2MetadataBuilder]:
+        return Csa2MetadataBuilder
+
+
+class Csa2SparseSWABackend(DeepseekSparseSWAFlashMLABackend):
+    """The SWA cache backend of csa2's layers (vLLM's, with :class:`Csa2SWAMetadataBuilder`)."""
+
+    @staticmethod
+    def get_builder_cls() -> type[Csa2SWAMetadataBuilder]:
+        return Csa2SWAMetadataBuilder

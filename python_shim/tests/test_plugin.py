@@ -115,3 +115,30 @@ def test_layer_selection_is_ours_only_when_selected(monkeypatch):
     assert nv._select_dsv4_attn_cls is original
     assert issubclass(Csa2DeepseekV4Attention, nv.DeepseekV4FlashMLAAttention)
     assert Csa2DeepseekV4Attention.backend_cls.get_name() == "CSA2_RS"
+
+
+def test_backend_classes_declare_the_csa2_cache_and_no_cuda_graphs(monkeypatch):
+    import vllm.models.deepseek_v41.attention as v41_attention
+    from vllm.models.deepseek_v41.nvidia.flashmla import DeepseekV4FlashMLAAttention
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    from csa2_vllm.attention import Csa2DeepseekV4Attention
+    from csa2_vllm.backend import Csa2SparseMLABackend, Csa2SparseSWABackend
+
+    # csa2 reads the 288-B NVFP4 compressed record that stock FlashMLA cannot.
+    assert "nvfp4_ds_mla" in Csa2SparseMLABackend.supported_kv_cache_dtypes
+    assert "fp8_ds_mla" in Csa2SparseMLABackend.supported_kv_cache_dtypes
+    # Host attention: no metadata builder may promise CUDA-graph support.
+    for backend in (Csa2SparseMLABackend, Csa2SparseSWABackend):
+        assert backend.get_builder_cls()._cudagraph_support is AttentionCGSupport.NEVER
+    assert Csa2DeepseekV4Attention.swa_backend_cls is Csa2SparseSWABackend
+    assert Csa2DeepseekV4Attention.forward_mqa is not DeepseekV4FlashMLAAttention.forward_mqa
+
+    # The preferred packed record follows vLLM's V4.1-record switch (SM100): NVFP4 there, the
+    # V4 584-B record elsewhere (nvfp4_ds_mla needs the V4.1 MXFP8 SWA record).
+    layer = Csa2DeepseekV4Attention.__new__(Csa2DeepseekV4Attention)
+    monkeypatch.setattr("csa2_vllm.attention._use_v41_mxfp8_kv_record", lambda: True)
+    assert layer.packed_kv_cache_dtype == "nvfp4_ds_mla"
+    monkeypatch.setattr("csa2_vllm.attention._use_v41_mxfp8_kv_record", lambda: False)
+    assert layer.packed_kv_cache_dtype == "fp8_ds_mla"
+    assert v41_attention._use_v41_mxfp8_kv_record() is False  # this CPU machine

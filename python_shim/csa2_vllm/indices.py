@@ -1,0 +1,126 @@
+"""Per-token attention lists from vLLM's DeepSeek-V4.1 metadata, and compact record gathers.
+
+vLLM hands a V4.1 attention layer its inputs as paged coordinates: the index-source layer's
+indexer leaves *local* top-k entries (compressed-entry numbers of the request, −1 = none) in
+``topk_indices_buffer``; the SWA metadata holds per-token SWA slot lists (``decode_swa_indices`` /
+``prefill_swa_indices`` with their lengths). FlashMLA reads both straight out of the page pools. The
+functions here turn them into what ``csa2_attention_indexed`` takes: two compact uint8 record arrays
+(the referenced compressed entries and SWA rows, each gathered once) and per-token row lists into them.
+
+Every function is plain torch on the tensors' own device, so the same code runs for CPU tensors and,
+on a GPU node, gathers on the GPU and moves only the referenced records to the host.
+
+Rules mirrored (vLLM 0.33, ``models/deepseek_v41/common/ops/cache_utils.py``):
+
+- decode top-k (``compute_global_topk_indices_and_lens``): every entry ``j ≥ 0`` of the row maps to
+  slot ``block_table[req, j // bs] · bs + j % bs`` (``bs`` = compressed entries per block); the
+  length is the number of such entries, 0 for a padding token;
+- prefill top-k (``combine_topk_swa_indices``): only the first ``min((p + 1) // ratio, K)`` entries
+  count, an entry outside ``[0, N)`` (N = the request's compressed entries, ``seq_len // ratio``)
+  is −1; the SWA part comes from ``prefill_swa_indices`` (the paged-coordinate lists vLLM builds for
+  its paged-direct prefill), which already apply the window, bounded replay's floor and image spans.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Record width (bytes per token) → ``Csa2Format`` id (include/csa2.h).
+RECORD_FORMATS = {288: 0, 528: 2, 584: 3}
+_FORMAT_NAMES = {288: "NVFP4 (nvfp4_ds_mla)", 528: "V4.1 MXFP8 (fp8_ds_mla)", 584: "V4 (fp8_ds_mla)"}
+
+
+def record_format(pool: torch.Tensor, what: str) -> int:
+    """The ``Csa2Format`` of a packed page pool ``(blocks, slots, record bytes)`` uint8."""
+    if pool.dtype != torch.uint8 or pool.dim() != 3:
+        raise ValueError(
+            f"{what}: expected a packed page pool (blocks, slots, record bytes) uint8, got "
+            f"{tuple(pool.shape)} {pool.dtype}")
+    fmt = RECORD_FORMATS.get(pool.shape[-1])
+    if fmt is None:
+        raise ValueError(
+            f"{what}: record width {pool.shape[-1]} B is none of "
+            + ", ".join(f"{w} ({n})" for w, n in _FORMAT_NAMES.items()))
+    return fmt
+
+
+def _slots(local: torch.Tensor, live: torch.Tensor, req: torch.Tensor,
+           block_table: torch.Tensor, bs: int) -> torch.Tensor:
+    """Global slots of local entries (−1 where not live)."""
+    j = torch.where(live, local, torch.zeros_like(local)).long()
+    if live.any() and int((j // bs).max()) >= block_table.shape[1]:
+        raise ValueError(
+            f"top-k entry {int(j.max())} is past the block table ({block_table.shape[1]} blocks of "
+            f"{bs} compressed entries)")
+    blocks = block_table[req.long()[:, None], j // bs].long()
+    slots = blocks * bs + j % bs
+    return torch.where(live, slots, torch.full_like(slots, -1)).to(torch.int32)
+
+
+def decode_topk_slots(local: torch.Tensor, req: torch.Tensor, block_table: torch.Tensor, bs: int,
+                      valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode rows: ``local`` (T, K) int32 → (slots (T, K) int32, lens (T,) int32)."""
+    live = local >= 0
+    slots = _slots(local, live, req, block_table, bs)
+    lens = torch.where(valid, live.sum(1), torch.zeros_like(req, dtype=torch.int64))
+    return slots, lens.to(torch.int32)
+
+
+def prefill_topk_slots(local: torch.Tensor, req: torch.Tensor, positions: torch.Tensor,
+                       n_entries: torch.Tensor, block_table: torch.Tensor, bs: int, ratio: int,
+                       valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill rows: ``local`` (T, K) int32, ``req`` (T,) row of ``block_table`` and of
+    ``n_entries`` (compressed entries per request) → (slots (T, K) int32, lens (T,) int32)."""
+    k = local.shape[1]
+    lens = ((positions.long() + 1) // ratio).clamp(0, k)
+    lens = torch.where(valid, lens, torch.zeros_like(lens))
+    col = torch.arange(k, device=local.device)
+    n = n_entries.long()[req.long()]
+    live = (col[None, :] < lens[:, None]) & (local >= 0) & (local.long() < n[:, None])
+    return _slots(local, live, req, block_table, bs), lens.to(torch.int32)
+
+
+def compact(pool: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor, what: str
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gathers the records a batch references, each once.
+
+    ``pool`` (blocks, slots_per_block, record bytes) uint8 (any block stride), ``slots`` (T, K) int32
+    global slots (−1 = none), ``lens`` (T,) valid length per row → ``(records (M, record bytes)
+    uint8, rows (T, K) int32)`` on the host, ``rows`` indexing ``records`` (−1 = none, and every
+    entry at or past the row's length). A slot outside the pool raises ``ValueError``.
+    """
+    t, k = slots.shape
+    col = torch.arange(k, device=slots.device)
+    live = (slots >= 0) & (col[None, :] < lens.long()[:, None])
+    picked = slots[live].long()
+    per_block = pool.shape[1]
+    capacity = pool.shape[0] * per_block
+    if picked.numel() and int(picked.max()) >= capacity:
+        raise ValueError(
+            f"{what}: slot {int(picked.max())} is outside the pool ({pool.shape[0]} blocks × "
+            f"{per_block} slots)")
+    uniq, inverse = torch.unique(picked, return_inverse=True)
+    rows = torch.full_like(slots, -1)
+    rows[live] = inverse.to(torch.int32)
+    return gather_records(pool, uniq).cpu().contiguous(), rows.cpu().contiguous()
+
+
+def gather_records(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Records of ``slots`` (M,) int64 from a packed pool, as ``(M, record bytes)`` uint8 in csa2's
+    record layout (data bytes, then scale bytes).
+
+    The V4.1 records (288, 528 B) are interleaved in vLLM's pages, each token's scales after its
+    own data, so a record is one row of the pool. The V4 584-B page is block-planar: the 576 data
+    bytes of every token of the block, then the 8 scale bytes of every token
+    (``_dequantize_and_gather_k_kernel``); the two parts are read from their regions and joined.
+    Only the referenced bytes are read (no copy of the pool).
+    """
+    per_block, width = pool.shape[1], pool.shape[2]
+    block, slot = slots // per_block, slots % per_block
+    if width != 584:
+        return pool[block, slot]
+    # The block's bytes as one row; the pool's block stride may be padded (TMA alignment).
+    flat = pool.as_strided((pool.shape[0], per_block * width), (pool.stride(0), 1))
+    data = slot[:, None] * 576 + torch.arange(576, device=pool.device)
+    scale = per_block * 576 + slot[:, None] * 8 + torch.arange(8, device=pool.device)
+    return flat[block[:, None], torch.cat([data, scale], 1)]
