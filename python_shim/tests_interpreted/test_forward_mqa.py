@@ -312,3 +312,17 @@ def test_index_lists_match_vllm_kernels():
         layer.topk_indices_buffer[:nd], swa_md.token_to_req_indices[:nd], cmp_md.block_table, bs,
         swa_md.is_valid_token[:nd])
     assert torch.equal(ours, theirs) and torch.equal(our_lens, their_lens)
+
+
+def test_the_comparison_sees_one_missing_row(monkeypatch):
+    """One SWA row fewer for one prefill token must break the agreement (the tolerance is tight
+    enough to see a single row of ~150)."""
+    layer, md, q, positions = _batch(7, *CASES["v41_nvfp4_ratio2"][:5])
+    ref = _vllm_reference(monkeypatch, layer, md, q, positions)
+    swa_md = md["layers.0.attn.swa"]
+    nd = swa_md.num_decode_tokens
+    swa_md.prefill_swa_lens[0] -= 1  # drops the token's own row (the window's last)
+    ours = _run(layer, md, q, positions, Csa2DeepseekV4Attention.forward_mqa)
+    close = torch.isclose(ours[:, :HEADS].float(), ref[:, :HEADS].float(), rtol=2 ** -7, atol=2e-3)
+    assert close[:nd].all() and close[nd + 1:].all()
+    assert not close[nd].all()
