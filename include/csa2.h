@@ -878,6 +878,47 @@ Csa2Status csa2_attention(const DLTensor *q,
                           const DLTensor *out,
                           const DLTensor *lse);
 
+// Sparse attention over explicit slot lists with a sink — the contract of FlashMLA's sparse
+// `flash_mla_with_kvcache(q, kv_cache=swa, indices=swa_idx, topk_length=swa_len,
+// extra_k_cache=main, extra_indices_in_kvcache=main_idx, extra_topk_length=main_len, attn_sink,
+// softmax_scale)` as vLLM 0.33 `models/deepseek_v41/nvidia/flashmla.py` calls it: per token and
+// head one softmax over the rows `main_idx[t, :main_len[t]]` of `main_kv` then
+// `swa_idx[t, :swa_len[t]]` of `swa_kv` (−1 entries skipped; a repeated id is attended once per
+// occurrence), plus the sink logit in the denominator; `lse` excludes the sink (SPEC §2
+// "Attention"). No positions, window or visibility here: the caller resolved them when it built
+// the lists (for one sequence, listing the window rows reproduces [`csa2_attention`] exactly).
+//
+// - `q` `(T, H, 512)` float, RoPE'd; `sink` `(H)` float;
+// - `main_kv` `(N, 512)` float or `(N, record bytes)` uint8 in `main_format` (a `Csa2Format`:
+//   0 NVFP4-DS, 2 MXFP8, 3 V4; ignored for float); `swa_kv` `(S, 512)` float or uint8 in
+//   `swa_format`; either pool may have 0 rows;
+// - `main_idx` `(T, Km)` int32 rows of `main_kv`, `swa_idx` `(T, Ks)` int32 rows of `swa_kv`
+//   (−1 = none; Km, Ks may be 0); `main_len` / `swa_len` optional `(T)` int32 valid lengths,
+//   clamped to `[0, K]` (slots past them are ignored, whatever they hold; null = whole row);
+// - `scale` (≤ 0 or NaN → 512^-0.5);
+// - outputs `out` `(T, H, 512)` float and `lse` `(T, H)` float (a token with nothing attended:
+//   zeros and −∞).
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` for a valid slot holding an id `< −1` or `≥` its pool's rows
+// (the message names the list, token, slot and id), non-finite `q`/`sink`, a bad format;
+// `CSA2_ERR_SHAPE` for T / H / length mismatches; plus the common ones.
+//
+// # Safety
+// As [`csa2_indexer_logits`].
+Csa2Status csa2_attention_indexed(const DLTensor *q,
+                                  const DLTensor *main_kv,
+                                  int32_t main_format,
+                                  const DLTensor *main_idx,
+                                  const DLTensor *main_len,
+                                  const DLTensor *swa_kv,
+                                  int32_t swa_format,
+                                  const DLTensor *swa_idx,
+                                  const DLTensor *swa_len,
+                                  const DLTensor *sink,
+                                  float scale,
+                                  const DLTensor *out,
+                                  const DLTensor *lse);
+
 // One mHC boundary between two sublayer sites (SPEC §4, V4.1 single-pass shift; fused CPU path):
 //
 // ```text
