@@ -636,8 +636,12 @@ Csa2Status csa2_compress_step(const Csa2Geometry *geometry,
 // `c` (or clears the slot when no group is open), so the cache holds everything needed to resume
 // the request (e.g. after the engine drops the handle). The cache copies the rows.
 //
-// Errors: `CSA2_ERR_NOT_FOUND` (request), `CSA2_ERR_INVALID_ARGUMENT` (the state's layer is not a
-// KV source of ratio > 1 in this cache).
+// A ratio-1 state never carries rows (each token closes its own group) and the cache keeps no
+// slot for its layer, so saving it stores nothing and succeeds: everything needed to resume is
+// the request's token count, which [`csa2_compressor_state_load`] takes as `next_pos`.
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (request, for any ratio), `CSA2_ERR_INVALID_ARGUMENT` (a ratio-2
+// state whose layer is not a KV source of ratio > 1 in this cache).
 //
 // # Safety
 // `s` and `c` must be live handles.
@@ -646,10 +650,12 @@ Csa2Status csa2_compressor_state_save(const Csa2CompressorState *s,
                                       uint64_t id);
 
 // Replaces the state by request `id`'s carried group of the state's layer in cache `c` (none when
-// the slot is empty), with the next token at `next_pos` (the request's token count).
+// the slot is empty), with the next token at `next_pos` (the request's token count). A ratio-1
+// state has no slot to read (see [`csa2_compressor_state_save`]): it becomes a state at
+// `next_pos` with no open group.
 //
-// Errors: `CSA2_ERR_NOT_FOUND` (request), `CSA2_ERR_INVALID_ARGUMENT` (layer not a ratio > 1 KV
-// source of the cache; `next_pos` inconsistent with the carried tokens: with a group open,
+// Errors: `CSA2_ERR_NOT_FOUND` (request, for any ratio), `CSA2_ERR_INVALID_ARGUMENT` (a ratio-2
+// state whose layer is not a ratio > 1 KV source of the cache; `next_pos` inconsistent with the carried tokens: with a group open,
 // `next_pos − 1` must start a group, otherwise `next_pos` must). The state is unchanged on error.
 //
 // # Safety
