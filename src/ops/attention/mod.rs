@@ -342,8 +342,13 @@ fn listed(what: &str, t: usize, ids: &[i32], len: Option<i32>, n: usize) -> Resu
     Ok(sel)
 }
 
-/// Shape of an index list `(T, K)` and of its optional lengths `(T)`; returns K.
-fn check_list(what: &str, t: usize, ids: &[i32], len: Option<&[i32]>) -> Result<usize> {
+/// Shape of an index list `what` `(T, K)` and of its optional lengths `len_what` `(T)`; returns K.
+fn check_list(
+    (what, len_what): (&str, &str),
+    t: usize,
+    ids: &[i32],
+    len: Option<&[i32]>,
+) -> Result<usize> {
     let k = ids.len().checked_div(t).unwrap_or(0);
     if ids.len() != t * k {
         return Err(Error::shape(
@@ -355,7 +360,7 @@ fn check_list(what: &str, t: usize, ids: &[i32], len: Option<&[i32]>) -> Result<
     if let Some(l) = len {
         if l.len() != t {
             return Err(Error::shape(
-                format!("{what} lengths"),
+                len_what,
                 format!("[T={t}]"),
                 format!("{} values", l.len()),
             ));
@@ -383,10 +388,13 @@ pub fn plan_indexed(
     if h == 0 {
         return Err(Error::invalid("attention params", "heads must be > 0"));
     }
-    let t = inp.q.len() / (h * KV_DIM);
+    let row = h
+        .checked_mul(KV_DIM)
+        .ok_or_else(|| Error::invalid("attention params", format!("{h} heads is too many")))?;
+    let t = inp.q.len() / row;
     check_q_sink(h, t, inp.q, inp.sink)?;
-    let km = check_list("main_idx", t, inp.main_idx, inp.main_len)?;
-    let ks = check_list("swa_idx", t, inp.swa_idx, inp.swa_len)?;
+    let km = check_list(("main_idx", "main_len"), t, inp.main_idx, inp.main_len)?;
+    let ks = check_list(("swa_idx", "swa_len"), t, inp.swa_idx, inp.swa_len)?;
     check_finite(h, inp.q, inp.sink)?;
     let (n, s) = (main.len(), swa.len());
     (0..t)

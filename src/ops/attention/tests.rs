@@ -440,7 +440,7 @@ fn indexed_matches_reference_formats_lengths_and_holes() {
         (RecordFormat::Mxfp8, RecordFormat::Mxfp8),
         (RecordFormat::V4Record, RecordFormat::Nvfp4Ds),
     ];
-    // Per token: (main_len, swa_len); −1 stands for "no length given" in this table only.
+    // Per token: (main_len, swa_len).
     let lens: [(i32, i32); 9] = [
         (km as i32, ks as i32), // full
         (0, 0),                 // all masked
@@ -749,8 +749,14 @@ fn indexed_bad_inputs_are_errors() {
             10,
             20,
         ),
-    ] {
-        assert!(e.contains("expected") && e.contains("found"), "{e}");
+    ]
+    .into_iter()
+    .zip(["main_idx", "swa_idx", "main_len", "swa_len", "sink", "q"])
+    {
+        assert!(
+            e.0.contains(e.1) && e.0.contains("expected") && e.0.contains("found"),
+            "{e:?}"
+        );
     }
     let mut out = vec![0f32; HEADS * KV_DIM];
     let mut lse = vec![0f32; t * HEADS];
