@@ -636,8 +636,12 @@ Csa2Status csa2_compress_step(const Csa2Geometry *geometry,
 // `c` (or clears the slot when no group is open), so the cache holds everything needed to resume
 // the request (e.g. after the engine drops the handle). The cache copies the rows.
 //
-// Errors: `CSA2_ERR_NOT_FOUND` (request), `CSA2_ERR_INVALID_ARGUMENT` (the state's layer is not a
-// KV source of ratio > 1 in this cache).
+// A ratio-1 state never carries rows (each token closes its own group) and the cache keeps no
+// slot for its layer, so saving it stores nothing and succeeds: everything needed to resume is
+// the request's token count, which [`csa2_compressor_state_load`] takes as `next_pos`.
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (request, for any ratio), `CSA2_ERR_INVALID_ARGUMENT` (a ratio-2
+// state whose layer is not a KV source of ratio > 1 in this cache).
 //
 // # Safety
 // `s` and `c` must be live handles.
@@ -646,10 +650,12 @@ Csa2Status csa2_compressor_state_save(const Csa2CompressorState *s,
                                       uint64_t id);
 
 // Replaces the state by request `id`'s carried group of the state's layer in cache `c` (none when
-// the slot is empty), with the next token at `next_pos` (the request's token count).
+// the slot is empty), with the next token at `next_pos` (the request's token count). A ratio-1
+// state has no slot to read (see [`csa2_compressor_state_save`]): it becomes a state at
+// `next_pos` with no open group.
 //
-// Errors: `CSA2_ERR_NOT_FOUND` (request), `CSA2_ERR_INVALID_ARGUMENT` (layer not a ratio > 1 KV
-// source of the cache; `next_pos` inconsistent with the carried tokens: with a group open,
+// Errors: `CSA2_ERR_NOT_FOUND` (request, for any ratio), `CSA2_ERR_INVALID_ARGUMENT` (a ratio-2
+// state whose layer is not a ratio > 1 KV source of the cache; `next_pos` inconsistent with the carried tokens: with a group open,
 // `next_pos − 1` must start a group, otherwise `next_pos` must). The state is unchanged on error.
 //
 // # Safety
@@ -877,6 +883,47 @@ Csa2Status csa2_attention(const DLTensor *q,
                           float scale,
                           const DLTensor *out,
                           const DLTensor *lse);
+
+// Sparse attention over explicit slot lists with a sink — the contract of FlashMLA's sparse
+// `flash_mla_with_kvcache(q, kv_cache=swa, indices=swa_idx, topk_length=swa_len,
+// extra_k_cache=main, extra_indices_in_kvcache=main_idx, extra_topk_length=main_len, attn_sink,
+// softmax_scale)` as vLLM 0.33 `models/deepseek_v41/nvidia/flashmla.py` calls it: per token and
+// head one softmax over the rows `main_idx[t, :main_len[t]]` of `main_kv` then
+// `swa_idx[t, :swa_len[t]]` of `swa_kv` (−1 entries skipped; a repeated id is attended once per
+// occurrence), plus the sink logit in the denominator; `lse` excludes the sink (SPEC §2
+// "Attention"). No positions, window or visibility here: the caller resolved them when it built
+// the lists (for one sequence, listing the window rows reproduces [`csa2_attention`] exactly).
+//
+// - `q` `(T, H, 512)` float, RoPE'd; `sink` `(H)` float;
+// - `main_kv` `(N, 512)` float or `(N, record bytes)` uint8 in `main_format` (a `Csa2Format`:
+//   0 NVFP4-DS, 2 MXFP8, 3 V4; ignored for float); `swa_kv` `(S, 512)` float or uint8 in
+//   `swa_format`; either pool may have 0 rows;
+// - `main_idx` `(T, Km)` int32 rows of `main_kv`, `swa_idx` `(T, Ks)` int32 rows of `swa_kv`
+//   (−1 = none; Km, Ks may be 0); `main_len` / `swa_len` optional `(T)` int32 valid lengths,
+//   clamped to `[0, K]` (slots past them are ignored, whatever they hold; null = whole row);
+// - `scale` (≤ 0 or NaN → 512^-0.5);
+// - outputs `out` `(T, H, 512)` float and `lse` `(T, H)` float (a token with nothing attended:
+//   zeros and −∞).
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` for a valid slot holding an id `< −1` or `≥` its pool's rows
+// (the message names the list, token, slot and id), non-finite `q`/`sink`, a bad format;
+// `CSA2_ERR_SHAPE` for T / H / length mismatches; plus the common ones.
+//
+// # Safety
+// As [`csa2_indexer_logits`].
+Csa2Status csa2_attention_indexed(const DLTensor *q,
+                                  const DLTensor *main_kv,
+                                  int32_t main_format,
+                                  const DLTensor *main_idx,
+                                  const DLTensor *main_len,
+                                  const DLTensor *swa_kv,
+                                  int32_t swa_format,
+                                  const DLTensor *swa_idx,
+                                  const DLTensor *swa_len,
+                                  const DLTensor *sink,
+                                  float scale,
+                                  const DLTensor *out,
+                                  const DLTensor *lse);
 
 // One mHC boundary between two sublayer sites (SPEC §4, V4.1 single-pass shift; fused CPU path):
 //

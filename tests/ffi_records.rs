@@ -617,6 +617,56 @@ fn a_pair_split_across_calls_pools_as_one_call() {
     unsafe { csa2_geometry_free(g) };
 }
 
+/// A ratio-1 compressor closes every group in the step that opens it, so it never carries rows and
+/// the cache keeps no slot for its layer: saving stores nothing and succeeds (it used to be
+/// refused as "not a KV source with compression ratio > 1"), loading restores just the position,
+/// and the pair round-trips — the resumed state compresses exactly like one stateless call. The
+/// request must still exist for both.
+#[test]
+fn ratio_one_state_save_is_a_no_op_and_load_round_trips() {
+    let mut r = StdRng::seed_from_u64(12);
+    let g = geometry();
+    let c = cache(2);
+    let mut w = weights(&mut r);
+    let kv = randn(&mut r, 5 * 512);
+    let (m_all, i_all) = stateless(g, 20, &kv, None, &mut w, 7, 5);
+    unsafe { ok(csa2_cache_add_request(c, 1)) };
+    let mut st = null_mut();
+    ok(unsafe { csa2_compressor_state_create(g, 20, 7, &mut st) });
+    let (m1, i1, _) = step(g, 20, st, &kv[..2 * 512], None, &mut w, 2).unwrap();
+    assert_eq!(query(st), (9, 0));
+    ok(unsafe { csa2_compressor_state_save(st, c, 1) });
+    err(
+        unsafe { csa2_compressor_state_save(st, c, 9) },
+        Csa2Status::Csa2ErrNotFound,
+        "request 9",
+    );
+    unsafe { csa2_compressor_state_free(st) };
+    // Nothing was stored: the raw slot of a ratio-1 layer still does not exist.
+    let mut present = 0i32;
+    err(
+        unsafe { csa2_cache_get_compressor_state(c, 1, 20, null(), &mut present) },
+        Csa2Status::Csa2ErrInvalidArgument,
+        "ratio > 1",
+    );
+    let mut st2 = null_mut();
+    ok(unsafe { csa2_compressor_state_create(g, 20, 0, &mut st2) });
+    err(
+        unsafe { csa2_compressor_state_load(st2, c, 9, 9) },
+        Csa2Status::Csa2ErrNotFound,
+        "request 9",
+    );
+    assert_eq!(query(st2), (0, 0));
+    ok(unsafe { csa2_compressor_state_load(st2, c, 1, 9) });
+    assert_eq!(query(st2), (9, 0));
+    let (m2, i2, f2) = step(g, 20, st2, &kv[2 * 512..], None, &mut w, 3).unwrap();
+    assert_eq!(f2, 9);
+    assert_eq!(([m1, m2].concat(), [i1, i2].concat()), (m_all, i_all));
+    unsafe { csa2_compressor_state_free(st2) };
+    unsafe { csa2_cache_free(c) };
+    unsafe { csa2_geometry_free(g) };
+}
+
 #[test]
 fn compressor_state_survives_the_cache_and_refuses_bad_steps() {
     let mut r = StdRng::seed_from_u64(11);

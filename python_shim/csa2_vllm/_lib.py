@@ -39,6 +39,14 @@ __all__ = [
     "compress",
     "indexer_logits",
     "indexer_logits_in_blocks",
+    "attention",
+    "attention_indexed",
+    "FORMAT_NVFP4",
+    "FORMAT_MXFP8",
+    "FORMAT_V4",
+    "format_info",
+    "encode_rows",
+    "decode_rows",
 ]
 
 
@@ -175,6 +183,8 @@ SIGNATURES: dict[str, tuple[list, Any]] = {
     "csa2_candidates": ([_T, _T, ctypes.c_uint32, ctypes.c_uint32, _T], _C_STATUS),
     "csa2_attention": ([_T, _T, ctypes.c_int32, _T, ctypes.c_int32, _T, _T, _T, _T, _T,
                         ctypes.c_uint32, ctypes.c_uint32, ctypes.c_float, _T, _T], _C_STATUS),
+    "csa2_attention_indexed": ([_T, _T, ctypes.c_int32, _T, _T, _T, ctypes.c_int32, _T, _T, _T,
+                                ctypes.c_float, _T, _T], _C_STATUS),
     "csa2_mhc": ([ctypes.c_void_p] + [_T] * 14, _C_STATUS),
     "csa2_indexer_logits_in_blocks": ([_T, _T, _T, _T, _T, ctypes.c_uint32, ctypes.c_uint32,
                                        ctypes.c_int32, _T], _C_STATUS),
@@ -224,6 +234,12 @@ SIGNATURES: dict[str, tuple[list, Any]] = {
     "csa2_compressor_state_save": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64], _C_STATUS),
     "csa2_compressor_state_load": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64,
                                     ctypes.c_uint64], _C_STATUS),
+    # Record codecs (src/ffi/codec.rs).
+    "csa2_format_info": ([ctypes.c_int32, ctypes.c_void_p], _C_STATUS),
+    "csa2_encode_rows": ([ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                          ctypes.c_size_t], _C_STATUS),
+    "csa2_decode_rows": ([ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                          ctypes.c_size_t], _C_STATUS),
 }
 
 
@@ -348,6 +364,64 @@ def attention(q, main_kv, swa, topk, positions, sink, out, lse, *, main_format: 
     _call_tensors("csa2_attention", lambda t: (
         t(q), t(main_kv), main_format, t(swa), swa_format, t(topk), t(topk_len), t(positions),
         t(replay_start), t(sink), window, ratio, scale, t(out), t(lse)))
+
+
+def attention_indexed(q, main_kv, main_idx, swa_kv, swa_idx, sink, out, lse, *, main_len=None,
+                      swa_len=None, main_format: int = 0, swa_format: int = 2,
+                      scale: float = 0.0) -> None:
+    """``csa2_attention_indexed`` into ``out`` (T, H, 512) and ``lse`` (T, H): FlashMLA's sparse
+    contract over explicit slot lists. Per token, one softmax over ``main_kv[main_idx[t,
+    :main_len[t]]]`` then ``swa_kv[swa_idx[t, :swa_len[t]]]`` (int32 lists, −1 skipped, lengths
+    clamped to [0, K], ``None`` = whole row) plus the sink in the denominator. Pools are float
+    ``(N, 512)`` or uint8 ``(N, record_bytes)`` records in ``main_format`` / ``swa_format``
+    (``FORMAT_*``); either may have 0 rows. ``scale`` ≤ 0 means 512^-0.5."""
+    _call_tensors("csa2_attention_indexed", lambda t: (
+        t(q), t(main_kv), main_format, t(main_idx), t(main_len), t(swa_kv), swa_format,
+        t(swa_idx), t(swa_len), t(sink), scale, t(out), t(lse)))
+
+
+# ---- record codecs (the Csa2Format values of include/csa2.h) -----------------------------------
+
+FORMAT_NVFP4, FORMAT_MXFP8, FORMAT_V4 = 0, 2, 3
+
+
+class FormatInfo(ctypes.Structure):
+    """``Csa2FormatInfo``: values per row and bytes per record of one ``Csa2Format``."""
+
+    _fields_ = [("dim", ctypes.c_size_t), ("data_bytes", ctypes.c_size_t),
+                ("scale_bytes", ctypes.c_size_t), ("record_bytes", ctypes.c_size_t)]
+
+
+def format_info(format_id: int) -> FormatInfo:
+    """``csa2_format_info``."""
+    info = FormatInfo()
+    call("csa2_format_info", format_id, ctypes.byref(info))
+    return info
+
+
+def encode_rows(format_id: int, x):
+    """``csa2_encode_rows``: float32 rows ``(n, dim)`` (numpy or CPU torch) → a new uint8 numpy
+    array ``(n, record_bytes)`` of records."""
+    import numpy as np
+
+    info = format_info(format_id)
+    a = np.ascontiguousarray(x.numpy() if hasattr(x, "numpy") else x, dtype=np.float32)
+    out = np.empty((a.size // max(info.dim, 1), info.record_bytes), np.uint8)
+    call("csa2_encode_rows", format_id, a.ctypes.data, a.size, out.ctypes.data, out.size)
+    return out
+
+
+def decode_rows(format_id: int, records):
+    """``csa2_decode_rows``: uint8 records ``(n, record_bytes)`` → a new float32 numpy array
+    ``(n, dim)`` (exact: what every csa2 op computes with)."""
+    import numpy as np
+
+    info = format_info(format_id)
+    r = np.ascontiguousarray(records.numpy() if hasattr(records, "numpy") else records,
+                             dtype=np.uint8)
+    out = np.empty((r.size // max(info.record_bytes, 1), info.dim), np.float32)
+    call("csa2_decode_rows", format_id, r.ctypes.data, r.size, out.ctypes.data, out.size)
+    return out
 
 
 def indexer_logits_in_blocks(q, w, positions, keys, blocks, ratio: int, block_size: int,

@@ -253,8 +253,12 @@ pub unsafe extern "C" fn csa2_compress_step(
 /// `c` (or clears the slot when no group is open), so the cache holds everything needed to resume
 /// the request (e.g. after the engine drops the handle). The cache copies the rows.
 ///
-/// Errors: `CSA2_ERR_NOT_FOUND` (request), `CSA2_ERR_INVALID_ARGUMENT` (the state's layer is not a
-/// KV source of ratio > 1 in this cache).
+/// A ratio-1 state never carries rows (each token closes its own group) and the cache keeps no
+/// slot for its layer, so saving it stores nothing and succeeds: everything needed to resume is
+/// the request's token count, which [`csa2_compressor_state_load`] takes as `next_pos`.
+///
+/// Errors: `CSA2_ERR_NOT_FOUND` (request, for any ratio), `CSA2_ERR_INVALID_ARGUMENT` (a ratio-2
+/// state whose layer is not a KV source of ratio > 1 in this cache).
 ///
 /// # Safety
 /// `s` and `c` must be live handles.
@@ -267,6 +271,10 @@ pub unsafe extern "C" fn csa2_compressor_state_save(
     boundary("csa2_compressor_state_save", || {
         // SAFETY: the caller's contract.
         let (s, m) = unsafe { (state(s)?, cache(c)?) };
+        if s.ratio == 1 {
+            // Nothing to store; still refuse an unknown request as every other save does.
+            return m.block_table(id).map(drop);
+        }
         let st = s.st.lock();
         let (kv, score) = st.pending();
         let flat: Option<Vec<f32>> = (!kv.is_empty()).then(|| [kv, score].concat());
@@ -275,10 +283,12 @@ pub unsafe extern "C" fn csa2_compressor_state_save(
 }
 
 /// Replaces the state by request `id`'s carried group of the state's layer in cache `c` (none when
-/// the slot is empty), with the next token at `next_pos` (the request's token count).
+/// the slot is empty), with the next token at `next_pos` (the request's token count). A ratio-1
+/// state has no slot to read (see [`csa2_compressor_state_save`]): it becomes a state at
+/// `next_pos` with no open group.
 ///
-/// Errors: `CSA2_ERR_NOT_FOUND` (request), `CSA2_ERR_INVALID_ARGUMENT` (layer not a ratio > 1 KV
-/// source of the cache; `next_pos` inconsistent with the carried tokens: with a group open,
+/// Errors: `CSA2_ERR_NOT_FOUND` (request, for any ratio), `CSA2_ERR_INVALID_ARGUMENT` (a ratio-2
+/// state whose layer is not a ratio > 1 KV source of the cache; `next_pos` inconsistent with the carried tokens: with a group open,
 /// `next_pos − 1` must start a group, otherwise `next_pos` must). The state is unchanged on error.
 ///
 /// # Safety
@@ -293,7 +303,12 @@ pub unsafe extern "C" fn csa2_compressor_state_load(
     boundary("csa2_compressor_state_load", || {
         // SAFETY: the caller's contract.
         let (s, m) = unsafe { (state(s)?, cache(c)?) };
-        let carried = m.compressor_state(id, s.layer as usize)?;
+        let carried = if s.ratio == 1 {
+            m.block_table(id)?;
+            None
+        } else {
+            m.compressor_state(id, s.layer as usize)?
+        };
         let (kv, score) = match carried {
             Some(v) => {
                 let h = v.len() / 2;

@@ -24,12 +24,13 @@ use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
 use crate::geometry::LayerPlan;
 use crate::npy::{Dim, Dims};
-use crate::ops::attention::{AttentionInputs, AttentionParams, KvRows};
+use crate::ops::attention::{AttentionInputs, AttentionParams, IndexedInputs, KvRows};
 use crate::ops::candidates::CandidateParams;
 use crate::ops::compressor::{Compressor, CompressorState, CompressorWeights};
 use crate::ops::indexer::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
 use crate::ops::mhc::{self, BoundaryIn, MhcParams, MixWeights, PostUpdate, HC, MIX};
 use crate::ops::rope::{Direction, Rope};
+use std::borrow::Cow;
 
 pub(super) const FLOATS: &[DType] = &[DType::F32, DType::Bf16, DType::F16];
 pub(super) const INTS: &[DType] = &[DType::I32, DType::I64];
@@ -649,33 +650,8 @@ pub unsafe extern "C" fn csa2_attention(
             &mut dims,
         )?;
         ev.expect(FLOATS, &[Dim::Any("T"), Dim::Any("H")], &mut dims)?;
-        let kv_rows = |v: &View, fmt: i32, rows: &'static str| -> Result<Option<RecordFormat>> {
-            if v.dtype() == DType::U8 {
-                let f = record_format(
-                    fmt,
-                    if rows == "N" {
-                        "main_format"
-                    } else {
-                        "swa_format"
-                    },
-                )?;
-                v.expect(
-                    &[DType::U8],
-                    &[Dim::Any(rows), Dim::Fixed(f.record_bytes())],
-                    &mut Dims::default(),
-                )?;
-                Ok(Some(f))
-            } else {
-                v.expect(
-                    FLOATS,
-                    &[Dim::Any(rows), Dim::Fixed(KV_DIM)],
-                    &mut Dims::default(),
-                )?;
-                Ok(None)
-            }
-        };
-        let mf = kv_rows(&mv, main_format, "N")?;
-        let sf = kv_rows(&sv, swa_format, "S")?;
+        let mf = kv_pool(&mv, main_format, "N", "main_format")?;
+        let sf = kv_pool(&sv, swa_format, "S", "swa_format")?;
         let mut inputs = vec![&qv, &mv, &sv, &tv, &pv, &sinkv];
         inputs.extend(lv.as_ref());
         inputs.extend(rv.as_ref());
@@ -683,11 +659,7 @@ pub unsafe extern "C" fn csa2_attention(
         let params = AttentionParams {
             heads: qv.shape()[1],
             window: window as usize,
-            scale: if scale > 0.0 && scale.is_finite() {
-                scale
-            } else {
-                (KV_DIM as f32).sqrt().recip()
-            },
+            scale: softmax_scale(scale),
             ratio: (ratio > 0).then_some(ratio as usize),
         };
         let (qf, kf, pos) = (qv.f32s()?, sinkv.f32s()?, pv.i64s()?);
@@ -696,21 +668,9 @@ pub unsafe extern "C" fn csa2_attention(
             .map(|r| r.i64s())
             .transpose()?
             .unwrap_or_default();
-        let (mff, sff);
-        let main = match mf {
-            Some(f) => KvRows::Records(f, mv.bytes()?),
-            None => {
-                mff = mv.f32s()?;
-                KvRows::F32(&mff)
-            }
-        };
-        let swa = match sf {
-            Some(f) => KvRows::Records(f, sv.bytes()?),
-            None => {
-                sff = sv.f32s()?;
-                KvRows::F32(&sff)
-            }
-        };
+        let (mut mff, mut sff) = (Cow::Borrowed(&[][..]), Cow::Borrowed(&[][..]));
+        let main = kv_rows(&mv, mf, &mut mff)?;
+        let swa = kv_rows(&sv, sf, &mut sff)?;
         let inp = AttentionInputs {
             q: &qf,
             topk: tv.i32s()?,
@@ -724,6 +684,167 @@ pub unsafe extern "C" fn csa2_attention(
         let mut lse_vals = vec![0.0f32; ev.numel()];
         fill_floats(&mut ov, |o| {
             crate::ops::attention::attention(&params, &inp, main, swa, o, &mut lse_vals)
+        })?;
+        ev.write_f32s(&lse_vals)
+    })
+}
+
+/// The softmax scale of the attention exports: `scale` when positive and finite, else 512^-0.5.
+fn softmax_scale(scale: f32) -> f32 {
+    if scale > 0.0 && scale.is_finite() {
+        scale
+    } else {
+        (KV_DIM as f32).sqrt().recip()
+    }
+}
+
+/// Checks a KV pool argument: uint8 `(rows, record bytes)` in the `Csa2Format` `fmt` (returned),
+/// or float `(rows, 512)` (`None`); `rows` names the row dim, `what` the format argument.
+fn kv_pool(
+    v: &View,
+    fmt: i32,
+    rows: &'static str,
+    what: &'static str,
+) -> Result<Option<RecordFormat>> {
+    if v.dtype() == DType::U8 {
+        let f = record_format(fmt, what)?;
+        v.expect(
+            &[DType::U8],
+            &[Dim::Any(rows), Dim::Fixed(f.record_bytes())],
+            &mut Dims::default(),
+        )?;
+        Ok(Some(f))
+    } else {
+        v.expect(
+            FLOATS,
+            &[Dim::Any(rows), Dim::Fixed(KV_DIM)],
+            &mut Dims::default(),
+        )?;
+        Ok(None)
+    }
+}
+
+/// The rows of a pool checked by [`kv_pool`]: records in place, or floats converted into `keep`.
+fn kv_rows<'b, 'a: 'b>(
+    v: &View<'a>,
+    fmt: Option<RecordFormat>,
+    keep: &'b mut Cow<'a, [f32]>,
+) -> Result<KvRows<'b>> {
+    Ok(match fmt {
+        Some(f) => KvRows::Records(f, v.bytes()?),
+        None => {
+            *keep = v.f32s()?;
+            let keep: &'b Cow<'a, [f32]> = keep;
+            KvRows::F32(keep)
+        }
+    })
+}
+
+/// Sparse attention over explicit slot lists with a sink — the contract of FlashMLA's sparse
+/// `flash_mla_with_kvcache(q, kv_cache=swa, indices=swa_idx, topk_length=swa_len,
+/// extra_k_cache=main, extra_indices_in_kvcache=main_idx, extra_topk_length=main_len, attn_sink,
+/// softmax_scale)` as vLLM 0.33 `models/deepseek_v41/nvidia/flashmla.py` calls it: per token and
+/// head one softmax over the rows `main_idx[t, :main_len[t]]` of `main_kv` then
+/// `swa_idx[t, :swa_len[t]]` of `swa_kv` (−1 entries skipped; a repeated id is attended once per
+/// occurrence), plus the sink logit in the denominator; `lse` excludes the sink (SPEC §2
+/// "Attention"). No positions, window or visibility here: the caller resolved them when it built
+/// the lists (for one sequence, listing the window rows reproduces [`csa2_attention`] exactly).
+///
+/// - `q` `(T, H, 512)` float, RoPE'd; `sink` `(H)` float;
+/// - `main_kv` `(N, 512)` float or `(N, record bytes)` uint8 in `main_format` (a `Csa2Format`:
+///   0 NVFP4-DS, 2 MXFP8, 3 V4; ignored for float); `swa_kv` `(S, 512)` float or uint8 in
+///   `swa_format`; either pool may have 0 rows;
+/// - `main_idx` `(T, Km)` int32 rows of `main_kv`, `swa_idx` `(T, Ks)` int32 rows of `swa_kv`
+///   (−1 = none; Km, Ks may be 0); `main_len` / `swa_len` optional `(T)` int32 valid lengths,
+///   clamped to `[0, K]` (slots past them are ignored, whatever they hold; null = whole row);
+/// - `scale` (≤ 0 or NaN → 512^-0.5);
+/// - outputs `out` `(T, H, 512)` float and `lse` `(T, H)` float (a token with nothing attended:
+///   zeros and −∞).
+///
+/// Errors: `CSA2_ERR_INVALID_ARGUMENT` for a valid slot holding an id `< −1` or `≥` its pool's rows
+/// (the message names the list, token, slot and id), non-finite `q`/`sink`, a bad format;
+/// `CSA2_ERR_SHAPE` for T / H / length mismatches; plus the common ones.
+///
+/// # Safety
+/// As [`csa2_indexer_logits`].
+#[no_mangle]
+pub unsafe extern "C" fn csa2_attention_indexed(
+    q: *const DLTensor,
+    main_kv: *const DLTensor,
+    main_format: i32,
+    main_idx: *const DLTensor,
+    main_len: *const DLTensor,
+    swa_kv: *const DLTensor,
+    swa_format: i32,
+    swa_idx: *const DLTensor,
+    swa_len: *const DLTensor,
+    sink: *const DLTensor,
+    scale: f32,
+    out: *const DLTensor,
+    lse: *const DLTensor,
+) -> Csa2Status {
+    boundary("csa2_attention_indexed", || {
+        // SAFETY: caller's contract (see above).
+        let (qv, mv, miv, mlv, sv, siv, slv, sinkv, mut ov, mut ev) = unsafe {
+            (
+                host(q, "q")?,
+                host(main_kv, "main_kv")?,
+                host(main_idx, "main_idx")?,
+                host_opt(main_len, "main_len")?,
+                host(swa_kv, "swa_kv")?,
+                host(swa_idx, "swa_idx")?,
+                host_opt(swa_len, "swa_len")?,
+                host(sink, "sink")?,
+                host(out, "out")?,
+                host(lse, "lse")?,
+            )
+        };
+        let mut dims = Dims::default();
+        qv.expect(
+            FLOATS,
+            &[Dim::Any("T"), Dim::Any("H"), Dim::Fixed(KV_DIM)],
+            &mut dims,
+        )?;
+        sinkv.expect(FLOATS, &[Dim::Any("H")], &mut dims)?;
+        miv.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("Km")], &mut dims)?;
+        siv.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("Ks")], &mut dims)?;
+        for l in mlv.iter().chain(&slv) {
+            l.expect(&[DType::I32], &[Dim::Any("T")], &mut dims)?;
+        }
+        ov.expect(
+            FLOATS,
+            &[Dim::Any("T"), Dim::Any("H"), Dim::Fixed(KV_DIM)],
+            &mut dims,
+        )?;
+        ev.expect(FLOATS, &[Dim::Any("T"), Dim::Any("H")], &mut dims)?;
+        let mf = kv_pool(&mv, main_format, "N", "main_format")?;
+        let sf = kv_pool(&sv, swa_format, "S", "swa_format")?;
+        let mut inputs = vec![&qv, &mv, &miv, &sv, &siv, &sinkv];
+        inputs.extend(mlv.as_ref());
+        inputs.extend(slv.as_ref());
+        check_disjoint(&inputs, &[&ov, &ev])?;
+        let params = AttentionParams {
+            heads: qv.shape()[1],
+            scale: softmax_scale(scale),
+            ..Default::default()
+        };
+        let (qf, kf) = (qv.f32s()?, sinkv.f32s()?);
+        let (mut mff, mut sff) = (Cow::Borrowed(&[][..]), Cow::Borrowed(&[][..]));
+        let main = kv_rows(&mv, mf, &mut mff)?;
+        let swa = kv_rows(&sv, sf, &mut sff)?;
+        let inp = IndexedInputs {
+            q: &qf,
+            sink: &kf,
+            main_idx: miv.i32s()?,
+            main_len: mlv.as_ref().map(|l| l.i32s()).transpose()?,
+            swa_idx: siv.i32s()?,
+            swa_len: slv.as_ref().map(|l| l.i32s()).transpose()?,
+        };
+        // Plan first so that no output is touched when a check fails.
+        crate::ops::attention::plan_indexed(&params, &inp, &main, &swa)?;
+        let mut lse_vals = vec![0.0f32; ev.numel()];
+        fill_floats(&mut ov, |o| {
+            crate::ops::attention::attention_indexed(&params, &inp, main, swa, o, &mut lse_vals)
         })?;
         ev.write_f32s(&lse_vals)
     })
@@ -1107,5 +1228,131 @@ mod tests {
             unsafe { csa2_topk(&tl, &tp, 1, &to, &ta) },
             Csa2Status::Csa2ErrInvalidArgument
         );
+    }
+
+    #[test]
+    fn attention_indexed_export_equals_direct_call_and_checks_ids() {
+        use crate::ops::attention::{attention_indexed, IndexedInputs};
+        let mut rng = Rng::new(8);
+        let (t, h, n, s, km, ks) = (3usize, 4usize, 6usize, 5usize, 4usize, 3usize);
+        let mut q = rand_normal(&mut rng, t * h * 512, 1.0);
+        let mut sink = rand_normal(&mut rng, h, 1.0);
+        let main_f = rand_normal(&mut rng, n * 512, 1.0);
+        let mut main = vec![0u8; n * 288];
+        crate::formats::encode_rows(RecordFormat::Nvfp4Ds, &main_f, &mut main).unwrap();
+        let mut swa = rand_normal(&mut rng, s * 512, 1.0);
+        let mut mi = vec![0i32, 5, -1, 2, 3, 3, -1, -1, -1, -1, -1, -1];
+        let mut si = vec![4i32, -1, 0, 1, 2, 9, -1, -1, -1];
+        // Token 1's stale SWA id 9 sits behind its length of 2; token 2 attends nothing.
+        let mut sl = vec![3i32, 2, 0];
+        let mut want = vec![0f32; t * h * 512];
+        let mut want_lse = vec![0f32; t * h];
+        let p = AttentionParams {
+            heads: h,
+            ..Default::default()
+        };
+        let inp = IndexedInputs {
+            q: &q,
+            sink: &sink,
+            main_idx: &mi,
+            main_len: None,
+            swa_idx: &si,
+            swa_len: Some(&sl),
+        };
+        attention_indexed(
+            &p,
+            &inp,
+            KvRows::Records(RecordFormat::Nvfp4Ds, &main),
+            KvRows::F32(&swa),
+            &mut want,
+            &mut want_lse,
+        )
+        .unwrap();
+        let (mut out, mut lse) = (vec![0f32; t * h * 512], vec![0f32; t * h]);
+        let mut shapes = [
+            vec![t as i64, h as i64, 512],
+            vec![n as i64, 288],
+            vec![t as i64, km as i64],
+            vec![s as i64, 512],
+            vec![t as i64, ks as i64],
+            vec![t as i64],
+            vec![h as i64],
+            vec![t as i64, h as i64, 512],
+            vec![t as i64, h as i64],
+        ];
+        let [s0, s1, s2, s3, s4, s5, s6, s7, s8] = &mut shapes;
+        let d = [
+            desc(&mut q, s0, DType::F32),
+            desc(&mut main, s1, DType::U8),
+            desc(&mut mi, s2, DType::I32),
+            desc(&mut swa, s3, DType::F32),
+            desc(&mut si, s4, DType::I32),
+            desc(&mut sl, s5, DType::I32),
+            desc(&mut sink, s6, DType::F32),
+            desc(&mut out, s7, DType::F32),
+            desc(&mut lse, s8, DType::F32),
+        ];
+        let call = |d: &[DLTensor; 9]| unsafe {
+            csa2_attention_indexed(
+                &d[0],
+                &d[1],
+                0,
+                &d[2],
+                std::ptr::null(),
+                &d[3],
+                2,
+                &d[4],
+                &d[5],
+                &d[6],
+                0.0,
+                &d[7],
+                &d[8],
+            )
+        };
+        assert_eq!(call(&d), Csa2Status::Csa2Ok);
+        assert_eq!(out, want);
+        assert_eq!(lse, want_lse);
+        assert!(lse[2 * h..].iter().all(|&v| v == f32::NEG_INFINITY));
+        // Without the SWA lengths token 1's stale id 9 (of 5 rows) is read: refused, named, and
+        // nothing written.
+        out.fill(7.0);
+        let st = unsafe {
+            csa2_attention_indexed(
+                &d[0],
+                &d[1],
+                0,
+                &d[2],
+                std::ptr::null(),
+                &d[3],
+                2,
+                &d[4],
+                std::ptr::null(),
+                &d[6],
+                0.0,
+                &d[7],
+                &d[8],
+            )
+        };
+        assert_eq!(st, Csa2Status::Csa2ErrInvalidArgument);
+        let n = unsafe { crate::ffi::csa2_last_error_message(std::ptr::null_mut(), 0) };
+        let mut buf = vec![0 as std::ffi::c_char; n];
+        unsafe { crate::ffi::csa2_last_error_message(buf.as_mut_ptr(), n) };
+        let msg = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
+        assert!(
+            msg.contains("swa_idx") && msg.contains("token 1, slot 2: row 9"),
+            "{msg}"
+        );
+        assert!(out.iter().all(|&v| v == 7.0));
+        // A length tensor of the wrong T is a shape error; an empty main pool with −1 ids is fine.
+        let mut short = [2i64];
+        let mut d2 = d;
+        d2[5].shape = short.as_mut_ptr();
+        assert_eq!(call(&d2), Csa2Status::Csa2ErrShape);
+        let mut empty_shape = [0i64, 288];
+        let mut holes = vec![-1i32; t * km];
+        let mut d3 = d;
+        d3[1].shape = empty_shape.as_mut_ptr();
+        d3[2] = desc(&mut holes, s2, DType::I32);
+        assert_eq!(call(&d3), Csa2Status::Csa2Ok);
     }
 }

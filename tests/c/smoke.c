@@ -1,6 +1,7 @@
 /* C smoke test of the csa2 ABI: compiled against include/csa2.h and linked to libcsa2.so by
  * tests/c_smoke.rs. Exercises error paths (null pointers, bad JSON, wrong lengths, bad enum
- * values, a too-small error buffer) and an encode/decode round trip. Exit 0 = pass. */
+ * values, a too-small error buffer), an encode/decode round trip and indexed attention against a
+ * double evaluation. Exit 0 = pass. */
 #include "csa2.h"
 
 #include <math.h>
@@ -324,6 +325,48 @@ int main(void) {
         free(wk);
         free(kn);
         csa2_cache_free(rc);
+    }
+
+    {
+        /* indexed attention: 1 token, 1 head; main rows {1} and SWA row {0} by slot list, checked
+         * against the same softmax written out in double (sink in the denominator only). */
+        float aq[512], amain[2 * 512], aswa[512], asink = 0.25f, aout[512], alse;
+        for (int d = 0; d < 512; d++) {
+            aq[d] = 0.02f * (float)((d % 7) - 3);
+            amain[d] = 0.5f;
+            amain[512 + d] = 0.01f * (float)(d % 11);
+            aswa[d] = -0.03f * (float)(d % 5);
+        }
+        int32_t mi[2] = {1, -1}, si[1] = {0};
+        int64_t aq_shape[3] = {1, 1, 512}, am_shape[2] = {2, 512}, mi_shape[2] = {1, 2},
+                as_shape[2] = {1, 512}, si_shape[2] = {1, 1}, sk_shape[1] = {1}, lse_shape[2] = {1, 1};
+        DLTensor taq = tensor(aq, 3, aq_shape, kDLFloat, 32), tam = tensor(amain, 2, am_shape, kDLFloat, 32),
+                 tmi = tensor(mi, 2, mi_shape, kDLInt, 32), tas = tensor(aswa, 2, as_shape, kDLFloat, 32),
+                 tsi = tensor(si, 2, si_shape, kDLInt, 32), tsk = tensor(&asink, 1, sk_shape, kDLFloat, 32),
+                 tao = tensor(aout, 3, aq_shape, kDLFloat, 32), tal = tensor(&alse, 2, lse_shape, kDLFloat, 32);
+        expect_status(csa2_attention_indexed(&taq, &tam, CSA2_FORMAT_NVFP4, &tmi, NULL, &tas, CSA2_FORMAT_MXFP8,
+                                             &tsi, NULL, &tsk, 0.0f, &tao, &tal),
+                      CSA2_OK, NULL, "attention indexed");
+        const float *rows[2] = {amain + 512, aswa};
+        double z[2], scale = 1.0 / sqrt(512.0);
+        for (int r = 0; r < 2; r++) {
+            z[r] = 0.0;
+            for (int d = 0; d < 512; d++) z[r] += (double)aq[d] * rows[r][d];
+            z[r] *= scale;
+        }
+        double m = fmax(fmax(z[0], z[1]), (double)asink);
+        double e0 = exp(z[0] - m), e1 = exp(z[1] - m), den = e0 + e1 + exp((double)asink - m);
+        double worst = 0.0;
+        for (int d = 0; d < 512; d++) {
+            double want = (e0 * rows[0][d] + e1 * rows[1][d]) / den;
+            worst = fmax(worst, fabs(want - (double)aout[d]));
+        }
+        CHECK(worst < 1e-5, "indexed attention out differs by %g", worst);
+        CHECK(fabs((double)alse - (m + log(e0 + e1))) < 1e-5, "indexed attention lse %g", (double)alse);
+        mi[0] = 2; /* past the 2 main rows */
+        expect_status(csa2_attention_indexed(&taq, &tam, CSA2_FORMAT_NVFP4, &tmi, NULL, &tas, CSA2_FORMAT_MXFP8,
+                                             &tsi, NULL, &tsk, 0.0f, &tao, &tal),
+                      CSA2_ERR_INVALID_ARGUMENT, "main_idx", "attention indexed bad id");
     }
 
     Csa2ReplayPlan *rp = NULL;

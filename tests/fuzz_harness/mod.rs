@@ -4,7 +4,10 @@
 //! (`src/ffi/ops.rs`, first seed family) and the stateful and record-level exports (the
 //! candidate-restricted indexer, the compressor state handle, cache entry / SWA / compressor-slot
 //! access of `src/ffi/records.rs`; second family, seeds with bit 62 set), whose extra mutations
-//! are null handles and unregistered requests. Execution i runs seed i / 2 of family i mod 2.
+//! are null handles and unregistered requests; third family, seeds with bit 61 set: exports added
+//! after the corpora were recorded (`csa2_attention_indexed`), so that adding one never changes
+//! the cases the recorded seeds generate. Of every 15 executions, 14 alternate the first two
+//! families and one runs the third.
 //!
 //! Each case starts from a *valid* argument set for one export (checked to return `CSA2_OK`), then
 //! applies 0–3 mutations: null descriptors, bad `ndim`, negative / huge / overflowing shapes, unknown
@@ -69,7 +72,7 @@ impl RngCore for Source<'_> {
 }
 
 const CAP_BYTES: u128 = 16 << 20;
-pub const EXPORTS: [&str; 14] = [
+pub const EXPORTS: [&str; 15] = [
     "rope",
     "compress",
     "indexer_logits",
@@ -85,12 +88,23 @@ pub const EXPORTS: [&str; 14] = [
     "swa_write",
     "swa_read",
     "compressor_slot",
+    // The third family (seeds with FAMILY3 set): ops added after both corpora were recorded.
+    "attention_indexed",
 ];
 /// Exports of the first family (the stateless ops); the second family starts here.
 const FAMILY1: usize = 7;
+/// First export of the third family (the second family ends here).
+const FAMILY3_START: usize = 14;
 /// Seed bit that selects the second family, so the first family's seeds (and its corpus) keep
 /// generating exactly the cases they always did.
 pub const FAMILY2: u64 = 1 << 62;
+/// Seed bit that selects the third family, for the same reason: a new export joins a family of its
+/// own, so the recorded cases of the first two never drift.
+pub const FAMILY3: u64 = 1 << 61;
+/// Byte 0 of a fuzzer input selects the third family when `flags & FAMILY3_MASK == FAMILY3_BITS`:
+/// a pattern no input of the recorded libFuzzer corpus has, so those inputs keep their family.
+const FAMILY3_MASK: u8 = 0x3C;
+const FAMILY3_BITS: u8 = 0x0C;
 /// Request id every cache case registers (and frees again before returning).
 const REQ: u64 = 1;
 /// Mutation kinds: 0–12 act on descriptors, scalars and contents (both families); 13 on handles and
@@ -547,6 +561,55 @@ fn template(r: &mut Source<'_>, export: usize, x: &Ctx) -> Case {
                 out(arg("lse", &[t, h], Content::F32(vec![]))),
             ]
         }
+        "attention_indexed" => {
+            let (h, n, s, km, ks) = (
+                r.random_range(1..3usize),
+                r.random_range(0..5usize),
+                r.random_range(0..7usize),
+                r.random_range(0..4usize),
+                r.random_range(0..5usize),
+            );
+            scalars = vec![
+                0, // main_format (nvfp4 when main is uint8)
+                2, // swa_format (mxfp8 when swa is uint8)
+                [0i64, 0.05f32.to_bits() as i64][r.random_range(0..2)],
+            ];
+            let main = if r.random_bool(0.5) {
+                arg("main_kv", &[n, 512], randn(r, n * 512, 1.0))
+            } else {
+                arg("main_kv", &[n, 288], Content::U8(records(r, n, 288)))
+            };
+            let swa = if r.random_bool(0.5) {
+                arg("swa_kv", &[s, 512], randn(r, s * 512, 1.0))
+            } else {
+                arg("swa_kv", &[s, 528], Content::U8(records(r, s, 528)))
+            };
+            let ids = |r: &mut Source<'_>, k: usize, rows: usize| {
+                Content::I32(
+                    (0..t * k)
+                        .map(|_| r.random_range(-1..rows as i32))
+                        .collect(),
+                )
+            };
+            // Lengths may run past K (clamped) or be negative (nothing attended).
+            let lens = |r: &mut Source<'_>, k: usize| {
+                Content::I32((0..t).map(|_| r.random_range(-1..=k as i32 + 1)).collect())
+            };
+            let (mi, si) = (ids(r, km, n), ids(r, ks, s));
+            let (ml, sl) = (lens(r, km), lens(r, ks));
+            vec![
+                arg("q", &[t, h, 512], randn(r, t * h * 512, 1.0)),
+                main,
+                arg("main_idx", &[t, km], mi),
+                opt(arg("main_len", &[t], ml), r.random_bool(0.5)),
+                swa,
+                arg("swa_idx", &[t, ks], si),
+                opt(arg("swa_len", &[t], sl), r.random_bool(0.5)),
+                arg("sink", &[h], randn(r, h, 1.0)),
+                out(arg("out", &[t, h, 512], Content::F32(vec![]))),
+                out(arg("lse", &[t, h], Content::F32(vec![]))),
+            ]
+        }
         "mhc" => {
             let d = r.random_range(1..9usize);
             let upd = r.random_bool(0.5);
@@ -712,7 +775,8 @@ const ACCEPTED: [(u8, u8); 6] = [(2, 32), (4, 16), (2, 16), (1, 8), (0, 32), (0,
 fn mutate(r: &mut Source<'_>, c: &mut Case) {
     let n = c.args.len();
     let i = r.random_range(0..n);
-    let kind = r.random_range(0..if c.export < FAMILY1 { KINDS1 } else { KINDS2 });
+    let family2 = (FAMILY1..FAMILY3_START).contains(&c.export);
+    let kind = r.random_range(0..if family2 { KINDS2 } else { KINDS1 });
     let a = &mut c.args[i];
     let name = a.name;
     let note = match kind {
@@ -853,21 +917,28 @@ fn mutate(r: &mut Source<'_>, c: &mut Case) {
 /// multiple of 8, so every export is also exercised on valid input).
 pub fn build(seed: u64, x: &Ctx) -> Case {
     let mut r = Source::Seeded(Box::new(StdRng::seed_from_u64(seed)));
+    let family = if seed & FAMILY2 != 0 {
+        2
+    } else if seed & FAMILY3 != 0 {
+        3
+    } else {
+        1
+    };
     build_from(
         &mut r,
-        seed & FAMILY2 != 0,
-        !(seed & !FAMILY2).is_multiple_of(8),
+        family,
+        !(seed & !(FAMILY2 | FAMILY3)).is_multiple_of(8),
         x,
     )
 }
 
 /// Builds a case whose every choice comes from `r`: a valid template of one export of the chosen
-/// family plus 1–3 mutations when `mutated`.
-fn build_from(r: &mut Source<'_>, family2: bool, mutated: bool, x: &Ctx) -> Case {
-    let export = if family2 {
-        r.random_range(FAMILY1..EXPORTS.len())
-    } else {
-        r.random_range(0..FAMILY1)
+/// family (1, 2 or 3) plus 1–3 mutations when `mutated`.
+fn build_from(r: &mut Source<'_>, family: u8, mutated: bool, x: &Ctx) -> Case {
+    let export = match family {
+        2 => r.random_range(FAMILY1..FAMILY3_START),
+        3 => r.random_range(FAMILY3_START..EXPORTS.len()),
+        _ => r.random_range(0..FAMILY1),
     };
     let mut c = template(r, export, x);
     if mutated {
@@ -1016,6 +1087,21 @@ fn call(c: &mut Case, x: &Ctx) -> (Csa2Status, String) {
                 s[1] as u32,
                 s[2] as i32,
                 p[5],
+            ),
+            "attention_indexed" => csa2_attention_indexed(
+                p[0],
+                p[1],
+                s[0] as i32,
+                p[2],
+                p[3],
+                p[4],
+                s[1] as i32,
+                p[5],
+                p[6],
+                p[7],
+                f32::from_bits(s[2] as u32),
+                p[8],
+                p[9],
             ),
             "compress_step" => compress_step(c, x, &p),
             "cache_write" | "cache_read" | "swa_write" | "swa_read" | "compressor_slot" => {
@@ -1208,13 +1294,21 @@ pub fn run(seed: u64, x: &Ctx) -> (Case, Csa2Status) {
 }
 
 /// Runs the case that the fuzzer input `data` encodes (libFuzzer's byte string, or a file of
-/// `tests/fuzz_corpus/libfuzzer/`) and checks the invariants. Byte 0 picks the family and whether
-/// to mutate; every later choice reads the following bytes (zeros once they run out), so
-/// coverage-guided mutation of the input steers the template and the mutations directly.
+/// `tests/fuzz_corpus/libfuzzer/`) and checks the invariants. Byte 0 picks the family (bits 2–5
+/// = `0011`: the third; else bit 0) and whether to mutate (bit 1); every later choice reads the
+/// following bytes (zeros once they run out), so coverage-guided mutation of the input steers the
+/// template and the mutations directly.
 pub fn run_bytes(data: &[u8], x: &Ctx) -> (Case, Csa2Status) {
     let flags = data.first().copied().unwrap_or(0);
     let mut r = Source::Bytes(data.get(1..).unwrap_or(&[]));
-    let c = build_from(&mut r, flags & 1 == 1, flags & 2 == 2, x);
+    let family = if flags & FAMILY3_MASK == FAMILY3_BITS {
+        3
+    } else if flags & 1 == 1 {
+        2
+    } else {
+        1
+    };
+    let c = build_from(&mut r, family, flags & 2 == 2, x);
     check(c, &format!("input of {} bytes", data.len()), x)
 }
 

@@ -19,7 +19,7 @@
 //! descheduled on a loaded machine; a prefill batch runs one token per task. Scratch buffers are
 //! per-thread and reused across calls.
 
-use super::{AttentionInputs, AttentionParams, KvRows, TokenRows};
+use super::{AttentionParams, KvRows, TokenRows};
 use crate::formats::{fast, KV_DIM};
 use crate::ops::simd::{codec_isa, multiversion, Vf32};
 use rayon::prelude::*;
@@ -77,10 +77,14 @@ fn scratch_len(n: usize, h: usize) -> usize {
     n * KS + n * hp + KV_DIM * hp + 2 * n.div_ceil(CHUNK) * hp + h * KV_DIM
 }
 
-/// Runs every token; shapes are checked by [`super::attention`].
+/// Runs every token: `q` (tokens, heads, 512), `sink` (heads), `rows` from [`super::plan`] or
+/// [`super::plan_indexed`]; shapes are checked by [`super::attention`] /
+/// [`super::attention_indexed`].
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     p: &AttentionParams,
-    inp: &AttentionInputs,
+    q: &[f32],
+    sink: &[f32],
     rows: &[TokenRows],
     main: KvRows,
     swa: KvRows,
@@ -96,9 +100,9 @@ pub fn attention(
     let one = |ti: usize, o: &mut [f32], l: &mut [f32], par: bool| {
         let r = &rows[ti];
         let n = r.main.len() + r.swa.len();
-        let q = &inp.q[ti * h * KV_DIM..][..h * KV_DIM];
+        let q = &q[ti * h * KV_DIM..][..h * KV_DIM];
         with_scratch(scratch_len(n, h), |buf| {
-            token(p.scale, q, inp.sink, r, &kv, o, l, par, buf)
+            token(p.scale, q, sink, r, &kv, o, l, par, buf)
         });
     };
     if t >= rayon::current_num_threads() {
@@ -211,7 +215,7 @@ fn token(
     }
 }
 
-/// Decodes a token's attended rows `r0 ..` (main entries, then the window) into `dst`
+/// Decodes a token's attended rows `r0 ..` (main entries, then the SWA rows) into `dst`
 /// (rows, [`KS`]) f32.
 fn gather(isa: fast::Isa, r: &TokenRows, main: &KvRows, swa: &KvRows, r0: usize, dst: &mut [f32]) {
     let nm = r.main.len();
@@ -221,7 +225,7 @@ fn gather(isa: fast::Isa, r: &TokenRows, main: &KvRows, swa: &KvRows, r0: usize,
         if k < nm {
             row(isa, main, r.main[k], d);
         } else {
-            row(isa, swa, r.swa.start + (k - nm), d);
+            row(isa, swa, r.swa[k - nm], d);
         }
     }
 }

@@ -14,6 +14,12 @@
 //! Shapes: `q` (tokens, heads, 512) f32, main KV (N, 512) f32 or (N, 288) NVFP4-DS, SWA (S, 512) f32
 //! or (S, 528) MXFP8, `topk` (tokens, K) i32, `sink` (heads) f32, `out` (tokens, heads, 512),
 //! `lse` (tokens, heads).
+//!
+//! Two ways to name the attended rows, one kernel: [`attention`] resolves them from positions
+//! (top-k ∪ the window, row s of the SWA cache = token s: one sequence), [`attention_indexed`]
+//! takes them as explicit lists of main and SWA slots per token, as FlashMLA's sparse
+//! `flash_mla_with_kvcache` receives them from vLLM's paged, batched caches. Both plan a
+//! [`TokenRows`] per token and run the same fast path ([`cpu`]) and f64 reference ([`reference`]).
 
 pub mod cpu;
 pub mod reference;
@@ -125,13 +131,72 @@ pub struct AttentionInputs<'a> {
     pub sink: &'a [f32],
 }
 
-/// The rows one token attends: main-KV entry ids and the SWA range.
+/// The rows one token attends: main-KV entry ids, then SWA row ids, all attended in this order by
+/// one softmax (a repeated id is attended once per occurrence).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenRows {
     /// Selected main-KV entries (valid ones, in top-k order).
     pub main: Vec<usize>,
-    /// SWA rows `lo..=hi` (empty when lo > hi).
-    pub swa: std::ops::Range<usize>,
+    /// SWA rows: the window `lo, lo + 1, …, p` for [`plan`], the valid listed slots for
+    /// [`plan_indexed`].
+    pub swa: Vec<usize>,
+}
+
+/// Per-token inputs of [`attention_indexed`]: the attended rows as explicit slot lists (FlashMLA's
+/// sparse contract: `indices` / `topk_length` for the SWA cache, `extra_indices_in_kvcache` /
+/// `extra_topk_length` for the compressed cache).
+#[derive(Debug, Clone, Copy)]
+pub struct IndexedInputs<'a> {
+    /// (tokens, heads, 512) f32, RoPE'd; tokens = `q.len() / (heads · 512)`.
+    pub q: &'a [f32],
+    /// (heads) sink logits.
+    pub sink: &'a [f32],
+    /// (tokens, Km) i32 main-KV rows, −1 = none.
+    pub main_idx: &'a [i32],
+    /// Optional (tokens) valid length of each `main_idx` row, clamped to `[0, Km]`; slots at or
+    /// after it are ignored (may hold anything).
+    pub main_len: Option<&'a [i32]>,
+    /// (tokens, Ks) i32 SWA rows, −1 = none.
+    pub swa_idx: &'a [i32],
+    /// Optional (tokens) valid length of each `swa_idx` row, clamped to `[0, Ks]`.
+    pub swa_len: Option<&'a [i32]>,
+}
+
+/// Shapes of `q` (T, heads, 512) and `sink` (heads).
+fn check_q_sink(h: usize, t: usize, q: &[f32], sink: &[f32]) -> Result<()> {
+    if q.len() != t * h * KV_DIM {
+        return Err(Error::shape(
+            "attention q",
+            format!("[T={t}, {h}, 512]"),
+            format!("{} values", q.len()),
+        ));
+    }
+    if sink.len() != h {
+        return Err(Error::shape(
+            "attention sink",
+            format!("[{h}]"),
+            format!("{} values", sink.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// No NaN or ±∞ in `q` or `sink` (they would poison every output of the token silently).
+fn check_finite(h: usize, q: &[f32], sink: &[f32]) -> Result<()> {
+    for (name, v, row) in [("q", q, h * KV_DIM), ("sink", sink, h)] {
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "non-finite value {} at token {}, element {}",
+                    v[i],
+                    i / row,
+                    i % row
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Validates every input and resolves the attended rows of each token.
@@ -151,20 +216,7 @@ pub fn plan(
             "heads and window must be > 0",
         ));
     }
-    if inp.q.len() != t * h * KV_DIM {
-        return Err(Error::shape(
-            "attention q",
-            format!("[T={t}, {h}, 512]"),
-            format!("{} values", inp.q.len()),
-        ));
-    }
-    if inp.sink.len() != h {
-        return Err(Error::shape(
-            "attention sink",
-            format!("[{h}]"),
-            format!("{} values", inp.sink.len()),
-        ));
-    }
+    check_q_sink(h, t, inp.q, inp.sink)?;
     let k = inp.topk.len().checked_div(t).unwrap_or(0);
     if inp.topk.len() != t * k {
         return Err(Error::shape(
@@ -190,19 +242,7 @@ pub fn plan(
         ));
     }
     crate::ops::rope::check_positions(inp.positions)?;
-    for (name, v, row) in [("q", inp.q, h * KV_DIM), ("sink", inp.sink, h)] {
-        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-            return Err(Error::invalid(
-                name,
-                format!(
-                    "non-finite value {} at token {}, element {}",
-                    v[i],
-                    i / row,
-                    i % row
-                ),
-            ));
-        }
-    }
+    check_finite(h, inp.q, inp.sink)?;
     let (n, s) = (main.len(), swa.len());
     (0..t)
         .map(|i| {
@@ -244,7 +284,10 @@ pub fn plan(
                     format!("{s} rows"),
                 ));
             }
-            Ok(TokenRows { main: sel, swa: lo..(pos + 1).max(lo) })
+            Ok(TokenRows {
+                main: sel,
+                swa: (lo..(pos + 1).max(lo)).collect(),
+            })
         })
         .collect()
 }
@@ -263,14 +306,137 @@ pub fn attention(
 ) -> Result<()> {
     let rows = plan(p, inp, &main, &swa)?;
     let t = rows.len();
-    if out.len() != t * p.heads * KV_DIM || lse.len() != t * p.heads {
+    check_out(p.heads, t, out, lse)?;
+    cpu::attention(p, inp.q, inp.sink, &rows, main, swa, out, lse);
+    Ok(())
+}
+
+fn check_out(h: usize, t: usize, out: &[f32], lse: &[f32]) -> Result<()> {
+    if out.len() != t * h * KV_DIM || lse.len() != t * h {
         return Err(Error::shape(
             "attention out / lse",
-            format!("[{t}, {}, 512] and [{t}, {}]", p.heads, p.heads),
+            format!("[{t}, {h}, 512] and [{t}, {h}]"),
             format!("{} and {} values", out.len(), lse.len()),
         ));
     }
-    cpu::attention(p, inp, &rows, main, swa, out, lse);
+    Ok(())
+}
+
+/// One token's valid slots of an index list: `ids[..len]` (len clamped to `[0, ids.len()]`, `None`
+/// = all) without the −1 entries, each checked against the pool's `n` rows.
+fn listed(what: &str, t: usize, ids: &[i32], len: Option<i32>, n: usize) -> Result<Vec<usize>> {
+    let valid = len.map_or(ids.len(), |l| (l.max(0) as usize).min(ids.len()));
+    let mut sel = Vec::with_capacity(valid);
+    for (c, &j) in ids[..valid].iter().enumerate() {
+        if j == -1 {
+            continue;
+        }
+        if j < -1 || j as usize >= n {
+            return Err(Error::invalid(
+                what,
+                format!("token {t}, slot {c}: row {j} is outside the pool (0..{n}, or −1)"),
+            ));
+        }
+        sel.push(j as usize);
+    }
+    Ok(sel)
+}
+
+/// Shape of an index list `what` `(T, K)` and of its optional lengths `len_what` `(T)`; returns K.
+fn check_list(
+    (what, len_what): (&str, &str),
+    t: usize,
+    ids: &[i32],
+    len: Option<&[i32]>,
+) -> Result<usize> {
+    let k = ids.len().checked_div(t).unwrap_or(0);
+    if ids.len() != t * k {
+        return Err(Error::shape(
+            what,
+            format!("[T={t}, K]"),
+            format!("{} values", ids.len()),
+        ));
+    }
+    if let Some(l) = len {
+        if l.len() != t {
+            return Err(Error::shape(
+                len_what,
+                format!("[T={t}]"),
+                format!("{} values", l.len()),
+            ));
+        }
+    }
+    Ok(k)
+}
+
+/// Validates the inputs of [`attention_indexed`] and resolves each token's rows: the valid
+/// `main_idx` slots, then the valid `swa_idx` slots, in list order. `p.window` and `p.ratio` are
+/// not used (the caller already resolved the window and visibility).
+///
+/// Errors: [`Error::Shape`] for inconsistent shapes (tokens come from `q`), [`Error::Invalid`]
+/// for a row id `< −1` or past its pool (naming the list, token, slot and id), non-finite `q` /
+/// `sink`, or `heads` = 0.
+pub fn plan_indexed(
+    p: &AttentionParams,
+    inp: &IndexedInputs,
+    main: &KvRows,
+    swa: &KvRows,
+) -> Result<Vec<TokenRows>> {
+    main.check("main KV")?;
+    swa.check("SWA KV")?;
+    let h = p.heads;
+    if h == 0 {
+        return Err(Error::invalid("attention params", "heads must be > 0"));
+    }
+    let row = h
+        .checked_mul(KV_DIM)
+        .ok_or_else(|| Error::invalid("attention params", format!("{h} heads is too many")))?;
+    let t = inp.q.len() / row;
+    check_q_sink(h, t, inp.q, inp.sink)?;
+    let km = check_list(("main_idx", "main_len"), t, inp.main_idx, inp.main_len)?;
+    let ks = check_list(("swa_idx", "swa_len"), t, inp.swa_idx, inp.swa_len)?;
+    check_finite(h, inp.q, inp.sink)?;
+    let (n, s) = (main.len(), swa.len());
+    (0..t)
+        .map(|i| {
+            Ok(TokenRows {
+                main: listed(
+                    "main_idx",
+                    i,
+                    &inp.main_idx[i * km..][..km],
+                    inp.main_len.map(|l| l[i]),
+                    n,
+                )?,
+                swa: listed(
+                    "swa_idx",
+                    i,
+                    &inp.swa_idx[i * ks..][..ks],
+                    inp.swa_len.map(|l| l[i]),
+                    s,
+                )?,
+            })
+        })
+        .collect()
+}
+
+/// Attention over explicit slot lists (fast path; FlashMLA's sparse `flash_mla_with_kvcache`
+/// contract as vLLM 0.33 `models/deepseek_v41/nvidia/flashmla.py` calls it): per token and head one
+/// softmax over the rows of [`plan_indexed`] plus the sink in the denominator; writes `out`
+/// (tokens, heads, 512) and `lse` (tokens, heads, without the sink; a token with nothing attended
+/// gets zeros and −∞). Uses `p.heads` and `p.scale` only.
+///
+/// Errors: those of [`plan_indexed`], and [`Error::Shape`] for `out` / `lse`.
+pub fn attention_indexed(
+    p: &AttentionParams,
+    inp: &IndexedInputs,
+    main: KvRows,
+    swa: KvRows,
+    out: &mut [f32],
+    lse: &mut [f32],
+) -> Result<()> {
+    let rows = plan_indexed(p, inp, &main, &swa)?;
+    check_out(p.heads, rows.len(), out, lse)?;
+    cpu::attention(p, inp.q, inp.sink, &rows, main, swa, out, lse);
     Ok(())
 }
 

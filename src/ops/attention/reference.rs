@@ -3,7 +3,8 @@
 use super::{AttentionInputs, AttentionParams, KvRows, TokenRows};
 use crate::formats::KV_DIM;
 
-/// Returns `(out, lse)` as f64: out (tokens, heads, 512), lse (tokens, heads).
+/// Returns `(out, lse)` as f64: out (tokens, heads, 512), lse (tokens, heads), for the rows of
+/// [`super::plan`].
 pub fn attention(
     p: &AttentionParams,
     inp: &AttentionInputs,
@@ -11,10 +12,23 @@ pub fn attention(
     main: KvRows,
     swa: KvRows,
 ) -> (Vec<f64>, Vec<f64>) {
+    attention_rows(p, inp.q, inp.sink, rows, main, swa)
+}
+
+/// Returns `(out, lse)` as f64: out (tokens, heads, 512), lse (tokens, heads), for `q` (tokens,
+/// heads, 512), `sink` (heads) and the rows of [`super::plan`] or [`super::plan_indexed`].
+pub fn attention_rows(
+    p: &AttentionParams,
+    q: &[f32],
+    sink: &[f32],
+    rows: &[TokenRows],
+    main: KvRows,
+    swa: KvRows,
+) -> (Vec<f64>, Vec<f64>) {
     let h = p.heads;
     let mut out = vec![0f64; rows.len() * h * KV_DIM];
     let mut lse = vec![f64::NEG_INFINITY; rows.len() * h];
-    let scale = 1.0 / (KV_DIM as f64).sqrt();
+    let scale = p.scale as f64;
     let mut buf = vec![0f32; KV_DIM];
     for (ti, r) in rows.iter().enumerate() {
         let mut keys: Vec<Vec<f64>> = Vec::new();
@@ -22,7 +36,7 @@ pub fn attention(
             main.row(j, &mut buf);
             keys.push(buf.iter().map(|&v| v as f64).collect());
         }
-        for s in r.swa.clone() {
+        for &s in &r.swa {
             swa.row(s, &mut buf);
             keys.push(buf.iter().map(|&v| v as f64).collect());
         }
@@ -30,12 +44,12 @@ pub fn attention(
             continue;
         }
         for hi in 0..h {
-            let q = &inp.q[(ti * h + hi) * KV_DIM..][..KV_DIM];
+            let q = &q[(ti * h + hi) * KV_DIM..][..KV_DIM];
             let z: Vec<f64> = keys
                 .iter()
                 .map(|k| scale * k.iter().zip(q).map(|(&a, &b)| a * b as f64).sum::<f64>())
                 .collect();
-            let a = inp.sink[hi] as f64;
+            let a = sink[hi] as f64;
             let m = z.iter().copied().fold(a, f64::max);
             let e: Vec<f64> = z.iter().map(|&v| (v - m).exp()).collect();
             let sum: f64 = e.iter().sum();

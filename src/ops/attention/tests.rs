@@ -119,7 +119,7 @@ fn window_edges_126_to_129_and_replay_start() {
     let (_, _, rows) = both(&p, &inp, KvRows::F32(&c.main), KvRows::F32(&c.swa));
     let want = [0..1, 0..2, 0..127, 0..128, 1..129, 2..130, 173..301];
     for (r, w) in rows.iter().zip(want) {
-        assert_eq!(r.swa, w);
+        assert_eq!(r.swa, w.collect::<Vec<_>>());
     }
     // replay_start inside the window raises the floor; one value for all tokens or one per token.
     let inp2 = AttentionInputs {
@@ -138,7 +138,7 @@ fn window_edges_126_to_129_and_replay_start() {
         173..301,
     ];
     for (r, w) in rows.iter().zip(want) {
-        assert_eq!(r.swa, w);
+        assert_eq!(r.swa, w.collect::<Vec<_>>());
     }
     let rs: Vec<i64> = vec![0, 0, 0, 0, 128, 129, 250];
     let inp3 = AttentionInputs {
@@ -146,9 +146,9 @@ fn window_edges_126_to_129_and_replay_start() {
         ..inp
     };
     let (_, _, rows) = both(&p, &inp3, KvRows::F32(&c.main), KvRows::F32(&c.swa));
-    assert_eq!(rows[4].swa, 128..129);
-    assert_eq!(rows[5].swa, 129..130);
-    assert_eq!(rows[6].swa, 250..301);
+    assert_eq!(rows[4].swa, (128..129).collect::<Vec<_>>());
+    assert_eq!(rows[5].swa, (129..130).collect::<Vec<_>>());
+    assert_eq!(rows[6].swa, (250..301).collect::<Vec<_>>());
 }
 
 #[test]
@@ -365,4 +365,456 @@ fn head_counts_row_counts_and_chunk_merge() {
             }
         }
     }
+}
+
+/// Runs [`attention_indexed`] and its f64 reference on the same (already quantised) rows; asserts
+/// they agree; returns (out, lse, rows).
+fn both_indexed(
+    p: &AttentionParams,
+    inp: &IndexedInputs,
+    main: KvRows,
+    swa: KvRows,
+) -> (Vec<f32>, Vec<f32>, Vec<TokenRows>) {
+    let t = inp.q.len() / (p.heads * KV_DIM);
+    let mut out = vec![f32::NAN; t * p.heads * KV_DIM];
+    let mut lse = vec![f32::NAN; t * p.heads];
+    attention_indexed(p, inp, main, swa, &mut out, &mut lse).unwrap();
+    let rows = plan_indexed(p, inp, &main, &swa).unwrap();
+    let (ro, rl) = reference::attention_rows(p, inp.q, inp.sink, &rows, main, swa);
+    assert!(out.iter().all(|v| v.is_finite()), "never NaN");
+    let s = compare(&out, &ro, &F32_VS_F64);
+    assert!(s.ok(&F32_VS_F64), "out: {s:?}");
+    let s = compare(&lse, &rl, &F32_VS_F64);
+    assert!(s.ok(&F32_VS_F64), "lse: {s:?}");
+    (out, lse, rows)
+}
+
+/// Random `(t, k)` slot lists over a pool of `n` rows with about a quarter −1 holes.
+fn slot_lists(rng: &mut Rng, t: usize, k: usize, n: usize) -> Vec<i32> {
+    use rand::Rng as _;
+    (0..t * k)
+        .map(|_| {
+            if n == 0 || rng.random_bool(0.25) {
+                -1
+            } else {
+                rng.random_range(0..n as i32)
+            }
+        })
+        .collect()
+}
+
+/// The rows a token must attend, written out independently of `plan_indexed`.
+fn expected_rows(ids: &[i32], len: Option<i32>) -> Vec<usize> {
+    let valid = match len {
+        None => ids.len(),
+        Some(l) if l <= 0 => 0,
+        Some(l) => (l as usize).min(ids.len()),
+    };
+    ids[..valid]
+        .iter()
+        .filter(|&&j| j >= 0)
+        .map(|&j| j as usize)
+        .collect()
+}
+
+/// All record formats of 512-value rows, as (main, SWA) pairs, with the quantised copies of the
+/// f32 pools.
+fn encoded(fmt: RecordFormat, x: &[f32]) -> Vec<u8> {
+    let mut b = vec![0u8; x.len() / KV_DIM * fmt.record_bytes()];
+    encode_rows(fmt, x, &mut b).unwrap();
+    b
+}
+
+/// Random slot lists with holes, lengths 0 / 1 / full / past K / negative / none, an all-masked
+/// token, SWA-only and main-only tokens, 1 and 64 heads, a lone token (row tasks spread over
+/// rayon) and a batch (one token per task), every record format and f32 rows: fast path against
+/// the f64 reference on the same rows (tight), quantised against f32 rows (loose).
+#[test]
+fn indexed_matches_reference_formats_lengths_and_holes() {
+    let mut rng = Rng::new(11);
+    let (n, s, km, ks) = (300usize, 200usize, 96usize, 128usize);
+    let main = rand_normal(&mut rng, n * KV_DIM, 1.0);
+    let swa = rand_normal(&mut rng, s * KV_DIM, 1.0);
+    let pairs = [
+        (RecordFormat::Nvfp4Ds, RecordFormat::Mxfp8),
+        (RecordFormat::Mxfp8, RecordFormat::Mxfp8),
+        (RecordFormat::V4Record, RecordFormat::Nvfp4Ds),
+    ];
+    // Per token: (main_len, swa_len).
+    let lens: [(i32, i32); 9] = [
+        (km as i32, ks as i32), // full
+        (0, 0),                 // all masked
+        (0, 50),                // SWA only
+        (70, 0),                // main only
+        (1, 1),
+        (km as i32 + 9, ks as i32 + 1), // past K: clamped
+        (-5, 3),                        // negative: nothing
+        (40, 127),
+        (km as i32, 64),
+    ];
+    for heads in [1usize, 64] {
+        for t in [1usize, lens.len()] {
+            let q = rand_normal(&mut rng, t * heads * KV_DIM, 2.0);
+            let sink = rand_normal(&mut rng, heads, 1.0);
+            let mut main_idx = slot_lists(&mut rng, t, km, n);
+            let swa_idx = slot_lists(&mut rng, t, ks, s);
+            // Token 1 (all masked) also has only −1 in its lists; stale ids past a length are
+            // out of range and must be ignored.
+            if t > 1 {
+                main_idx[km..2 * km].fill(-1);
+                main_idx[3 * km + 70..4 * km].fill(i32::MAX);
+            }
+            let ml: Vec<i32> = (0..t).map(|i| lens[i].0).collect();
+            let sl: Vec<i32> = (0..t).map(|i| lens[i].1).collect();
+            let p = AttentionParams {
+                heads,
+                ..Default::default()
+            };
+            for with_len in [true, false] {
+                if !with_len && t > 1 {
+                    continue; // the stale ids would be read
+                }
+                let inp = IndexedInputs {
+                    q: &q,
+                    sink: &sink,
+                    main_idx: &main_idx,
+                    main_len: with_len.then_some(&ml[..]),
+                    swa_idx: &swa_idx,
+                    swa_len: with_len.then_some(&sl[..]),
+                };
+                let (exact, lse, rows) =
+                    both_indexed(&p, &inp, KvRows::F32(&main), KvRows::F32(&swa));
+                for (i, r) in rows.iter().enumerate() {
+                    let (a, b) = (with_len.then_some(ml[i]), with_len.then_some(sl[i]));
+                    assert_eq!(r.main, expected_rows(&main_idx[i * km..][..km], a));
+                    assert_eq!(r.swa, expected_rows(&swa_idx[i * ks..][..ks], b));
+                    let l = &lse[i * heads..][..heads];
+                    if r.main.is_empty() && r.swa.is_empty() {
+                        assert!(exact[i * heads * KV_DIM..][..heads * KV_DIM]
+                            .iter()
+                            .all(|&v| v == 0.0));
+                        assert!(l.iter().all(|&v| v == f32::NEG_INFINITY));
+                    } else {
+                        assert!(l.iter().all(|v| v.is_finite()));
+                    }
+                }
+                if t > 1 {
+                    assert!(rows[1].main.is_empty() && rows[1].swa.is_empty());
+                    assert!(rows[2].main.is_empty() && !rows[2].swa.is_empty());
+                    assert!(!rows[3].main.is_empty() && rows[3].swa.is_empty());
+                }
+                for (mf, sf) in pairs {
+                    let (mq, sq) = (encoded(mf, &main), encoded(sf, &swa));
+                    let (quant, _, _) =
+                        both_indexed(&p, &inp, KvRows::Records(mf, &mq), KvRows::Records(sf, &sq));
+                    let st = compare(&quant, &exact, &QUANT_VS_EXACT);
+                    assert!(
+                        st.cos_diff < QUANT_VS_EXACT.cos_diff,
+                        "{mf:?} + {sf:?} vs f32 rows: {st:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A repeated id is attended once per occurrence (FlashMLA does not deduplicate): a token that
+/// lists row j twice (once as main, once as SWA, or twice in one list) has lse = z + ln 2 against
+/// the token that lists it once.
+#[test]
+fn indexed_duplicate_ids_are_attended_twice() {
+    let mut rng = Rng::new(12);
+    let c = case(&mut rng, 1, 8, 8);
+    let p = AttentionParams::default();
+    let run = |m: &[i32], s: &[i32]| {
+        let inp = IndexedInputs {
+            q: &c.q,
+            sink: &c.sink,
+            main_idx: m,
+            main_len: None,
+            swa_idx: s,
+            swa_len: None,
+        };
+        // The same f32 rows in both pools, so that a main and an SWA id name the same key.
+        both_indexed(&p, &inp, KvRows::F32(&c.main), KvRows::F32(&c.main))
+    };
+    let (_, once, _) = run(&[5, -1], &[-1]);
+    for (m, s) in [
+        (&[5, 5][..], &[-1][..]),
+        (&[5, -1], &[5]),
+        (&[-1, -1], &[5, 5]),
+    ] {
+        let (_, twice, rows) = run(m, s);
+        assert_eq!(rows[0].main.len() + rows[0].swa.len(), 2);
+        for (a, b) in twice.iter().zip(&once) {
+            assert!((a - b - std::f32::consts::LN_2).abs() < 1e-5, "{a} vs {b}");
+        }
+    }
+}
+
+/// For one sequence, listing the window rows explicitly gives exactly what [`attention`] computes
+/// from positions (same rows, same order, same kernel): bit for bit, for a decode token and a
+/// prefill batch, f32 and quantised rows, with and without a replay floor, lengths or −1 padding.
+#[test]
+fn indexed_window_lists_equal_positional_attention_bit_for_bit() {
+    let mut rng = Rng::new(13);
+    let (n, s) = (700, 1400);
+    for positions in [
+        vec![1399i64],
+        vec![0i64, 1, 126, 127, 128, 129, 300],
+        (0..12).map(|i| 120 * i + 7).collect(),
+    ] {
+        let t = positions.len();
+        let c = case(&mut rng, t, n, s);
+        let topk = topk_rows(&mut rng, &positions, 2, 512);
+        for replay in [&[][..], &[100i64][..]] {
+            let inp = AttentionInputs {
+                q: &c.q,
+                topk: &topk,
+                topk_len: None,
+                positions: &positions,
+                replay_start: replay,
+                sink: &c.sink,
+            };
+            let p = AttentionParams::default();
+            let floor = replay.first().copied().unwrap_or(0);
+            // Window rows padded with −1 to 128 (vLLM's layout), and the same with lengths.
+            let mut swa_idx = vec![-1i32; t * 128];
+            let mut swa_len = vec![0i32; t];
+            for (i, &pos) in positions.iter().enumerate() {
+                let lo = (pos - 127).max(0).max(floor);
+                for (c, r) in (lo..=pos).enumerate() {
+                    swa_idx[i * 128 + c] = r as i32;
+                }
+                swa_len[i] = (pos + 1 - lo).max(0) as i32;
+            }
+            for (mf, sf) in [
+                (None, None),
+                (Some(RecordFormat::Nvfp4Ds), Some(RecordFormat::Mxfp8)),
+            ] {
+                let main = mf.map_or(KvRows::F32(&c.main), |f| KvRows::Records(f, &c.main_rec));
+                let swa = sf.map_or(KvRows::F32(&c.swa), |f| KvRows::Records(f, &c.swa_rec));
+                let (want, want_lse, want_rows) = both(&p, &inp, main, swa);
+                for len in [None, Some(&swa_len[..])] {
+                    let ix = IndexedInputs {
+                        q: &c.q,
+                        sink: &c.sink,
+                        main_idx: &topk,
+                        main_len: None,
+                        swa_idx: &swa_idx,
+                        swa_len: len,
+                    };
+                    let (got, got_lse, rows) = both_indexed(&p, &ix, main, swa);
+                    assert_eq!(rows, want_rows);
+                    assert!(got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                    assert!(got_lse
+                        .iter()
+                        .zip(&want_lse)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                }
+            }
+        }
+    }
+}
+
+/// Out-of-range ids (past either pool, below −1) name the list, token, slot and id; shapes of
+/// every list, length, `q`, `sink` and output are checked; empty pools work with −1 lists; nothing
+/// is written on error.
+#[test]
+fn indexed_bad_inputs_are_errors() {
+    let mut rng = Rng::new(14);
+    let t = 2;
+    let c = case(&mut rng, t, 10, 20);
+    let p = AttentionParams::default();
+    let main_idx = [0, 1, 2, 3, 9, -1, -1, -1];
+    let swa_idx = [19, 0, 5, -1, -1, -1];
+    let base = IndexedInputs {
+        q: &c.q,
+        sink: &c.sink,
+        main_idx: &main_idx,
+        main_len: None,
+        swa_idx: &swa_idx,
+        swa_len: None,
+    };
+    let run = |inp: IndexedInputs, nm: usize, ns: usize| {
+        let mut out = vec![7f32; t * HEADS * KV_DIM];
+        let mut lse = vec![7f32; t * HEADS];
+        let r = attention_indexed(
+            &p,
+            &inp,
+            KvRows::F32(&c.main[..nm * KV_DIM]),
+            KvRows::F32(&c.swa[..ns * KV_DIM]),
+            &mut out,
+            &mut lse,
+        );
+        if r.is_err() {
+            assert!(out.iter().chain(&lse).all(|&v| v == 7.0), "untouched");
+        }
+        r.map_err(|e| e.to_string())
+    };
+    assert!(run(base, 10, 20).is_ok());
+    let err = |inp, nm, ns| run(inp, nm, ns).unwrap_err();
+    // Past the pools: main row 9 of 9, SWA row 19 of 19; −2; a length exposing a bad id.
+    let e = err(base, 9, 20);
+    assert!(
+        e.contains("main_idx") && e.contains("token 1, slot 0: row 9"),
+        "{e}"
+    );
+    let e = err(base, 10, 19);
+    assert!(
+        e.contains("swa_idx") && e.contains("token 0, slot 0: row 19"),
+        "{e}"
+    );
+    let bad = [0, 1, 2, 3, 9, -1, -2, -1];
+    let e = err(
+        IndexedInputs {
+            main_idx: &bad,
+            ..base
+        },
+        10,
+        20,
+    );
+    assert!(e.contains("token 1, slot 2: row -2"), "{e}");
+    // The same −2 is ignored behind a length of 2, reported behind a length past K.
+    assert!(run(
+        IndexedInputs {
+            main_idx: &bad,
+            main_len: Some(&[4, 2]),
+            ..base
+        },
+        10,
+        20
+    )
+    .is_ok());
+    assert!(run(
+        IndexedInputs {
+            main_idx: &bad,
+            main_len: Some(&[4, 99]),
+            ..base
+        },
+        10,
+        20
+    )
+    .is_err());
+    // Shapes.
+    for e in [
+        err(
+            IndexedInputs {
+                main_idx: &main_idx[..7],
+                ..base
+            },
+            10,
+            20,
+        ),
+        err(
+            IndexedInputs {
+                swa_idx: &swa_idx[..5],
+                ..base
+            },
+            10,
+            20,
+        ),
+        err(
+            IndexedInputs {
+                main_len: Some(&[1]),
+                ..base
+            },
+            10,
+            20,
+        ),
+        err(
+            IndexedInputs {
+                swa_len: Some(&[1, 2, 3]),
+                ..base
+            },
+            10,
+            20,
+        ),
+        err(
+            IndexedInputs {
+                sink: &c.sink[..63],
+                ..base
+            },
+            10,
+            20,
+        ),
+        err(
+            IndexedInputs {
+                q: &c.q[..c.q.len() - 1],
+                ..base
+            },
+            10,
+            20,
+        ),
+    ]
+    .into_iter()
+    .zip(["main_idx", "swa_idx", "main_len", "swa_len", "sink", "q"])
+    {
+        assert!(
+            e.0.contains(e.1) && e.0.contains("expected") && e.0.contains("found"),
+            "{e:?}"
+        );
+    }
+    let mut out = vec![0f32; HEADS * KV_DIM];
+    let mut lse = vec![0f32; t * HEADS];
+    assert!(attention_indexed(
+        &p,
+        &base,
+        KvRows::F32(&c.main),
+        KvRows::F32(&c.swa),
+        &mut out,
+        &mut lse
+    )
+    .is_err());
+    let mut q = c.q.clone();
+    q[HEADS * KV_DIM + 3] = f32::NAN;
+    assert!(err(IndexedInputs { q: &q, ..base }, 10, 20).contains("non-finite"));
+    // Empty pools: fine when every slot is −1 (zeros, −∞), an error for any id.
+    let holes = [-1i32; 8];
+    let ih = IndexedInputs {
+        main_idx: &holes,
+        swa_idx: &holes[..6],
+        ..base
+    };
+    assert!(run(ih, 0, 0).is_ok());
+    assert!(err(
+        IndexedInputs {
+            swa_idx: &swa_idx,
+            ..ih
+        },
+        0,
+        0
+    )
+    .contains("swa_idx"));
+    // Zero tokens: lists must be empty too.
+    let none = IndexedInputs {
+        q: &[],
+        main_idx: &[],
+        swa_idx: &[],
+        ..base
+    };
+    assert!(attention_indexed(
+        &p,
+        &none,
+        KvRows::F32(&[]),
+        KvRows::F32(&[]),
+        &mut [],
+        &mut []
+    )
+    .is_ok());
+    assert!(attention_indexed(
+        &p,
+        &IndexedInputs {
+            main_idx: &[0],
+            ..none
+        },
+        KvRows::F32(&c.main),
+        KvRows::F32(&[]),
+        &mut [],
+        &mut []
+    )
+    .is_err());
 }
