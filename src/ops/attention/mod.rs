@@ -19,7 +19,7 @@
 //! (top-k ∪ the window, row s of the SWA cache = token s: one sequence), [`attention_indexed`]
 //! takes them as explicit lists of main and SWA slots per token, as FlashMLA's sparse
 //! `flash_mla_with_kvcache` receives them from vLLM's paged, batched caches. Both plan a
-//! [`TokenRows`] per token and run the same fast path ([`cpu`]) and f64 reference ([`reference`]).
+//! [`TokenRows`] per token and run the same fast path ([`cpu`]) and f64 reference ([`mod@reference`]).
 
 pub mod cpu;
 pub mod reference;
