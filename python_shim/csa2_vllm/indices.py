@@ -105,6 +105,18 @@ def compact(pool: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor, what: s
     return gather_records(pool, uniq).cpu().contiguous(), rows.cpu().contiguous()
 
 
+def _words(pool: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The pool's bytes as the widest integer words that tile every record (all widths here are
+    multiples of 8: 288, 528, 584, 576, 8), so an indexed copy moves words, not single bytes;
+    falls back to bytes when the pool's offset or strides do not allow the view."""
+    for dtype, size in ((torch.int64, 8), (torch.int32, 4)):
+        try:
+            return pool.view(dtype), size
+        except RuntimeError:
+            continue
+    return pool, 1
+
+
 def gather_records(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Records of ``slots`` (M,) int64 from a packed pool, as ``(M, record bytes)`` uint8 in csa2's
     record layout (data bytes, then scale bytes).
@@ -113,14 +125,20 @@ def gather_records(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     own data, so a record is one row of the pool. The V4 584-B page is block-planar: the 576 data
     bytes of every token of the block, then the 8 scale bytes of every token
     (``_dequantize_and_gather_k_kernel``); the two parts are read from their regions and joined.
-    Only the referenced bytes are read (no copy of the pool).
+    Only the referenced bytes are read (no copy of the pool); block strides may be padded.
     """
     per_block, width = pool.shape[1], pool.shape[2]
+    words, size = _words(pool)
     block, slot = slots // per_block, slots % per_block
     if width != 584:
-        return pool[block, slot]
-    # The block's bytes as one row; the pool's block stride may be padded (TMA alignment).
-    flat = pool.as_strided((pool.shape[0], per_block * width), (pool.stride(0), 1))
-    data = slot[:, None] * 576 + torch.arange(576, device=pool.device)
-    scale = per_block * 576 + slot[:, None] * 8 + torch.arange(8, device=pool.device)
-    return flat[block[:, None], torch.cat([data, scale], 1)]
+        if words.is_contiguous():
+            flat = words.reshape(-1, words.shape[-1])
+            return flat.index_select(0, slots).view(torch.uint8)
+        return words[block, slot].view(torch.uint8)
+    # The block's words as one row (the block stride may be padded past per_block × 584 bytes).
+    row = per_block * width // size
+    flat = words.as_strided((words.shape[0], row), (words.stride(0), 1))
+    d, sc = 576 // size, 8 // size
+    data = slot[:, None] * d + torch.arange(d, device=pool.device)
+    scale = per_block * d + slot[:, None] * sc + torch.arange(sc, device=pool.device)
+    return flat[block[:, None], torch.cat([data, scale], 1)].view(torch.uint8)
