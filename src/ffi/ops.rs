@@ -626,12 +626,7 @@ pub unsafe extern "C" fn csa2_attention(
             )
         };
         let mut dims = Dims::default();
-        qv.expect(
-            FLOATS,
-            &[Dim::Any("T"), Dim::Any("H"), Dim::Fixed(KV_DIM)],
-            &mut dims,
-        )?;
-        sinkv.expect(FLOATS, &[Dim::Any("H")], &mut dims)?;
+        expect_attention_io(&qv, &sinkv, &ov, &ev, &mut dims)?;
         tv.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("K")], &mut dims)?;
         pv.expect(INTS, &[Dim::Any("T")], &mut dims)?;
         if let Some(l) = &lv {
@@ -644,12 +639,6 @@ pub unsafe extern "C" fn csa2_attention(
                 r.expect(INTS, &[Dim::Fixed(1)], &mut dims)?;
             }
         }
-        ov.expect(
-            FLOATS,
-            &[Dim::Any("T"), Dim::Any("H"), Dim::Fixed(KV_DIM)],
-            &mut dims,
-        )?;
-        ev.expect(FLOATS, &[Dim::Any("T"), Dim::Any("H")], &mut dims)?;
         let mf = kv_pool(&mv, main_format, "N", "main_format")?;
         let sf = kv_pool(&sv, swa_format, "S", "swa_format")?;
         let mut inputs = vec![&qv, &mv, &sv, &tv, &pv, &sinkv];
@@ -681,12 +670,38 @@ pub unsafe extern "C" fn csa2_attention(
         };
         // Plan first so that no output is touched when a check fails.
         crate::ops::attention::plan(&params, &inp, &main, &swa)?;
-        let mut lse_vals = vec![0.0f32; ev.numel()];
-        fill_floats(&mut ov, |o| {
-            crate::ops::attention::attention(&params, &inp, main, swa, o, &mut lse_vals)
-        })?;
-        ev.write_f32s(&lse_vals)
+        write_attention(&mut ov, &mut ev, |o, l| {
+            crate::ops::attention::attention(&params, &inp, main, swa, o, l)
+        })
     })
+}
+
+/// The shapes every attention export shares: `q` `(T, H, 512)`, `sink` `(H)`, `out` `(T, H, 512)`,
+/// `lse` `(T, H)`, all float; binds `T` and `H` in `dims`.
+fn expect_attention_io(
+    q: &View<'_>,
+    sink: &View<'_>,
+    out: &View<'_>,
+    lse: &View<'_>,
+    dims: &mut Dims,
+) -> Result<()> {
+    let rows = [Dim::Any("T"), Dim::Any("H"), Dim::Fixed(KV_DIM)];
+    q.expect(FLOATS, &rows, dims)?;
+    sink.expect(FLOATS, &[Dim::Any("H")], dims)?;
+    out.expect(FLOATS, &rows, dims)?;
+    lse.expect(FLOATS, &[Dim::Any("T"), Dim::Any("H")], dims)
+}
+
+/// Runs an attention op into the `out` / `lse` views (converted to their float dtypes); the op
+/// gets f32 buffers `(T, H, 512)` and `(T, H)`.
+fn write_attention(
+    out: &mut View<'_>,
+    lse: &mut View<'_>,
+    f: impl FnOnce(&mut [f32], &mut [f32]) -> Result<()>,
+) -> Result<()> {
+    let mut lse_vals = vec![0.0f32; lse.numel()];
+    fill_floats(out, |o| f(o, &mut lse_vals))?;
+    lse.write_f32s(&lse_vals)
 }
 
 /// The softmax scale of the attention exports: `scale` when positive and finite, else 512^-0.5.
@@ -800,23 +815,12 @@ pub unsafe extern "C" fn csa2_attention_indexed(
             )
         };
         let mut dims = Dims::default();
-        qv.expect(
-            FLOATS,
-            &[Dim::Any("T"), Dim::Any("H"), Dim::Fixed(KV_DIM)],
-            &mut dims,
-        )?;
-        sinkv.expect(FLOATS, &[Dim::Any("H")], &mut dims)?;
+        expect_attention_io(&qv, &sinkv, &ov, &ev, &mut dims)?;
         miv.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("Km")], &mut dims)?;
         siv.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("Ks")], &mut dims)?;
         for l in mlv.iter().chain(&slv) {
             l.expect(&[DType::I32], &[Dim::Any("T")], &mut dims)?;
         }
-        ov.expect(
-            FLOATS,
-            &[Dim::Any("T"), Dim::Any("H"), Dim::Fixed(KV_DIM)],
-            &mut dims,
-        )?;
-        ev.expect(FLOATS, &[Dim::Any("T"), Dim::Any("H")], &mut dims)?;
         let mf = kv_pool(&mv, main_format, "N", "main_format")?;
         let sf = kv_pool(&sv, swa_format, "S", "swa_format")?;
         let mut inputs = vec![&qv, &mv, &miv, &sv, &siv, &sinkv];
@@ -842,11 +846,9 @@ pub unsafe extern "C" fn csa2_attention_indexed(
         };
         // Plan first so that no output is touched when a check fails.
         crate::ops::attention::plan_indexed(&params, &inp, &main, &swa)?;
-        let mut lse_vals = vec![0.0f32; ev.numel()];
-        fill_floats(&mut ov, |o| {
-            crate::ops::attention::attention_indexed(&params, &inp, main, swa, o, &mut lse_vals)
-        })?;
-        ev.write_f32s(&lse_vals)
+        write_attention(&mut ov, &mut ev, |o, l| {
+            crate::ops::attention::attention_indexed(&params, &inp, main, swa, o, l)
+        })
     })
 }
 
