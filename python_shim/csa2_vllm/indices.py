@@ -59,11 +59,13 @@ def _slots(local: torch.Tensor, live: torch.Tensor, req: torch.Tensor,
 
 def decode_topk_slots(local: torch.Tensor, req: torch.Tensor, block_table: torch.Tensor, bs: int,
                       valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode rows: ``local`` (T, K) int32 → (slots (T, K) int32, lens (T,) int32)."""
-    live = local >= 0
+    """Decode rows: ``local`` (T, K) int32 → (slots (T, K) int32, lens (T,) int32).
+
+    A padding token (``valid`` False) gets length 0 and no slots: its row may hold stale entries
+    of an earlier step, which vLLM's kernel never reads (it only zeroes the length)."""
+    live = (local >= 0) & valid[:, None]
     slots = _slots(local, live, req, block_table, bs)
-    lens = torch.where(valid, live.sum(1), torch.zeros_like(req, dtype=torch.int64))
-    return slots, lens.to(torch.int32)
+    return slots, live.sum(1).to(torch.int32)
 
 
 def prefill_topk_slots(local: torch.Tensor, req: torch.Tensor, positions: torch.Tensor,
