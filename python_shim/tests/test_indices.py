@@ -104,3 +104,16 @@ def test_padding_tokens_ignore_stale_topk_rows():
     slots, lens = indices.prefill_topk_slots(local, req, torch.tensor([20, 20]),
                                              torch.tensor([8]), table, 4, 2, valid)
     assert lens.tolist() == [3, 0] and slots[1].tolist() == [-1, -1, -1]
+
+
+def test_compact_refuses_negative_slots_other_than_minus_one():
+    # −1 is "none"; any other negative slot inside a row's length is a broken block-table entry
+    # (e.g. block −1 → slot −bs + offset) and must not be dropped silently (csa2's own contract
+    # refuses ids < −1 too).
+    pool, _ = _pool(2, 4, 288)
+    slots = torch.tensor([[1, -3, -1], [-9, 2, 2]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="slot -3"):
+        indices.compact(pool, slots, torch.tensor([3, 0], dtype=torch.int32), "test")
+    # Past the length anything goes.
+    rec, rows = indices.compact(pool, slots, torch.tensor([1, 0], dtype=torch.int32), "test")
+    assert rows.tolist() == [[0, -1, -1], [-1, -1, -1]] and rec.shape == (1, 288)
