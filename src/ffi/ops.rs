@@ -762,7 +762,8 @@ fn kv_rows<'b, 'a: 'b>(
 ///   zeros and −∞).
 ///
 /// Errors: `CSA2_ERR_INVALID_ARGUMENT` for a valid slot holding an id `< −1` or `≥` its pool's rows
-/// (the message names the list, token, slot and id), non-finite `q`/`sink`, a bad format;
+/// (the message names the list, token, slot and id), a token attending more than 65 536 rows
+/// (`MAX_INDEXED_ROWS`), non-finite `q`/`sink`, a bad format;
 /// `CSA2_ERR_SHAPE` for T / H / length mismatches; plus the common ones.
 ///
 /// # Safety

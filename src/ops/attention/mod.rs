@@ -31,6 +31,13 @@ use crate::ops::indexer::visible;
 /// Query heads of V4.1.
 pub const HEADS: usize = 64;
 
+/// Most rows one token may attend through [`attention_indexed`] (main + SWA, after −1 and length
+/// masking). The fast path decodes a token's rows into one f32 tile (about 2.3 KiB per row, kept
+/// per thread), so an unbounded list would turn a few MiB of indices into an allocation that
+/// aborts the process; FlashMLA's sparse lists are bounded too (top-k ≤ 2048 plus the SWA
+/// window or vLLM's `prefill_index_width`). 65 536 rows leave room for any of them.
+pub const MAX_INDEXED_ROWS: usize = 1 << 16;
+
 /// Rows of a KV cache: f32 or one of the record formats (decoded exactly on use).
 #[derive(Debug, Clone, Copy)]
 pub enum KvRows<'a> {
@@ -374,8 +381,8 @@ fn check_list(
 /// not used (the caller already resolved the window and visibility).
 ///
 /// Errors: [`Error::Shape`] for inconsistent shapes (tokens come from `q`), [`Error::Invalid`]
-/// for a row id `< −1` or past its pool (naming the list, token, slot and id), non-finite `q` /
-/// `sink`, or `heads` = 0.
+/// for a row id `< −1` or past its pool (naming the list, token, slot and id), a token attending
+/// more than [`MAX_INDEXED_ROWS`] rows, non-finite `q` / `sink`, or `heads` = 0.
 pub fn plan_indexed(
     p: &AttentionParams,
     inp: &IndexedInputs,
@@ -399,7 +406,7 @@ pub fn plan_indexed(
     let (n, s) = (main.len(), swa.len());
     (0..t)
         .map(|i| {
-            Ok(TokenRows {
+            let r = TokenRows {
                 main: listed(
                     "main_idx",
                     i,
@@ -414,7 +421,20 @@ pub fn plan_indexed(
                     inp.swa_len.map(|l| l[i]),
                     s,
                 )?,
-            })
+            };
+            let rows = r.main.len() + r.swa.len();
+            if rows > MAX_INDEXED_ROWS {
+                return Err(Error::invalid(
+                    "main_idx / swa_idx",
+                    format!(
+                        "token {i} attends {rows} rows ({} main + {} SWA), more than \
+                         MAX_INDEXED_ROWS = {MAX_INDEXED_ROWS}",
+                        r.main.len(),
+                        r.swa.len()
+                    ),
+                ));
+            }
+            Ok(r)
         })
         .collect()
 }
