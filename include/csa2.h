@@ -863,8 +863,9 @@ Csa2Status csa2_candidates(const DLTensor *logits,
 // - outputs `out` `(T, H, 512)` float and `lse` `(T, H)` float (a row with nothing attended: zeros
 //   and −∞).
 //
-// Errors: out-of-range or invisible top-k entry, SWA shorter than a position, non-finite `q`/`sink`,
-// bad formats, plus the common ones.
+// Errors: out-of-range or invisible top-k entry, SWA shorter than a position, a token attending
+// more than 65 536 rows (`MAX_TOKEN_ROWS`), non-finite `q`/`sink`, bad formats, plus the common
+// ones.
 //
 // # Safety
 // As [`csa2_indexer_logits`].
@@ -906,7 +907,8 @@ Csa2Status csa2_attention(const DLTensor *q,
 //   zeros and −∞).
 //
 // Errors: `CSA2_ERR_INVALID_ARGUMENT` for a valid slot holding an id `< −1` or `≥` its pool's rows
-// (the message names the list, token, slot and id), non-finite `q`/`sink`, a bad format;
+// (the message names the list, token, slot and id), a token attending more than 65 536 rows
+// (`MAX_TOKEN_ROWS`), non-finite `q`/`sink`, a bad format;
 // `CSA2_ERR_SHAPE` for T / H / length mismatches; plus the common ones.
 //
 // # Safety

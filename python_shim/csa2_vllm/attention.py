@@ -54,11 +54,16 @@ def csa2_sparse_fwd(q, kv, indices, topk_length, sm_scale: float, attn_sink, out
     idx = indices.reshape(t, -1).to(torch.int32).contiguous()
     lens = None if topk_length is None else topk_length.to(torch.int32).contiguous()
     lse = torch.empty(t, h, dtype=torch.float32)
+    # vLLM hands a head slice of its output (out=output[a:b, :prefill heads]): the C ABI takes
+    # compact tensors only, so a strided view is written through a compact copy.
+    dst = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype)
     _lib.attention(
         q.contiguous(), kv2.contiguous(), torch.zeros(0, kv2.shape[-1], dtype=kv2.dtype), idx,
-        torch.zeros(t, dtype=torch.int64), attn_sink.float().contiguous(), out, lse,
+        torch.zeros(t, dtype=torch.int64), attn_sink.float().contiguous(), dst, lse,
         topk_len=lens, replay_start=torch.ones(1, dtype=torch.int64), window=1,
         scale=float(sm_scale))
+    if dst is not out:
+        out.copy_(dst)
 
 
 class Csa2DeepseekV4Attention(DeepseekV4FlashMLAAttention):

@@ -59,11 +59,13 @@ def _slots(local: torch.Tensor, live: torch.Tensor, req: torch.Tensor,
 
 def decode_topk_slots(local: torch.Tensor, req: torch.Tensor, block_table: torch.Tensor, bs: int,
                       valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode rows: ``local`` (T, K) int32 → (slots (T, K) int32, lens (T,) int32)."""
-    live = local >= 0
+    """Decode rows: ``local`` (T, K) int32 → (slots (T, K) int32, lens (T,) int32).
+
+    A padding token (``valid`` False) gets length 0 and no slots: its row may hold stale entries
+    of an earlier step, which vLLM's kernel never reads (it only zeroes the length)."""
+    live = (local >= 0) & valid[:, None]
     slots = _slots(local, live, req, block_table, bs)
-    lens = torch.where(valid, live.sum(1), torch.zeros_like(req, dtype=torch.int64))
-    return slots, lens.to(torch.int32)
+    return slots, live.sum(1).to(torch.int32)
 
 
 def prefill_topk_slots(local: torch.Tensor, req: torch.Tensor, positions: torch.Tensor,
@@ -87,11 +89,17 @@ def compact(pool: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor, what: s
     ``pool`` (blocks, slots_per_block, record bytes) uint8 (any block stride), ``slots`` (T, K) int32
     global slots (−1 = none), ``lens`` (T,) valid length per row → ``(records (M, record bytes)
     uint8, rows (T, K) int32)`` on the host, ``rows`` indexing ``records`` (−1 = none, and every
-    entry at or past the row's length). A slot outside the pool raises ``ValueError``.
+    entry at or past the row's length). A listed slot outside the pool or below −1 raises
+    ``ValueError``.
     """
     t, k = slots.shape
     col = torch.arange(k, device=slots.device)
-    live = (slots >= 0) & (col[None, :] < lens.long()[:, None])
+    listed = col[None, :] < lens.long()[:, None]
+    if bool((listed & (slots < -1)).any()):
+        bad = int(slots[listed & (slots < -1)][0])
+        raise ValueError(
+            f"{what}: slot {bad} is negative (−1 is the only 'none'; a −1 block-table entry?)")
+    live = (slots >= 0) & listed
     picked = slots[live].long()
     per_block = pool.shape[1]
     capacity = pool.shape[0] * per_block

@@ -82,9 +82,38 @@ def test_decode_topk_counts_valid_entries():
     local = torch.tensor([[0, 7, -1, -1], [1, 2, 3, 4]], dtype=torch.int32)
     slots, lens = indices.decode_topk_slots(local, torch.zeros(2, dtype=torch.int32), table, 4,
                                             torch.tensor([True, False]))
-    assert slots.tolist() == [[8, 23, -1, -1], [9, 10, 11, 20]]
+    assert slots.tolist() == [[8, 23, -1, -1], [-1, -1, -1, -1]]  # a padding token: no slots
     assert lens.tolist() == [2, 0]
     with pytest.raises(ValueError, match="past the block table"):
         indices.decode_topk_slots(torch.tensor([[8]], dtype=torch.int32),
                                   torch.zeros(1, dtype=torch.int32), table, 4,
                                   torch.ones(1, dtype=torch.bool))
+
+
+def test_padding_tokens_ignore_stale_topk_rows():
+    # A padding token (is_valid_token False, slot_mapping < 0) keeps whatever its top-k row held
+    # from an earlier step; vLLM's compute_global_topk_indices_and_lens only zeroes its length.
+    # Stale entries past the block table must not fail the batch, decode or prefill.
+    table = torch.tensor([[2, 5]], dtype=torch.int32)
+    local = torch.tensor([[0, 7, -1], [900, 3, 1 << 20]], dtype=torch.int32)
+    req = torch.zeros(2, dtype=torch.int32)
+    valid = torch.tensor([True, False])
+    slots, lens = indices.decode_topk_slots(local, req, table, 4, valid)
+    assert lens.tolist() == [2, 0]
+    assert slots[0].tolist() == [8, 23, -1] and slots[1].tolist() == [-1, -1, -1]
+    slots, lens = indices.prefill_topk_slots(local, req, torch.tensor([20, 20]),
+                                             torch.tensor([8]), table, 4, 2, valid)
+    assert lens.tolist() == [3, 0] and slots[1].tolist() == [-1, -1, -1]
+
+
+def test_compact_refuses_negative_slots_other_than_minus_one():
+    # −1 is "none"; any other negative slot inside a row's length is a broken block-table entry
+    # (e.g. block −1 → slot −bs + offset) and must not be dropped silently (csa2's own contract
+    # refuses ids < −1 too).
+    pool, _ = _pool(2, 4, 288)
+    slots = torch.tensor([[1, -3, -1], [-9, 2, 2]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="slot -3"):
+        indices.compact(pool, slots, torch.tensor([3, 0], dtype=torch.int32), "test")
+    # Past the length anything goes.
+    rec, rows = indices.compact(pool, slots, torch.tensor([1, 0], dtype=torch.int32), "test")
+    assert rows.tolist() == [[0, -1, -1], [-1, -1, -1]] and rec.shape == (1, 288)

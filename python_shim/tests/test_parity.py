@@ -200,3 +200,23 @@ def test_layer_sparse_fwd_matches_float64_reference(dtype):
             o = (e[:, None] * kvr).sum(0) / (e.sum() + np.exp(float(sink[hh]) - mx))
             tol = 1e-5 if dtype == torch.float32 else 1e-2
             torch.testing.assert_close(out[i, hh].double(), o, rtol=tol, atol=tol)
+
+
+def test_layer_sparse_fwd_writes_a_head_slice_of_the_output():
+    # vLLM's _forward_prefill passes out=output[a:b, :_prefill_num_heads] — a non-contiguous view
+    # whenever the prefill heads are fewer than the padded heads (SM90 with 8/16/32 local heads).
+    from csa2_vllm.attention import csa2_sparse_fwd
+
+    g = torch.Generator().manual_seed(12)
+    t, padded, h, m, k = 3, 16, 4, 10, 5
+    q = torch.randn(t, padded, 512, generator=g)
+    kv = torch.randn(m, 1, 512, generator=g)
+    idx = torch.randint(0, m, (t, 1, k), generator=g, dtype=torch.int32)
+    lens = torch.tensor([5, 2, 0], dtype=torch.int32)
+    sink = torch.randn(padded, generator=g)
+    want = torch.empty(t, h, 512)
+    csa2_sparse_fwd(q[:, :h], kv, idx, lens, 512 ** -0.5, sink[:h], want)
+    output = torch.full((t, padded, 512), 7.0)
+    csa2_sparse_fwd(q[:, :h], kv, idx, lens, 512 ** -0.5, sink[:h], output[:, :h])
+    assert torch.equal(output[:, :h], want)
+    assert bool((output[:, h:] == 7.0).all())

@@ -326,3 +326,20 @@ def test_the_comparison_sees_one_missing_row(monkeypatch):
     close = torch.isclose(ours[:, :HEADS].float(), ref[:, :HEADS].float(), rtol=2 ** -7, atol=2e-3)
     assert close[:nd].all() and close[nd + 1:].all()
     assert not close[nd].all()
+
+
+def test_a_padding_decode_token_with_a_stale_topk_row():
+    """A padding token (slot_mapping < 0, so is_valid_token False) keeps its top-k row from an
+    earlier step; vLLM's kernels give it length 0 and never read the row. Ours must not fail on
+    it (entries past the block table) and must leave every other token as it was."""
+    layer, md, q, positions = _batch(13, *CASES["v41_nvfp4_ratio2"][:5])
+    before = _run(layer, md, q, positions, Csa2DeepseekV4Attention.forward_mqa)
+    swa_md = md["layers.0.attn.swa"]
+    swa_md.is_valid_token[1] = False  # the second decode token
+    swa_md.decode_swa_lens[1] = 0  # what _COMPUTE_SWA_INDICES_AND_LENS_KERNEL writes for it
+    swa_md.decode_swa_indices[1] = -1
+    layer.topk_indices_buffer[1] = 1 << 20  # stale: far past the block table
+    after = _run(layer, md, q, positions, Csa2DeepseekV4Attention.forward_mqa)
+    assert torch.equal(after[1], torch.zeros_like(after[1]))
+    keep = torch.arange(q.shape[0]) != 1
+    assert torch.equal(after[keep], before[keep])

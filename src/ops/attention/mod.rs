@@ -31,6 +31,13 @@ use crate::ops::indexer::visible;
 /// Query heads of V4.1.
 pub const HEADS: usize = 64;
 
+/// Most rows one token may attend (main + SWA, after −1 and length masking), in [`attention`]
+/// and [`attention_indexed`]. The fast path decodes a token's rows into one f32 tile (about 2.3 KiB per row, kept
+/// per thread), so an unbounded list would turn a few MiB of indices into an allocation that
+/// aborts the process; FlashMLA's sparse lists are bounded too (top-k ≤ 2048 plus the SWA
+/// window or vLLM's `prefill_index_width`). 65 536 rows leave room for any of them.
+pub const MAX_TOKEN_ROWS: usize = 1 << 16;
+
 /// Rows of a KV cache: f32 or one of the record formats (decoded exactly on use).
 #[derive(Debug, Clone, Copy)]
 pub enum KvRows<'a> {
@@ -284,18 +291,40 @@ pub fn plan(
                     format!("{s} rows"),
                 ));
             }
-            Ok(TokenRows {
-                main: sel,
-                swa: (lo..(pos + 1).max(lo)).collect(),
-            })
+            bounded(
+                "topk / window",
+                i,
+                TokenRows {
+                    main: sel,
+                    swa: (lo..(pos + 1).max(lo)).collect(),
+                },
+            )
         })
         .collect()
+}
+
+/// `r` when token `i` attends at most [`MAX_TOKEN_ROWS`] rows, else an error naming `what`.
+fn bounded(what: &str, i: usize, r: TokenRows) -> Result<TokenRows> {
+    let rows = r.main.len() + r.swa.len();
+    if rows > MAX_TOKEN_ROWS {
+        return Err(Error::invalid(
+            what,
+            format!(
+                "token {i} attends {rows} rows ({} main + {} SWA), more than \
+                 MAX_TOKEN_ROWS = {MAX_TOKEN_ROWS}",
+                r.main.len(),
+                r.swa.len()
+            ),
+        ));
+    }
+    Ok(r)
 }
 
 /// Attention (fast path): writes `out` (tokens, heads, 512) and `lse` (tokens, heads).
 ///
 /// Errors: [`Error::Shape`] for inconsistent shapes or an SWA cache shorter than a position,
-/// [`Error::Invalid`] for an out-of-range or (with `ratio`) invisible top-k entry.
+/// [`Error::Invalid`] for an out-of-range or (with `ratio`) invisible top-k entry, or a token
+/// attending more than [`MAX_TOKEN_ROWS`] rows.
 pub fn attention(
     p: &AttentionParams,
     inp: &AttentionInputs,
@@ -374,8 +403,8 @@ fn check_list(
 /// not used (the caller already resolved the window and visibility).
 ///
 /// Errors: [`Error::Shape`] for inconsistent shapes (tokens come from `q`), [`Error::Invalid`]
-/// for a row id `< −1` or past its pool (naming the list, token, slot and id), non-finite `q` /
-/// `sink`, or `heads` = 0.
+/// for a row id `< −1` or past its pool (naming the list, token, slot and id), a token attending
+/// more than [`MAX_TOKEN_ROWS`] rows, non-finite `q` / `sink`, or `heads` = 0.
 pub fn plan_indexed(
     p: &AttentionParams,
     inp: &IndexedInputs,
@@ -399,7 +428,7 @@ pub fn plan_indexed(
     let (n, s) = (main.len(), swa.len());
     (0..t)
         .map(|i| {
-            Ok(TokenRows {
+            let r = TokenRows {
                 main: listed(
                     "main_idx",
                     i,
@@ -414,7 +443,8 @@ pub fn plan_indexed(
                     inp.swa_len.map(|l| l[i]),
                     s,
                 )?,
-            })
+            };
+            bounded("main_idx / swa_idx", i, r)
         })
         .collect()
 }

@@ -818,3 +818,69 @@ fn indexed_bad_inputs_are_errors() {
     )
     .is_err());
 }
+
+#[test]
+fn indexed_rows_per_token_are_bounded() {
+    // A 256 KiB index list must not become a multi-GiB per-thread tile: past MAX_TOKEN_ROWS the
+    // plan is refused (checked before any compute), at the bound it is accepted.
+    let p = AttentionParams {
+        heads: 1,
+        ..Default::default()
+    };
+    let (q, sink, main) = (vec![0f32; KV_DIM], vec![0f32], vec![0f32; KV_DIM]);
+    let swa = vec![0f32; 2 * KV_DIM];
+    let ids = vec![0i32; MAX_TOKEN_ROWS];
+    let two = [0i32, 1];
+    let plan = |main_idx: &[i32], swa_idx: &[i32], swa_len: Option<&[i32]>| {
+        plan_indexed(
+            &p,
+            &IndexedInputs {
+                q: &q,
+                sink: &sink,
+                main_idx,
+                main_len: None,
+                swa_idx,
+                swa_len,
+            },
+            &KvRows::F32(&main),
+            &KvRows::F32(&swa),
+        )
+        .map(|r| r[0].main.len() + r[0].swa.len())
+        .map_err(|e| e.to_string())
+    };
+    assert_eq!(plan(&ids, &[], None), Ok(MAX_TOKEN_ROWS));
+    let e = plan(&ids, &two, None).unwrap_err();
+    assert!(
+        e.contains("token 0 attends 65538 rows (65536 main + 2 SWA)")
+            && e.contains("MAX_TOKEN_ROWS"),
+        "{e}"
+    );
+    // Masked slots do not count: the same lists behind an SWA length of 0 are fine.
+    assert_eq!(plan(&ids, &two, Some(&[0])), Ok(MAX_TOKEN_ROWS));
+    // The positional path: a top-k row of MAX_TOKEN_ROWS − 1 entries plus the token's own SWA row
+    // is the bound; at position 1 the window adds a second row, one too many.
+    let topk = vec![0i32; MAX_TOKEN_ROWS - 1];
+    let positional = |pos: i64| {
+        super::plan(
+            &p,
+            &AttentionInputs {
+                q: &q,
+                topk: &topk,
+                topk_len: None,
+                positions: &[pos],
+                replay_start: &[],
+                sink: &sink,
+            },
+            &KvRows::F32(&main),
+            &KvRows::F32(&swa),
+        )
+        .map(|r| r[0].main.len() + r[0].swa.len())
+        .map_err(|e| e.to_string())
+    };
+    assert_eq!(positional(0), Ok(MAX_TOKEN_ROWS));
+    let e = positional(1).unwrap_err();
+    assert!(
+        e.contains("topk / window") && e.contains("65537 rows"),
+        "{e}"
+    );
+}
