@@ -859,13 +859,13 @@ Csa2Status csa2_candidates(const DLTensor *logits,
 // - `topk` `(T, K)` int32 (−1 = none), `topk_len` optional `(T)` int32 valid length per row;
 // - `positions` `(T)` int; `replay_start` optional `(1)` or `(T)` int window floor;
 // - `window` (128), `ratio` (0 = no visibility guard, else a selected entry must be
-//   `< (p + 1) div ratio`), `scale` (≤ 0 or NaN → 512^-0.5);
+//   `< (p + 1) div ratio`), `scale` (not positive and finite → 512^-0.5);
 // - outputs `out` `(T, H, 512)` float and `lse` `(T, H)` float (a row with nothing attended: zeros
 //   and −∞).
 //
 // Errors: out-of-range or invisible top-k entry, SWA shorter than a position, a token attending
-// more than 65 536 rows (`MAX_TOKEN_ROWS`), non-finite `q`/`sink`, bad formats, plus the common
-// ones.
+// more than 65 536 rows (`MAX_TOKEN_ROWS`), non-finite `q`/`sink`, bad formats, a non-finite
+// result (a NaN/Inf KV row or an f32 overflow; `out` is then not valid), plus the common ones.
 //
 // # Safety
 // As [`csa2_indexer_logits`].
@@ -902,14 +902,14 @@ Csa2Status csa2_attention(const DLTensor *q,
 // - `main_idx` `(T, Km)` int32 rows of `main_kv`, `swa_idx` `(T, Ks)` int32 rows of `swa_kv`
 //   (−1 = none; Km, Ks may be 0); `main_len` / `swa_len` optional `(T)` int32 valid lengths,
 //   clamped to `[0, K]` (slots past them are ignored, whatever they hold; null = whole row);
-// - `scale` (≤ 0 or NaN → 512^-0.5);
+// - `scale` (not positive and finite → 512^-0.5);
 // - outputs `out` `(T, H, 512)` float and `lse` `(T, H)` float (a token with nothing attended:
 //   zeros and −∞).
 //
 // Errors: `CSA2_ERR_INVALID_ARGUMENT` for a valid slot holding an id `< −1` or `≥` its pool's rows
 // (the message names the list, token, slot and id), a token attending more than 65 536 rows
-// (`MAX_TOKEN_ROWS`), non-finite `q`/`sink`, a bad format;
-// `CSA2_ERR_SHAPE` for T / H / length mismatches; plus the common ones.
+// (`MAX_TOKEN_ROWS`), non-finite `q`/`sink`, a bad format, a non-finite result (a NaN/Inf KV row
+// or an f32 overflow; `out` is then not valid); `CSA2_ERR_SHAPE` for T / H / length mismatches; plus the common ones.
 //
 // # Safety
 // As [`csa2_indexer_logits`].

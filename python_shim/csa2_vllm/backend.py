@@ -55,6 +55,10 @@ class Csa2SparseMLABackend(DeepseekV4FlashMLABackend):
     def get_name() -> str:
         return BACKEND_NAME
 
+    @classmethod
+    def supports_pcp(cls) -> bool:
+        return False  # see csa2_vllm.model.select_attn_cls
+
     @staticmethod
     def get_builder_cls() -> type[Csa2MetadataBuilder]:
         return Csa2MetadataBuilder
@@ -66,3 +70,7 @@ class Csa2SparseSWABackend(DeepseekSparseSWAFlashMLABackend):
     @staticmethod
     def get_builder_cls() -> type[Csa2SWAMetadataBuilder]:
         return Csa2SWAMetadataBuilder
+
+    @classmethod
+    def supports_pcp(cls) -> bool:
+        return False

@@ -36,6 +36,13 @@ def select_attn_cls(vllm_config):
 
     mod = importlib.import_module(_SELECTOR_MODULE)
     if csa2_selected(vllm_config):
+        pcp = getattr(vllm_config.parallel_config, "prefill_context_parallel_size", 1)
+        if pcp > 1:
+            # vLLM's PCP layers gather their own slot mappings and zero trailing rows; csa2's
+            # forward_mqa was checked against the single-rank path only.
+            raise ValueError(
+                f"the CSA2_RS attention backend does not support prefill context parallelism "
+                f"(prefill_context_parallel_size={pcp}); run without PCP or drop CSA2_RS")
         from .attention import Csa2DeepseekV4Attention
 
         return Csa2DeepseekV4Attention

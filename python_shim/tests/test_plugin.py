@@ -114,6 +114,11 @@ def test_layer_selection_is_ours_only_when_selected(monkeypatch):
         assert nv._select_dsv4_attn_cls(_cfg(None)) is Csa2DeepseekV4Attention
     assert nv._select_dsv4_attn_cls is original
     assert issubclass(Csa2DeepseekV4Attention, nv.DeepseekV4FlashMLAAttention)
+    # Prefill context parallelism is refused by name when csa2 is selected, untouched otherwise.
+    pcp = _cfg("CSA2_RS")
+    pcp.parallel_config.prefill_context_parallel_size = 2
+    with model.csa2_layer_selection(), pytest.raises(ValueError, match="prefill context"):
+        nv._select_dsv4_attn_cls(pcp)
     assert Csa2DeepseekV4Attention.backend_cls.get_name() == "CSA2_RS"
 
 
@@ -131,6 +136,7 @@ def test_backend_classes_declare_the_csa2_cache_and_no_cuda_graphs(monkeypatch):
     # Host attention: no metadata builder may promise CUDA-graph support.
     for backend in (Csa2SparseMLABackend, Csa2SparseSWABackend):
         assert backend.get_builder_cls()._cudagraph_support is AttentionCGSupport.NEVER
+        assert backend.supports_pcp() is False
     assert Csa2DeepseekV4Attention.swa_backend_cls is Csa2SparseSWABackend
     assert Csa2DeepseekV4Attention.forward_mqa is not DeepseekV4FlashMLAAttention.forward_mqa
 

@@ -582,13 +582,13 @@ pub unsafe extern "C" fn csa2_candidates(
 /// - `topk` `(T, K)` int32 (−1 = none), `topk_len` optional `(T)` int32 valid length per row;
 /// - `positions` `(T)` int; `replay_start` optional `(1)` or `(T)` int window floor;
 /// - `window` (128), `ratio` (0 = no visibility guard, else a selected entry must be
-///   `< (p + 1) div ratio`), `scale` (≤ 0 or NaN → 512^-0.5);
+///   `< (p + 1) div ratio`), `scale` (not positive and finite → 512^-0.5);
 /// - outputs `out` `(T, H, 512)` float and `lse` `(T, H)` float (a row with nothing attended: zeros
 ///   and −∞).
 ///
 /// Errors: out-of-range or invisible top-k entry, SWA shorter than a position, a token attending
-/// more than 65 536 rows (`MAX_TOKEN_ROWS`), non-finite `q`/`sink`, bad formats, plus the common
-/// ones.
+/// more than 65 536 rows (`MAX_TOKEN_ROWS`), non-finite `q`/`sink`, bad formats, a non-finite
+/// result (a NaN/Inf KV row or an f32 overflow; `out` is then not valid), plus the common ones.
 ///
 /// # Safety
 /// As [`csa2_indexer_logits`].
@@ -694,15 +694,41 @@ fn expect_attention_io(
 }
 
 /// Runs an attention op into the `out` / `lse` views (converted to their float dtypes); the op
-/// gets f32 buffers `(T, H, 512)` and `(T, H)`.
+/// gets f32 buffers `(T, H, 512)` and `(T, H)`. A non-finite result is an error (see
+/// [`finite_output`]), never a silent NaN.
 fn write_attention(
     out: &mut View<'_>,
     lse: &mut View<'_>,
     f: impl FnOnce(&mut [f32], &mut [f32]) -> Result<()>,
 ) -> Result<()> {
+    let heads = lse.shape().get(1).copied().unwrap_or(1);
     let mut lse_vals = vec![0.0f32; lse.numel()];
-    fill_floats(out, |o| f(o, &mut lse_vals))?;
+    fill_floats(out, |o| {
+        f(o, &mut lse_vals)?;
+        finite_output(o, &lse_vals, heads)
+    })?;
     lse.write_f32s(&lse_vals)
+}
+
+/// No silent NaN: the inputs are checked before the op, but a KV record can still decode to
+/// NaN/Inf (E4M3 0x7F, UE8M0 0xFF, an f32 pool holding NaN) or a legal extreme scale can overflow
+/// f32, and FlashMLA would return the NaN. `out` is `(T, H, 512)`, `lse` `(T, H)`; −∞ in `lse` is a
+/// token with nothing attended and is fine.
+fn finite_output(out: &[f32], lse: &[f32], heads: usize) -> Result<()> {
+    let bad = out.iter().position(|v| !v.is_finite()).map(|i| i / KV_DIM);
+    let bad = bad.or_else(|| lse.iter().position(|v| v.is_nan() || *v == f32::INFINITY));
+    match bad {
+        None => Ok(()),
+        Some(row) => Err(Error::invalid(
+            "attention output",
+            format!(
+                "non-finite result at token {}, head {}: the KV rows it attends decode to \
+                 NaN/Inf, or the scale overflows f32",
+                row / heads.max(1),
+                row % heads.max(1)
+            ),
+        )),
+    }
 }
 
 /// The softmax scale of the attention exports: `scale` when positive and finite, else 512^-0.5.
@@ -773,14 +799,14 @@ fn kv_rows<'b, 'a: 'b>(
 /// - `main_idx` `(T, Km)` int32 rows of `main_kv`, `swa_idx` `(T, Ks)` int32 rows of `swa_kv`
 ///   (−1 = none; Km, Ks may be 0); `main_len` / `swa_len` optional `(T)` int32 valid lengths,
 ///   clamped to `[0, K]` (slots past them are ignored, whatever they hold; null = whole row);
-/// - `scale` (≤ 0 or NaN → 512^-0.5);
+/// - `scale` (not positive and finite → 512^-0.5);
 /// - outputs `out` `(T, H, 512)` float and `lse` `(T, H)` float (a token with nothing attended:
 ///   zeros and −∞).
 ///
 /// Errors: `CSA2_ERR_INVALID_ARGUMENT` for a valid slot holding an id `< −1` or `≥` its pool's rows
 /// (the message names the list, token, slot and id), a token attending more than 65 536 rows
-/// (`MAX_TOKEN_ROWS`), non-finite `q`/`sink`, a bad format;
-/// `CSA2_ERR_SHAPE` for T / H / length mismatches; plus the common ones.
+/// (`MAX_TOKEN_ROWS`), non-finite `q`/`sink`, a bad format, a non-finite result (a NaN/Inf KV row
+/// or an f32 overflow; `out` is then not valid); `CSA2_ERR_SHAPE` for T / H / length mismatches; plus the common ones.
 ///
 /// # Safety
 /// As [`csa2_indexer_logits`].
@@ -1358,5 +1384,14 @@ mod tests {
         d3[1].shape = empty_shape.as_mut_ptr();
         d3[2] = desc(&mut holes, s2, DType::I32);
         assert_eq!(call(&d3), Csa2Status::Csa2Ok);
+        // No silent NaN: a NaN in an attended SWA row (token 0 reads row 4) is an error naming the
+        // token, not a NaN output.
+        swa[4 * 512 + 7] = f32::NAN;
+        assert_eq!(call(&d), Csa2Status::Csa2ErrInvalidArgument);
+        let n = unsafe { crate::ffi::csa2_last_error_message(std::ptr::null_mut(), 0) };
+        let mut buf = vec![0 as std::ffi::c_char; n];
+        unsafe { crate::ffi::csa2_last_error_message(buf.as_mut_ptr(), n) };
+        let msg = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
+        assert!(msg.contains("non-finite result at token 0"), "{msg}");
     }
 }
