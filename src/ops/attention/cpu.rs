@@ -65,10 +65,26 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
             if v.len() < len {
                 v.resize(len, 0.0);
             }
-            f(&mut v[..len])
+            let r = f(&mut v[..len]);
+            if v.len() > SCRATCH_KEEP {
+                // A one-off long token (up to MAX_TOKEN_ROWS rows, ~150 MB) must not stay pinned
+                // to every rayon thread for the life of the process.
+                *v = Vec::new();
+            }
+            r
         }
         Err(_) => f(&mut vec![0.0; len]),
     })
+}
+
+/// Scratch floats a thread keeps between calls (16 MiB: a 64-head token of ~7,000 rows; V4.1's
+/// decode and prefill tokens attend at most top-k + window + image span rows).
+const SCRATCH_KEEP: usize = 4 << 20;
+
+/// Floats of this thread's kept scratch buffer.
+#[cfg(test)]
+pub(super) fn kept_scratch_floats() -> usize {
+    SCRATCH.with(|c| c.borrow().len())
 }
 
 /// Scratch floats for one token of `n` rows and `h` heads.

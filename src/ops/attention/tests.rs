@@ -884,3 +884,64 @@ fn indexed_rows_per_token_are_bounded() {
         "{e}"
     );
 }
+
+#[test]
+fn a_long_token_does_not_pin_its_scratch_to_the_thread() {
+    // One token of 8,000 rows needs ~4.7 M scratch floats (past the 4 M kept). In a 2-thread pool
+    // a single token runs on the calling worker (T < threads), so its scratch is this thread's.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        let n = 8_000;
+        let p = AttentionParams {
+            heads: 1,
+            ..Default::default()
+        };
+        let mut rng = Rng::new(31);
+        let main = rand_normal(&mut rng, n * KV_DIM, 1.0);
+        let q = rand_normal(&mut rng, KV_DIM, 0.1);
+        let ids: Vec<i32> = (0..n as i32).collect();
+        let inp = IndexedInputs {
+            q: &q,
+            sink: &[0.0],
+            main_idx: &ids,
+            main_len: None,
+            swa_idx: &[],
+            swa_len: None,
+        };
+        let (mut out, mut lse) = (vec![0f32; KV_DIM], vec![0f32]);
+        attention_indexed(
+            &p,
+            &inp,
+            KvRows::F32(&main),
+            KvRows::F32(&[]),
+            &mut out,
+            &mut lse,
+        )
+        .unwrap();
+        assert!(out.iter().all(|v| v.is_finite()));
+        assert!(cpu::kept_scratch_floats() <= 4 << 20);
+        // A V4.1-sized token (top-512 + 128 window, 64 heads) keeps its buffer for the next call.
+        let p64 = AttentionParams::default();
+        let q64 = rand_normal(&mut rng, 64 * KV_DIM, 0.1);
+        let inp64 = IndexedInputs {
+            q: &q64,
+            sink: &[0.0; 64],
+            main_idx: &ids[..640],
+            ..inp
+        };
+        let (mut out, mut lse) = (vec![0f32; 64 * KV_DIM], vec![0f32; 64]);
+        attention_indexed(
+            &p64,
+            &inp64,
+            KvRows::F32(&main),
+            KvRows::F32(&[]),
+            &mut out,
+            &mut lse,
+        )
+        .unwrap();
+        assert!(cpu::kept_scratch_floats() > 0);
+    });
+}
