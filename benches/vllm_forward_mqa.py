@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import math
+import os
 import time
 import types
 
@@ -99,6 +100,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()
+    # Same thread count for both sides; rayon reads this when csa2's pool first starts.
+    os.environ.setdefault("RAYON_NUM_THREADS", str(a.threads))
     torch.set_num_threads(a.threads)
     g = torch.Generator().manual_seed(0)
     t, ctx = a.tokens, a.context

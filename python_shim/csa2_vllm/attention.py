@@ -39,6 +39,9 @@ REQUIRED_SYMBOLS = ("csa2_attention", "csa2_attention_indexed")
 def csa2_sparse_fwd(q, kv, indices, topk_length, sm_scale: float, attn_sink, out) -> None:
     """Sparse attention with a sink over gathered KV, through ``csa2_attention`` (host tensors).
 
+    Not on the serving path (``forward_mqa`` below reads the page pools directly); a drop-in for
+    code written against FlashMLA's gathered-workspace prefill kernel.
+
     The contract of vLLM's ``flash_mla_sparse_fwd``: ``q`` ``(T, H, 512)``, ``kv`` ``(M, 512)`` or
     ``(M, 1, 512)`` (the gathered, dequantised compressed entries and SWA rows), ``indices``
     ``(T, K)`` or ``(T, 1, K)`` int32 rows of ``kv`` (−1 = none), ``topk_length`` ``(T,)`` int32 valid
@@ -54,7 +57,8 @@ def csa2_sparse_fwd(q, kv, indices, topk_length, sm_scale: float, attn_sink, out
     idx = indices.reshape(t, -1).to(torch.int32).contiguous()
     lens = None if topk_length is None else topk_length.to(torch.int32).contiguous()
     lse = torch.empty(t, h, dtype=torch.float32)
-    # vLLM hands a head slice of its output (out=output[a:b, :prefill heads]): the C ABI takes
+    # A caller may hand a head slice of its output (as vLLM's prefill passes FlashMLA's
+    # out=output[a:b, :prefill heads]): the C ABI takes
     # compact tensors only, so a strided view is written through a compact copy.
     dst = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype)
     _lib.attention(
@@ -71,8 +75,6 @@ class Csa2DeepseekV4Attention(DeepseekV4FlashMLAAttention):
 
     backend_cls = Csa2SparseMLABackend
     swa_backend_cls = Csa2SparseSWABackend
-    #: csa2's counterpart of ``flash_mla_sparse_fwd`` (host tensors).
-    sparse_fwd = staticmethod(csa2_sparse_fwd)
 
     def __init__(self, *args, **kwargs) -> None:
         missing = [s for s in REQUIRED_SYMBOLS if not hasattr(_lib.lib(), s)]

@@ -8,9 +8,11 @@ unchanged) with two differences:
 - ``nvfp4_ds_mla`` is a supported KV-cache dtype: on SM100 our layer prefers the 288-B NVFP4
   compressed record (csa2's FP4 cache), which vLLM otherwise lets only its mega-attention kernel read;
 - the metadata builders declare ``AttentionCGSupport.NEVER``: csa2's attention runs through the host
-  C ABI, which a CUDA graph cannot capture. vLLM then keeps attention out of full graphs; the
-  V4.1 attention op (``vllm::deepseek_v4_attention``) is a piecewise splitting op, so the rest of the
-  step can still be graph-captured.
+  C ABI, which a CUDA graph cannot capture. At startup vLLM then refuses an explicit FULL graph mode
+  and downgrades full decode graphs (to piecewise, or none), with a warning; V4.1's attention itself
+  already runs in an eager break (``@eager_break_during_capture`` on ``_sparse_indexer_and_attn`` /
+  ``_prepare_and_attn_eager`` in ``models/deepseek_v41/attention.py``). Read from vLLM's source,
+  not exercised on a GPU.
 """
 
 from __future__ import annotations

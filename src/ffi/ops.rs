@@ -783,7 +783,7 @@ fn kv_rows<'b, 'a: 'b>(
 }
 
 /// Sparse attention over explicit slot lists with a sink — the contract of FlashMLA's sparse
-/// `flash_mla_with_kvcache(q, kv_cache=swa, indices=swa_idx, topk_length=swa_len,
+/// `flash_mla_with_kvcache(q, k_cache=swa, indices=swa_idx, topk_length=swa_len,
 /// extra_k_cache=main, extra_indices_in_kvcache=main_idx, extra_topk_length=main_len, attn_sink,
 /// softmax_scale)` as vLLM 0.33 `models/deepseek_v41/nvidia/flashmla.py` calls it: per token and
 /// head one softmax over the rows `main_idx[t, :main_len[t]]` of `main_kv` then
