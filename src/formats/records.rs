@@ -412,7 +412,10 @@ mod tests {
         encode_rows(RecordFormat::V4Record, &row512(), &mut rec).unwrap();
         assert_eq!(&rec[..8], &head);
         assert!(rec[448..576].iter().all(|&b| b == 0));
-        assert_eq!(&rec[576..], &[0x77, 0x69, 0x69, 0x69, 0x69, 0x69, 0x69, 0x00]);
+        assert_eq!(
+            &rec[576..],
+            &[0x77, 0x69, 0x69, 0x69, 0x69, 0x69, 0x69, 0x00]
+        );
         let mut x = vec![0.0f32; 128];
         x[..32].copy_from_slice(&GOLDEN);
         let mut rec = [0u8; FP8_INDEX_BYTES];
