@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test of the repository: the Rust suites (unit, integration, property, header drift,
-# the C smoke test), then the Python cross-checks of the codecs against an independent SPEC
+# the C smoke test), then the Python cross-checks of the codecs against an independent docs/SPEC.md
 # implementation and ml_dtypes. Self-sufficient on a clean clone: creates .venv-test if missing.
 # Exits non-zero on the first failing stage.
 set -euo pipefail

@@ -79,7 +79,7 @@ pub struct SsdConfig {
     pub dir: PathBuf,
     /// Most bytes the segment files may occupy.
     pub capacity_bytes: u64,
-    /// Minimum lifetime of an entry, ms (default 72 h, SPEC §0).
+    /// Minimum lifetime of an entry, ms (default 72 h, docs/SPEC.md §0).
     pub min_lifetime_ms: u64,
     /// A segment is closed once it reaches this size (default 16 MiB).
     pub segment_bytes: u64,
