@@ -18,7 +18,7 @@ TEXT_SUFFIXES = {".rs", ".py", ".md", ".sh", ".toml", ".h", ".cu", ".cuh", ".c",
 
 # Paths of the workspace the project was written in, which a clone does not have.
 OUTSIDE = re.compile(
-    r"\.\./shared/|/work/shared|\bshared/(?:ref|research|seeds)/|\bresearch/[a-z_]+\.md"
+    r"\.\./shared/|\bshared/(?:ref|research|seeds)/|\bresearch/[a-z_]+\.md"
     r"|\bseeds/[0-9]|\bref/traces/|\breference_math\b|\bvllm_v41\.md|\bvllm_route\.md"
     r"|\btiered_kv\.md|\btoolchain\.md"
 )
