@@ -11,6 +11,8 @@
 //!   never undefined behaviour); the enums in the header name the values.
 //!
 //! Handles are opaque and owned by the caller once returned (free them with the matching `_free`).
+//! A handle is a checked token, not an address ([`handle`]): a freed, foreign-typed or garbage
+//! handle is `CSA2_ERR_INVALID_HANDLE`, never undefined behaviour.
 //! Tensors cross as borrowed DLPack descriptors, validated in [`dlpack`].
 
 mod cache;
@@ -18,6 +20,7 @@ mod codec;
 mod compressor;
 pub mod dlpack;
 mod geometry;
+mod handle;
 mod ops;
 mod records;
 
@@ -25,6 +28,7 @@ pub use cache::*;
 pub use codec::*;
 pub use compressor::*;
 pub use geometry::*;
+pub use handle::live_handles;
 pub use ops::*;
 pub use records::*;
 
@@ -52,6 +56,9 @@ pub enum Csa2Status {
     Csa2ErrInvalidArgument = 201,
     /// A required pointer was null.
     Csa2ErrNullPointer = 202,
+    /// A handle is not a live handle of the expected type (freed, never created, another
+    /// handle type, or a garbage value).
+    Csa2ErrInvalidHandle = 203,
     /// The KV block pool is exhausted.
     Csa2ErrOutOfBlocks = 300,
     /// A persisted record is corrupt.
@@ -68,6 +75,9 @@ pub enum Csa2Status {
     Csa2ErrUnsupported = 402,
     /// A CUDA driver, NVRTC or launch call failed.
     Csa2ErrCuda = 403,
+    /// An allocation sized by the caller failed; the message gives the byte count. Nothing
+    /// changed and the process keeps running.
+    Csa2ErrOutOfMemory = 404,
     /// A bug in csa2 (a broken invariant).
     Csa2ErrInternal = 500,
     /// A panic inside csa2 was caught at the boundary (a bug; the message says where).
@@ -84,6 +94,7 @@ impl Csa2Status {
             Error::Shape { .. } => Csa2Status::Csa2ErrShape,
             Error::Invalid { .. } => Csa2Status::Csa2ErrInvalidArgument,
             Error::NullPointer(_) => Csa2Status::Csa2ErrNullPointer,
+            Error::InvalidHandle(_) => Csa2Status::Csa2ErrInvalidHandle,
             Error::OutOfBlocks { .. } => Csa2Status::Csa2ErrOutOfBlocks,
             Error::Corrupt { .. } => Csa2Status::Csa2ErrCorrupt,
             Error::NotFound(_) => Csa2Status::Csa2ErrNotFound,
@@ -91,6 +102,7 @@ impl Csa2Status {
             Error::Io { .. } => Csa2Status::Csa2ErrIo,
             Error::Parse { .. } => Csa2Status::Csa2ErrParse,
             Error::Unsupported(_) => Csa2Status::Csa2ErrUnsupported,
+            Error::OutOfMemory { .. } => Csa2Status::Csa2ErrOutOfMemory,
             Error::Cuda { .. } => Csa2Status::Csa2ErrCuda,
             Error::Internal(_) => Csa2Status::Csa2ErrInternal,
         }
@@ -149,15 +161,6 @@ pub(crate) fn boundary_value<T>(name: &'static str, fallback: T, body: impl FnOn
         ));
         fallback
     })
-}
-
-/// A shared reference from a C pointer. Errors with [`Error::NullPointer`] naming `what`.
-///
-/// # Safety
-/// A non-null `p` must point to a live, properly aligned `T` for the lifetime `'a`.
-pub(crate) unsafe fn arg_ref<'a, T>(p: *const T, what: &'static str) -> Result<&'a T> {
-    // SAFETY: non-null checked here; validity is the caller's contract (documented in the header).
-    unsafe { p.as_ref() }.ok_or(Error::NullPointer(what))
 }
 
 /// An output location from a C pointer. Errors with [`Error::NullPointer`] naming `what`.
@@ -285,6 +288,8 @@ mod tests {
             Error::shape("a", 1, 2),
             Error::invalid("a", "b"),
             Error::NullPointer("p"),
+            Error::InvalidHandle("h".into()),
+            Error::oom("m", 1),
             Error::OutOfBlocks {
                 requested: 1,
                 free: 0,

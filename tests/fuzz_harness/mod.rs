@@ -31,6 +31,8 @@
 // Each includer (the test and the fuzz target) uses its own subset.
 #![allow(dead_code)]
 
+pub mod lifecycle;
+
 use csa2::ffi::dlpack::{DLDataType, DLDevice, DLTensor, K_DL_CPU};
 use csa2::ffi::*;
 use rand::rngs::StdRng;
