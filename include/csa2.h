@@ -26,6 +26,9 @@ typedef enum {
   CSA2_ERR_INVALID_ARGUMENT = 201,
   // A required pointer was null.
   CSA2_ERR_NULL_POINTER = 202,
+  // A handle is not a live handle of the expected type (freed, never created, another
+  // handle type, or a garbage value).
+  CSA2_ERR_INVALID_HANDLE = 203,
   // The KV block pool is exhausted.
   CSA2_ERR_OUT_OF_BLOCKS = 300,
   // A persisted record is corrupt.
@@ -42,6 +45,9 @@ typedef enum {
   CSA2_ERR_UNSUPPORTED = 402,
   // A CUDA driver, NVRTC or launch call failed.
   CSA2_ERR_CUDA = 403,
+  // An allocation sized by the caller failed; the message gives the byte count. Nothing
+  // changed and the process keeps running.
+  CSA2_ERR_OUT_OF_MEMORY = 404,
   // A bug in csa2 (a broken invariant).
   CSA2_ERR_INTERNAL = 500,
   // A panic inside csa2 was caught at the boundary (a bug; the message says where).
@@ -113,7 +119,9 @@ typedef struct Csa2Cache Csa2Cache;
 // open group's carried rows. Free with [`csa2_compressor_state_free`]. Internally locked.
 typedef struct Csa2CompressorState Csa2CompressorState;
 
-// Opaque geometry handle (a parsed `config.json`). Free with [`csa2_geometry_free`].
+// Opaque geometry handle (a parsed `config.json`). Free with [`csa2_geometry_free`]. A checked
+// token, not an address (see the header's "Handles" section). Immutable: calls may run
+// concurrently.
 typedef struct Csa2Geometry Csa2Geometry;
 
 // Opaque replay plan handle (one prefill step). Free with [`csa2_replay_plan_free`]. Immutable.
@@ -316,13 +324,18 @@ size_t csa2_last_error_message(char *buf, size_t len);
 
 // Creates a KV cache manager for geometry `g` with KV layout `layout` (a `Csa2KvLayout`),
 // `num_blocks` blocks of `block_tokens` tokens, backed by host memory (slabs are allocated the
-// first time a block is handed out). `model`/`model_len` is a model fingerprint (e.g. the
-// `config.json` bytes) that salts the prefix keys, so two models never share blocks; null with
-// length 0 is an empty fingerprint.
+// first time a block is handed out). The prefix keys are always salted with the whole geometry
+// (every field of the parsed config), the layout and the block size; `model`/`model_len` is an
+// extra fingerprint (e.g. a digest of the weights) added to that salt. Null with length 0 is no
+// extra fingerprint: the geometry alone then separates models, so two checkpoints of one
+// architecture need distinct fingerprints to never share blocks.
 //
 // Errors: `CSA2_ERR_NULL_POINTER` (`geometry`, `out`, `model` with a length),
-// `CSA2_ERR_INVALID_ARGUMENT` (unknown layout; `block_tokens` 0 or not a multiple of every
-// KV-source ratio; `num_blocks` 0 or ≥ 2^32). `*out` is untouched on error.
+// `CSA2_ERR_INVALID_HANDLE` (`geometry` not a live geometry handle),
+// `CSA2_ERR_INVALID_ARGUMENT` (unknown layout; `block_tokens` 0, above 2^16 = 65536 or not a
+// multiple of every KV-source ratio; `num_blocks` 0 or above 2^24 = 16777216),
+// `CSA2_ERR_OUT_OF_MEMORY` (the per-block bookkeeping does not fit; the message gives the
+// bytes). `*out` is untouched on error.
 //
 // # Safety
 // `g` must be a live geometry handle; `model` must cover `model_len` bytes; `out` must be a
@@ -335,11 +348,16 @@ Csa2Status csa2_cache_create(const Csa2Geometry *g,
                              size_t model_len,
                              Csa2Cache **out);
 
-// Frees a cache handle and every block and request in it. Null is a no-op.
+// Frees a cache handle and every block and request in it. Null is a no-op (`CSA2_OK`). Calls
+// on the cache still in flight on other threads finish first (the memory goes with the last);
+// every later call with the handle gets `CSA2_ERR_INVALID_HANDLE`.
+//
+// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type). A successful
+// free leaves the thread's last error alone.
 //
 // # Safety
-// `c` must be null or a handle not yet freed, with no other call on it in flight.
-void csa2_cache_free(Csa2Cache *c);
+// None beyond the C ABI's: any value of `c` is checked (kept `unsafe` for source compatibility).
+Csa2Status csa2_cache_free(Csa2Cache *c);
 
 // Registers request `id` with an empty block table.
 //
@@ -481,11 +499,14 @@ Csa2Status csa2_replay_plan(const Csa2Geometry *g,
                             uint8_t snapshot_present,
                             Csa2ReplayPlan **out);
 
-// Frees a replay plan. Null is a no-op.
+// Frees a replay plan. Null is a no-op (`CSA2_OK`).
+//
+// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type). A successful
+// free leaves the thread's last error alone.
 //
 // # Safety
-// `p` must be null or a plan not yet freed.
-void csa2_replay_plan_free(Csa2ReplayPlan *p);
+// None beyond the C ABI's: any value of `p` is checked (kept `unsafe` for source compatibility).
+Csa2Status csa2_replay_plan_free(Csa2ReplayPlan *p);
 
 // Writes the plan's summary (hit used, replayed tokens, written and protected ranges) to `*out`.
 //
@@ -575,11 +596,15 @@ Csa2Status csa2_compressor_state_create(const Csa2Geometry *geometry,
                                         uint64_t start_pos,
                                         Csa2CompressorState **out);
 
-// Frees a compressor state. Null is a no-op.
+// Frees a compressor state. Null is a no-op (`CSA2_OK`). A call on the state still in flight
+// finishes first; later calls get `CSA2_ERR_INVALID_HANDLE`.
+//
+// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type). A successful
+// free leaves the thread's last error alone.
 //
 // # Safety
-// `s` must be null or a handle not yet freed, with no other call on it in flight.
-void csa2_compressor_state_free(Csa2CompressorState *s);
+// None beyond the C ABI's: any value of `s` is checked (kept `unsafe` for source compatibility).
+Csa2Status csa2_compressor_state_free(Csa2CompressorState *s);
 
 // Drops any open group and sets the next position to `start_pos` (a multiple of the ratio), e.g.
 // when the request is preempted and recomputed.
@@ -696,11 +721,15 @@ Csa2Status csa2_geometry_from_json(const char *json,
 // `out` must point to a writable pointer slot.
 Csa2Status csa2_geometry_embedded(Csa2Geometry **out);
 
-// Frees a handle from `csa2_geometry_from_json` / `csa2_geometry_embedded`. Null is a no-op.
+// Frees a handle from `csa2_geometry_from_json` / `csa2_geometry_embedded`. Null is a no-op
+// (`CSA2_OK`). Handles built from it (caches, compressor states) stay valid.
+//
+// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type); nothing is
+// freed then.
 //
 // # Safety
-// `g` must be null or a handle not yet freed.
-void csa2_geometry_free(Csa2Geometry *g);
+// None beyond the C ABI's: any value of `g` is checked (kept `unsafe` for source compatibility).
+Csa2Status csa2_geometry_free(Csa2Geometry *g);
 
 // Writes the number of backbone layers to `*out`.
 //

@@ -4,7 +4,7 @@
 //! `CSA2_ERR_INVALID_HANDLE`, 404 `CSA2_ERR_OUT_OF_MEMORY`) so the file also builds against the
 //! old ABI, where the `_free` functions returned nothing.
 
-use csa2::cache::{Backing, CacheConfig, CacheManager, CacheSpec, RecordKind};
+use csa2::cache::{CacheConfig, CacheManager, CacheSpec, RecordKind};
 use csa2::ffi::dlpack::{DLDataType, DLDevice, DLTensor, K_DL_CPU};
 use csa2::ffi::*;
 use csa2::{Geometry, KvLayout};
@@ -12,7 +12,7 @@ use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const INVALID_HANDLE: i32 = 203;
 const PANIC: i32 = 501;

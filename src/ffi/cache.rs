@@ -23,7 +23,7 @@ use super::geometry::layout;
 use super::Csa2Status;
 use super::geometry::geometry;
 use super::handle::{self, Handle, Registry};
-use super::{arg_out, arg_slice, arg_slice_mut, boundary, Csa2Geometry};
+use super::{arg_out, arg_slice, arg_slice_mut, boundary, boundary_free, Csa2Geometry};
 use std::sync::Arc;
 use crate::cache::{Backing, CacheConfig, CacheManager, CacheSpec, PrefixKey, RequestId};
 use crate::error::{Error, Result};
@@ -324,13 +324,14 @@ pub unsafe extern "C" fn csa2_cache_create(
 /// on the cache still in flight on other threads finish first (the memory goes with the last);
 /// every later call with the handle gets `CSA2_ERR_INVALID_HANDLE`.
 ///
-/// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type).
+/// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type). A successful
+/// free leaves the thread's last error alone.
 ///
 /// # Safety
 /// None beyond the C ABI's: any value of `c` is checked (kept `unsafe` for source compatibility).
 #[no_mangle]
 pub unsafe extern "C" fn csa2_cache_free(c: *mut Csa2Cache) -> Csa2Status {
-    boundary("csa2_cache_free", || handle::free(c, "cache"))
+    boundary_free("csa2_cache_free", || handle::free(c, "cache"))
 }
 
 /// Registers request `id` with an empty block table.
@@ -658,13 +659,14 @@ pub unsafe extern "C" fn csa2_replay_plan(
 
 /// Frees a replay plan. Null is a no-op (`CSA2_OK`).
 ///
-/// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type).
+/// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type). A successful
+/// free leaves the thread's last error alone.
 ///
 /// # Safety
 /// None beyond the C ABI's: any value of `p` is checked (kept `unsafe` for source compatibility).
 #[no_mangle]
 pub unsafe extern "C" fn csa2_replay_plan_free(p: *mut Csa2ReplayPlan) -> Csa2Status {
-    boundary("csa2_replay_plan_free", || handle::free(p, "plan"))
+    boundary_free("csa2_replay_plan_free", || handle::free(p, "plan"))
 }
 
 /// Writes the plan's summary (hit used, replayed tokens, written and protected ranges) to `*out`.

@@ -16,7 +16,7 @@ use super::cache::{cache, Csa2Cache};
 use super::dlpack::{check_disjoint, DLTensor};
 use super::ops::{compress_views, layer_plan};
 use super::handle::{self, Handle, Registry};
-use super::{arg_out, boundary, Csa2Geometry, Csa2Status};
+use super::{arg_out, boundary, boundary_free, Csa2Geometry, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{KV_DIM, NVFP4_DS_BYTES};
 use crate::ops::compressor::{Compressor, CompressorState, CompressorWeights};
@@ -100,13 +100,14 @@ pub unsafe extern "C" fn csa2_compressor_state_create(
 /// Frees a compressor state. Null is a no-op (`CSA2_OK`). A call on the state still in flight
 /// finishes first; later calls get `CSA2_ERR_INVALID_HANDLE`.
 ///
-/// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type).
+/// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type). A successful
+/// free leaves the thread's last error alone.
 ///
 /// # Safety
 /// None beyond the C ABI's: any value of `s` is checked (kept `unsafe` for source compatibility).
 #[no_mangle]
 pub unsafe extern "C" fn csa2_compressor_state_free(s: *mut Csa2CompressorState) -> Csa2Status {
-    boundary("csa2_compressor_state_free", || handle::free(s, "state"))
+    boundary_free("csa2_compressor_state_free", || handle::free(s, "state"))
 }
 
 /// Drops any open group and sets the next position to `start_pos` (a multiple of the ratio), e.g.

@@ -1,7 +1,7 @@
 //! Geometry handle: the per-layer CSA2 plan and byte accounting over the C ABI.
 
 use super::handle::{self, Handle, Registry};
-use super::{arg_out, arg_slice, boundary, Csa2Status};
+use super::{arg_out, arg_slice, boundary, boundary_free, Csa2Status};
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, KvLayout, Role};
 use std::ffi::c_char;
@@ -136,7 +136,7 @@ pub unsafe extern "C" fn csa2_geometry_embedded(out: *mut *mut Csa2Geometry) -> 
 /// None beyond the C ABI's: any value of `g` is checked (kept `unsafe` for source compatibility).
 #[no_mangle]
 pub unsafe extern "C" fn csa2_geometry_free(g: *mut Csa2Geometry) -> Csa2Status {
-    boundary("csa2_geometry_free", || handle::free(g, "geometry"))
+    boundary_free("csa2_geometry_free", || handle::free(g, "geometry"))
 }
 
 /// Writes the number of backbone layers to `*out`.

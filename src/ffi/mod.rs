@@ -3,7 +3,8 @@
 //! Conventions, for every exported function:
 //! - it returns a [`Csa2Status`] (`CSA2_OK` = 0) unless it is a pure query that cannot fail;
 //! - on failure the message (with the offending values) is kept in a thread-local last error,
-//!   read with [`csa2_last_error_message`]; every fallible call clears it first;
+//!   read with [`csa2_last_error_message`]; every fallible call clears it first, except the
+//!   `_free` functions, which leave it alone when they succeed;
 //! - pointers are checked for null, buffers come with explicit lengths, and nothing is written to
 //!   an output unless the call succeeds;
 //! - a panic never crosses the boundary: it is caught and reported as `CSA2_ERR_PANIC`;
@@ -134,6 +135,26 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 /// [`Error`] into its status plus the last-error text `"<function>: <message>"`.
 pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> Result<()>) -> Csa2Status {
     clear_last_error();
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => Csa2Status::Csa2Ok,
+        Ok(Err(e)) => {
+            set_last_error(format!("{name}: {e}"));
+            Csa2Status::of(&e)
+        }
+        Err(p) => {
+            set_last_error(format!(
+                "{name}: panic (a csa2 bug): {}",
+                panic_message(&*p)
+            ));
+            Csa2Status::Csa2ErrPanic
+        }
+    }
+}
+
+/// [`boundary`] for the `_free` functions: a successful free leaves the last error alone (as it
+/// always did, so freeing between a failure and reading its message does not lose it); a refused
+/// free (invalid handle) sets it.
+pub(crate) fn boundary_free(name: &'static str, body: impl FnOnce() -> Result<()>) -> Csa2Status {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => Csa2Status::Csa2Ok,
         Ok(Err(e)) => {
