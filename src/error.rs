@@ -163,7 +163,8 @@ impl Error {
 pub fn try_vec<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>> {
     let bytes = n.saturating_mul(std::mem::size_of::<T>());
     let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| Error::oom(what, bytes))?;
+    v.try_reserve_exact(n)
+        .map_err(|_| Error::oom(what, bytes))?;
     v.resize(n, value);
     Ok(v)
 }

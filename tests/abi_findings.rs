@@ -214,16 +214,14 @@ fn finding5_concurrent_allocate_and_entry_io_never_panic() {
                 let r = (i + th) % requests;
                 i += 1;
                 let mut n = 0usize;
-                if unsafe { csa2_cache_block_table(c, r, null_mut(), 0, &mut n) } != Csa2Status::Csa2Ok
+                if unsafe { csa2_cache_block_table(c, r, null_mut(), 0, &mut n) }
+                    != Csa2Status::Csa2Ok
                     || n == 0
                 {
                     continue;
                 }
                 let e = [(n * s - 1) as i64];
-                for st in [
-                    write_raw(c, r, &e, &mut rec),
-                    read_raw(c, r, &e, &mut out),
-                ] {
+                for st in [write_raw(c, r, &e, &mut rec), read_raw(c, r, &e, &mut out)] {
                     calls.fetch_add(1, Ordering::Relaxed);
                     match st.code() {
                         // OK; not found (request re-added meanwhile); entry past a table that
@@ -259,7 +257,12 @@ fn finding6_num_blocks_above_the_bound_is_refused_not_an_abort() {
     for nb in [u32::MAX as usize, (1 << 24) + 1, usize::MAX] {
         let mut c = null_mut();
         let st = unsafe { csa2_cache_create(g, 0, nb, 256, null(), 0, &mut c) };
-        assert_eq!(st, Csa2Status::Csa2ErrInvalidArgument, "{nb}: {}", last_error());
+        assert_eq!(
+            st,
+            Csa2Status::Csa2ErrInvalidArgument,
+            "{nb}: {}",
+            last_error()
+        );
         assert!(last_error().contains("num_blocks"), "{}", last_error());
         assert!(c.is_null());
     }
@@ -339,7 +342,10 @@ fn finding7_handle_misuse_is_refused() {
     assert_eq!(unsafe { csa2_replay_plan_free(p) }.code(), 0);
     assert_eq!(unsafe { csa2_replay_plan_free(p) }.code(), INVALID_HANDLE);
     assert_eq!(unsafe { csa2_compressor_state_free(s) }.code(), 0);
-    assert_eq!(unsafe { csa2_compressor_state_free(s) }.code(), INVALID_HANDLE);
+    assert_eq!(
+        unsafe { csa2_compressor_state_free(s) }.code(),
+        INVALID_HANDLE
+    );
     unsafe { csa2_geometry_free(g) };
 }
 
@@ -454,7 +460,12 @@ fn finding10_swa_positions_past_the_maximum_are_refused() {
     for pos in [u64::MAX, u64::MAX - 98, 1 << 63, 1 << 62] {
         let t = desc(&mut rec, &mut shape, 1, 8);
         let st = unsafe { csa2_cache_swa_write(c, 1, 0, pos, &t) };
-        assert_eq!(st, Csa2Status::Csa2ErrInvalidArgument, "{pos}: {}", last_error());
+        assert_eq!(
+            st,
+            Csa2Status::Csa2ErrInvalidArgument,
+            "{pos}: {}",
+            last_error()
+        );
         let mut newest = 0i64;
         ok(unsafe { csa2_cache_swa_newest(c, 1, 0, &mut newest) });
         assert_eq!(newest, -1, "a refused write moved the window");
@@ -506,7 +517,12 @@ fn finding10_adopt_prefix_refuses_repeated_or_unchained_keys() {
         } else {
             unsafe { csa2_cache_adopt_prefix(c, 3, k.as_ptr(), k.len() / 32, &mut n) }
         };
-        assert_eq!(st, Csa2Status::Csa2ErrInvalidArgument, "{what}: {}", last_error());
+        assert_eq!(
+            st,
+            Csa2Status::Csa2ErrInvalidArgument,
+            "{what}: {}",
+            last_error()
+        );
         assert_eq!(n, 99, "{what}: output written");
         let mut t = 0usize;
         ok(unsafe { csa2_cache_block_table(c, 3, null_mut(), 0, &mut t) });

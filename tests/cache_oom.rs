@@ -42,14 +42,20 @@ fn cap_address_space(bytes: u64) -> libc::rlimit {
 #[test]
 fn finding6_allocation_failure_is_out_of_memory_not_an_abort() {
     let mut g = null_mut();
-    assert_eq!(unsafe { csa2_geometry_embedded(&mut g) }, Csa2Status::Csa2Ok);
+    assert_eq!(
+        unsafe { csa2_geometry_embedded(&mut g) },
+        Csa2Status::Csa2Ok
+    );
     // A small cache made before the cap, and one request of it.
     let mut small = null_mut();
     assert_eq!(
         unsafe { csa2_cache_create(g, 0, 4096, 256, null(), 0, &mut small) },
         Csa2Status::Csa2Ok
     );
-    assert_eq!(unsafe { csa2_cache_add_request(small, 1) }, Csa2Status::Csa2Ok);
+    assert_eq!(
+        unsafe { csa2_cache_add_request(small, 1) },
+        Csa2Status::Csa2Ok
+    );
 
     let headroom = 256u64 << 20;
     let old = cap_address_space(vm_bytes() + headroom);

@@ -151,7 +151,10 @@ fn fuzz_handle_misuse() {
     );
     // Every class of outcome occurred.
     if seqs >= 50 {
-        assert!(t.ok > 0 && t.invalid_handle > 0 && t.null_pointer > 0 && t.other_errors > 0, "{t:?}");
+        assert!(
+            t.ok > 0 && t.invalid_handle > 0 && t.null_pointer > 0 && t.other_errors > 0,
+            "{t:?}"
+        );
     }
 }
 

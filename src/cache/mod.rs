@@ -29,6 +29,15 @@
 //! blocks run in parallel and never wait on allocation. A request's SWA ring and compressor state
 //! sit behind a per-request mutex. A caller must not use a slot after freeing the request that
 //! mapped it (the block may already belong to someone else), as with any paged allocator.
+//!
+//! [`CacheManager::allocate`] puts a block into a table only after its slab exists and is zeroed
+//! (done outside the metadata lock), so record access racing an allocation on the same request
+//! never meets a half-made block, and a reused block never shows its previous owner's records.
+//! Record access to a block never handed out is [`Error::NotFound`], never a panic.
+//!
+//! # Limits
+//! `num_blocks` ≤ [`MAX_NUM_BLOCKS`], `block_tokens` ≤ [`MAX_BLOCK_TOKENS`], token positions <
+//! [`MAX_POSITION`]; buffers sized by the caller are allocated fallibly ([`Error::OutOfMemory`]).
 
 pub mod layout;
 pub mod prefix;
@@ -295,7 +304,11 @@ impl CacheManager {
             ));
         }
         let layout = BlockLayout::new(&spec, config.block_tokens);
-        let hasher = PrefixHasher::new(&Self::salt(&spec, model)?, &spec.layout, config.block_tokens);
+        let hasher = PrefixHasher::new(
+            &Self::salt(&spec, model)?,
+            &spec.layout,
+            config.block_tokens,
+        );
         let n = config.num_blocks;
         // Every per-block array is allocated fallibly: `n` comes from the caller.
         let blocks = try_vec(n, BlockMeta::default(), "block metadata")?;

@@ -7,9 +7,13 @@
 //!
 //! # Thread safety
 //! A `Csa2Cache` is internally locked (block metadata behind one mutex, each block's slab behind
-//! its own lock; see `crate::cache`): every `csa2_cache_*` call except `csa2_cache_free` may be made
-//! concurrently from any number of threads on the same handle. `csa2_cache_free` must not race any
-//! other call on that handle. A `Csa2ReplayPlan` is immutable: its accessors may run concurrently.
+//! its own lock; see `crate::cache`): every `csa2_cache_*` call may be made concurrently from any
+//! number of threads on the same handle. `csa2_cache_free` may race them too: calls already in
+//! flight finish on the live cache, later ones get `CSA2_ERR_INVALID_HANDLE` (handles are checked
+//! tokens, `super::handle`). A block handed to a request is in its table only once its slab is
+//! allocated and zeroed, so record calls racing `csa2_cache_allocate` on the same request see
+//! either no block or a ready one. A `Csa2ReplayPlan` is immutable: its accessors may run
+//! concurrently.
 //!
 //! # Output buffers
 //! Functions that return a variable-length array (`csa2_cache_prefix_keys`,
@@ -19,15 +23,15 @@
 //! is `CSA2_ERR_INVALID_ARGUMENT`, whose message gives the count needed; then nothing is written
 //! (not even `*n_out`).
 
-use super::geometry::layout;
-use super::Csa2Status;
 use super::geometry::geometry;
+use super::geometry::layout;
 use super::handle::{self, Handle, Registry};
+use super::Csa2Status;
 use super::{arg_out, arg_slice, arg_slice_mut, boundary, boundary_free, Csa2Geometry};
-use std::sync::Arc;
 use crate::cache::{Backing, CacheConfig, CacheManager, CacheSpec, PrefixKey, RequestId};
 use crate::error::{Error, Result};
 use crate::replay::{plan, ReplayConfig, ReplayMode, ReplayPlan};
+use std::sync::Arc;
 
 /// Bytes of one prefix key (SHA-256).
 pub const CSA2_PREFIX_KEY_BYTES: usize = 32;
@@ -922,7 +926,8 @@ mod tests {
     }
 
     fn m_slots(c: *const Csa2Cache, id: u64, layer: usize, r: std::ops::Range<usize>) -> Vec<i64> {
-        unsafe { cache(c) }.unwrap()
+        unsafe { cache(c) }
+            .unwrap()
             .slot_mapping(id, layer, r)
             .unwrap()
             .into_iter()
@@ -1026,7 +1031,8 @@ mod tests {
                 csa2_replay_plan(g, 0, 1000, 512, 0, &mut p),
                 Csa2Status::Csa2Ok
             );
-            let cfg = ReplayConfig::from_geometry(&super::geometry(g).unwrap().g, ReplayMode::Bounded);
+            let cfg =
+                ReplayConfig::from_geometry(&super::geometry(g).unwrap().g, ReplayMode::Bounded);
             let want = plan(&cfg, 1000, 512, false).unwrap();
             let mut s = Csa2ReplaySummary::default();
             assert_eq!(csa2_replay_plan_summary(p, &mut s), Csa2Status::Csa2Ok);

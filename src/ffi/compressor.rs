@@ -14,8 +14,8 @@
 
 use super::cache::{cache, Csa2Cache};
 use super::dlpack::{check_disjoint, DLTensor};
-use super::ops::{compress_views, layer_plan};
 use super::handle::{self, Handle, Registry};
+use super::ops::{compress_views, layer_plan};
 use super::{arg_out, boundary, boundary_free, Csa2Geometry, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{KV_DIM, NVFP4_DS_BYTES};

@@ -188,7 +188,10 @@ mod tests {
         assert!(matches!(get(as_b, "b"), Err(Error::InvalidHandle(_))));
         let garbage = std::ptr::without_provenance::<A>(0xdead_beef);
         assert!(matches!(get(garbage, "a"), Err(Error::InvalidHandle(_))));
-        assert!(matches!(get::<A>(std::ptr::null(), "a"), Err(Error::NullPointer(_))));
+        assert!(matches!(
+            get::<A>(std::ptr::null(), "a"),
+            Err(Error::NullPointer(_))
+        ));
         free(a, "a").unwrap();
         assert!(matches!(get(a, "a"), Err(Error::InvalidHandle(_))));
         assert!(matches!(free(a, "a"), Err(Error::InvalidHandle(_))));

@@ -23,7 +23,7 @@
 //!
 //! # Thread safety
 //! Every function may run concurrently with any other `csa2_cache_*` call on the same handle
-//! (except `csa2_cache_free`). Records of different blocks are read and written in parallel; one
+//! (after a racing `csa2_cache_free` it is refused with `CSA2_ERR_INVALID_HANDLE`). Records of different blocks are read and written in parallel; one
 //! block's records are serialised by its lock. Two batches that write the same slots concurrently
 //! may interleave per record (the engine must not do that, as with any paged cache). A write must
 //! not race `csa2_cache_publish` of the same blocks (the read-only check precedes the copy) nor

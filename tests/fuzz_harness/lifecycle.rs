@@ -92,7 +92,12 @@ fn expected(h: Option<Slot>, want: Kind) -> Option<i32> {
 fn record(t: &mut Tally, st: Csa2Status, exp: Option<i32>, what: &str, ctx: &str) {
     let code = st as i32;
     t.calls += 1;
-    assert_ne!(code, PANIC, "{ctx}: {what}: panic reached the boundary: {}", last_error());
+    assert_ne!(
+        code,
+        PANIC,
+        "{ctx}: {what}: panic reached the boundary: {}",
+        last_error()
+    );
     // A successful `_free` leaves the last error alone (it may hold an earlier failure's).
     if !(what == "free" && code == OK) {
         assert_eq!(
@@ -166,7 +171,11 @@ fn step(r: &mut Source<'_>, pool: &mut Vec<Slot>, t: &mut Tally, ctx: &str) {
             0 => {
                 // Create a geometry or a cache / plan / state from `h` as the geometry.
                 let which = r.random_range(0..4u32);
-                let exp = if which == 0 { None } else { expected(h, Kind::Geometry) };
+                let exp = if which == 0 {
+                    None
+                } else {
+                    expected(h, Kind::Geometry)
+                };
                 let mut out = null_mut::<std::ffi::c_void>();
                 let st = match which {
                     0 => csa2_geometry_embedded((&mut out as *mut *mut std::ffi::c_void).cast()),
@@ -196,7 +205,8 @@ fn step(r: &mut Source<'_>, pool: &mut Vec<Slot>, t: &mut Tally, ctx: &str) {
                 };
                 record(t, st, exp, "create", ctx);
                 if st == Csa2Status::Csa2Ok {
-                    let kind = [Kind::Geometry, Kind::Cache, Kind::Plan, Kind::State][which as usize];
+                    let kind =
+                        [Kind::Geometry, Kind::Cache, Kind::Plan, Kind::State][which as usize];
                     pool.push(Slot {
                         value: out as usize,
                         kind,
@@ -226,7 +236,13 @@ fn step(r: &mut Source<'_>, pool: &mut Vec<Slot>, t: &mut Tally, ctx: &str) {
                     }
                 }
             }
-            2 => record(t, csa2_cache_add_request(c, id), expected(h, Kind::Cache), "add_request", ctx),
+            2 => record(
+                t,
+                csa2_cache_add_request(c, id),
+                expected(h, Kind::Cache),
+                "add_request",
+                ctx,
+            ),
             3 => record(
                 t,
                 csa2_cache_allocate(c, id, r.random_range(0..1500usize)),
@@ -234,12 +250,19 @@ fn step(r: &mut Source<'_>, pool: &mut Vec<Slot>, t: &mut Tally, ctx: &str) {
                 "allocate",
                 ctx,
             ),
-            4 => record(t, csa2_cache_free_request(c, id), expected(h, Kind::Cache), "free_request", ctx),
+            4 => record(
+                t,
+                csa2_cache_free_request(c, id),
+                expected(h, Kind::Cache),
+                "free_request",
+                ctx,
+            ),
             5 | 6 => {
                 let tokens: Vec<u32> = (0..512).map(|i| i + id as u32).collect();
                 let mut keys = [0u8; 64];
                 let mut n = 0usize;
-                let st = csa2_cache_prefix_keys(c, tokens.as_ptr(), 512, keys.as_mut_ptr(), 2, &mut n);
+                let st =
+                    csa2_cache_prefix_keys(c, tokens.as_ptr(), 512, keys.as_mut_ptr(), 2, &mut n);
                 record(t, st, expected(h, Kind::Cache), "prefix_keys", ctx);
                 if st == Csa2Status::Csa2Ok {
                     let k = r.random_range(0..3usize);
@@ -249,7 +272,13 @@ fn step(r: &mut Source<'_>, pool: &mut Vec<Slot>, t: &mut Tally, ctx: &str) {
                         csa2_cache_adopt_prefix(c, id, keys.as_ptr(), k, &mut n)
                     };
                     record(t, st, None, "publish/adopt", ctx);
-                    record(t, csa2_cache_lookup_prefix(c, keys.as_ptr(), k, &mut n), None, "lookup", ctx);
+                    record(
+                        t,
+                        csa2_cache_lookup_prefix(c, keys.as_ptr(), k, &mut n),
+                        None,
+                        "lookup",
+                        ctx,
+                    );
                 }
             }
             7 => {
@@ -266,7 +295,14 @@ fn step(r: &mut Source<'_>, pool: &mut Vec<Slot>, t: &mut Tally, ctx: &str) {
                 let mut out = [0i64; 4];
                 record(
                     t,
-                    csa2_cache_slot_mapping(c, id, 2, r.random_range(0..300usize), 4, out.as_mut_ptr()),
+                    csa2_cache_slot_mapping(
+                        c,
+                        id,
+                        2,
+                        r.random_range(0..300usize),
+                        4,
+                        out.as_mut_ptr(),
+                    ),
                     expected(h, Kind::Cache),
                     "slot_mapping",
                     ctx,
@@ -274,15 +310,33 @@ fn step(r: &mut Source<'_>, pool: &mut Vec<Slot>, t: &mut Tally, ctx: &str) {
             }
             9 => {
                 let mut s = Csa2CacheStats::default();
-                record(t, csa2_cache_stats(c, &mut s), expected(h, Kind::Cache), "stats", ctx);
+                record(
+                    t,
+                    csa2_cache_stats(c, &mut s),
+                    expected(h, Kind::Cache),
+                    "stats",
+                    ctx,
+                );
             }
             10 => {
                 let mut o = 0i64;
-                record(t, csa2_cache_swa_newest(c, id, 0, &mut o), expected(h, Kind::Cache), "swa_newest", ctx);
+                record(
+                    t,
+                    csa2_cache_swa_newest(c, id, 0, &mut o),
+                    expected(h, Kind::Cache),
+                    "swa_newest",
+                    ctx,
+                );
             }
             11 => {
                 let mut n = 0usize;
-                record(t, csa2_geometry_num_layers(g, &mut n), expected(h, Kind::Geometry), "num_layers", ctx);
+                record(
+                    t,
+                    csa2_geometry_num_layers(g, &mut n),
+                    expected(h, Kind::Geometry),
+                    "num_layers",
+                    ctx,
+                );
             }
             12 => {
                 let mut s = Csa2ReplaySummary::default();
@@ -298,7 +352,12 @@ fn step(r: &mut Source<'_>, pool: &mut Vec<Slot>, t: &mut Tally, ctx: &str) {
                 let (mut a, mut b, mut l) = (0u64, 0u64, 0u32);
                 record(
                     t,
-                    csa2_compressor_state_query(hv as *const Csa2CompressorState, &mut a, &mut b, &mut l),
+                    csa2_compressor_state_query(
+                        hv as *const Csa2CompressorState,
+                        &mut a,
+                        &mut b,
+                        &mut l,
+                    ),
                     expected(h, Kind::State),
                     "state_query",
                     ctx,
@@ -335,7 +394,10 @@ pub fn run_sequence(r: &mut Source<'_>, steps: usize, ctx: &str) -> Tally {
     let mut t = Tally::default();
     let mut pool = Vec::new();
     let mut g = null_mut();
-    assert_eq!(unsafe { csa2_geometry_embedded(&mut g) }, Csa2Status::Csa2Ok);
+    assert_eq!(
+        unsafe { csa2_geometry_embedded(&mut g) },
+        Csa2Status::Csa2Ok
+    );
     let mut c = null_mut();
     assert_eq!(
         unsafe { csa2_cache_create(g, 0, 4, 256, null(), 0, &mut c) },
@@ -363,12 +425,20 @@ pub fn run_sequence(r: &mut Source<'_>, steps: usize, ctx: &str) -> Tally {
                 Kind::State => csa2_compressor_state_free(s.value as *mut _),
             }
         };
-        assert_eq!(st, Csa2Status::Csa2Ok, "{ctx}: final free: {}", last_error());
+        assert_eq!(
+            st,
+            Csa2Status::Csa2Ok,
+            "{ctx}: final free: {}",
+            last_error()
+        );
     }
     for s in &pool {
         let mut st = Csa2CacheStats::default();
         let code = unsafe { csa2_cache_stats(s.value as *const _, &mut st) } as i32;
-        assert_eq!(code, INVALID_HANDLE, "{ctx}: {s:?} still usable after its free");
+        assert_eq!(
+            code, INVALID_HANDLE,
+            "{ctx}: {s:?} still usable after its free"
+        );
     }
     t
 }
@@ -385,7 +455,10 @@ pub fn run_seed(seed: u64, steps: usize) -> Tally {
 /// handle is live and `CSA2_ERR_INVALID_HANDLE` after). Returns the summed tally.
 pub fn run_concurrent(seed: u64, threads: usize, steps: usize) -> Tally {
     let mut g = null_mut();
-    assert_eq!(unsafe { csa2_geometry_embedded(&mut g) }, Csa2Status::Csa2Ok);
+    assert_eq!(
+        unsafe { csa2_geometry_embedded(&mut g) },
+        Csa2Status::Csa2Ok
+    );
     let new_cache = |g: *const Csa2Geometry| {
         let mut c = null_mut();
         assert_eq!(
