@@ -135,7 +135,10 @@ fn reuse(c: &mut Criterion) {
         })
     });
     g.finish();
-    eprintln!("cache_reuse: slab_bytes {} (8 slabs = {bytes} B)", st.slab_bytes);
+    eprintln!(
+        "cache_reuse: slab_bytes {} (8 slabs = {bytes} B)",
+        st.slab_bytes
+    );
     unsafe {
         csa2_cache_free(cache);
         csa2_geometry_free(g_);
