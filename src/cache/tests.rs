@@ -148,7 +148,7 @@ fn prefix_blocks_are_shared_sealed_and_evicted_deepest_first() {
         .unwrap();
 
     c.add_request(2).unwrap();
-    assert_eq!(c.lookup_prefix(&keys), 3);
+    assert_eq!(c.lookup_prefix(&keys).unwrap(), 3);
     assert_eq!(c.adopt_prefix(2, &keys[..2]).unwrap(), 2);
     assert_eq!(
         &c.block_table(2).unwrap()[..],
@@ -170,7 +170,7 @@ fn prefix_blocks_are_shared_sealed_and_evicted_deepest_first() {
     c.add_request(3).unwrap();
     c.allocate(3, 4 * 256).unwrap();
     assert_eq!(
-        c.lookup_prefix(&keys),
+        c.lookup_prefix(&keys).unwrap(),
         2,
         "block 3 of the prefix went first"
     );

@@ -19,7 +19,7 @@
 //!   tensors; the work itself uses the crate's rayon pool.
 
 use super::dlpack::{check_disjoint, DLTensor, DType, View};
-use super::{arg_ref, boundary, Csa2Geometry, Csa2Status};
+use super::{boundary, Csa2Geometry, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
 use crate::geometry::LayerPlan;
@@ -122,17 +122,36 @@ pub(super) unsafe fn host_opt<'a>(
     unsafe { host(t, name) }.map(Some)
 }
 
-pub(super) fn layer_plan<'a>(g: *const Csa2Geometry, layer: u32) -> Result<(&'a LayerPlan, f64)> {
-    // SAFETY: a live handle for the call (caller's contract); null is checked.
-    let g: &'a Csa2Geometry = unsafe { arg_ref(g, "geometry") }?;
-    let geo = &g.g;
-    let plan = geo.layers.get(layer as usize).ok_or_else(|| {
-        Error::invalid(
+/// A checked geometry handle and one of its layers.
+pub(super) struct GeoLayer {
+    g: std::sync::Arc<Csa2Geometry>,
+    layer: usize,
+}
+
+impl GeoLayer {
+    /// The layer's plan.
+    pub(super) fn plan(&self) -> &LayerPlan {
+        &self.g.g.layers[self.layer]
+    }
+    /// The model's RMSNorm epsilon.
+    pub(super) fn eps(&self) -> f64 {
+        self.g.g.rms_norm_eps
+    }
+}
+
+pub(super) fn layer_plan(g: *const Csa2Geometry, layer: u32) -> Result<GeoLayer> {
+    let g = super::geometry::geometry(g)?;
+    let n = g.g.layers.len();
+    if layer as usize >= n {
+        return Err(Error::invalid(
             "layer",
-            format!("{layer} is past the {} backbone layers", geo.layers.len()),
-        )
-    })?;
-    Ok((plan, geo.rms_norm_eps))
+            format!("{layer} is past the {n} backbone layers"),
+        ));
+    }
+    Ok(GeoLayer {
+        g,
+        layer: layer as usize,
+    })
 }
 
 /// Writes `f`'s f32 results into a float output: straight into float32 memory, through a temporary
@@ -181,7 +200,8 @@ pub unsafe extern "C" fn csa2_rope(
     inverse: i32,
 ) -> Csa2Status {
     boundary("csa2_rope", || {
-        let (plan, _) = layer_plan(geometry, layer)?;
+        let gl = layer_plan(geometry, layer)?;
+        let plan = gl.plan();
         let dir = match inverse {
             0 => Direction::Forward,
             1 => Direction::Inverse,
@@ -237,7 +257,8 @@ pub unsafe extern "C" fn csa2_compress(
     index_k_out: *const DLTensor,
 ) -> Csa2Status {
     boundary("csa2_compress", || {
-        let (plan, eps) = layer_plan(geometry, layer)?;
+        let gl = layer_plan(geometry, layer)?;
+        let (plan, eps) = (gl.plan(), gl.eps());
         let m = plan.ratio;
         // SAFETY: caller's contract (see above).
         let (kv, score, norm, wk, k_norm, mut main_out, mut index_out) =
@@ -1108,8 +1129,26 @@ mod tests {
         }
     }
 
-    fn geometry() -> Csa2Geometry {
-        Csa2Geometry {
+    /// A registered geometry handle (`p`) and the geometry it holds (`g`), freed on drop.
+    struct TestGeometry {
+        p: *mut Csa2Geometry,
+        g: Geometry,
+    }
+
+    impl Drop for TestGeometry {
+        fn drop(&mut self) {
+            unsafe { crate::ffi::csa2_geometry_free(self.p) };
+        }
+    }
+
+    fn geometry() -> TestGeometry {
+        let mut p = std::ptr::null_mut();
+        assert_eq!(
+            unsafe { crate::ffi::csa2_geometry_embedded(&mut p) },
+            Csa2Status::Csa2Ok
+        );
+        TestGeometry {
+            p,
             g: Geometry::embedded(),
         }
     }
@@ -1128,15 +1167,15 @@ mod tests {
         let (mut sx, mut sp) = ([3i64, 2, 128], [3i64]);
         let tx = desc(&mut x, &mut sx, DType::F32);
         let tp = desc(&mut pos, &mut sp, DType::I64);
-        let st = unsafe { csa2_rope(&g, 2, &tx, &tp, 0) };
+        let st = unsafe { csa2_rope(g.p, 2, &tx, &tp, 0) };
         assert_eq!(st, Csa2Status::Csa2Ok);
         assert_eq!(x, want);
         assert_eq!(
-            unsafe { csa2_rope(&g, 2, &tx, &tp, 2) },
+            unsafe { csa2_rope(g.p, 2, &tx, &tp, 2) },
             Csa2Status::Csa2ErrInvalidArgument
         );
         assert_eq!(
-            unsafe { csa2_rope(&g, 999, &tx, &tp, 0) },
+            unsafe { csa2_rope(g.p, 999, &tx, &tp, 0) },
             Csa2Status::Csa2ErrInvalidArgument
         );
     }
@@ -1188,7 +1227,7 @@ mod tests {
         ];
         let call = |start: i64| unsafe {
             csa2_compress(
-                &g,
+                g.p,
                 layer as u32,
                 &d[0],
                 &d[1],
