@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long)]
     ssd_dir: Option<PathBuf>,
     /// SSD capacity per design, GiB (real files are written up to this size). Default: sized to
-    /// the input, 2 GiB × (its distinct prefix blocks / the 179,213 of the full conversation
+    /// the input, 2 GiB × (its distinct prefix blocks / the 182,790 of the full conversation
     /// trace), between 64 MiB and 2 GiB: the same SSD pressure as the documented full-trace run.
     #[arg(long)]
     ssd_gib: Option<f64>,
@@ -64,7 +64,7 @@ pub struct Args {
 
 /// Distinct 512-token prefix blocks of the full Mooncake conversation trace (12,031 requests):
 /// the documented run (docs/TRACE.md) gives it 2 GiB of SSD per design.
-const FULL_TRACE_BLOCKS: f64 = 179_213.0;
+const FULL_TRACE_BLOCKS: f64 = 182_790.0;
 
 /// The default SSD capacity per design for `reqs`: the full trace's 2 GiB scaled by the input's
 /// distinct prefix blocks, clamped to [64 MiB, 2 GiB].
