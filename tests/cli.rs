@@ -361,13 +361,31 @@ fn texts(g: &resvg::usvg::Group, out: &mut Vec<TextBox>) {
 fn check_plot(svg: &Path, png_dir: &Path) {
     let mut opt = resvg::usvg::Options::default();
     opt.fontdb_mut().load_system_fonts();
-    assert!(
-        opt.fontdb.len() > 0,
-        "no system fonts: the plot test lays out text with a real font (install fonts-dejavu)"
-    );
+    // The plots ask for `sans-serif`; fontdb maps it to Arial unless told otherwise. Use the
+    // system's own sans face (DejaVu Sans, Liberation Sans, ...).
+    let families: Vec<String> = opt
+        .fontdb
+        .faces()
+        .flat_map(|f| f.families.iter().map(|(n, _)| n.clone()))
+        .collect();
+    let sans = families
+        .iter()
+        .find(|n| n.contains("Sans") && !n.contains("Mono"))
+        .or(families.first())
+        .cloned()
+        .expect("no system fonts: the plot test lays out text with a real font (install fonts-dejavu)");
+    opt.fontdb_mut().set_sans_serif_family(sans);
     let data = std::fs::read(svg).unwrap();
     let tree = resvg::usvg::Tree::from_data(&data, &opt).unwrap();
     let size = tree.size();
+    // Render first, so a failing plot can be looked at.
+    let mut pix = resvg::tiny_skia::Pixmap::new(size.width().ceil() as u32, size.height().ceil() as u32)
+        .unwrap();
+    pix.fill(resvg::tiny_skia::Color::WHITE);
+    resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pix.as_mut());
+    std::fs::create_dir_all(png_dir).unwrap();
+    let png = png_dir.join(svg.file_name().unwrap()).with_extension("png");
+    pix.save_png(&png).unwrap();
     let mut boxes = vec![];
     texts(tree.root(), &mut boxes);
     assert!(boxes.len() >= 5, "{}: {} text nodes", svg.display(), boxes.len());
@@ -392,13 +410,6 @@ fn check_plot(svg: &Path, png_dir: &Path) {
             assert!(!overlap, "{name}: `{}` overlaps `{}`", a.text, b.text);
         }
     }
-    let mut pix = resvg::tiny_skia::Pixmap::new(size.width().ceil() as u32, size.height().ceil() as u32)
-        .unwrap();
-    pix.fill(resvg::tiny_skia::Color::WHITE);
-    resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pix.as_mut());
-    std::fs::create_dir_all(png_dir).unwrap();
-    let png = png_dir.join(svg.file_name().unwrap()).with_extension("png");
-    pix.save_png(&png).unwrap();
 }
 
 #[test]

@@ -1023,6 +1023,12 @@ fn bytes_label(v: f64) -> String {
     }
 }
 
+/// A linear-axis tick: at most three decimals, trailing zeros dropped (`0.05`, `0.2`, `12`).
+fn tick(v: f64) -> String {
+    let s = format!("{v:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 /// A context length for an axis tick: `4K`, `128K`, `1M` (K = 1024), else the plain count.
 fn tokens_label(v: f64) -> String {
     let k = v / 1024.0;
@@ -1046,8 +1052,18 @@ fn plots(
 ) -> Result<()> {
     use plotters::prelude::*;
     let colors = [BLUE, RED];
-    let xs: Vec<f64> = rows.iter().map(|(c, _)| *c as f64).collect();
-    let (x0, x1) = (xs[0] * 0.8, xs[xs.len() - 1] * 1.25);
+    // x = log2(context) on a linear axis with a tick per power of two: plotters' own log-scale
+    // ticks crowd and repeat labels between powers of ten (the plot test caught `10K` twice).
+    let xs: Vec<f64> = rows.iter().map(|(c, _)| (*c as f64).log2()).collect();
+    let (x0, x1) = (xs[0] - 0.5, xs[xs.len() - 1] + 0.5);
+    let x_ticks = (x1 - x0).ceil() as usize + 1;
+    let x_label = |v: &f64| {
+        if (v - v.round()).abs() < 1e-6 {
+            tokens_label(2f64.powf(v.round()))
+        } else {
+            String::new()
+        }
+    };
     // KV bytes of one session vs context (measured per-token global + measured SWA).
     {
         let path = dir.join("kv_bytes.svg");
@@ -1074,12 +1090,13 @@ fn plots(
             .margin(16)
             .x_label_area_size(45)
             .y_label_area_size(85)
-            .build_cartesian_2d((x0..x1).log_scale(), (ymin..ymax).log_scale())
+            .build_cartesian_2d(x0..x1, (ymin..ymax).log_scale())
             .map_err(|e| err(e.to_string()))?;
         ch.configure_mesh()
             .x_desc("context (tokens)")
             .y_desc("KV per session")
-            .x_label_formatter(&|v| tokens_label(*v))
+            .x_labels(x_ticks)
+            .x_label_formatter(&x_label)
             .y_label_formatter(&|v| bytes_label(*v))
             .draw()
             .map_err(|e| err(e.to_string()))?;
@@ -1087,7 +1104,7 @@ fn plots(
             let c = colors[bi];
             let pts: Vec<(f64, f64)> = rows
                 .iter()
-                .map(|(x, p)| (*x as f64, bytes(&p[bi], *x as f64)))
+                .map(|(x, p)| ((*x as f64).log2(), bytes(&p[bi], *x as f64)))
                 .collect();
             ch.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
                 .map_err(|e| err(e.to_string()))?
@@ -1131,20 +1148,21 @@ fn plots(
             .margin(16)
             .x_label_area_size(45)
             .y_label_area_size(75)
-            .build_cartesian_2d((x0..x1).log_scale(), 0f64..ymax.max(1e-6))
+            .build_cartesian_2d(x0..x1, 0f64..ymax.max(1e-6))
             .map_err(|e| err(e.to_string()))?;
         ch.configure_mesh()
             .x_desc("context (tokens)")
             .y_desc("seconds per step (median)")
-            .x_label_formatter(&|v| tokens_label(*v))
-            .y_label_formatter(&|v| sig(*v))
+            .x_labels(x_ticks)
+            .x_label_formatter(&x_label)
+            .y_label_formatter(&|v| tick(*v))
             .draw()
             .map_err(|e| err(e.to_string()))?;
         for (bi, b) in backends.iter().enumerate() {
             let c = colors[bi];
             let pts: Vec<(f64, f64)> = rows
                 .iter()
-                .map(|(x, p)| (*x as f64, p[bi].step_secs))
+                .map(|(x, p)| ((*x as f64).log2(), p[bi].step_secs))
                 .collect();
             ch.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
                 .map_err(|e| err(e.to_string()))?

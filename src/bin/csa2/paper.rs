@@ -141,7 +141,8 @@ pub fn decode_flops(g: &Geometry, text: &Value, ctx: usize) -> Result<DecodeFlop
 
 fn thousands(x: f64) -> String {
     let neg = x < 0.0;
-    let r = x.abs();
+    // Two decimals at most; rounding first keeps x.999 from carrying into the fraction string.
+    let r = (x.abs() * 100.0).round() / 100.0;
     let int = r.trunc() as u128;
     let frac = r - r.trunc();
     let s = int.to_string();
@@ -525,5 +526,7 @@ mod tests {
         assert_eq!(thousands(3_514.25), "3,514.25");
         assert_eq!(thousands(890.0), "890");
         assert_eq!(thousands(389_120.0), "389,120");
+        assert_eq!(thousands(1_629.999), "1,630");
+        assert_eq!(thousands(0.5), "0.5");
     }
 }
