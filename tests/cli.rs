@@ -135,7 +135,13 @@ fn every_subcommand_help_follows_the_convention() {
     let tmp = tempfile::tempdir().unwrap();
     let with_json: BTreeSet<String> = json_runs(tmp.path())
         .iter()
-        .map(|a| a.iter().take_while(|s| !s.starts_with("--")).cloned().collect::<Vec<_>>().join(" "))
+        .map(|a| {
+            a.iter()
+                .take_while(|s| !s.starts_with("--"))
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
         .collect();
     // A new subcommand must be classified here: JSON-capable ones join `json_runs`.
     let without_json: BTreeSet<String> = ["codec", "make-checkpoint", "op"]
@@ -149,7 +155,10 @@ fn every_subcommand_help_follows_the_convention() {
         args.push("--help");
         let help = String::from_utf8(ok(&args).stdout).unwrap();
         let name = c.join(" ");
-        assert!(!help.contains("[`"), "{name}: rustdoc link syntax in help:\n{help}");
+        assert!(
+            !help.contains("[`"),
+            "{name}: rustdoc link syntax in help:\n{help}"
+        );
         assert!(
             !help.contains("--plot ") && !help.contains("--plot <"),
             "{name}: `--plot FILE` is gone; plots go to `--plots <DIR>`:\n{help}"
@@ -158,14 +167,30 @@ fn every_subcommand_help_follows_the_convention() {
             assert!(help.contains("--plots <DIR>"), "{name}:\n{help}");
         }
         if with_json.contains(&name) {
-            assert!(help.contains("--json <PATH>"), "{name}: --json <PATH>:\n{help}");
-            assert!(help.contains("`-` = stdout"), "{name}: say that - is stdout:\n{help}");
+            assert!(
+                help.contains("--json <PATH>"),
+                "{name}: --json <PATH>:\n{help}"
+            );
+            assert!(
+                help.contains("`-` = stdout"),
+                "{name}: say that - is stdout:\n{help}"
+            );
         } else {
-            assert!(!help.contains("--json"), "{name} has --json: add it to json_runs");
+            assert!(
+                !help.contains("--json"),
+                "{name} has --json: add it to json_runs"
+            );
         }
     }
     let op = String::from_utf8(ok(&["op", "--help"]).stdout).unwrap();
-    for name in ["compress", "indexer", "candidates", "attention", "rope", "mhc"] {
+    for name in [
+        "compress",
+        "indexer",
+        "candidates",
+        "attention",
+        "rope",
+        "mhc",
+    ] {
         assert!(op.contains(name), "op --help lacks {name}:\n{op}");
     }
     for c in ["ab", "trace"] {
@@ -184,7 +209,10 @@ fn json_to_stdout_parses_for_every_json_command() {
         let out = ok(&a);
         let stdout = String::from_utf8(out.stdout).unwrap();
         let v: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-            panic!("csa2 {}: stdout is not one JSON document ({e}):\n{stdout}", a.join(" "))
+            panic!(
+                "csa2 {}: stdout is not one JSON document ({e}):\n{stdout}",
+                a.join(" ")
+            )
         });
         assert!(
             v.as_object().is_some_and(|o| !o.is_empty()),
@@ -208,16 +236,22 @@ fn json_to_a_file_keeps_the_report_on_stdout() {
     let out = ok(&["geometry", "--json", p.to_str().unwrap()]);
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(stdout.contains("global KV bytes per token"), "{stdout}");
-    assert!(stdout.contains(&format!("wrote {}", p.display())), "{stdout}");
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    assert!(
+        stdout.contains(&format!("wrote {}", p.display())),
+        "{stdout}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     assert_eq!(v["global_kv_bytes_per_token"]["nvfp4"], 890.0);
 }
 
 /// Regression: `csa2 geometry --json | head` panicked in `println!` on the broken pipe.
 #[test]
 fn a_closed_stdout_ends_quietly() {
-    for args in [&["geometry"][..], &["geometry", "--json", "-"][..], &["paper"][..]] {
+    for args in [
+        &["geometry"][..],
+        &["geometry", "--json", "-"][..],
+        &["paper"][..],
+    ] {
         let (reader, writer) = std::io::pipe().unwrap();
         drop(reader); // every write to stdout now fails with EPIPE
         let out = csa2()
@@ -276,7 +310,10 @@ fn plain_progress_lines_when_stderr_is_not_a_terminal() {
         .unwrap();
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("progress: run turns")).collect();
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("progress: run turns"))
+        .collect();
     assert!(lines.len() >= 2, "{err}");
     assert!(lines.last().unwrap().contains("2/2"), "{err}");
 }
@@ -302,7 +339,10 @@ fn codec_and_op_print_a_one_line_summary() {
     ]);
     let s = String::from_utf8(out.stdout).unwrap();
     assert_eq!(s.lines().count(), 1, "{s}");
-    assert!(s.contains("1024 f32 values") && s.contains("576 record bytes"), "{s}");
+    assert!(
+        s.contains("1024 f32 values") && s.contains("576 record bytes"),
+        "{s}"
+    );
     // rope on a small input folder: x [T, H, D] f32 and positions.
     let inp = tmp.path().join("in");
     std::fs::create_dir_all(&inp).unwrap();
@@ -324,7 +364,10 @@ fn codec_and_op_print_a_one_line_summary() {
     );
     let s = String::from_utf8(out.stdout).unwrap();
     assert_eq!(s.lines().count(), 1, "{s}");
-    assert!(s.contains("op rope (fast path)") && s.contains(".npy"), "{s}");
+    assert!(
+        s.contains("op rope (fast path)") && s.contains(".npy"),
+        "{s}"
+    );
 }
 
 // ---- plots -----------------------------------------------------------------------------------
@@ -373,22 +416,34 @@ fn check_plot(svg: &Path, png_dir: &Path) {
         .find(|n| n.contains("Sans") && !n.contains("Mono"))
         .or(families.first())
         .cloned()
-        .expect("no system fonts: the plot test lays out text with a real font (install fonts-dejavu)");
+        .expect(
+            "no system fonts: the plot test lays out text with a real font (install fonts-dejavu)",
+        );
     opt.fontdb_mut().set_sans_serif_family(sans);
     let data = std::fs::read(svg).unwrap();
     let tree = resvg::usvg::Tree::from_data(&data, &opt).unwrap();
     let size = tree.size();
     // Render first, so a failing plot can be looked at.
-    let mut pix = resvg::tiny_skia::Pixmap::new(size.width().ceil() as u32, size.height().ceil() as u32)
-        .unwrap();
+    let mut pix =
+        resvg::tiny_skia::Pixmap::new(size.width().ceil() as u32, size.height().ceil() as u32)
+            .unwrap();
     pix.fill(resvg::tiny_skia::Color::WHITE);
-    resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pix.as_mut());
+    resvg::render(
+        &tree,
+        resvg::tiny_skia::Transform::default(),
+        &mut pix.as_mut(),
+    );
     std::fs::create_dir_all(png_dir).unwrap();
     let png = png_dir.join(svg.file_name().unwrap()).with_extension("png");
     pix.save_png(&png).unwrap();
     let mut boxes = vec![];
     texts(tree.root(), &mut boxes);
-    assert!(boxes.len() >= 5, "{}: {} text nodes", svg.display(), boxes.len());
+    assert!(
+        boxes.len() >= 5,
+        "{}: {} text nodes",
+        svg.display(),
+        boxes.len()
+    );
     let name = svg.display();
     for b in &boxes {
         assert!(
@@ -406,7 +461,8 @@ fn check_plot(svg: &Path, png_dir: &Path) {
     for (i, a) in boxes.iter().enumerate() {
         for b in &boxes[i + 1..] {
             // 0.5 px of slack: adjacent glyph boxes may touch.
-            let overlap = a.x0 < b.x1 - 0.5 && b.x0 < a.x1 - 0.5 && a.y0 < b.y1 - 0.5 && b.y0 < a.y1 - 0.5;
+            let overlap =
+                a.x0 < b.x1 - 0.5 && b.x0 < a.x1 - 0.5 && a.y0 < b.y1 - 0.5 && b.y0 < a.y1 - 0.5;
             assert!(!overlap, "{name}: `{}` overlaps `{}`", a.text, b.text);
         }
     }

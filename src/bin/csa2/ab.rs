@@ -4,6 +4,7 @@
 //! (encoded by that backend's own record formats) and synthetic SWA windows, then decode steps run
 //! through the full stack. Prefill is measured separately on a short prompt.
 
+use crate::out::{JsonOut, Progress};
 use csa2::backend::cache::Region;
 use csa2::backend::launch_day::LAUNCH_DAY;
 use csa2::backend::reference::{self, ExactCache, RefStep};
@@ -14,7 +15,6 @@ use csa2::geometry::Role;
 use csa2::ops::compressor::CompressorState;
 use csa2::weights::Scale;
 use csa2::{Error, Result};
-use crate::out::{JsonOut, Progress};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -668,7 +668,10 @@ fn run_in_pool(a: Args) -> Result<()> {
     say!("KV bytes, measured from each backend's allocator");
     say!(
         "{:>9} | {:>18} | {:>18} | {:>6}",
-        "context", "csa2 B/token", "launch-day B/token", "ratio"
+        "context",
+        "csa2 B/token",
+        "launch-day B/token",
+        "ratio"
     );
     for (ctx, p) in &rows {
         say!(
@@ -697,7 +700,9 @@ fn run_in_pool(a: Args) -> Result<()> {
         let (c, r) = cos_and_rel(&p[0].hidden, &p[1].hidden);
         say!(
             "{:>9}: cosine {:.6}, relative L2 difference {:.4}",
-            ctx, c, r
+            ctx,
+            c,
+            r
         );
     }
     say!();

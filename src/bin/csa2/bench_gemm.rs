@@ -1,8 +1,8 @@
 //! `csa2 bench gemm`: the dense projections through the `gemm` crate (the hot path) against a plain
 //! cache-blocked rayon GEMM with the same contract, on the stack's real shapes.
 
-use csa2::backend::gemm::{linear, linear_blocked};
 use crate::out::JsonOut;
+use csa2::backend::gemm::{linear, linear_blocked};
 use csa2::{Error, Result};
 use std::time::Instant;
 
@@ -48,7 +48,13 @@ pub fn run(a: Args) -> Result<()> {
     say!("threads: {}", rayon::current_num_threads());
     say!(
         "{:<22} {:>5} | {:>11} {:>9} | {:>11} {:>9} | {:>6}",
-        "projection [out, in]", "rows", "gemm µs", "GFLOP/s", "blocked µs", "GFLOP/s", "ratio"
+        "projection [out, in]",
+        "rows",
+        "gemm µs",
+        "GFLOP/s",
+        "blocked µs",
+        "GFLOP/s",
+        "ratio"
     );
     for (name, out, inp) in [
         ("wq_a [1280, 5120]", 1280, 5120),

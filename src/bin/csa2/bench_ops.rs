@@ -3,6 +3,7 @@
 //! FMA peak). The torch CPU baseline is `benches/torch_ops.py`, run in the same session
 //! (`benches/ops_side_by_side.sh` interleaves the two); docs/PERF.md records both.
 
+use crate::out::JsonOut;
 use csa2::formats::{encode_rows, RecordFormat};
 use csa2::ops::attention::{self, AttentionInputs, AttentionParams, KvRows, HEADS};
 use csa2::ops::candidates::{self, CandidateParams};
@@ -10,7 +11,6 @@ use csa2::ops::indexer::{self, cpu::Prepared, IndexKeys, IndexerParams, IndexerQ
 use csa2::ops::simd;
 use csa2::ops::testutil::{rand_normal, NewRng, Rng};
 use csa2::ops::topk;
-use crate::out::JsonOut;
 use csa2::{Error, Result};
 use std::time::Instant;
 

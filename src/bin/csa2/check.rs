@@ -3,6 +3,7 @@
 //! 16,384-entry pool, masked rows). Prints the worst errors per case and PASS/FAIL from the
 //! tolerance table; exits non-zero on any failure.
 
+use crate::out::JsonOut;
 use csa2::formats::{decode_rows, encode_rows, RecordFormat};
 use csa2::ops::attention::{self, AttentionInputs, AttentionParams, KvRows, HEADS};
 use csa2::ops::candidates::{self, CandidateParams};
@@ -12,7 +13,6 @@ use csa2::ops::rope::{self, Direction, Rope};
 use csa2::ops::testutil::{rand_normal, NewRng, Rng};
 use csa2::ops::topk;
 use csa2::tolerance::{compare, Stats, Tolerance, BF16_ROUNDED, F32_VS_F64, QUANT_VS_EXACT};
-use crate::out::JsonOut;
 use csa2::{Error, Geometry, Result};
 
 #[derive(clap::Args)]

@@ -1,7 +1,7 @@
+use crate::out::JsonOut;
 use csa2::cache::spec::CacheSpec;
 use csa2::geometry::{CandidateUse, KvLayout};
 use serde_json::json;
-use crate::out::JsonOut;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -88,7 +88,10 @@ pub fn run(a: Args) -> csa2::Result<()> {
     ] {
         if let Some(x) = v {
             if !(x.is_finite() && x >= 0.0) {
-                return Err(csa2::Error::invalid(name, format!("must be finite and ≥ 0, found {x}")));
+                return Err(csa2::Error::invalid(
+                    name,
+                    format!("must be finite and ≥ 0, found {x}"),
+                ));
             }
         }
     }
@@ -189,7 +192,9 @@ pub fn run(a: Args) -> csa2::Result<()> {
     say!();
     say!(
         "global KV bytes per token:  nvfp4 {}  |  mxfp8 {}  |  v4 (launch-day records) {}",
-        bytes["nvfp4"], bytes["mxfp8"], bytes["v4"]
+        bytes["nvfp4"],
+        bytes["mxfp8"],
+        bytes["v4"]
     );
     say!("  {LAUNCH_DAY_NOTE}");
     say!(
@@ -221,7 +226,8 @@ pub fn run(a: Args) -> csa2::Result<()> {
 }
 
 /// What the `v4` layout is, printed beside its figure (one name, one thing).
-pub const LAUNCH_DAY_NOTE: &str = "v4 = V4.1's geometry (4 Full layers) stored in the launch-day records \
+pub const LAUNCH_DAY_NOTE: &str =
+    "v4 = V4.1's geometry (4 Full layers) stored in the launch-day records \
 (584-B V4 main record + 132-B FP8 index K), i.e. what vLLM's launch-day backend keeps for V4.1";
 
 fn fmt_gib(x: f64) -> String {

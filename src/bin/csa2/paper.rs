@@ -63,7 +63,12 @@ fn cfg_usize(text: &Value, k: &str) -> Result<usize> {
     text.get(k)
         .and_then(Value::as_u64)
         .map(|v| v as usize)
-        .ok_or_else(|| Error::invalid("config", format!("text_config.{k} missing or not an integer")))
+        .ok_or_else(|| {
+            Error::invalid(
+                "config",
+                format!("text_config.{k} missing or not an integer"),
+            )
+        })
 }
 
 /// Precision-weighted FLOPs of one decoded token at context `ctx`, split into the part that does
@@ -148,14 +153,18 @@ fn thousands(x: f64) -> String {
     let s = int.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
     }
     if frac > 1e-9 {
         let f = format!("{frac:.2}");
-        out.push_str(f.trim_start_matches('0').trim_end_matches('0').trim_end_matches('.'));
+        out.push_str(
+            f.trim_start_matches('0')
+                .trim_end_matches('0')
+                .trim_end_matches('.'),
+        );
     }
     if neg {
         format!("-{out}")
@@ -178,7 +187,10 @@ pub fn figures(g: &Geometry, text: &Value) -> Result<Vec<Figure>> {
     };
     let total = g.global_kv_bytes_per_token(KvLayout::Nvfp4);
     let ids = |ls: &[&&csa2::geometry::LayerPlan]| {
-        ls.iter().map(|l| l.id.to_string()).collect::<Vec<_>>().join(", ")
+        ls.iter()
+            .map(|l| l.id.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     };
     f.push(Figure {
         key: "global_kv_bytes_per_token",
@@ -194,21 +206,73 @@ pub fn figures(g: &Geometry, text: &Value) -> Result<Vec<Figure>> {
         note: None,
     });
     for (key, what, v, rep, arith) in [
-        ("encoder_main_kv", "encoder main KV, B/token", part(&enc, main), Some(432.0),
-         format!("{} × {main} / {}", enc.len(), enc.first().map_or(1, |l| l.ratio))),
-        ("encoder_index_k", "encoder indexer K, B/token", part(&enc, index), None,
-         format!("{} × {index} / {}", enc.len(), enc.first().map_or(1, |l| l.ratio))),
-        ("decoder_main_kv", "decoder main KV, B/token", part(&dec, main), None,
-         format!("{} × {main} / {}", dec.len(), dec.first().map_or(1, |l| l.ratio))),
-        ("decoder_index_k", "decoder indexer K, B/token", part(&dec, index), None,
-         format!("{} × {index} / {}", dec.len(), dec.first().map_or(1, |l| l.ratio))),
-        ("index_k_total", "both indexer keys together, B/token", part(&enc, index) + part(&dec, index), Some(170.0),
-         format!("{} + {}", part(&enc, index), part(&dec, index))),
+        (
+            "encoder_main_kv",
+            "encoder main KV, B/token",
+            part(&enc, main),
+            Some(432.0),
+            format!(
+                "{} × {main} / {}",
+                enc.len(),
+                enc.first().map_or(1, |l| l.ratio)
+            ),
+        ),
+        (
+            "encoder_index_k",
+            "encoder indexer K, B/token",
+            part(&enc, index),
+            None,
+            format!(
+                "{} × {index} / {}",
+                enc.len(),
+                enc.first().map_or(1, |l| l.ratio)
+            ),
+        ),
+        (
+            "decoder_main_kv",
+            "decoder main KV, B/token",
+            part(&dec, main),
+            None,
+            format!(
+                "{} × {main} / {}",
+                dec.len(),
+                dec.first().map_or(1, |l| l.ratio)
+            ),
+        ),
+        (
+            "decoder_index_k",
+            "decoder indexer K, B/token",
+            part(&dec, index),
+            None,
+            format!(
+                "{} × {index} / {}",
+                dec.len(),
+                dec.first().map_or(1, |l| l.ratio)
+            ),
+        ),
+        (
+            "index_k_total",
+            "both indexer keys together, B/token",
+            part(&enc, index) + part(&dec, index),
+            Some(170.0),
+            format!("{} + {}", part(&enc, index), part(&dec, index)),
+        ),
     ] {
-        f.push(Figure { key, what: what.into(), derived: v, report: rep, arithmetic: arith, note: None });
+        f.push(Figure {
+            key,
+            what: what.into(),
+            derived: v,
+            report: rep,
+            arithmetic: arith,
+            note: None,
+        });
     }
     // Every CSA layer (all but SWA-only) Full, at its own ratio.
-    let csa: Vec<_> = g.layers.iter().filter(|l| l.role != Role::SwaOnly).collect();
+    let csa: Vec<_> = g
+        .layers
+        .iter()
+        .filter(|l| l.role != Role::SwaOnly)
+        .collect();
     let all_full: f64 = csa.iter().map(|l| (main + index) / l.ratio as f64).sum();
     let (ce, cd) = (
         csa.iter().filter(|l| l.encoder).count(),
@@ -253,12 +317,15 @@ pub fn figures(g: &Geometry, text: &Value) -> Result<Vec<Figure>> {
         what: "waterfall 2: only the 4 KV sources store (V4 entries, V4's 4:1), B/token".into(),
         derived: step1,
         report: Some(652.0),
-        arithmetic: format!("{sources} sources × ({V4_RECORD_BYTES} + {MXFP4_INDEX_BYTES}) / 4 = {step1}"),
+        arithmetic: format!(
+            "{sources} sources × ({V4_RECORD_BYTES} + {MXFP4_INDEX_BYTES}) / 4 = {step1}"
+        ),
         note: None,
     });
     f.push(Figure {
         key: "waterfall_ratios",
-        what: "waterfall 3: V4.1's ratios (encoder 2:1, decoder 1:1), still V4 entries, B/token".into(),
+        what: "waterfall 3: V4.1's ratios (encoder 2:1, decoder 1:1), still V4 entries, B/token"
+            .into(),
         derived: step2,
         report: Some(1_630.0),
         arithmetic: format!(
@@ -286,7 +353,12 @@ pub fn figures(g: &Geometry, text: &Value) -> Result<Vec<Figure>> {
         what: "global KV, V4.1 / V4-Flash".into(),
         derived: total / v4_total,
         report: Some(0.25),
-        arithmetic: format!("{total} / {} = {:.4} (= 1 / {:.2})", thousands(v4_total), total / v4_total, v4_total / total),
+        arithmetic: format!(
+            "{total} / {} = {:.4} (= 1 / {:.2})",
+            thousands(v4_total),
+            total / v4_total,
+            v4_total / total
+        ),
         note: Some("the report says \"about 1/4\"; the write-ups quote 3.9×".into()),
     });
     let v1 = (V1_LAYERS * 2 * V1_KV_HEADS * V1_HEAD_DIM * 2) as f64;
@@ -323,7 +395,8 @@ pub fn figures(g: &Geometry, text: &Value) -> Result<Vec<Figure>> {
     let m = 1u64 << 20;
     f.push(Figure {
         key: "reindex_positions_1m",
-        what: "positions scored per Reindex sweep at 1M context, full scan / candidate pool (×)".into(),
+        what: "positions scored per Reindex sweep at 1M context, full scan / candidate pool (×)"
+            .into(),
         derived: 1e6 / pool,
         report: Some(61.0),
         arithmetic: format!(
@@ -335,14 +408,27 @@ pub fn figures(g: &Geometry, text: &Value) -> Result<Vec<Figure>> {
             thousands(m as f64),
             m as f64 / pool
         ),
-        note: Some("the write-ups count 1M as 10^6; with 1M = 2^20 (the model's max_position) it is 64×".into()),
+        note: Some(
+            "the write-ups count 1M as 10^6; with 1M = 2^20 (the model's max_position) it is 64×"
+                .into(),
+        ),
     });
     let w = g.window as f64;
     let l = g.num_layers as f64;
     let nd = g.layers.iter().filter(|lp| !lp.encoder).count() as f64;
     for (key, what, layers, rep) in [
-        ("replay_all_layers", "tokens replayed on a snapshot miss, exact L × 128 / bounded 128 (×)", l, 40.0),
-        ("replay_decoder", "tokens through the decoder per prefill, exact 20 × 128 / bounded 128 (×)", nd, 20.0),
+        (
+            "replay_all_layers",
+            "tokens replayed on a snapshot miss, exact L × 128 / bounded 128 (×)",
+            l,
+            40.0,
+        ),
+        (
+            "replay_decoder",
+            "tokens through the decoder per prefill, exact 20 × 128 / bounded 128 (×)",
+            nd,
+            20.0,
+        ),
     ] {
         let stair = w + (layers - 1.0) * (w - 1.0);
         f.push(Figure {
@@ -371,7 +457,10 @@ pub fn figures(g: &Geometry, text: &Value) -> Result<Vec<Figure>> {
                 131_072 => "prefill_work_128k",
                 _ => "prefill_work_1m",
             },
-            what: format!("prefill token-layers, CED / all layers, N = {}", thousands(n)),
+            what: format!(
+                "prefill token-layers, CED / all layers, N = {}",
+                thousands(n)
+            ),
             derived: ced / full,
             report: Some(0.5),
             arithmetic: format!(
@@ -380,7 +469,9 @@ pub fn figures(g: &Geometry, text: &Value) -> Result<Vec<Figure>> {
                 thousands(full),
                 ced / full
             ),
-            note: Some("the report: 20N + 20·128 instead of 40N, \"roughly half\" for long prompts".into()),
+            note: Some(
+                "the report: 20N + 20·128 instead of 40N, \"roughly half\" for long prompts".into(),
+            ),
         });
     }
     let d4 = decode_flops(g, text, 4096)?;
@@ -427,12 +518,19 @@ pub fn run(a: Args) -> Result<()> {
         "csa2 paper — the report's KV-cache figures derived from {} alone",
         a.config
             .as_ref()
-            .map_or("the released config.json (compiled in)".to_string(), |p| p.display().to_string())
+            .map_or("the released config.json (compiled in)".to_string(), |p| p
+                .display()
+                .to_string())
     );
-    say!("{:<24} {:>12} {:>10}  what, arithmetic", "figure", "derived", "report");
+    say!(
+        "{:<24} {:>12} {:>10}  what, arithmetic",
+        "figure",
+        "derived",
+        "report"
+    );
     for x in &figs {
         let fmt = |v: f64| {
-            if v.abs() >= 100.0 {
+            if v.abs() >= 100.0 || (v - v.round()).abs() < 1e-9 {
                 thousands((v * 100.0).round() / 100.0)
             } else if v.abs() >= 1.0 {
                 format!("{v:.2}")
@@ -466,7 +564,10 @@ mod tests {
     }
 
     fn get(f: &[Figure], k: &str) -> f64 {
-        f.iter().find(|x| x.key == k).unwrap_or_else(|| panic!("{k}")).derived
+        f.iter()
+            .find(|x| x.key == k)
+            .unwrap_or_else(|| panic!("{k}"))
+            .derived
     }
 
     #[test]
@@ -491,7 +592,9 @@ mod tests {
         assert_eq!(get(&f, "replay_all_layers"), 40.0);
         assert_eq!(get(&f, "replay_decoder"), 20.0);
         // 20N + 2560 over 40N.
-        assert!((get(&f, "prefill_work_4k") - (20.0 * 4096.0 + 2560.0) / (40.0 * 4096.0)).abs() < 1e-12);
+        assert!(
+            (get(&f, "prefill_work_4k") - (20.0 * 4096.0 + 2560.0) / (40.0 * 4096.0)).abs() < 1e-12
+        );
         assert!((get(&f, "prefill_work_1m") - 0.5).abs() < 1e-4);
         // This FP model: the rise from 4K to 1M lies between the report's +25 % and +50 %.
         let r = get(&f, "decode_flops_4k_to_1m");

@@ -5,13 +5,13 @@
 //! off, which attributes the error), same weights and token ids, and prints per turn the worst
 //! errors and for the worst turn the per-layer table; `--json` gets every number.
 
+use crate::out::{JsonOut, Progress};
 use csa2::backend::replay_error::{
     analyze, Report, SessionSpec, SnapshotPolicy, TurnStats, Variant,
 };
 use csa2::backend::{Backend, BackendConfig, Model};
 use csa2::weights::Scale;
 use csa2::{Error, Result};
-use crate::out::{JsonOut, Progress};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;

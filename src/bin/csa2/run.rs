@@ -16,6 +16,7 @@
 //! are deterministic synthetic ids (no tokenizer, no LM head); the embedding and the MoE FFN are the
 //! stack's placeholders.
 
+use crate::out::{JsonOut, Progress};
 use csa2::backend::launch_day::LAUNCH_DAY;
 use csa2::backend::stack::StepOutput;
 use csa2::backend::timing::Timings;
@@ -31,7 +32,6 @@ use csa2::store::clock::ManualClock;
 use csa2::store::dram::{DramConfig, DramPool, Snapshot};
 use csa2::weights::Scale;
 use csa2::{Error, Result};
-use crate::out::{JsonOut, Progress};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;

@@ -1,11 +1,11 @@
 //! `csa2 trace`: replay a Mooncake trace through the cache manager, the SSD/DRAM tiers and the
 //! replay planner for the V4.1 and V4 designs, and compare their footprints.
 
+use crate::out::{JsonOut, Progress};
 use csa2::replay::ReplayMode;
 use csa2::sim::{self, trace, Design, SimConfig, SimReport};
 use csa2::store::FsyncPolicy;
 use csa2::Error;
-use crate::out::{JsonOut, Progress};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -159,9 +159,17 @@ pub fn run(a: Args) -> csa2::Result<()> {
     say!(
         "SSD tier: {:.0} MiB per design{}, files in {}{}",
         ssd_bytes as f64 / (1u64 << 20) as f64,
-        if a.ssd_gib.is_none() { " (sized to the input; --ssd-gib to change)" } else { "" },
+        if a.ssd_gib.is_none() {
+            " (sized to the input; --ssd-gib to change)"
+        } else {
+            ""
+        },
         root.display(),
-        if temporary { " (temporary: removed at the end; --ssd-dir to keep them)" } else { "" }
+        if temporary {
+            " (temporary: removed at the end; --ssd-dir to keep them)"
+        } else {
+            ""
+        }
     );
     let started = Instant::now();
     let mut reports = Vec::new();
@@ -186,7 +194,10 @@ pub fn run(a: Args) -> csa2::Result<()> {
         let bar = Progress::new(
             &format!("trace {} requests", d.as_str()),
             reqs.len() as u64,
-            &format!("{:>4} [{{bar:40}}] {{pos}}/{{len}} requests {{elapsed}}", d.as_str()),
+            &format!(
+                "{:>4} [{{bar:40}}] {{pos}}/{{len}} requests {{elapsed}}",
+                d.as_str()
+            ),
         );
         let r = sim::run(&reqs, &cfg, &|i| {
             if i % 64 == 0 {
@@ -263,7 +274,10 @@ fn print_summary(name: &str, reports: &[SimReport], c: Option<&Comparison>, wall
         };
         say!(
             "── {} ({}) ── {what}\n  {} requests, {} refused for HBM",
-            r.design, r.spec, r.requests, r.hbm_rejected
+            r.design,
+            r.spec,
+            r.requests,
+            r.hbm_rejected
         );
         say!(
             "  global KV B/token: spec {:.2}, measured all {:.2}, long-context {:.2}; slab {} B, snapshot {} B",
@@ -303,8 +317,8 @@ fn print_summary(name: &str, reports: &[SimReport], c: Option<&Comparison>, wall
             c.persistent_ratio_end, c.persistent_ratio_peak, c.paper_persistent_ratio, c.global_ratio, c.paper_global_ratio
         );
         if let Some(v4) = reports.iter().find(|r| r.design == "v4") {
-            let new_per_req = (v4.prefill_tokens - v4.prefill_tokens_saved) as f64
-                / v4.requests.max(1) as f64;
+            let new_per_req =
+                (v4.prefill_tokens - v4.prefill_tokens_saved) as f64 / v4.requests.max(1) as f64;
             say!(
                 "  why not 1/8: the paper's 1/8 = 1/2 (V4's SWA snapshots were about half its persistent cache) × 1/4 (global KV); \
                  this trace's turns add ≈{new_per_req:.0} new prompt tokens each, so a 3.2 MB snapshot is a small share of V4's \
