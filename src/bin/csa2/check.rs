@@ -45,10 +45,10 @@ struct Report {
 /// least margin (element bound |a − r| ≤ abs + rel·|r|, or the 1 − cos limit).
 fn decided_by(s: &Stats, tol: &Tolerance) -> String {
     let elem = format!(
-        "worst element at {:.3} of its bound |a−r| ≤ {:.0e} + {:.0e}·|r|",
+        "worst element at {:.3} of its bound |a−r| ≤ {:e} + {:e}·|r|",
         s.worst_bound_ratio, tol.abs, tol.rel
     );
-    let cos = format!("1−cos {:.3e} vs limit {:.0e}", s.cos_diff, tol.cos_diff);
+    let cos = format!("1−cos {:.3e} vs limit {:e}", s.cos_diff, tol.cos_diff);
     if s.special_mismatches > 0 {
         return format!("{} NaN/Inf positions differ", s.special_mismatches);
     }
