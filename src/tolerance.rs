@@ -65,6 +65,9 @@ pub struct Stats {
     pub cos_diff: f64,
     /// Index of the worst element against the tolerance bound.
     pub worst: usize,
+    /// Largest |a − b| / (abs + rel·|b|) over the finite elements: the element criterion passes
+    /// when this is ≤ 1 (`csa2 check` prints it as the margin that decided the verdict).
+    pub worst_bound_ratio: f64,
     /// Elements outside the bound.
     pub violations: usize,
     /// Positions where NaN/±Inf differ between the two (checked first).
@@ -112,6 +115,7 @@ pub fn compare<A: Into<f64> + Copy, B: Into<f64> + Copy>(
         na += a * a;
         nb += b * b;
     }
+    s.worst_bound_ratio = worst_ratio.max(0.0);
     s.cos_diff = if na == 0.0 && nb == 0.0 {
         0.0
     } else {

@@ -19,6 +19,8 @@ mod backend_stack;
 mod c_smoke;
 #[path = "cache_concurrency.rs"]
 mod cache_concurrency;
+#[path = "cli.rs"]
+mod cli;
 #[path = "codec_props.rs"]
 mod codec_props;
 #[path = "config_errors.rs"]

@@ -3,6 +3,7 @@
 //! FMA peak). The torch CPU baseline is `benches/torch_ops.py`, run in the same session
 //! (`benches/ops_side_by_side.sh` interleaves the two); docs/PERF.md records both.
 
+use crate::out::JsonOut;
 use csa2::formats::{encode_rows, RecordFormat};
 use csa2::ops::attention::{self, AttentionInputs, AttentionParams, KvRows, HEADS};
 use csa2::ops::candidates::{self, CandidateParams};
@@ -30,7 +31,13 @@ pub struct Args {
     /// Repetitions per figure (the median is reported, with the min–max spread).
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// Write every figure as JSON to PATH (`-` = stdout; the table then goes to stderr).
+    #[arg(long, value_name = "PATH")]
+    json: Option<JsonOut>,
 }
+
+/// The figures printed so far, for `--json`.
+static ROWS: std::sync::Mutex<Vec<serde_json::Value>> = std::sync::Mutex::new(Vec::new());
 
 /// Wall times of `reps` runs after one warm-up, in seconds.
 #[derive(Clone, Copy)]
@@ -59,7 +66,13 @@ fn time<F: FnMut()>(reps: usize, mut f: F) -> Stats {
 
 fn line(name: &str, st: Stats, flops: f64, bytes: f64, note: &str) {
     let secs = st.median;
-    println!(
+    ROWS.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(serde_json::json!({
+            "name": name, "median_us": secs * 1e6, "min_us": st.min * 1e6, "max_us": st.max * 1e6,
+            "gflops": flops / secs / 1e9, "gbps": bytes / secs / 1e9, "note": note,
+        }));
+    say!(
         "{name:<44} {:>10.1} µs [{:.1}–{:.1}] | {:>8.2} GFLOP/s | {:>7.2} GB/s  {note}",
         secs * 1e6,
         st.min * 1e6,
@@ -70,16 +83,18 @@ fn line(name: &str, st: Stats, flops: f64, bytes: f64, note: &str) {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    crate::out::json_dest(&a.json);
     if a.keys == 0 || a.prefill_tokens == 0 || a.prefill_ratio == 0 {
         return Err(Error::invalid(
             "bench sizes",
             "keys, prefill tokens and ratio must be > 0",
         ));
     }
+    ROWS.lock().unwrap_or_else(|e| e.into_inner()).clear();
     let mut rng = Rng::new(1);
     let threads = rayon::current_num_threads();
     let peak1 = simd::fma_peak_gflops(300);
-    println!(
+    say!(
         "threads {threads}; FMA peak one thread {peak1:.1} GFLOP/s (×{threads} = {:.1})",
         peak1 * threads as f64
     );
@@ -295,5 +310,14 @@ pub fn run(a: Args) -> Result<()> {
             macs / t_pre.median / 1e9
         ),
     );
+    let rows = std::mem::take(&mut *ROWS.lock().unwrap_or_else(|e| e.into_inner()));
+    crate::out::write_json(
+        &a.json,
+        &serde_json::json!({
+            "threads": threads, "fma_peak_gflops_one_thread": peak1, "keys": a.keys,
+            "prefill_tokens": a.prefill_tokens, "prefill_ratio": a.prefill_ratio, "reps": a.reps,
+            "figures": rows,
+        }),
+    )?;
     Ok(())
 }
