@@ -18,6 +18,15 @@ pub const F32_VS_F64: Tolerance = Tolerance {
     rel: 1e-5,
     cos_diff: 1e-9,
 };
+/// The integer indexer kernel (MXFP4 × MXFP4: each 32-dim block dot is an exact int32 sum times a
+/// power of two) against the f64 reference on the same codes: only the 4-block sum, the ReLU'd
+/// head-weighted sum and its lane reduction round, about 40 f32 roundings of values of the
+/// logit's size, none inside the 128-long dot products (the f32 kernel rounds 127 times there).
+pub const INT_DOT_VS_F64: Tolerance = Tolerance {
+    abs: 1e-6,
+    rel: 1e-6,
+    cos_diff: 1e-12,
+};
 /// Quantized path against quantize→dequantize reference (tight: same codes, f32 accumulation).
 pub const QUANT_VS_QDQ: Tolerance = Tolerance {
     abs: 1e-4,

@@ -6,7 +6,8 @@
 use csa2::formats::{encode_rows, RecordFormat};
 use csa2::ops::attention::{self, AttentionInputs, AttentionParams, KvRows, HEADS};
 use csa2::ops::candidates::{self, CandidateParams};
-use csa2::ops::indexer::{self, cpu::Prepared, IndexKeys, IndexerParams, IndexerQueries};
+use csa2::ops::indexer::cpu::{DotKernel, Prepared};
+use csa2::ops::indexer::{self, IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
 use csa2::ops::simd;
 use csa2::ops::testutil::{rand_normal, NewRng, Rng};
 use csa2::ops::topk;
@@ -82,6 +83,13 @@ pub fn run(a: Args) -> Result<()> {
     println!(
         "threads {threads}; FMA peak one thread {peak1:.1} GFLOP/s (×{threads} = {:.1})",
         peak1 * threads as f64
+    );
+    let (vnni_peak, bf16_peak) = simd::dot_peak_gmacs(300);
+    println!(
+        "dot units (one thread, GMAC/s): f32 FMA {:.1}, int8 vpdpbusd {}, bf16 vdpbf16ps {}",
+        peak1 / 2.0,
+        vnni_peak.map_or("off".into(), |v| format!("{v:.1}")),
+        bf16_peak.map_or("off".into(), |v| format!("{v:.1}"))
     );
 
     // Read-pass baseline: sum of 1M f32 (one thread), the unit of the top-k goal.
@@ -162,6 +170,43 @@ pub fn run(a: Args) -> Result<()> {
         &format!("{:.1} GMAC/s", macs / t_f32.median / 1e9),
     );
     drop(kf);
+    // The same sweep per query quantisation and kernel (MXFP4 keys): `mxfp4` (the V4.1 design)
+    // on the integer kernel and on the f32 kernel, `bf16` on the bf16 kernel; the ratio is to the
+    // f32-query figure above, same run.
+    for (qq, kernel) in [
+        (QueryQuant::Mxfp4, DotKernel::F32),
+        (QueryQuant::Mxfp4, DotKernel::Int8),
+        (QueryQuant::Bf16, DotKernel::Bf16),
+    ] {
+        let pq = IndexerParams {
+            query_quant: qq,
+            ..p1
+        };
+        let pr = match Prepared::with_kernel(&pq, &qs, vec![n], kernel) {
+            Ok(pr) => pr,
+            Err(e) => {
+                println!(
+                    "decode indexer, q {qq:?}, {} kernel: skipped ({e})",
+                    kernel.name()
+                );
+                continue;
+            }
+        };
+        let t = time(a.reps, || {
+            indexer::cpu::dense(&pr, IndexKeys::Mxfp4(&km), &mut out)
+        });
+        line(
+            &format!("decode indexer, q {qq:?}, {} kernel", kernel.name()),
+            t,
+            2.0 * macs,
+            68.0 * n as f64,
+            &format!(
+                "{:.1} GMAC/s, {:.2}× the f32-query time",
+                macs / t.median / 1e9,
+                t_idx.median / t.median
+            ),
+        );
+    }
     let t_full = time(a.reps, || {
         indexer::logits(&p1, &qs, IndexKeys::Mxfp4(&km), &mut out).expect("valid");
         topk::select(&out, n, &mut sel);
