@@ -4,7 +4,7 @@
 //! (`benches/ops_side_by_side.sh` interleaves the two); docs/PERF.md records both.
 
 use csa2::formats::{encode_rows, RecordFormat};
-use csa2::ops::attention::{self, AttentionInputs, AttentionParams, KvRows, HEADS};
+use csa2::ops::attention::{self, AttentionDots, AttentionInputs, AttentionParams, KvRows, HEADS};
 use csa2::ops::candidates::{self, CandidateParams};
 use csa2::ops::indexer::cpu::{DotKernel, Prepared};
 use csa2::ops::indexer::{self, IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
@@ -305,8 +305,31 @@ pub fn run(a: Args) -> Result<()> {
         t_att,
         fl,
         (512.0 * 288.0 + 128.0 * 528.0) + 64.0 * 512.0 * 8.0,
-        "",
+        "f32 dots",
     );
+    if AttentionDots::Bf16.is_supported() {
+        let t_b = time(a.reps * 4, || {
+            attention::attention_with_dots(
+                &ap,
+                AttentionDots::Bf16,
+                &inp,
+                KvRows::Records(RecordFormat::Nvfp4Ds, &mq),
+                KvRows::Records(RecordFormat::Mxfp8, &sq),
+                &mut o,
+                &mut l,
+            )
+            .expect("valid")
+        });
+        line(
+            "decode attention, bf16 dots",
+            t_b,
+            fl,
+            (512.0 * 288.0 + 128.0 * 528.0) + 64.0 * 512.0 * 8.0,
+            &format!("{:.2}× the f32-dot time", t_att.median / t_b.median),
+        );
+    } else {
+        println!("decode attention, bf16 dots: skipped (no AVX-512 BF16, or CSA2_ISA caps it)");
+    }
 
     // Prefill indexer: a chunk of T tokens over its own T / ratio entries, causal.
     let t = a.prefill_tokens;
