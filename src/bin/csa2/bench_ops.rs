@@ -233,36 +233,60 @@ pub fn run(a: Args) -> Result<()> {
         4.0 * n as f64,
         "",
     );
-    for nn in [n, 65536.min(n)] {
-        let posn = [nn as i64 - 1];
-        let qs = IndexerQueries {
-            q: &q,
-            w: &w,
-            positions: &posn,
-        };
-        let mut b = vec![0i32; cp.num_blocks];
-        candidates::select_blocks(&cp, &out[..nn], nn, &mut b);
-        let pools = indexer::pools_of(1, nn, &b, &cp, &[nn])?;
-        let pr = Prepared::new(&p1, &qs, vec![nn]);
-        let ids = &pools[0];
-        let mut vals = vec![0f32; ids.len()];
-        let keys = IndexKeys::Mxfp4(&km[..nn * 68]);
-        let t = time(a.reps, || {
-            use rayon::prelude::*;
-            vals.par_chunks_mut(4096)
-                .zip(ids.par_chunks(4096))
-                .for_each(|(v, id)| {
-                    indexer::cpu::score_ids(&pr, 0, &keys, id, &mut [v]);
-                });
-            topk::cpu::select_scored(&vals, &mut sel);
-        });
-        line(
-            &format!("reindex sweep at {nn} entries (pool {})", ids.len()),
-            t,
-            2.0 * 4096.0 * ids.len() as f64,
-            68.0 * ids.len() as f64,
-            "",
-        );
+    // Per query quantisation: f32 queries (f32 kernel) and MXFP4 queries (the V4.1 design: the
+    // integer kernel where the CPU has VNNI). 1M and 64K entries alternate, so that machine noise
+    // hits both sizes alike.
+    let pm = IndexerParams {
+        query_quant: QueryQuant::Mxfp4,
+        ..p1
+    };
+    for pq in [p1, pm] {
+        let mut meds = Vec::new();
+        for nn in [n, 65536.min(n)] {
+            let posn = [nn as i64 - 1];
+            let qs = IndexerQueries {
+                q: &q,
+                w: &w,
+                positions: &posn,
+            };
+            let mut b = vec![0i32; cp.num_blocks];
+            candidates::select_blocks(&cp, &out[..nn], nn, &mut b);
+            let pools = indexer::pools_of(1, nn, &b, &cp, &[nn])?;
+            let pr = Prepared::new(&pq, &qs, vec![nn]);
+            let ids = &pools[0];
+            let mut vals = vec![0f32; ids.len()];
+            let keys = IndexKeys::Mxfp4(&km[..nn * 68]);
+            let t = time(a.reps * 4, || {
+                use rayon::prelude::*;
+                vals.par_chunks_mut(4096)
+                    .zip(ids.par_chunks(4096))
+                    .for_each(|(v, id)| {
+                        indexer::cpu::score_ids(&pr, 0, &keys, id, &mut [v]);
+                    });
+                topk::cpu::select_scored(&vals, &mut sel);
+            });
+            meds.push(t);
+            line(
+                &format!(
+                    "reindex sweep at {nn} entries (pool {}), q {:?}, {}",
+                    ids.len(),
+                    pq.query_quant,
+                    pr.kernel().name()
+                ),
+                t,
+                2.0 * 4096.0 * ids.len() as f64,
+                68.0 * ids.len() as f64,
+                "",
+            );
+        }
+        if meds.len() == 2 {
+            println!(
+                "reindex {n} / {} entries: median ratio {:.2}, minimum ratio {:.2}",
+                65536.min(n),
+                meds[0].median / meds[1].median,
+                meds[0].min / meds[1].min
+            );
+        }
     }
 
     // Decode attention: 64 heads over 512 NVFP4 main rows + 128 MXFP8 window rows.
