@@ -281,8 +281,9 @@ pub fn run(a: Args) -> Result<()> {
         }
         if meds.len() == 2 {
             println!(
-                "reindex {n} / {} entries: median ratio {:.2}, minimum ratio {:.2}",
+                "reindex {n} / {} entries, q {:?}: median ratio {:.2}, minimum ratio {:.2}",
                 65536.min(n),
+                pq.query_quant,
                 meds[0].median / meds[1].median,
                 meds[0].min / meds[1].min
             );

@@ -23,6 +23,19 @@ use super::{KvRows, TokenRows};
 use crate::formats::KV_DIM;
 use std::cell::RefCell;
 
+/// One score task: ((its rows of the f32 tile, of the bf16 K rows), (of the V row pairs, of Sᵀ)),
+/// (its chunk max, its chunk sum).
+type ScoreChunk16<'a> = (
+    usize,
+    (
+        (
+            (&'a mut [f32], &'a mut [u16]),
+            (&'a mut [u16], &'a mut [f32]),
+        ),
+        (&'a mut [f32], &'a mut [f32]),
+    ),
+);
+
 thread_local! {
     static SCRATCH16: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
 }
@@ -94,13 +107,7 @@ pub(super) fn token(
         unsafe { x86::query_pairs(q, h, hp, scale, qt) };
         let qt = &*qt;
         let isa = crate::ops::simd::codec_isa();
-        let score = |(c, (((k, kb16), (vb16, s)), (m, e))): (
-            usize,
-            (
-                ((&mut [f32], &mut [u16]), (&mut [u16], &mut [f32])),
-                (&mut [f32], &mut [f32]),
-            ),
-        )| {
+        let score = |(c, (((k, kb16), (vb16, s)), (m, e))): ScoreChunk16| {
             let rows = s.len() / hp;
             super::cpu::gather(isa, r, &kv.0, &kv.1, c * CHUNK, k);
             unsafe {

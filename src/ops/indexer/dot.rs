@@ -418,11 +418,15 @@ mod x86 {
                 let mut acc = [[zero; 2]; NK];
                 for j in 0..D / 2 {
                     // SAFETY: ((j · hp + h0 + 32) · 2 ≤ 64 · hp · 2 = q.len().
-                    let (q0, q1): (__m512bh, __m512bh) = unsafe {
+                    let (q0, q1) = unsafe {
                         let p = q.as_ptr().add((j * hp + h0) * 2);
                         (
-                            std::mem::transmute(_mm512_loadu_si512(p as *const _)),
-                            std::mem::transmute(_mm512_loadu_si512(p.add(32) as *const _)),
+                            std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                                p as *const _,
+                            )),
+                            std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                                p.add(32) as *const _
+                            )),
                         )
                     };
                     for i in 0..NK {

@@ -282,7 +282,12 @@ fn narrow_dot_kernels_are_batch_invariant() {
             let vis = vec![positions[ti] as usize + 1];
             let pr = cpu::Prepared::with_kernel(&p, &one, vis, kernel).unwrap();
             let mut pooled = vec![0f32; n];
-            cpu::pooled(&pr, IndexKeys::Mxfp4(&km), &[ids.clone()], &mut pooled);
+            cpu::pooled(
+                &pr,
+                IndexKeys::Mxfp4(&km),
+                std::slice::from_ref(&ids),
+                &mut pooled,
+            );
             for &j in &ids {
                 assert_eq!(
                     pooled[j as usize].to_bits(),
