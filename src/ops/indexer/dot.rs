@@ -4,9 +4,10 @@
 //! **Integer path** (query quantisation `mxfp4`, MXFP4 keys). An E2M1 value times 2 is an integer
 //! in [−12, 12], so inside one 32-dim block the dot of a query row and a key row is
 //! `(Σ_d 2q_d · 2k_d) · 2^(e_q − 127) · 2^(e_k − 127) / 4`: an exact int32 sum (|Σ| ≤ 32 · 144)
-//! times a power of two. `vpdpbusd` multiplies unsigned by signed bytes, so keys are stored as
-//! `2k + 12` ∈ [0, 24] (unsigned) and the query as `2q` (signed); the accumulator of block b of
-//! head h starts at `−12 · Σ_{d∈b} 2q_d`, which cancels the offset exactly. Each block's int32 sum
+//! times a power of two. `vpdpbusd` multiplies unsigned by signed bytes, and only its signed
+//! operand can be a broadcast from memory; so the query (in registers) is stored as `2q + 12` ∈
+//! [0, 24] (unsigned), each key's 4-dim group is broadcast as `2k` (signed), and the accumulator
+//! of block b of a key starts at `−12 · Σ_{d∈b} 2k_d`, which cancels the offset exactly. Each block's int32 sum
 //! is converted to f32 (exact) and scaled by the product of the two block scales (a power of two,
 //! exact unless it leaves the f32 range), and the four blocks are summed in f32: the only rounding
 //! of the whole dot is those three additions, against 127 for the f32 kernel. ReLU and the head
@@ -43,14 +44,14 @@ const NG: usize = BLK / 4;
 /// 32 vector registers), enough independent chains to keep both dot ports busy.
 pub(super) const NK: usize = 6;
 
-/// `2 · e2m1(code) + 12` for the 16 codes: the unsigned key bytes of the integer path.
-const KEY_U8: [u8; 16] = {
+/// `2 · e2m1(code)` for the 16 codes, as the bytes of i8: the signed key bytes of the integer path.
+const KEY_S8: [u8; 16] = {
     let mut t = [0u8; 16];
     let mag = [0i32, 1, 2, 3, 4, 6, 8, 12];
     let mut c = 0;
     while c < 16 {
         let v = if c < 8 { mag[c] } else { -mag[c - 8] };
-        t[c] = (v + 12) as u8;
+        t[c] = v as i8 as u8;
         c += 1;
     }
     t
@@ -75,10 +76,9 @@ const fn dim_of(p: usize) -> usize {
 
 /// MXFP4 queries in the integer kernel's layout.
 pub(super) struct IntQueries {
-    /// (tokens, NB, NG, hp, 4) signed `2q`: the four dims of group g of block b for head h.
-    q: Vec<i8>,
-    /// (tokens, NB, hp): `−12 · Σ_{d∈b} 2q_d`, the start value of each block's accumulator.
-    corr: Vec<i32>,
+    /// (tokens, NB, NG, hp, 4) unsigned `2q + 12`: the four dims of group g of block b for head h
+    /// (12, i.e. q = 0, for padded heads: their scale is 0).
+    q: Vec<u8>,
     /// (tokens, NB, hp): the query block scale `2^(e − 127) / 2` (0 for padded heads).
     scale: Vec<f32>,
 }
@@ -88,8 +88,7 @@ impl IntQueries {
     /// encoder (the same codes the query quantiser's fake quantisation decodes).
     pub(super) fn new(q: &[f32], tokens: usize, heads: usize, hp: usize) -> IntQueries {
         let mut out = IntQueries {
-            q: vec![0; tokens * NB * NG * hp * 4],
-            corr: vec![0; tokens * NB * hp],
+            q: vec![12; tokens * NB * NG * hp * 4],
             scale: vec![0.0; tokens * NB * hp],
         };
         let fmt = RecordFormat::Mxfp4Index;
@@ -105,13 +104,12 @@ impl IntQueries {
                     *v = (2.0 * e2m1_decode(code)) as i8;
                 }
                 for b in 0..NB {
-                    let sum: i32 = ints[b * BLK..][..BLK].iter().map(|&v| v as i32).sum();
-                    out.corr[(t * NB + b) * hp + h] = -12 * sum;
                     out.scale[(t * NB + b) * hp + h] = 0.5 * e8m0_decode(sc[b]);
                     for g in 0..NG {
                         for j in 0..4 {
                             let dim = dim_of(group_offset(b, g) + j);
-                            out.q[(((t * NB + b) * NG + g) * hp + h) * 4 + j] = ints[dim];
+                            out.q[(((t * NB + b) * NG + g) * hp + h) * 4 + j] =
+                                (ints[dim] + 12) as u8;
                         }
                     }
                 }
@@ -166,10 +164,12 @@ pub(super) fn bf16_supported() -> bool {
     false
 }
 
-/// MXFP4 key records unpacked for the integer kernel: kernel-order bytes and block scales.
+/// MXFP4 key records unpacked for the integer kernel: kernel-order signed bytes `2k`, block
+/// scales `2^(e − 127) / 2` and the accumulator start values `−12 · Σ_{d∈b} 2k_d`.
 pub(super) struct IntKeys<const N: usize> {
     pub(super) bytes: [[u8; D]; N],
     pub(super) scale: [[f32; NB]; N],
+    pub(super) corr: [[i32; NB]; N],
 }
 
 impl<const N: usize> IntKeys<N> {
@@ -177,6 +177,7 @@ impl<const N: usize> IntKeys<N> {
         IntKeys {
             bytes: [[0; D]; N],
             scale: [[0.0; NB]; N],
+            corr: [[0; NB]; N],
         }
     }
 }
@@ -199,9 +200,9 @@ pub(super) fn unpack_int<const N: usize>(k: &[u8], ids: &[u32], dst: &mut IntKey
             dst.scale[i][b] = 0.5 * e8m0_decode(rec[64 + b]);
         }
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX-512F/BW were detected (asserted above).
+        // SAFETY: AVX-512F/BW/VNNI were detected (asserted above).
         unsafe {
-            x86::unpack_nibbles(rec, &mut dst.bytes[i])
+            x86::unpack_nibbles(rec, &mut dst.bytes[i], &mut dst.corr[i])
         };
     }
 }
@@ -249,12 +250,12 @@ pub(super) fn int_logits<const N: usize>(
     unsafe {
         x86::int_logits(
             &iq.q[t * NB * NG * hp * 4..][..NB * NG * hp * 4],
-            &iq.corr[t * NB * hp..][..NB * hp],
             &iq.scale[t * NB * hp..][..NB * hp],
             w,
             hp,
             &keys.bytes[..n],
             &keys.scale[..n],
+            &keys.corr[..n],
             out,
         )
     };
@@ -283,21 +284,34 @@ mod x86 {
     use super::*;
     use std::arch::x86_64::*;
 
-    /// 64 nibble bytes → 128 kernel-order key bytes `2k + 12`.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) fn unpack_nibbles(rec: &[u8; MXFP4_INDEX_BYTES], out: &mut [u8; D]) {
+    /// 64 nibble bytes → 128 kernel-order key bytes `2k` and the four `−12 · Σ_{d∈b} 2k_d`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) fn unpack_nibbles(
+        rec: &[u8; MXFP4_INDEX_BYTES],
+        out: &mut [u8; D],
+        corr: &mut [i32; NB],
+    ) {
         // SAFETY: `rec` has ≥ 64 readable bytes, `out` 128 writable ones.
-        unsafe {
+        let sums = unsafe {
             let x = _mm512_loadu_si512(rec.as_ptr() as *const _);
-            let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(KEY_U8.as_ptr() as *const _));
+            let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(KEY_S8.as_ptr() as *const _));
             let m = _mm512_set1_epi8(0x0F);
-            let lo = _mm512_and_si512(x, m);
-            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(x), m);
-            _mm512_storeu_si512(out.as_mut_ptr() as *mut _, _mm512_shuffle_epi8(lut, lo));
-            _mm512_storeu_si512(
-                out.as_mut_ptr().add(64) as *mut _,
-                _mm512_shuffle_epi8(lut, hi),
-            );
+            let lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(x, m));
+            let hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16::<4>(x), m));
+            _mm512_storeu_si512(out.as_mut_ptr() as *mut _, lo);
+            _mm512_storeu_si512(out.as_mut_ptr().add(64) as *mut _, hi);
+            // 128-bit lane b of both halves is block b; |lo + hi| ≤ 24 per byte. Sum the bytes
+            // in fours (ones · s), then the four lanes of each 128-bit lane.
+            let s = _mm512_add_epi8(lo, hi);
+            let s4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), s);
+            let s2 = _mm512_add_epi32(s4, _mm512_shuffle_epi32::<0b10_11_00_01>(s4));
+            _mm512_add_epi32(s2, _mm512_shuffle_epi32::<0b01_00_11_10>(s2))
+        };
+        let mut lanes = [0i32; 16];
+        // SAFETY: 16 writable i32.
+        unsafe { _mm512_storeu_si512(lanes.as_mut_ptr() as *mut _, sums) };
+        for (b, c) in corr.iter_mut().enumerate() {
+            *c = -12 * lanes[4 * b];
         }
     }
 
@@ -325,39 +339,36 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
     pub(super) fn int_logits(
-        q: &[i8],
-        corr: &[i32],
+        q: &[u8],
         qscale: &[f32],
         w: &[f32],
         hp: usize,
         keys: &[[u8; D]],
         kscale: &[[f32; NB]],
+        kcorr: &[[i32; NB]],
         out: &mut [f32],
     ) {
         let zero = _mm512_setzero_ps();
-        for (kk, (ks, dst)) in keys
-            .chunks(NK)
-            .zip(kscale.chunks(NK).zip(out.chunks_mut(NK)))
-        {
+        let n = keys.len();
+        for (g0, dst) in out.chunks_mut(NK).enumerate() {
             // A short last group repeats its last key; the extra results are not stored.
-            let kr: [&[u8; D]; NK] = std::array::from_fn(|i| &kk[i.min(kk.len() - 1)]);
-            let sr: [&[f32; NB]; NK] = std::array::from_fn(|i| &ks[i.min(ks.len() - 1)]);
+            let ix: [usize; NK] = std::array::from_fn(|i| (g0 * NK + i).min(n - 1));
+            let kr: [&[u8; D]; NK] = std::array::from_fn(|i| &keys[ix[i]]);
+            let sr: [&[f32; NB]; NK] = std::array::from_fn(|i| &kscale[ix[i]]);
+            let cr: [&[i32; NB]; NK] = std::array::from_fn(|i| &kcorr[ix[i]]);
             let mut lv = [zero; NK];
             for h0 in (0..hp).step_by(32) {
                 let mut f = [[zero; 2]; NK];
                 for b in 0..NB {
-                    // SAFETY: (b · hp + h0 + 32) ≤ NB · hp = corr.len() = qscale.len().
-                    let (c0, c1, s0, s1) = unsafe {
-                        let pc = corr.as_ptr().add(b * hp + h0);
+                    // SAFETY: (b · hp + h0 + 32) ≤ NB · hp = qscale.len().
+                    let (s0, s1) = unsafe {
                         let ps = qscale.as_ptr().add(b * hp + h0);
-                        (
-                            _mm512_loadu_si512(pc as *const _),
-                            _mm512_loadu_si512(pc.add(16) as *const _),
-                            _mm512_loadu_ps(ps),
-                            _mm512_loadu_ps(ps.add(16)),
-                        )
+                        (_mm512_loadu_ps(ps), _mm512_loadu_ps(ps.add(16)))
                     };
-                    let mut acc = [[c0, c1]; NK];
+                    let mut acc: [[__m512i; 2]; NK] = std::array::from_fn(|i| {
+                        let c = _mm512_set1_epi32(cr[i][b]);
+                        [c, c]
+                    });
                     for g in 0..NG {
                         // SAFETY: ((b · NG + g) · hp + h0 + 32) · 4 ≤ q.len().
                         let (q0, q1) = unsafe {
@@ -369,9 +380,10 @@ mod x86 {
                         };
                         let off = group_offset(b, g);
                         for i in 0..NK {
+                            // The signed operand: a broadcast the instruction can take from memory.
                             let kv = bcast_u32(kr[i], off);
-                            acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], kv, q0);
-                            acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], kv, q1);
+                            acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], q0, kv);
+                            acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], q1, kv);
                         }
                     }
                     for i in 0..NK {
