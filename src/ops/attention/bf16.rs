@@ -170,16 +170,27 @@ mod x86 {
         unsafe { std::mem::transmute(v) }
     }
 
-    /// Qᵀ pairs: `qt[(i · hp + h) · 2 + e] = bf16(scale · q[h][2i + e])`; padded heads 0.
+    /// Qᵀ pairs: `qt[(i · hp + h) · 2 + e] = bf16(scale · q[h][2i + e])` (RNE); padded heads 0.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub(super) unsafe fn query_pairs(q: &[f32], h: usize, hp: usize, scale: f32, qt: &mut [u16]) {
         assert!(q.len() == h * KV_DIM && qt.len() == KV_DIM * hp);
         qt.fill(0);
+        let sc = _mm512_set1_ps(scale);
+        let mut pairs = [0u32; 16];
         for hi in 0..h {
-            for i in 0..KV_DIM / 2 {
-                for e in 0..2 {
-                    let x = q[hi * KV_DIM + 2 * i + e] * scale;
-                    qt[(i * hp + hi) * 2 + e] = half::bf16::from_f32(x).to_bits();
+            for d0 in (0..KV_DIM).step_by(32) {
+                // SAFETY: hi · 512 + d0 + 32 ≤ q.len(); `pairs` holds 16 u32.
+                unsafe {
+                    let p = q.as_ptr().add(hi * KV_DIM + d0);
+                    let a = _mm512_mul_ps(_mm512_loadu_ps(p), sc);
+                    let b = _mm512_mul_ps(_mm512_loadu_ps(p.add(16)), sc);
+                    let v = bits(_mm512_cvtne2ps_pbh(b, a));
+                    _mm512_storeu_si512(pairs.as_mut_ptr() as *mut _, v);
+                }
+                for (k, &pr) in pairs.iter().enumerate() {
+                    let i = d0 / 2 + k;
+                    qt[(i * hp + hi) * 2] = pr as u16;
+                    qt[(i * hp + hi) * 2 + 1] = (pr >> 16) as u16;
                 }
             }
         }
