@@ -502,6 +502,28 @@ mod tests {
         }
     }
 
+    /// The dot units are off under any `CSA2_ISA` cap and otherwise exactly what the CPU has; the
+    /// peak probe measures exactly the units that are on.
+    #[test]
+    fn dot_units_follow_the_cap_and_the_cpu() {
+        let u = dot_units();
+        let capped = matches!(
+            std::env::var("CSA2_ISA").as_deref(),
+            Ok("portable" | "scalar" | "avx2" | "avx512")
+        );
+        if capped || isa() != Isa::Avx512 {
+            assert_eq!(u, DotUnits::default());
+        } else {
+            assert_eq!(u, detect_dot_units());
+        }
+        let (vnni, bf16) = dot_peak_gmacs(5);
+        assert_eq!((vnni.is_some(), bf16.is_some()), (u.vnni, u.bf16));
+        assert!(vnni
+            .into_iter()
+            .chain(bf16)
+            .all(|r| r > 0.0 && r.is_finite()));
+    }
+
     /// The vector exp against f64 over its whole range (every ISA via `CSA2_ISA` in CI), plus the
     /// edges: 0 → 1 exactly, NaN stays NaN, the clamp below −87.3.
     #[test]
