@@ -103,8 +103,8 @@ impl IntQueries {
                     let code = (data[d / 2] >> (4 * (d % 2))) & 0xF;
                     *v = (2.0 * e2m1_decode(code)) as i8;
                 }
-                for b in 0..NB {
-                    out.scale[(t * NB + b) * hp + h] = 0.5 * e8m0_decode(sc[b]);
+                for (b, &e) in sc.iter().enumerate() {
+                    out.scale[(t * NB + b) * hp + h] = 0.5 * e8m0_decode(e);
                     for g in 0..NG {
                         for j in 0..4 {
                             let dim = dim_of(group_offset(b, g) + j);
