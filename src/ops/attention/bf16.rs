@@ -132,8 +132,8 @@ pub(super) fn token(
             it.for_each(|(i, (((a, b), (c, d)), e))| score((i, (((a, b), (c, d)), e))));
         }
         merge_chunks(mx, sm, sink, h, hp, nc, lse);
-        super::cpu::rescale(st, mx, hp);
-        unsafe { x86::p_pairs(st, n, hp, pb) };
+        // The chunk rescale is folded into the conversion of P (one pass over Sᵀ instead of two).
+        unsafe { x86::p_pairs(st, mx, n, hp, pb) };
         let (vb, pb) = (&*vb, &*pb);
         let pv =
             |(si, o): (usize, &mut [f32])| unsafe { x86::pv(pb, vb, n2, h, hp, si * SLICE, o) };
@@ -287,10 +287,13 @@ mod x86 {
         }
     }
 
-    /// P row pairs: `pb[(r · hp + h) · 2 + e] = bf16(st[2r + e][h])`, 0 past row n.
+    /// P row pairs: `pb[(r · hp + h) · 2 + e] = bf16(st[2r + e][h] · f[(2r + e) / CHUNK][h])`
+    /// (the chunk's rescale factor), 0 past row n. Rows 2r and 2r + 1 share a chunk (CHUNK is
+    /// even).
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) unsafe fn p_pairs(st: &[f32], n: usize, hp: usize, pb: &mut [u16]) {
+    pub(super) unsafe fn p_pairs(st: &[f32], f: &[f32], n: usize, hp: usize, pb: &mut [u16]) {
         assert!(st.len() == n * hp && pb.len() >= n.div_ceil(2) * 2 * hp);
+        assert!(CHUNK.is_multiple_of(2) && f.len() == n.div_ceil(CHUNK) * hp);
         let idx: [u16; 32] = std::array::from_fn(|i| ((i % 2) * 16 + i / 2) as u16);
         // SAFETY: reads 32 u16.
         let idx = unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) };
@@ -298,9 +301,10 @@ mod x86 {
             for h0 in (0..hp).step_by(16) {
                 // SAFETY: row 2r < n; row 2r + 1 read only when it exists; h0 + 16 ≤ hp.
                 unsafe {
-                    let a = _mm512_loadu_ps(st.as_ptr().add(2 * r * hp + h0));
+                    let fc = _mm512_loadu_ps(f.as_ptr().add((2 * r / CHUNK) * hp + h0));
+                    let a = _mm512_mul_ps(_mm512_loadu_ps(st.as_ptr().add(2 * r * hp + h0)), fc);
                     let b = if 2 * r + 1 < n {
-                        _mm512_loadu_ps(st.as_ptr().add((2 * r + 1) * hp + h0))
+                        _mm512_mul_ps(_mm512_loadu_ps(st.as_ptr().add((2 * r + 1) * hp + h0)), fc)
                     } else {
                         _mm512_setzero_ps()
                     };

@@ -248,11 +248,6 @@ pub(super) fn merge_chunks(
     }
 }
 
-/// `st` (rows, hp) row j ← row j ⊙ `f` row (j / CHUNK).
-pub(super) fn rescale(st: &mut [f32], f: &[f32], hp: usize) {
-    rescale_mv(st, f, hp);
-}
-
 /// Decodes a token's attended rows `r0 ..` (main entries, then the SWA rows) into `dst`
 /// (rows, [`KS`]) f32.
 pub(super) fn gather(
