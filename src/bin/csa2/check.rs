@@ -292,7 +292,12 @@ fn check_indexer(r: &mut Report, rng: &mut Rng) -> Result<()> {
             ("f32", IndexKeys::F32(&k)),
             ("mxfp4", IndexKeys::Mxfp4(&km)),
         ] {
-            for qq in [QueryQuant::None, QueryQuant::Mxfp4, QueryQuant::Fp8] {
+            for qq in [
+                QueryQuant::None,
+                QueryQuant::Mxfp4,
+                QueryQuant::Fp8,
+                QueryQuant::Bf16,
+            ] {
                 let p = IndexerParams {
                     query_quant: qq,
                     ..IndexerParams::new(m)
