@@ -486,3 +486,95 @@ fn version_1_directory_is_refused_with_a_clear_error() {
     assert!(err.contains("format version 1"), "{err}");
     assert_eq!(std::fs::metadata(d.path().join("seg-00000001.log")).unwrap().len(), 64);
 }
+
+/// Copies the segment files of `from` into a fresh directory.
+fn snapshot(from: &Path) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    for p in segments(from) {
+        std::fs::copy(&p, d.path().join(p.file_name().unwrap())).unwrap();
+    }
+    d
+}
+
+/// Writes the documented dead state word (CRC32C of header bytes 0..56, then `dead`) of the
+/// record at `off`.
+fn mark_dead_by_hand(seg: &Path, off: u64) {
+    let f = OpenOptions::new().read(true).write(true).open(seg).unwrap();
+    let mut h = [0u8; HEADER_BYTES];
+    f.read_exact_at(&mut h, off).unwrap();
+    let w = crc32c::crc32c_append(crc32c::crc32c(&h[..56]), b"dead");
+    f.write_all_at(&w.to_le_bytes(), off + 60).unwrap();
+}
+
+#[test]
+fn a_crash_inside_compaction_loses_nothing() {
+    // 8 records of 2064 B per 16 KiB segment; segment 1 holds records 0..8. Removing 0..4 makes
+    // it half dead, so the fourth removal compacts it: 4..8 are copied to a new segment, synced,
+    // and segment 1 is deleted. The crash states in between are rebuilt from snapshots.
+    let d = tempfile::tempdir().unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(0));
+    let mut c = cfg(d.path(), 1 << 30);
+    c.segment_bytes = 16 << 10;
+    let len = 2000;
+    let recb = (HEADER_BYTES + len) as u64;
+    let recs: Vec<_> = (0..24)
+        .map(|i| {
+            let k = crash_test_record(29, i, 1).0;
+            let mut v = Vec::new();
+            synthetic_payload(&k, len, &mut v);
+            (k, v)
+        })
+        .collect();
+    let (s, _) = SsdStore::open(c.clone(), clock.clone()).unwrap();
+    for (k, v) in &recs {
+        s.put(k, v).unwrap();
+    }
+    for (k, _) in &recs[..3] {
+        s.remove(k).unwrap();
+    }
+    assert_eq!(s.stats().compactions, 0);
+    let before = snapshot(d.path());
+    s.remove(&recs[3].0).unwrap();
+    assert_eq!(s.stats().compactions, 1);
+    let after = snapshot(d.path());
+    drop(s);
+    let seg1 = "seg-00000001.log";
+    assert!(before.path().join(seg1).exists() && !after.path().join(seg1).exists());
+    // The removal of record 3 is marked before the compaction starts.
+    mark_dead_by_hand(&before.path().join(seg1), 3 * recb);
+    let copies = segments(after.path()).pop().unwrap();
+    assert_eq!(std::fs::metadata(&copies).unwrap().len(), 4 * recb);
+    let check = |dir: &Path, removed: &[usize]| {
+        let mut c2 = c.clone();
+        c2.dir = dir.to_path_buf();
+        let (s, rep) = SsdStore::open(c2, clock.clone()).unwrap();
+        assert_eq!(rep.corrupt_records, 0, "{:?}", rep.notes);
+        for (i, (k, v)) in recs.iter().enumerate() {
+            let want = (!removed.contains(&i)).then_some(&v[..]);
+            assert_eq!(s.get(k).unwrap().as_deref(), want, "record {i}");
+        }
+        (s, rep)
+    };
+    // State A: the copies are complete, the old segment is not yet deleted.
+    let a = snapshot(before.path());
+    std::fs::copy(&copies, a.path().join(copies.file_name().unwrap())).unwrap();
+    let (s, rep) = check(a.path(), &[0, 1, 2, 3]);
+    assert_eq!(rep.superseded_records, 4, "both copies found; the newer wins");
+    // A removal after the restart stays removed, although an older copy was on disk.
+    s.remove(&recs[5].0).unwrap();
+    drop(s);
+    check(a.path(), &[0, 1, 2, 3, 5]);
+    // State B: killed while writing the third copy.
+    let b = snapshot(before.path());
+    let torn = b.path().join(copies.file_name().unwrap());
+    std::fs::copy(&copies, &torn).unwrap();
+    OpenOptions::new()
+        .write(true)
+        .open(&torn)
+        .unwrap()
+        .set_len(2 * recb + 700)
+        .unwrap();
+    let (_, rep) = check(b.path(), &[0, 1, 2, 3]);
+    assert_eq!(rep.torn_bytes_truncated, 700);
+    assert_eq!(rep.superseded_records, 2);
+}
