@@ -150,8 +150,7 @@ fn kill_dash_nine_during_compaction_loses_nothing() {
             let (mut acks, mut dels, mut comp) = (Vec::new(), Vec::new(), 0u64);
             for l in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
                 let mut w = l.split(' ');
-                let (Some(tag), Some(n)) = (w.next(), w.next().and_then(|n| n.parse().ok()))
-                else {
+                let (Some(tag), Some(n)) = (w.next(), w.next().and_then(|n| n.parse().ok())) else {
                     continue;
                 };
                 match tag {

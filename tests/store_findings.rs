@@ -274,7 +274,10 @@ fn finding2_a_damaged_state_never_silently_flips_live_and_evicted() {
     let mut silent = Vec::new();
     let mut trials = 0;
     let cases: Vec<(&Path, &Vec<usize>, usize, u64)> = if dead_on_disk {
-        vec![(golden_a.path(), &live_a, 1, recb), (golden_b.path(), &live_b, 0, 0)]
+        vec![
+            (golden_a.path(), &live_a, 1, recb),
+            (golden_b.path(), &live_b, 0, 0),
+        ]
     } else {
         vec![(golden_a.path(), &live_a, 1, recb)]
     };
@@ -359,7 +362,10 @@ fn finding3_one_put_after_72h_evicts_one_entry_not_most_of_the_tier() {
     // The case scaled down: 294 entries, ~16 per segment; one more put of the same size.
     let (st, r) = one_put_after_72h(294, 4032, 64 << 10);
     assert!(r.unwrap(), "admitted");
-    assert_eq!(st.evicted, 1, "one record's room needs one eviction: {st:?}");
+    assert_eq!(
+        st.evicted, 1,
+        "one record's room needs one eviction: {st:?}"
+    );
     assert_eq!(st.entries, 294);
 }
 
@@ -367,7 +373,10 @@ fn finding3_one_put_after_72h_evicts_one_entry_not_most_of_the_tier() {
 fn finding3_capacity_below_one_segment_evicts_minimally_and_admits() {
     // 69 entries in a tier smaller than one segment.
     let (st, r) = one_put_after_72h(69, 4032, 1 << 20);
-    assert!(r.is_ok(), "must not refuse after room was made: {r:?} {st:?}");
+    assert!(
+        r.is_ok(),
+        "must not refuse after room was made: {r:?} {st:?}"
+    );
     assert_eq!(st.evicted, 1, "{st:?}");
     assert_eq!(st.refused, 0);
     assert_eq!(st.entries, 69);
@@ -415,15 +424,22 @@ fn finding3_under_steady_pressure_eviction_is_minimal_and_never_followed_by_refu
     let recb = (HEADER_BYTES + len) as u64;
     let cap = 40 * recb;
     let clock = Arc::new(ManualClock::new(1));
-    let (s, _) = SsdStore::open(cfg(d.path(), cap, 8 * recb), clock.clone() as Arc<dyn Clock>)
-        .unwrap();
+    let (s, _) = SsdStore::open(
+        cfg(d.path(), cap, 8 * recb),
+        clock.clone() as Arc<dyn Clock>,
+    )
+    .unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     let mut keys = Vec::new();
     for i in 0..600 {
         clock.advance(HOUR);
         // Mostly one record, sometimes a record three times larger.
         let big = rand::Rng::random_range(&mut rng, 0..10) == 0;
-        let l = if big { 3 * recb as usize - HEADER_BYTES } else { len };
+        let l = if big {
+            3 * recb as usize - HEADER_BYTES
+        } else {
+            len
+        };
         let (k, v) = fixed(71, i, l);
         let before = s.stats();
         let r = s.put(&k, &v);

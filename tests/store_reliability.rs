@@ -207,7 +207,10 @@ fn minimum_lifetime_admission_and_lru_eviction() {
     clock.advance(72 * HOUR);
     s.put(&k8, &v8).unwrap();
     let st = s.stats();
-    assert_eq!(st.evicted, 1, "one record's room: the least recently used entry went");
+    assert_eq!(
+        st.evicted, 1,
+        "one record's room: the least recently used entry went"
+    );
     assert!(st.live_bytes <= 64 << 10);
     assert_eq!(s.get(&stored[2].0).unwrap(), None, "evicted: never served");
     assert!(s.get(&stored[3].0).unwrap().is_some());
@@ -228,7 +231,10 @@ fn minimum_lifetime_admission_and_lru_eviction() {
         assert_eq!(s.get(&stored[i].0).unwrap(), None, "record {i} came back");
     }
     for i in [0, 1, 3, 6, 7] {
-        assert_eq!(s.get(&stored[i].0).unwrap().as_deref(), Some(&stored[i].1[..]));
+        assert_eq!(
+            s.get(&stored[i].0).unwrap().as_deref(),
+            Some(&stored[i].1[..])
+        );
     }
     for k in [&k8, &k9, &k10] {
         assert!(s.get(k).unwrap().is_some());
@@ -397,7 +403,10 @@ fn read_only_opener_reads_beside_a_live_writer_and_changes_nothing() {
     let acks = h.join().unwrap();
     // A torn tail left by the kill is not truncated by a read-only open.
     let sizes = |d: &Path| -> Vec<u64> {
-        segments(d).iter().map(|p| std::fs::metadata(p).unwrap().len()).collect()
+        segments(d)
+            .iter()
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .collect()
     };
     let before = sizes(d.path());
     let (ro2, _) = SsdStore::open_read_only(
@@ -416,7 +425,11 @@ fn read_only_opener_reads_beside_a_live_writer_and_changes_nothing() {
     .unwrap();
     let (k0, _) = crash_test_record(17, seen[0], 8192);
     assert!(w.remove(&k0).unwrap());
-    assert_eq!(ro.get(&k0).unwrap(), None, "removed by the writer: not served");
+    assert_eq!(
+        ro.get(&k0).unwrap(),
+        None,
+        "removed by the writer: not served"
+    );
     for &i in &acks {
         let (k, len) = crash_test_record(17, i, 8192);
         synthetic_payload(&k, len, &mut buf);
@@ -459,7 +472,10 @@ fn compaction_copies_live_records_forward_and_keeps_them_across_restart() {
         assert!(st.compactions > 0, "{st:?}");
         assert!(st.removed == 80);
         // Closed segments keep at least half live bytes.
-        assert!(st.disk_bytes <= 2 * st.live_bytes + 2 * (16 << 10), "{st:?}");
+        assert!(
+            st.disk_bytes <= 2 * st.live_bytes + 2 * (16 << 10),
+            "{st:?}"
+        );
     }
     let (s, rep) = SsdStore::open(c, clock).unwrap();
     assert_eq!(rep.corrupt_records, 0, "{:?}", rep.notes);
@@ -484,7 +500,12 @@ fn version_1_directory_is_refused_with_a_clear_error() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("format version 1"), "{err}");
-    assert_eq!(std::fs::metadata(d.path().join("seg-00000001.log")).unwrap().len(), 64);
+    assert_eq!(
+        std::fs::metadata(d.path().join("seg-00000001.log"))
+            .unwrap()
+            .len(),
+        64
+    );
 }
 
 /// Copies the segment files of `from` into a fresh directory.
@@ -559,7 +580,10 @@ fn a_crash_inside_compaction_loses_nothing() {
     let a = snapshot(before.path());
     std::fs::copy(&copies, a.path().join(copies.file_name().unwrap())).unwrap();
     let (s, rep) = check(a.path(), &[0, 1, 2, 3]);
-    assert_eq!(rep.superseded_records, 4, "both copies found; the newer wins");
+    assert_eq!(
+        rep.superseded_records, 4,
+        "both copies found; the newer wins"
+    );
     // A removal after the restart stays removed, although an older copy was on disk.
     s.remove(&recs[5].0).unwrap();
     drop(s);

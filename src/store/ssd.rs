@@ -463,7 +463,8 @@ fn resync(file: &File, from: u64, size: u64) -> std::io::Result<Option<u64>> {
         file.read_exact_at(&mut chunk[..n], pos)?;
         let mut i = 0;
         while i + 4 <= n {
-            if &chunk[i..i + 4] == MAGIC && valid_record_at(file, pos + i as u64, size, &mut payload)?
+            if &chunk[i..i + 4] == MAGIC
+                && valid_record_at(file, pos + i as u64, size, &mut payload)?
             {
                 return Ok(Some(pos + i as u64));
             }
@@ -976,7 +977,11 @@ impl SsdStore {
             .checked_add(1)
             .ok_or_else(|| Error::invalid("ssd tier", "segment ids exhausted"))?;
         Self::create_segment(&self.cfg, next, inner)?;
-        if inner.segments.get(&prev).is_some_and(|s| s.records.is_empty()) {
+        if inner
+            .segments
+            .get(&prev)
+            .is_some_and(|s| s.records.is_empty())
+        {
             Self::delete_segment(&self.cfg, inner, prev)?;
         }
         Ok(())
