@@ -661,7 +661,7 @@ impl SsdStore {
         let mut newest_created = 0u64;
         for (n, &id) in ids.iter().enumerate() {
             let newest = n + 1 == ids.len();
-            Self::scan_segment(
+            let scanned = Self::scan_segment(
                 &cfg,
                 id,
                 newest,
@@ -669,7 +669,21 @@ impl SsdStore {
                 &mut inner,
                 &mut rep,
                 &mut newest_created,
-            )?;
+            );
+            match scanned {
+                // Beside a live writer a segment can go between the listing and the open: its
+                // records were evicted, or copied to the active segment (seen if it was listed,
+                // otherwise missed like any write after the open).
+                Err(Error::Io { source, .. })
+                    if read_only && source.kind() == ErrorKind::NotFound =>
+                {
+                    rep.notes.push(format!(
+                        "{}: deleted by the writer while opening",
+                        seg_name(id)
+                    ));
+                }
+                other => other?,
+            }
         }
         rep.segments = ids.len();
         rep.records = inner.index.len();
