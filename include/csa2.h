@@ -48,7 +48,7 @@ typedef enum {
   CSA2_ERR_PANIC = 501,
 } Csa2Status;
 
-// Role of a layer (SPEC §0).
+// Role of a layer (docs/SPEC.md §0).
 typedef enum {
   // Sliding-window attention only.
   CSA2_ROLE_SWA_ONLY = 0,
@@ -60,7 +60,7 @@ typedef enum {
   CSA2_ROLE_REUSE = 3,
 } Csa2Role;
 
-// KV record format (pass as `int32_t`; SPEC §1).
+// KV record format (pass as `int32_t`; docs/SPEC.md §1).
 typedef enum {
   // 512 values → 288 B: 256 B E2M1 + 32 E4M3 scales (per 16).
   CSA2_FORMAT_NVFP4 = 0,
@@ -92,7 +92,7 @@ typedef enum {
   CSA2_RECORD_INDEX = 1,
 } Csa2RecordKind;
 
-// Replay mode (pass as `int32_t`; SPEC §3).
+// Replay mode (pass as `int32_t`; docs/SPEC.md §3).
 typedef enum {
   // SWA bounded replay (the default).
   CSA2_REPLAY_BOUNDED = 0,
@@ -102,7 +102,7 @@ typedef enum {
   CSA2_REPLAY_OFF = 2,
 } Csa2ReplayMode;
 
-// The record formats of one cache (SPEC §1).
+// The record formats of one cache (docs/SPEC.md §1).
 typedef struct CacheFormats CacheFormats;
 
 // Opaque KV cache manager handle (paged block pool, block tables, prefix index). Free with
@@ -122,7 +122,7 @@ typedef struct Csa2ReplayPlan Csa2ReplayPlan;
 // An instruction-set level of the row codecs.
 typedef struct Isa Isa;
 
-// A KV byte layout, for byte accounting and capacity planning (SPEC §0, §1).
+// A KV byte layout, for byte accounting and capacity planning (docs/SPEC.md §0, §1).
 typedef struct KvLayout KvLayout;
 
 // How a module was loaded on a device.
@@ -134,7 +134,7 @@ typedef struct Op Op;
 // A KV record format.
 typedef struct RecordFormat RecordFormat;
 
-// What one attention layer does in CSA2 (SPEC §0 table).
+// What one attention layer does in CSA2 (docs/SPEC.md §0 table).
 typedef struct Role Role;
 
 // Allowed error of a path against its reference.
@@ -256,7 +256,7 @@ typedef struct {
   uint8_t encoder;
 } Csa2LayerInfo;
 
-// Scalars of [`csa2_mhc`] (SPEC §4; config `hc_*`, `rms_norm_eps`). Pass null for the V4.1 values
+// Scalars of [`csa2_mhc`] (docs/SPEC.md §4; config `hc_*`, `rms_norm_eps`). Pass null for the V4.1 values
 // (2.0, 20, 1e-6, 1e-20).
 typedef struct {
   // Multiplier of the post sigmoid (2.0).
@@ -466,7 +466,7 @@ Csa2Status csa2_cache_stats(const Csa2Cache *c, Csa2CacheStats *out);
 // `c` must be a live cache handle; `out` writable.
 Csa2Status csa2_cache_request_bytes(const Csa2Cache *c, uint64_t id, Csa2RequestBytes *out);
 
-// Plans one prefill step for geometry `g` (SPEC §3): `prompt_len` tokens whose first
+// Plans one prefill step for geometry `g` (docs/SPEC.md §3): `prompt_len` tokens whose first
 // `hit_tokens` hit the prefix cache, with the SWA snapshot at the hit present (`snapshot_present`
 // ≠ 0) or not. `mode` is a `Csa2ReplayMode`. The plan is a new handle in `*out`.
 //
@@ -717,7 +717,7 @@ Csa2Status csa2_geometry_num_layers(const Csa2Geometry *g, size_t *out);
 Csa2Status csa2_geometry_layer(const Csa2Geometry *g, size_t layer, Csa2LayerInfo *out);
 
 // Writes the global (compressed) KV bytes per original token in `layout` (a `Csa2KvLayout`)
-// to `*out`: 890 for the released config in NVFP4 (SPEC §0).
+// to `*out`: 890 for the released config in NVFP4 (docs/SPEC.md §0).
 //
 // # Safety
 // `g` must be a live handle; `out` writable.
@@ -736,7 +736,7 @@ Csa2Status csa2_geometry_swa_bytes_per_request(const Csa2Geometry *g,
 
 // Rotary embedding in place on `x` `(tokens, heads, dim)` float, token t at `positions[t]`
 // (`(tokens)` int, ≥ 0), with the rotary of layer `layer` of `geometry` (θ, YaRN, rope_dim on the
-// trailing dims; SPEC §2 "RoPE"). `inverse` = 0 rotates forward (Q, KV), 1 by the negative angle
+// trailing dims; docs/SPEC.md §2 "RoPE"). `inverse` = 0 rotates forward (Q, KV), 1 by the negative angle
 // (the attention output).
 //
 // `x` is read and written (in place, the only aliasing allowed); `positions` may not overlap it.
@@ -752,7 +752,7 @@ Csa2Status csa2_rope(const Csa2Geometry *geometry,
                      const DLTensor *positions,
                      int32_t inverse);
 
-// KV compressor of Full layer `layer` (SPEC §2 "Compressor"): turns `kv` `(T, 512)` float (and, for
+// KV compressor of Full layer `layer` (docs/SPEC.md §2 "Compressor"): turns `kv` `(T, 512)` float (and, for
 // ratio 2, the gate `score` `(T, 512)` float; null for ratio 1) of tokens `start_pos ..
 // start_pos + T` into `E = T / ratio` compressed entries, written as NVFP4-DS main-KV records
 // `main_kv_out` `(E, 288)` uint8 and MXFP4 index-K records `index_k_out` `(E, 68)` uint8.
@@ -776,7 +776,7 @@ Csa2Status csa2_compress(const Csa2Geometry *geometry,
                          const DLTensor *main_kv_out,
                          const DLTensor *index_k_out);
 
-// Lightning-indexer logits (SPEC §2 "Indexer"): `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)`
+// Lightning-indexer logits (docs/SPEC.md §2 "Indexer"): `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)`
 // for the visible entries `j < (positions[t] + 1) div ratio`, −∞ elsewhere.
 //
 // `q` `(T, H, 128)` float (RoPE'd index Q), `w` `(T, H)` float (already scaled), `positions` `(T)`
@@ -796,7 +796,7 @@ Csa2Status csa2_indexer_logits(const DLTensor *q,
                                int32_t q_quant,
                                const DLTensor *logits_out);
 
-// Candidate-restricted lightning-indexer logits (SPEC §2 "Indexer", the Reindex path): as
+// Candidate-restricted lightning-indexer logits (docs/SPEC.md §2 "Indexer", the Reindex path): as
 // [`csa2_indexer_logits`], but row t scores only the entries inside its candidate blocks
 // `blocks[t, :]` (block b = entries `[b·block_size, (b+1)·block_size)`, −1 ends the list early;
 // only visible entries count); every other entry is −∞. This is `csa2 op indexer` with `blocks`.
@@ -817,7 +817,7 @@ Csa2Status csa2_indexer_logits_in_blocks(const DLTensor *q,
                                          int32_t q_quant,
                                          const DLTensor *logits_out);
 
-// Top-k of indexer logits (SPEC §2 "Indexer"): for row t, the K largest of
+// Top-k of indexer logits (docs/SPEC.md §2 "Indexer"): for row t, the K largest of
 // `logits[t, 0 .. (positions[t] + 1) div ratio]` (ties → smaller index; −∞/NaN never chosen; all
 // visible entries in index order when they are ≤ K), −1 padded.
 //
@@ -832,7 +832,7 @@ Csa2Status csa2_topk(const DLTensor *logits,
                      const DLTensor *out,
                      const DLTensor *counts_out);
 
-// Hierarchical candidate pool of the candidate-source layer (SPEC §2 "Candidate pool"): per row,
+// Hierarchical candidate pool of the candidate-source layer (docs/SPEC.md §2 "Candidate pool"): per row,
 // blocks of `block_size` entries scored by their max visible logit, the newest block pinned, the
 // best `B` kept sorted (score desc, id asc), −1 padded.
 //
@@ -848,7 +848,7 @@ Csa2Status csa2_candidates(const DLTensor *logits,
                            uint32_t block_size,
                            const DLTensor *blocks_out);
 
-// Sparse + sliding-window attention with a sink (SPEC §2 "Attention"): per token and head, one
+// Sparse + sliding-window attention with a sink (docs/SPEC.md §2 "Attention"): per token and head, one
 // softmax over the selected main-KV entries ∪ the SWA window `[max(p − window + 1, 0,
 // replay_start), p]`, plus the sink logit in the denominator; `lse` excludes the sink.
 //
@@ -891,7 +891,7 @@ Csa2Status csa2_attention(const DLTensor *q,
 // softmax_scale)` as vLLM 0.33 `models/deepseek_v41/nvidia/flashmla.py` calls it: per token and
 // head one softmax over the rows `main_idx[t, :main_len[t]]` of `main_kv` then
 // `swa_idx[t, :swa_len[t]]` of `swa_kv` (−1 entries skipped; a repeated id is attended once per
-// occurrence), plus the sink logit in the denominator; `lse` excludes the sink (SPEC §2
+// occurrence), plus the sink logit in the denominator; `lse` excludes the sink (docs/SPEC.md §2
 // "Attention"). No positions, window or visibility here: the caller resolved them when it built
 // the lists (for one sequence, listing the window rows reproduces [`csa2_attention`] exactly).
 //
@@ -927,7 +927,7 @@ Csa2Status csa2_attention_indexed(const DLTensor *q,
                                   const DLTensor *out,
                                   const DLTensor *lse);
 
-// One mHC boundary between two sublayer sites (SPEC §4, V4.1 single-pass shift; fused CPU path):
+// One mHC boundary between two sublayer sites (docs/SPEC.md §4, V4.1 single-pass shift; fused CPU path):
 //
 // ```text
 // x_new    = post ⊙ y + combᵀ · x                   (skipped when y/post/comb are null: x_new = x)

@@ -7,11 +7,11 @@
 //! - **Block tables and slot mapping**: each request has a block table; compressed entry `j` of a
 //!   ratio-m layer lives in block `table[j·m / block_tokens]`, slot
 //!   `block · (block_tokens/m) + j mod (block_tokens/m)` (vLLM's `block_table[i // S]·S + i % S`,
-//!   research/vllm_v41.md §3.4).
+//!   docs/SPEC.md §1.6).
 //! - **Prefix sharing**: full blocks are published under chained SHA-256 keys
 //!   ([`prefix::PrefixHasher`]); a later request adopts them (reference count + 1). Published blocks
 //!   are sealed: their slots can no longer be written, so a replay can never overwrite a shared
-//!   entry (SPEC §3 "never recomputed or overwritten").
+//!   entry (docs/SPEC.md §3 "never recomputed or overwritten").
 //! - **Eviction**: a block whose count drops to zero stays cached (still findable by key) in an LRU
 //!   list; allocation takes never-used blocks first, then evicts the least recently used cached
 //!   block. A finished request's blocks enter the LRU deepest-first, so a prefix's tail goes before

@@ -202,7 +202,7 @@ fn out_of_blocks_is_an_error_that_changes_nothing() {
     c.check_invariants().unwrap();
 }
 
-/// SPEC §0: at long context the measured global KV comes to 890 / 1,490 / 1,790 B per token.
+/// docs/SPEC.md §0: at long context the measured global KV comes to 890 / 1,490 / 1,790 B per token.
 #[test]
 fn measured_bytes_per_token_at_long_context() {
     let tokens = 64 * 1024;

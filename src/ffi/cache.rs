@@ -40,7 +40,7 @@ pub struct Csa2ReplayPlan {
     p: ReplayPlan,
 }
 
-/// Replay mode (pass as `int32_t`; SPEC §3).
+/// Replay mode (pass as `int32_t`; docs/SPEC.md §3).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Csa2ReplayMode {
@@ -569,7 +569,7 @@ pub unsafe extern "C" fn csa2_cache_request_bytes(
     })
 }
 
-/// Plans one prefill step for geometry `g` (SPEC §3): `prompt_len` tokens whose first
+/// Plans one prefill step for geometry `g` (docs/SPEC.md §3): `prompt_len` tokens whose first
 /// `hit_tokens` hit the prefix cache, with the SWA snapshot at the hit present (`snapshot_present`
 /// ≠ 0) or not. `mode` is a `Csa2ReplayMode`. The plan is a new handle in `*out`.
 ///

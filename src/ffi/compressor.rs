@@ -1,6 +1,6 @@
 //! The stateful KV compressor over the C ABI: an opaque per-request state handle, so the two tokens
 //! of a ratio-2 group may arrive in different calls (a decode step after a prefill of odd length)
-//! and still pool exactly as one call (SPEC §2 "Compressor", §3 "compressor state").
+//! and still pool exactly as one call (docs/SPEC.md §2 "Compressor", §3 "compressor state").
 //!
 //! # Ownership and lifetimes
 //! [`csa2_compressor_state_create`] returns a handle owned by the caller; free it once with

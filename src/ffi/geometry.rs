@@ -10,7 +10,7 @@ pub struct Csa2Geometry {
     pub(super) g: Geometry,
 }
 
-/// Role of a layer (SPEC §0).
+/// Role of a layer (docs/SPEC.md §0).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Csa2Role {
@@ -178,7 +178,7 @@ pub unsafe extern "C" fn csa2_geometry_layer(
 }
 
 /// Writes the global (compressed) KV bytes per original token in `layout` (a `Csa2KvLayout`)
-/// to `*out`: 890 for the released config in NVFP4 (SPEC §0).
+/// to `*out`: 890 for the released config in NVFP4 (docs/SPEC.md §0).
 ///
 /// # Safety
 /// `g` must be a live handle; `out` writable.

@@ -162,7 +162,7 @@ fn record_format(v: i32, what: &'static str) -> Result<RecordFormat> {
 
 /// Rotary embedding in place on `x` `(tokens, heads, dim)` float, token t at `positions[t]`
 /// (`(tokens)` int, ≥ 0), with the rotary of layer `layer` of `geometry` (θ, YaRN, rope_dim on the
-/// trailing dims; SPEC §2 "RoPE"). `inverse` = 0 rotates forward (Q, KV), 1 by the negative angle
+/// trailing dims; docs/SPEC.md §2 "RoPE"). `inverse` = 0 rotates forward (Q, KV), 1 by the negative angle
 /// (the attention output).
 ///
 /// `x` is read and written (in place, the only aliasing allowed); `positions` may not overlap it.
@@ -210,7 +210,7 @@ pub unsafe extern "C" fn csa2_rope(
     })
 }
 
-/// KV compressor of Full layer `layer` (SPEC §2 "Compressor"): turns `kv` `(T, 512)` float (and, for
+/// KV compressor of Full layer `layer` (docs/SPEC.md §2 "Compressor"): turns `kv` `(T, 512)` float (and, for
 /// ratio 2, the gate `score` `(T, 512)` float; null for ratio 1) of tokens `start_pos ..
 /// start_pos + T` into `E = T / ratio` compressed entries, written as NVFP4-DS main-KV records
 /// `main_kv_out` `(E, 288)` uint8 and MXFP4 index-K records `index_k_out` `(E, 68)` uint8.
@@ -296,7 +296,7 @@ pub unsafe extern "C" fn csa2_compress(
     })
 }
 
-/// Lightning-indexer logits (SPEC §2 "Indexer"): `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)`
+/// Lightning-indexer logits (docs/SPEC.md §2 "Indexer"): `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)`
 /// for the visible entries `j < (positions[t] + 1) div ratio`, −∞ elsewhere.
 ///
 /// `q` `(T, H, 128)` float (RoPE'd index Q), `w` `(T, H)` float (already scaled), `positions` `(T)`
@@ -324,7 +324,7 @@ pub unsafe extern "C" fn csa2_indexer_logits(
     })
 }
 
-/// Candidate-restricted lightning-indexer logits (SPEC §2 "Indexer", the Reindex path): as
+/// Candidate-restricted lightning-indexer logits (docs/SPEC.md §2 "Indexer", the Reindex path): as
 /// [`csa2_indexer_logits`], but row t scores only the entries inside its candidate blocks
 /// `blocks[t, :]` (block b = entries `[b·block_size, (b+1)·block_size)`, −1 ends the list early;
 /// only visible entries count); every other entry is −∞. This is `csa2 op indexer` with `blocks`.
@@ -478,7 +478,7 @@ fn visible_rows(pos: &[i64], ratio: u32) -> Result<Vec<usize>> {
         .collect())
 }
 
-/// Top-k of indexer logits (SPEC §2 "Indexer"): for row t, the K largest of
+/// Top-k of indexer logits (docs/SPEC.md §2 "Indexer"): for row t, the K largest of
 /// `logits[t, 0 .. (positions[t] + 1) div ratio]` (ties → smaller index; −∞/NaN never chosen; all
 /// visible entries in index order when they are ≤ K), −1 padded.
 ///
@@ -528,7 +528,7 @@ pub unsafe extern "C" fn csa2_topk(
     })
 }
 
-/// Hierarchical candidate pool of the candidate-source layer (SPEC §2 "Candidate pool"): per row,
+/// Hierarchical candidate pool of the candidate-source layer (docs/SPEC.md §2 "Candidate pool"): per row,
 /// blocks of `block_size` entries scored by their max visible logit, the newest block pinned, the
 /// best `B` kept sorted (score desc, id asc), −1 padded.
 ///
@@ -571,7 +571,7 @@ pub unsafe extern "C" fn csa2_candidates(
     })
 }
 
-/// Sparse + sliding-window attention with a sink (SPEC §2 "Attention"): per token and head, one
+/// Sparse + sliding-window attention with a sink (docs/SPEC.md §2 "Attention"): per token and head, one
 /// softmax over the selected main-KV entries ∪ the SWA window `[max(p − window + 1, 0,
 /// replay_start), p]`, plus the sink logit in the denominator; `lse` excludes the sink.
 ///
@@ -788,7 +788,7 @@ fn kv_rows<'b, 'a: 'b>(
 /// softmax_scale)` as vLLM 0.33 `models/deepseek_v41/nvidia/flashmla.py` calls it: per token and
 /// head one softmax over the rows `main_idx[t, :main_len[t]]` of `main_kv` then
 /// `swa_idx[t, :swa_len[t]]` of `swa_kv` (−1 entries skipped; a repeated id is attended once per
-/// occurrence), plus the sink logit in the denominator; `lse` excludes the sink (SPEC §2
+/// occurrence), plus the sink logit in the denominator; `lse` excludes the sink (docs/SPEC.md §2
 /// "Attention"). No positions, window or visibility here: the caller resolved them when it built
 /// the lists (for one sequence, listing the window rows reproduces [`csa2_attention`] exactly).
 ///
@@ -880,7 +880,7 @@ pub unsafe extern "C" fn csa2_attention_indexed(
     })
 }
 
-/// Scalars of [`csa2_mhc`] (SPEC §4; config `hc_*`, `rms_norm_eps`). Pass null for the V4.1 values
+/// Scalars of [`csa2_mhc`] (docs/SPEC.md §4; config `hc_*`, `rms_norm_eps`). Pass null for the V4.1 values
 /// (2.0, 20, 1e-6, 1e-20).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -895,7 +895,7 @@ pub struct Csa2MhcParams {
     pub rms_eps: f32,
 }
 
-/// One mHC boundary between two sublayer sites (SPEC §4, V4.1 single-pass shift; fused CPU path):
+/// One mHC boundary between two sublayer sites (docs/SPEC.md §4, V4.1 single-pass shift; fused CPU path):
 ///
 /// ```text
 /// x_new    = post ⊙ y + combᵀ · x                   (skipped when y/post/comb are null: x_new = x)

@@ -1,4 +1,4 @@
-//! The host-DRAM pool for encoder SWA snapshots (SPEC §0: 10% of the machine's DRAM, a TTL of
+//! The host-DRAM pool for encoder SWA snapshots (docs/SPEC.md §0: 10% of the machine's DRAM, a TTL of
 //! minutes, fast reclamation; decoder SWA state is never persisted).
 //!
 //! A snapshot is keyed by the prefix boundary it belongs to. It expires `ttl_ms` after it was
@@ -67,7 +67,7 @@ pub fn host_memory_bytes() -> Result<u64> {
 }
 
 impl DramConfig {
-    /// The SPEC defaults: 10% of host memory, 5-minute TTL.
+    /// The docs/SPEC.md §0.5 defaults: 10% of host memory, 5-minute TTL.
     pub fn host_default() -> Result<DramConfig> {
         Ok(DramConfig {
             capacity_bytes: host_memory_bytes()? / 10,

@@ -1,4 +1,4 @@
-//! Persistent tiers behind the HBM cache (SPEC §0 "Persistence"; research/tiered_kv.md §7).
+//! Persistent tiers behind the HBM cache (docs/SPEC.md §0.5).
 //!
 //! - [`ssd`]: global KV on SSD, keyed by the chained prefix key; append-only segments, CRC32C per
 //!   record and a checksummed state word, index rebuilt on restart (resynchronising past damage),

@@ -123,7 +123,7 @@ pub struct SsdConfig {
     /// Most bytes of live records (headers included) the tier holds. Dead bytes awaiting
     /// compaction come on top (module docs, "Capacity").
     pub capacity_bytes: u64,
-    /// Minimum lifetime of an entry, ms of store age (default 72 h, SPEC §0).
+    /// Minimum lifetime of an entry, ms of store age (default 72 h, docs/SPEC.md §0).
     pub min_lifetime_ms: u64,
     /// A segment is closed once it reaches this size (default 16 MiB).
     pub segment_bytes: u64,

@@ -1,4 +1,4 @@
-//! `csa2 replay-error`: what SWA bounded replay costs in accuracy (SPEC §3, docs/REPLAY_ERROR.md).
+//! `csa2 replay-error`: what SWA bounded replay costs in accuracy (docs/SPEC.md §3, docs/REPLAY_ERROR.md).
 //!
 //! Runs one multi-turn session with the exact replay (the reference) and with each compared
 //! variant (default: bounded = encoder + decoder bounded replay, and encoder_only = decoder replay

@@ -6,7 +6,7 @@
 //! windows and compressor carries go to the DRAM snapshot pool (TTL, `store::dram`), decoder SWA is
 //! dropped (never persisted). The next turn arrives after the trace's gap × `--time-scale`; a live
 //! snapshot is restored (no replay), an expired one costs an encoder bounded replay of the last
-//! window (SPEC §3, planned by `replay::plan`).
+//! window (docs/SPEC.md §3, planned by `replay::plan`).
 //!
 //! The KV cache is the paged block manager through `PagedCache` (`--cache paged`, the default; the
 //! pool is sized to the session's final context unless `--cache-blocks` says otherwise) or the
@@ -71,7 +71,7 @@ pub struct Args {
     /// Turn k is trace request k × stride (spreads the turns over the trace's timeline).
     #[arg(long, default_value_t = 25)]
     stride: usize,
-    /// DRAM snapshot time to live, seconds (SPEC §0: minutes).
+    /// DRAM snapshot time to live, seconds (docs/SPEC.md §0: minutes).
     #[arg(long, default_value_t = 300)]
     ttl_s: u64,
     /// Prefill chunk size in tokens.

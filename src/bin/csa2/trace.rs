@@ -14,7 +14,7 @@ const GIB: f64 = (1u64 << 30) as f64;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Mooncake JSONL trace (default: the shipped 300-request excerpt of the conversation trace).
+    /// Mooncake JSONL trace, plain or gzip (`.jsonl.gz`; the full trace ships as assets/mooncake_conversation_trace.jsonl.gz; default: its embedded 300-request excerpt).
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Design: v41, v4, or both (compared on the same trace).

@@ -1,4 +1,4 @@
-//! Sparse + sliding-window attention with a sink (SPEC §2 "Attention", reference_math §4).
+//! Sparse + sliding-window attention with a sink (docs/SPEC.md §2.7–§2.8).
 //!
 //! For a query token at position p, head h (64 heads, MQA: K = V = the 512-d latent):
 //! - attended set = the selected main-KV entries (top-k row, −1 masked, entries past the row's

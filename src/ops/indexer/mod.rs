@@ -1,4 +1,4 @@
-//! Lightning indexer logits (SPEC §2 "Indexer", reference_math §2).
+//! Lightning indexer logits (docs/SPEC.md §2.5).
 //!
 //! For a query at position p with index Q `q[h, 0..128]` (RoPE'd, h < 32) and head weights `w[h]`
 //! (already scaled by `128^-0.5 · 32^-0.5`), the logit of compressed entry j is
@@ -140,7 +140,7 @@ pub struct IndexerQueries<'a> {
     pub positions: &'a [i64],
 }
 
-/// Compressed entries a query at `pos` sees with ratio `m`: `(pos + 1) div m` (SPEC §2).
+/// Compressed entries a query at `pos` sees with ratio `m`: `(pos + 1) div m` (docs/SPEC.md §2).
 #[inline]
 pub fn visible(pos: i64, m: usize) -> usize {
     // Through i128: `pos + 1` overflows i64 at i64::MAX (found by tests/ffi_fuzz.rs).
