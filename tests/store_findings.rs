@@ -1,8 +1,8 @@
-//! Issue 13, findings 1–4 (the SSD tier), one test per finding case. Each failed on the tier as it
-//! was before the fix (the second opener was accepted, a flipped header bit truncated the rest of
-//! its segment, eviction counted file sizes and refused after evicting, lifetimes followed the
-//! wall clock). These tests use only the tier's original public API so that they also build
-//! against it.
+//! Issue 13, findings 1–4 (the SSD tier), one test per finding case
+//! (`cargo test --test suite store_findings::`). Each failed on the tier as it was before the fix
+//! (the second opener was accepted, a flipped header bit truncated the rest of its segment,
+//! eviction counted file sizes and refused after evicting, lifetimes followed the wall clock).
+//! These tests use only the tier's original public API so that they also build against it.
 
 use csa2::cache::PrefixKey;
 use csa2::store::ssd::{crash_test_record, synthetic_payload, HEADER_BYTES};

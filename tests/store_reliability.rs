@@ -602,3 +602,41 @@ fn a_crash_inside_compaction_loses_nothing() {
     assert_eq!(rep.torn_bytes_truncated, 700);
     assert_eq!(rep.superseded_records, 2);
 }
+
+#[test]
+fn reopening_while_another_thread_spawns_children_is_not_refused() {
+    // A child spawned by any thread shares the parent's descriptors, the directory lock's too,
+    // until its exec: a store closed and reopened meanwhile must not be refused as "in use".
+    let d = tempfile::tempdir().unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spawner = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::process::Command::new("true").status().unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut refused = Vec::new();
+    for i in 0..150u64 {
+        match SsdStore::open(cfg(d.path(), 1 << 20), clock.clone()) {
+            Ok((s, _)) => {
+                let (k, v) = rec(27, i, 64);
+                s.put(&k, &v).unwrap();
+            }
+            Err(e) => refused.push(format!("open {i}: {e}")),
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let spawned = spawner.join().unwrap();
+    assert!(
+        refused.is_empty(),
+        "{} of 150 reopens refused while {spawned} children were spawned: {:?}",
+        refused.len(),
+        &refused[..refused.len().min(2)]
+    );
+}

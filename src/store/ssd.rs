@@ -32,7 +32,10 @@
 //! # Guarantees
 //! - **One writer per directory**: [`SsdStore::open`] takes an exclusive lock on `LOCK`; a second
 //!   opener (another process, or the same one twice) gets [`Error::Io`] of kind `WouldBlock`
-//!   naming the holder's pid. [`SsdStore::open_read_only`] takes no lock and never writes, deletes
+//!   naming the holder's pid (a second open inside one process is caught by an in-process
+//!   registry; a lock found held is retried for up to 1 s, because a child process spawned by
+//!   another thread holds every descriptor of its parent until its `exec`, the lock's too).
+//!   [`SsdStore::open_read_only`] takes no lock and never writes, deletes
 //!   or truncates anything; its reads re-check the on-disk state, so an entry the writer evicted
 //!   or removed is not served. The lock goes with the process (a killed writer leaves no stale
 //!   lock).
@@ -84,7 +87,7 @@ use crate::cache::PrefixKey;
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -312,7 +315,7 @@ pub struct SsdStore {
     age_base: u64,
     mono_base: u64,
     /// The exclusive lock (writable stores); released when the store is dropped.
-    _lock: Option<File>,
+    _lock: Option<DirLock>,
     age_file: Option<File>,
     inner: Mutex<Inner>,
     writer: Mutex<()>,
@@ -496,48 +499,110 @@ fn encode_age(age: u64, wall: u64) -> [u8; 32] {
     b
 }
 
+/// Directories this process has open for writing (canonical paths). `flock` alone cannot tell
+/// "open in this process" from "held by a child that inherited the descriptor for the moment
+/// between its `fork` and `exec`"; this registry answers the first at once.
+static OPEN_HERE: parking_lot::Mutex<Option<HashSet<PathBuf>>> = parking_lot::Mutex::new(None);
+
+/// How long a refused lock is retried: a thread of this process that spawns a child shares every
+/// open descriptor with it until the child's `exec` closes them, so a lock just released can look
+/// held for a moment.
+const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(1000);
+
+/// The exclusive lock of a writable store's directory, released (and unregistered) on drop.
+struct DirLock {
+    _file: File,
+    dir: PathBuf,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        if let Some(set) = OPEN_HERE.lock().as_mut() {
+            set.remove(&self.dir);
+        }
+    }
+}
+
 /// Takes the directory's exclusive lock and records this process's pid in it.
-fn lock_dir(dir: &Path) -> Result<File> {
+fn lock_dir(dir: &Path) -> Result<DirLock> {
+    let canon = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
     let path = dir.join(LOCK_NAME);
+    let busy = |who: String| {
+        Error::io(
+            &path,
+            std::io::Error::new(
+                ErrorKind::WouldBlock,
+                format!(
+                    "the SSD tier {} is open for writing by another owner ({who}); one writer \
+                     per directory — stop it, use another directory, or open this one with \
+                     SsdStore::open_read_only",
+                    dir.display()
+                ),
+            ),
+        )
+    };
+    {
+        let mut here = OPEN_HERE.lock();
+        // Reserve the directory in the registry; the reservation goes if locking fails.
+        if !here.get_or_insert_with(HashSet::new).insert(canon.clone()) {
+            return Err(busy(format!(
+                "pid {}, this process: the directory is already open here",
+                std::process::id()
+            )));
+        }
+    }
+    let unregister = || {
+        if let Some(set) = OPEN_HERE.lock().as_mut() {
+            set.remove(&canon);
+        }
+    };
+    match take_lock(&path, &busy) {
+        Ok(f) => Ok(DirLock {
+            _file: f,
+            dir: canon.clone(),
+        }),
+        Err(e) => {
+            unregister();
+            Err(e)
+        }
+    }
+}
+
+fn take_lock(path: &Path, busy: &dyn Fn(String) -> Error) -> Result<File> {
     let f = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
-        .open(&path)
-        .map_err(|e| Error::io(&path, e))?;
-    match f.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => {
-            let holder = std::fs::read_to_string(&path)
-                .ok()
-                .and_then(|s| s.trim().parse::<u32>().ok());
-            let who = match holder {
-                Some(pid) if pid == std::process::id() => {
-                    format!("pid {pid}, this process: the directory is already open here")
-                }
-                Some(pid) => format!("pid {pid}"),
-                None => "a process that has not written its pid yet".to_string(),
-            };
-            return Err(Error::io(
-                &path,
-                std::io::Error::new(
-                    ErrorKind::WouldBlock,
-                    format!(
-                        "the SSD tier {} is open for writing by another owner ({who}); one \
-                         writer per directory — stop it, use another directory, or open this \
-                         one with SsdStore::open_read_only",
-                        dir.display()
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let deadline = std::time::Instant::now() + LOCK_RETRY;
+    loop {
+        match f.try_lock() {
+            Ok(()) => break,
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(path)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u32>().ok());
+                return Err(busy(match holder {
+                    Some(pid) if pid == std::process::id() => format!(
+                        "pid {pid}, this process, whose earlier store on it is still held by a \
+                         child process that inherited the lock"
                     ),
-                ),
-            ));
+                    Some(pid) => format!("pid {pid}"),
+                    None => "a process that has not written its pid yet".to_string(),
+                }));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(path, e)),
         }
-        Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
     }
     let pid = format!("{}\n", std::process::id());
     f.set_len(0)
         .and_then(|_| f.write_all_at(pid.as_bytes(), 0))
-        .map_err(|e| Error::io(&path, e))?;
+        .map_err(|e| Error::io(path, e))?;
     Ok(f)
 }
 
