@@ -45,6 +45,8 @@ mod replay_error;
 mod run_cli;
 #[path = "ssd_crash.rs"]
 mod ssd_crash;
+#[path = "store_findings.rs"]
+mod store_findings;
 #[path = "store_reliability.rs"]
 mod store_reliability;
 #[path = "weights.rs"]
