@@ -440,6 +440,52 @@ pub struct LayerWeights {
     pub ffn_norm: Vec<f32>,
 }
 
+impl LayerWeights {
+    /// Every matrix stored as f32 (same values).
+    pub fn into_f32(self) -> LayerWeights {
+        let mut w = self;
+        let a = &mut w.attn;
+        for m in [
+            &mut a.wq_a,
+            &mut a.wq_b,
+            &mut a.wkv,
+            &mut a.wo_a,
+            &mut a.wo_b,
+        ] {
+            *m = std::mem::replace(m, Matrix::f32(0, 0, vec![])).into_f32();
+        }
+        if let Some(c) = &mut a.compressor {
+            c.wkv = std::mem::replace(&mut c.wkv, Matrix::f32(0, 0, vec![])).into_f32();
+            if let Some(g) = &mut c.wgate {
+                *g = std::mem::replace(g, Matrix::f32(0, 0, vec![])).into_f32();
+            }
+        }
+        if let Some(i) = &mut a.indexer {
+            i.wq_b = std::mem::replace(&mut i.wq_b, Matrix::f32(0, 0, vec![])).into_f32();
+            i.weights_proj =
+                std::mem::replace(&mut i.weights_proj, Matrix::f32(0, 0, vec![])).into_f32();
+        }
+        w
+    }
+    /// Bytes of the stored matrices (scales included).
+    pub fn matrix_bytes(&self) -> usize {
+        let a = &self.attn;
+        let mut n = [&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b]
+            .iter()
+            .map(|m| m.stored_bytes())
+            .sum::<usize>();
+        if let Some(c) = &a.compressor {
+            n += c.wkv.stored_bytes() + c.wgate.as_ref().map_or(0, |g| g.stored_bytes());
+        }
+        if let Some(i) = &a.indexer {
+            n += i.wq_b.stored_bytes()
+                + i.weights_proj.stored_bytes()
+                + i.k.as_ref().map_or(0, |k| k.wk.stored_bytes());
+        }
+        n
+    }
+}
+
 struct Shard {
     path: PathBuf,
     map: Mmap,
@@ -615,8 +661,10 @@ impl Checkpoint {
                     .enumerate()
                     .for_each(|(r, row)| {
                         let srow = &scales[(r / FP8_BLOCK) * bc..(r / FP8_BLOCK + 1) * bc];
-                        for (c, (o, &b)) in
-                            row.iter_mut().zip(&bytes[r * cols..(r + 1) * cols]).enumerate()
+                        for (c, (o, &b)) in row
+                            .iter_mut()
+                            .zip(&bytes[r * cols..(r + 1) * cols])
+                            .enumerate()
                         {
                             *o = e4m3_decode(b) * srow[c / FP8_BLOCK];
                         }

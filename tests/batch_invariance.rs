@@ -9,9 +9,9 @@
 //! shorter than the window lies wholly inside the hit (the `csa2 run --chunk 100 --turns 3` failure).
 
 use csa2::backend::cache::Region;
+use csa2::backend::stack::synthetic_layer;
 use csa2::backend::timing::Timings;
 use csa2::backend::{Backend, BackendConfig, ContiguousCache, KvCache, Model, Phase, SeqStep};
-use csa2::backend::stack::synthetic_layer;
 use csa2::geometry::{Geometry, Role};
 use csa2::replay::{plan as replay_plan, ReplayConfig, ReplayMode};
 use csa2::weights::Scale;
@@ -30,9 +30,15 @@ fn geometry() -> Geometry {
     let mut v: serde_json::Value = serde_json::from_str(&Scale::Tiny.config_json()).unwrap();
     let t = v["text_config"].as_object_mut().unwrap();
     t.insert("num_hidden_layers".into(), 8.into());
-    t.insert("compress_ratios".into(), serde_json::json!([0, 2, 2, 2, 1, 1, 1, 0]));
+    t.insert(
+        "compress_ratios".into(),
+        serde_json::json!([0, 2, 2, 2, 1, 1, 1, 0]),
+    );
     t.insert("kv_source_layer_ids".into(), serde_json::json!([1, 4]));
-    t.insert("index_source_layer_ids".into(), serde_json::json!([1, 3, 4, 6]));
+    t.insert(
+        "index_source_layer_ids".into(),
+        serde_json::json!([1, 3, 4, 6]),
+    );
     t.insert("candidate_source_layer_id".into(), 4.into());
     Geometry::from_json_str(&v.to_string()).unwrap()
 }
@@ -62,7 +68,10 @@ fn backend() -> &'static Backend {
 }
 
 fn token(req: u64, p: usize) -> u32 {
-    ((p as u64).wrapping_mul(2_654_435_761).wrapping_add(req * 97) % 50_000) as u32
+    ((p as u64)
+        .wrapping_mul(2_654_435_761)
+        .wrapping_add(req * 97)
+        % 50_000) as u32
 }
 
 /// What a session produced: every step's output rows in order, and every Full layer's records.
@@ -186,7 +195,11 @@ fn session(chunks: &mut dyn FnMut() -> usize, other: Option<usize>) -> Outcome {
     let p = replay_plan(&rcfg, prompt, ctx, false).unwrap();
     assert_eq!(p.hit_used, ctx);
     let enc = &p.layers[0];
-    assert_eq!(enc.rows.start, ctx - g.window, "the encoder replays a window");
+    assert_eq!(
+        enc.rows.start,
+        ctx - g.window,
+        "the encoder replays a window"
+    );
     prefill(
         b,
         &mut cache,
@@ -257,9 +270,13 @@ fn first_difference(a: &Outcome, b: &Outcome) -> String {
 #[test]
 fn chunk_sizes_from_1_to_1000_give_bit_identical_sessions() {
     let reference = one_pass();
-    assert!(reference.hidden.iter().all(|&v| f32::from_bits(v).is_finite()));
+    assert!(reference
+        .hidden
+        .iter()
+        .all(|&v| f32::from_bits(v).is_finite()));
     for c in [
-        1, 2, 3, 5, 7, 8, 10, 13, 14, 26, 65, 100, 127, 128, 129, 130, 131, 140, 141, 500, 997, 1000,
+        1, 2, 3, 5, 7, 8, 10, 13, 14, 26, 65, 100, 127, 128, 129, 130, 131, 140, 141, 500, 997,
+        1000,
     ] {
         let got = session(&mut || c, None);
         assert!(

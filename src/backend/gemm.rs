@@ -96,7 +96,10 @@ impl WeightView<'_> {
                 row0,
             } => {
                 let bc = cols.div_ceil(FP8_BLOCK);
-                e4m3_scaled(codes[o * cols + k], folded[(row0 + o) / FP8_BLOCK * bc + k / FP8_BLOCK])
+                e4m3_scaled(
+                    codes[o * cols + k],
+                    folded[(row0 + o) / FP8_BLOCK * bc + k / FP8_BLOCK],
+                )
             }
         }
     }
@@ -143,7 +146,10 @@ impl WeightView<'_> {
                 if !(row0 + r0).is_multiple_of(FP8_BLOCK) {
                     return Err(Error::invalid(
                         "weight row block",
-                        format!("an FP8 row block starts at a multiple of 32, found {}", row0 + r0),
+                        format!(
+                            "an FP8 row block starts at a multiple of 32, found {}",
+                            row0 + r0
+                        ),
                     ));
                 }
                 WeightView::Fp8 {
@@ -197,7 +203,14 @@ pub fn linear(
             w.len(),
         ));
     }
-    linear_w(what, x, rows, WeightView::F32 { data: w, cols: inp }, out, y)
+    linear_w(
+        what,
+        x,
+        rows,
+        WeightView::F32 { data: w, cols: inp },
+        out,
+        y,
+    )
 }
 
 /// `y[rows, out] = x[rows, inp] · Wᵀ` with `W [out, inp]` in its stored dtype (`inp = w.cols()`),
@@ -242,7 +255,10 @@ pub fn linear_w(
         y.fill(0.0);
         return Ok(());
     }
-    if let WeightView::Fp8 { folded, cols, row0, .. } = w {
+    if let WeightView::Fp8 {
+        folded, cols, row0, ..
+    } = w
+    {
         let need = (row0 + out).div_ceil(FP8_BLOCK) * cols.div_ceil(FP8_BLOCK);
         if folded.len() < need {
             return Err(Error::shape(
@@ -272,7 +288,9 @@ fn run(x: &[f32], rows: usize, w: WeightView<'_>, out: usize, inp: usize, y: &mu
     // Output blocks: enough tasks to balance the threads (4 per thread), each a multiple of 8
     // outputs; the split changes which thread computes an element, never how.
     let want = (4 * threads).div_ceil(rb).max(1);
-    let ob = (out.div_ceil(want).div_ceil(8) * 8).clamp(8, 512).min(out.div_ceil(8) * 8);
+    let ob = (out.div_ceil(want).div_ceil(8) * 8)
+        .clamp(8, 512)
+        .min(out.div_ceil(8) * 8);
     let nob = out.div_ceil(ob);
     let yp = OutPtr(y.as_mut_ptr());
     let isa = isa();
@@ -692,7 +710,10 @@ mod tests {
     impl Owned {
         fn new(rng: &mut rand::rngs::StdRng, out: usize, inp: usize) -> Owned {
             let f32 = rand_vec(rng, out * inp);
-            let bf16 = f32.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+            let bf16 = f32
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_bits())
+                .collect();
             let (codes, s) = crate::weights::synth::quantize_fp8_block(&f32, out, inp);
             let folded = s
                 .iter()
@@ -708,8 +729,20 @@ mod tests {
         }
         fn views(&self) -> [(&'static str, WeightView<'_>); 3] {
             [
-                ("f32", WeightView::F32 { data: &self.f32, cols: self.cols }),
-                ("bf16", WeightView::Bf16 { data: &self.bf16, cols: self.cols }),
+                (
+                    "f32",
+                    WeightView::F32 {
+                        data: &self.f32,
+                        cols: self.cols,
+                    },
+                ),
+                (
+                    "bf16",
+                    WeightView::Bf16 {
+                        data: &self.bf16,
+                        cols: self.cols,
+                    },
+                ),
                 (
                     "fp8",
                     WeightView::Fp8 {
@@ -771,8 +804,7 @@ mod tests {
                     while r0 < rows {
                         let n = step.min(rows - r0);
                         let mut part = vec![0f32; n * out];
-                        linear_w("t", &x[r0 * inp..(r0 + n) * inp], n, w, out, &mut part)
-                            .unwrap();
+                        linear_w("t", &x[r0 * inp..(r0 + n) * inp], n, w, out, &mut part).unwrap();
                         for (i, (a, b)) in part.iter().zip(&all[r0 * out..]).enumerate() {
                             assert!(
                                 a.to_bits() == b.to_bits(),
@@ -784,10 +816,20 @@ mod tests {
                     }
                 }
                 // A different thread count splits the work differently; same bits.
-                let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(3)
+                    .build()
+                    .unwrap();
                 let mut three = vec![0f32; rows * out];
-                pool.install(|| linear_w("t", &x, rows, w, out, &mut three)).unwrap();
-                assert!(three.iter().zip(&all).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} threads");
+                pool.install(|| linear_w("t", &x, rows, w, out, &mut three))
+                    .unwrap();
+                assert!(
+                    three
+                        .iter()
+                        .zip(&all)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{name} threads"
+                );
             }
         }
     }
@@ -819,7 +861,11 @@ mod tests {
                 assert_eq!(b.get(o, k).to_bits(), w.get(o + 32, k).to_bits());
             }
         }
-        assert!(w.row_block(16, 32).unwrap_err().to_string().contains("multiple of 32"));
+        assert!(w
+            .row_block(16, 32)
+            .unwrap_err()
+            .to_string()
+            .contains("multiple of 32"));
         assert!(w.row_block(64, 64).is_err());
     }
 

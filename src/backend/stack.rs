@@ -17,9 +17,9 @@ use super::plan::{RowSet, SeqStep, StepPlan};
 use super::timing::{Op, Timings};
 use super::BackendConfig;
 use crate::error::{Error, Result};
+use crate::formats::scalar::e8m0_decode;
 use crate::geometry::Geometry;
 use crate::ops::mhc::{boundary, one_hot_pre, BoundaryIn, MhcParams, PostUpdate, HC};
-use crate::formats::scalar::e8m0_decode;
 use crate::weights::synth::{quantize_fp8_block, source_values};
 use crate::weights::{layer_specs, Checkpoint, LayerWeights, Matrix, Scale, Stored, TensorSpec};
 use rand::{Rng, SeedableRng};
@@ -117,7 +117,9 @@ fn dequantize_fp8(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
         .map(|(i, &c)| {
             let (r, k) = (i / cols, i % cols);
             crate::formats::scalar::e4m3_decode(c)
-                * e8m0_decode(scales[r / crate::weights::FP8_BLOCK * bc + k / crate::weights::FP8_BLOCK])
+                * e8m0_decode(
+                    scales[r / crate::weights::FP8_BLOCK * bc + k / crate::weights::FP8_BLOCK],
+                )
         })
         .collect()
 }
@@ -149,6 +151,26 @@ impl Model {
             embed_seed: seed,
             shared: share,
         })
+    }
+
+    /// The same model with every matrix stored as its f32 values (the weights the kernels multiply
+    /// do not change, only their bytes in memory: 4 B per value instead of 1–2). The baseline of
+    /// `csa2 ab --f32-weights`.
+    pub fn with_f32_weights(&self) -> Model {
+        let mut seen: HashMap<*const LayerWeights, Arc<LayerWeights>> = HashMap::new();
+        let layers = self
+            .layers
+            .iter()
+            .map(|w| {
+                seen.entry(Arc::as_ptr(w))
+                    .or_insert_with(|| Arc::new(w.as_ref().clone().into_f32()))
+                    .clone()
+            })
+            .collect();
+        Model {
+            layers,
+            ..self.clone()
+        }
     }
 
     /// Loads a checkpoint directory (released naming; see `crate::weights`) for geometry `g`.

@@ -57,6 +57,10 @@ pub struct Args {
     /// Worker threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Keep the synthetic weights as f32 instead of the checkpoint's FP8 / bf16 (same values,
+    /// 2–4× the bytes the projections stream): the baseline of the projection figures.
+    #[arg(long)]
+    f32_weights: bool,
     /// Write every number as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -421,7 +425,14 @@ fn run_in_pool(a: Args) -> Result<()> {
     );
     bar.set_message(format!("synthetic weights ({} scale)", scale.as_str()));
     let t0 = Instant::now();
-    let model = Arc::new(Model::synthetic(scale, 1, scale == Scale::Full)?);
+    let model = Model::synthetic(scale, 1, scale == Scale::Full)?;
+    let model = Arc::new(if a.f32_weights {
+        let f = model.with_f32_weights();
+        drop(model);
+        f
+    } else {
+        model
+    });
     let weights_secs = t0.elapsed().as_secs_f64();
     bar.inc(1);
     let backends = [
@@ -571,6 +582,23 @@ fn run_in_pool(a: Args) -> Result<()> {
             );
         }
         println!("{line}");
+        // The dense projections are the same work in both backends: the step without them.
+        let wo: Vec<f64> = p
+            .iter()
+            .map(|d| d.step_secs - d.timings.op_total(Op::Projections))
+            .collect();
+        println!(
+            "{:>9} {:>10} | without projections: {} ; ratio {:.3}",
+            "",
+            "",
+            backends
+                .iter()
+                .zip(&wo)
+                .map(|(b, w)| format!("{} {w:.4}", short(b.cfg.name)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            wo[0] / wo[1]
+        );
     }
     println!();
     println!("Agreement of the two backends on the same first decode step (final hidden state)");
@@ -666,11 +694,15 @@ fn run_in_pool(a: Args) -> Result<()> {
             "warmup_steps": a.warmup,
             "reference_seconds": reference_secs,
             "weights_seconds": weights_secs,
+            "weights_dtype": if a.f32_weights { "f32" } else { "checkpoint (fp8_e4m3 / bf16 / f32)" },
+            "weight_bytes_per_layer": model.layers.iter().map(|l| l.matrix_bytes()).collect::<Vec<_>>(),
             "contexts": rows.iter().zip(&accs).map(|((ctx, p), acc)| json!({
                 "context": ctx,
                 "backends": backends.iter().zip(p).map(|(b, d)| json!({
                     "name": b.cfg.name,
                     "step_seconds": d.step_secs,
+                    "projection_seconds": d.timings.op_total(Op::Projections),
+                    "step_seconds_without_projections": d.step_secs - d.timings.op_total(Op::Projections),
                     "global_bytes_per_token": d.global_bytes_per_token,
                     "swa_bytes_per_request": d.swa_bytes_per_request,
                     "timings": d.timings.to_json(),

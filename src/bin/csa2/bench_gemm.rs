@@ -46,15 +46,7 @@ pub fn run(a: Args) -> Result<()> {
     );
     println!(
         "{:<22} {:>5} | {:>10} | {:>10} {:>6} | {:>10} {:>6} | {:>10} {:>6}",
-        "projection [out, in]",
-        "rows",
-        "previous",
-        "f32",
-        "ratio",
-        "bf16",
-        "ratio",
-        "fp8",
-        "ratio"
+        "projection [out, in]", "rows", "previous", "f32", "ratio", "bf16", "ratio", "fp8", "ratio"
     );
     for (name, out, inp) in [
         ("wq_a [1024, 5120]", 1024, 5120),
