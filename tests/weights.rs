@@ -233,7 +233,11 @@ fn synthetic_layers_equal_the_checkpoint_they_would_write() {
         assert!(loaded == synth, "layer {l}");
         assert_eq!(synth.attn.wq_b.dtype_name(), "fp8_e4m3");
         assert_eq!(
-            synth.attn.indexer.as_ref().map(|i| i.weights_proj.dtype_name()),
+            synth
+                .attn
+                .indexer
+                .as_ref()
+                .map(|i| i.weights_proj.dtype_name()),
             (g.layers[l].role != Role::SwaOnly && g.layers[l].role != Role::Reuse)
                 .then_some("bf16")
         );

@@ -487,8 +487,19 @@ mod avx512 {
         }
     }
 
-    /// A task's rectangle: row tiles of 8 (the ragged end in one smaller tile), output tiles of
-    /// 2 (8 for a single row, 4 for 2–4 rows), ragged outputs one at a time.
+    /// Columns per pass over a row block (x tile 8 × 512 f32 = 16 KiB, L1) when the block has
+    /// more than 4 rows; a multiple of 16, so only the last pass has a ragged tail.
+    const KC: usize = 512;
+    /// Outputs per panel: the panel's weights for one pass (≤ 64 × 512 values) stay in L2 while
+    /// every row tile of the block runs over them.
+    const PANEL: usize = 64;
+
+    /// A task's rectangle: output panels of [`PANEL`]; per panel, passes of [`KC`] columns (all
+    /// columns at once for ≤ 4 rows: decode streams each weight row once); per pass, row tiles of
+    /// 8 (the ragged end in one smaller tile) against output tiles of 2 (8 for a single row, 4
+    /// for 2–4 rows), ragged outputs one at a time. Between passes the 16-lane accumulators wait
+    /// in `acc` unreduced, so every element still sees one FMA per lane and column in increasing
+    /// column order and one final reduction: the passes change the memory traffic, not the sums.
     ///
     /// SAFETY (callers): AVX-512F present; `x` is `[rows ⊇ rr, inp]`, `w` `[out ⊇ or, inp]`, `y`
     /// `[rows, out]` with `rr × or` written by this call only.
@@ -502,24 +513,62 @@ mod avx512 {
         or: std::ops::Range<usize>,
         y: *mut f32,
     ) {
-        let mut r = rr.start;
-        while r < rr.end {
-            let mr = (rr.end - r).min(8);
-            match mr {
-                8 => cols_of::<8, 2, W>(x, inp, w, out, r, or.clone(), y),
-                7 => cols_of::<7, 2, W>(x, inp, w, out, r, or.clone(), y),
-                6 => cols_of::<6, 2, W>(x, inp, w, out, r, or.clone(), y),
-                5 => cols_of::<5, 2, W>(x, inp, w, out, r, or.clone(), y),
-                4 => cols_of::<4, 4, W>(x, inp, w, out, r, or.clone(), y),
-                3 => cols_of::<3, 4, W>(x, inp, w, out, r, or.clone(), y),
-                2 => cols_of::<2, 4, W>(x, inp, w, out, r, or.clone(), y),
-                _ => cols_of::<1, 8, W>(x, inp, w, out, r, or.clone(), y),
+        let kc = if rr.len() <= 4 { inp } else { KC };
+        let mut acc = if kc < inp {
+            vec![0f32; rr.len() * PANEL * 16]
+        } else {
+            vec![]
+        };
+        let mut p0 = or.start;
+        while p0 < or.end {
+            let p1 = (p0 + PANEL).min(or.end);
+            let mut k0 = 0;
+            while k0 < inp {
+                let k1 = (k0 + kc).min(inp);
+                let pass = Pass {
+                    k0,
+                    k1,
+                    first: k0 == 0,
+                    last: k1 == inp,
+                    r0: rr.start,
+                    p0,
+                    acc: acc.as_mut_ptr(),
+                };
+                let mut r = rr.start;
+                while r < rr.end {
+                    let mr = (rr.end - r).min(8);
+                    match mr {
+                        8 => cols_of::<8, 2, W>(x, inp, w, out, r, p0..p1, &pass, y),
+                        7 => cols_of::<7, 2, W>(x, inp, w, out, r, p0..p1, &pass, y),
+                        6 => cols_of::<6, 2, W>(x, inp, w, out, r, p0..p1, &pass, y),
+                        5 => cols_of::<5, 2, W>(x, inp, w, out, r, p0..p1, &pass, y),
+                        4 => cols_of::<4, 4, W>(x, inp, w, out, r, p0..p1, &pass, y),
+                        3 => cols_of::<3, 4, W>(x, inp, w, out, r, p0..p1, &pass, y),
+                        2 => cols_of::<2, 4, W>(x, inp, w, out, r, p0..p1, &pass, y),
+                        _ => cols_of::<1, 8, W>(x, inp, w, out, r, p0..p1, &pass, y),
+                    }
+                    r += mr;
+                }
+                k0 = k1;
             }
-            r += mr;
+            p0 = p1;
         }
     }
 
+    /// One pass: columns `k0..k1`; whether it starts the sums and whether it ends them; the
+    /// unreduced accumulators `[rows of the block][PANEL][16]` of the panel starting at `p0`.
+    struct Pass {
+        k0: usize,
+        k1: usize,
+        first: bool,
+        last: bool,
+        r0: usize,
+        p0: usize,
+        acc: *mut f32,
+    }
+
     /// `MR` rows from `r` against every output of `or`, `NR` at a time, then the ragged outputs.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     unsafe fn cols_of<const MR: usize, const NR: usize, W: Load>(
         x: &[f32],
@@ -528,22 +577,25 @@ mod avx512 {
         out: usize,
         r: usize,
         or: std::ops::Range<usize>,
+        pass: &Pass,
         y: *mut f32,
     ) {
         let mut o = or.start;
         while o + NR <= or.end {
-            tile::<MR, NR, W>(x, inp, w, out, r, o, y);
+            tile::<MR, NR, W>(x, inp, w, out, r, o, pass, y);
             o += NR;
         }
         while o < or.end {
-            tile::<MR, 1, W>(x, inp, w, out, r, o, y);
+            tile::<MR, 1, W>(x, inp, w, out, r, o, pass, y);
             o += 1;
         }
     }
 
-    /// The micro-kernel: `MR × NR` accumulators of 16 lanes over every column, one FMA per lane
-    /// and column, then one `_mm512_reduce_add_ps` per element. The sequence for each element is
-    /// the same for every `MR`, `NR` (the batch-invariance contract).
+    /// The micro-kernel: `MR × NR` accumulators of 16 lanes over the pass's columns, one FMA per
+    /// lane and column, then (last pass) one `_mm512_reduce_add_ps` per element. The sequence for
+    /// each element is the same for every `MR`, `NR` and pass split (the batch-invariance
+    /// contract).
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     unsafe fn tile<const MR: usize, const NR: usize, W: Load>(
         x: &[f32],
@@ -552,12 +604,25 @@ mod avx512 {
         out: usize,
         r: usize,
         o: usize,
+        pass: &Pass,
         y: *mut f32,
     ) {
         let xp = x.as_ptr().add(r * inp);
+        // SAFETY (slot): (row − r0) < rows of the block and (o + j − p0) < PANEL, inside `acc`.
+        let slot = |i: usize, j: usize| {
+            pass.acc
+                .add((((r + i - pass.r0) * PANEL) + (o + j - pass.p0)) * 16)
+        };
         let mut acc = [[_mm512_setzero_ps(); NR]; MR];
-        let full = inp / 16 * 16;
-        let mut k = 0;
+        if !pass.first {
+            for (i, a) in acc.iter_mut().enumerate() {
+                for (j, aj) in a.iter_mut().enumerate() {
+                    *aj = _mm512_loadu_ps(slot(i, j));
+                }
+            }
+        }
+        let full = pass.k0 + (pass.k1 - pass.k0) / 16 * 16;
+        let mut k = pass.k0;
         while k < full {
             let mut wv = [_mm512_setzero_ps(); NR];
             for (j, v) in wv.iter_mut().enumerate() {
@@ -571,7 +636,7 @@ mod avx512 {
             }
             k += 16;
         }
-        let n = inp - full;
+        let n = pass.k1 - full;
         if n > 0 {
             let m = ((1u32 << n) - 1) as __mmask16;
             let mut wv = [_mm512_setzero_ps(); NR];
@@ -587,7 +652,11 @@ mod avx512 {
         }
         for (i, a) in acc.iter().enumerate() {
             for (j, aj) in a.iter().enumerate() {
-                *y.add((r + i) * out + o + j) = _mm512_reduce_add_ps(*aj);
+                if pass.last {
+                    *y.add((r + i) * out + o + j) = _mm512_reduce_add_ps(*aj);
+                } else {
+                    _mm512_storeu_ps(slot(i, j), *aj);
+                }
             }
         }
     }
