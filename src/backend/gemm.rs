@@ -364,6 +364,7 @@ unsafe fn block(
 
 /// The portable element: 16 lane sums in increasing column order (multiply, then add), the ragged
 /// tail in the low lanes, then a fixed pairwise sum of the lanes.
+#[allow(clippy::needless_range_loop)] // j is the lane: it indexes acc, x and the weight row alike
 fn portable_dot(x: &[f32], w: &WeightView<'_>, o: usize) -> f32 {
     let inp = x.len();
     let mut acc = [0f32; 16];
@@ -395,6 +396,7 @@ fn portable_dot(x: &[f32], w: &WeightView<'_>, o: usize) -> f32 {
 }
 
 /// Fixed pairwise sum of 16 lanes: (l, l + 8), then (l, l + 4), (l, l + 2), (l, l + 1).
+#[allow(clippy::needless_range_loop)] // v[j] += v[j + n]: two lanes per step
 #[inline]
 fn hsum16(a: &[f32; 16]) -> f32 {
     let mut v = *a;
