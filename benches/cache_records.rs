@@ -1,7 +1,8 @@
 //! Record-level cache access through the C ABI (`csa2_cache_write_entries` / `_read_entries`):
 //! 1024 main-KV rows of a ratio-2 layer scattered through a request's slot mapping, beside the
 //! codec alone on the same rows (`encode_rows` / `decode_rows`, the floor) and a memcpy of the f32
-//! bytes. Run: `cargo bench --bench cache_records` (figures in docs/PERF.md).
+//! bytes; and the cost of zeroing reused blocks beside a plain memset of the same slabs. Run:
+//! `cargo bench --bench cache_records` (figures in docs/PERF.md).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use csa2::ffi::dlpack::{DLDataType, DLDevice, DLTensor, K_DL_CPU};
@@ -91,5 +92,58 @@ fn records(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, records);
+/// The cost of zeroing reused blocks (issue 13, finding 8): one request allocating 8 blocks (2048
+/// tokens) that the previous iteration freed — so every block is reused and zeroed — and freeing
+/// them, beside a plain memset of the same 8 slabs, in the same run.
+fn reuse(c: &mut Criterion) {
+    let mut g_ = null_mut();
+    let mut cache = null_mut();
+    let mut st = Csa2CacheStats::default();
+    unsafe {
+        assert_eq!(csa2_geometry_embedded(&mut g_), Csa2Status::Csa2Ok);
+        assert_eq!(
+            csa2_cache_create(g_, 0, 8, 256, null(), 0, &mut cache),
+            Csa2Status::Csa2Ok
+        );
+        // First use allocates the slabs; every later allocation reuses (and zeroes) them.
+        assert_eq!(csa2_cache_add_request(cache, 0), Csa2Status::Csa2Ok);
+        assert_eq!(csa2_cache_allocate(cache, 0, 2048), Csa2Status::Csa2Ok);
+        assert_eq!(csa2_cache_free_request(cache, 0), Csa2Status::Csa2Ok);
+        assert_eq!(csa2_cache_stats(cache, &mut st), Csa2Status::Csa2Ok);
+    }
+    let bytes = 8 * st.slab_bytes as usize;
+    let mut g = c.benchmark_group("cache_reuse/8_blocks");
+    g.throughput(Throughput::Bytes(bytes as u64));
+    let mut slabs = vec![1u8; bytes];
+    g.bench_function("memset_slabs", |b| {
+        b.iter(|| black_box(&mut slabs[..]).fill(0))
+    });
+    let mut id = 1u64;
+    g.bench_function("allocate_zeroed_and_free", |b| {
+        b.iter(|| unsafe {
+            id += 1;
+            assert_eq!(csa2_cache_add_request(cache, id), Csa2Status::Csa2Ok);
+            assert_eq!(csa2_cache_allocate(cache, id, 2048), Csa2Status::Csa2Ok);
+            assert_eq!(csa2_cache_free_request(cache, id), Csa2Status::Csa2Ok);
+        })
+    });
+    g.bench_function("add_and_free_request_only", |b| {
+        b.iter(|| unsafe {
+            id += 1;
+            assert_eq!(csa2_cache_add_request(cache, id), Csa2Status::Csa2Ok);
+            assert_eq!(csa2_cache_free_request(cache, id), Csa2Status::Csa2Ok);
+        })
+    });
+    g.finish();
+    eprintln!(
+        "cache_reuse: slab_bytes {} (8 slabs = {bytes} B)",
+        st.slab_bytes
+    );
+    unsafe {
+        csa2_cache_free(cache);
+        csa2_geometry_free(g_);
+    }
+}
+
+criterion_group!(benches, records, reuse);
 criterion_main!(benches);

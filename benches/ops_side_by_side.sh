@@ -1,18 +1,64 @@
 #!/usr/bin/env bash
-# Interleaves `csa2 bench ops` and the torch CPU baseline (benches/torch_ops.py) ROUNDS times, with
-# the same thread count for rayon and torch, printing the load average before each run. Extra
-# arguments (--keys, --prefill-tokens, --prefill-ratio, --reps, --prefill-reps) go to both.
+# The issue-17 table, side by side: `csa2 bench ops` and the torch CPU baseline
+# (benches/torch_ops.py) interleaved ROUNDS times with the same thread count for rayon and torch,
+# the load average printed before each run, then one table per round: each row's csa2 median,
+# torch's same-run median and the ratio. Extra arguments (--keys, --reps, ...) go to both.
 #
 #   cargo build --release --bin csa2
-#   ROUNDS=2 benches/ops_side_by_side.sh --reps 7 --prefill-tokens 16384
+#   python3 -m venv .venv-ops && .venv-ops/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu
+#   THREADS=2 ROUNDS=3 benches/ops_side_by_side.sh
+#
+# Without torch (PY unusable) the csa2 column is printed alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
 THREADS=${THREADS:-$(nproc)}
 PY=${PY:-.venv-ops/bin/python}
+BIN=${BIN:-target/release/csa2}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 for r in $(seq 1 "$ROUNDS"); do
   echo "== round $r csa2: $(date -u '+%F %T UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
-  RAYON_NUM_THREADS=$THREADS target/release/csa2 bench ops "$@"
-  echo "== round $r torch: $(date -u '+%F %T UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
-  "$PY" benches/torch_ops.py --threads "$THREADS" "$@"
+  RAYON_NUM_THREADS=$THREADS "$BIN" bench ops "$@" | tee "$tmp/csa2.$r"
+  if "$PY" -c 'import torch' 2>/dev/null; then
+    echo "== round $r torch: $(date -u '+%F %T UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+    "$PY" benches/torch_ops.py --threads "$THREADS" "$@" | tee "$tmp/torch.$r"
+  else
+    echo "== round $r torch: skipped ($PY cannot import torch)"
+    : > "$tmp/torch.$r"
+  fi
+  python3 - "$tmp/csa2.$r" "$tmp/torch.$r" "$r" <<'PYEOF'
+import re, sys
+def rows(path):
+    out = {}
+    for l in open(path, encoding="utf-8"):
+        m = re.match(r"^(.*?)\s+([0-9.]+) µs \[", l)
+        if m:
+            out[m.group(1).strip()] = float(m.group(2)) / 1000.0
+    return out
+c, t, rnd = rows(sys.argv[1]), rows(sys.argv[2]), sys.argv[3]
+def find(d, *words):
+    for k, v in d.items():
+        if all(w in k for w in words):
+            return v
+    return None
+table = [
+    ("decode indexer, 1M MXFP4 keys, q f32 (f32 kernel)", find(c, "decode indexer,", "MXFP4 keys"), ("f32 keys", find(t, "decode indexer,", "f32 keys (dense only)")), "<= 20 ms"),
+    ("decode indexer, q MXFP4 (int8 vpdpbusd)", find(c, "q Mxfp4, int8"), ("f32 keys", find(t, "decode indexer,", "f32 keys (dense only)")), "<= 20 ms"),
+    ("decode indexer, q bf16 (bf16 vdpbf16ps)", find(c, "q Bf16, bf16"), ("bf16 keys", find(t, "decode indexer,", "bf16 keys (dense only)")), "<= 20 ms"),
+    ("decode attention 64x(512+128)x512, f32 dots", find(c, "decode attention 64"), ("pre-decoded", find(t, "pre-decoded f32 rows")), "<= 1/3 torch"),
+    ("decode attention, bf16 dots", find(c, "decode attention, bf16 dots"), ("pre-decoded", find(t, "pre-decoded f32 rows")), "<= 1/3 torch"),
+]
+print(f"\n== round {rnd} table (medians, ms; ratio = csa2 / torch)")
+print(f"| {'op':<46} | {'csa2':>9} | {'torch (same run)':>24} | {'ratio':>6} | goal |")
+print(f"|{'-'*48}|{'-'*11}|{'-'*26}|{'-'*8}|------|")
+for name, cv, (tn, tv), goal in table:
+    cs = f"{cv:9.3f}" if cv is not None else f"{'—':>9}"
+    ts = f"{tv:.3f} ({tn})" if tv is not None else "—"
+    ratio = f"{cv / tv:6.2f}" if cv is not None and tv else f"{'—':>6}"
+    print(f"| {name:<46} | {cs} | {ts:>24} | {ratio} | {goal} |")
+for l in open(sys.argv[1], encoding="utf-8"):
+    if l.startswith("reindex") and "ratio" in l:
+        print(f"| {l.strip():<95} | goal: median ratio <= 1.1 |")
+PYEOF
 done

@@ -93,6 +93,10 @@ def main():
     kf = decode_mxfp4(rec)
     t = best(lambda: torch.relu(kf @ q.T) @ w, a.reps)
     line(f"decode indexer, {n} f32 keys (dense only)", t, 2 * macs, 512 * n)
+    kb16, qb16 = kf.bfloat16(), q.bfloat16()
+    t = best(lambda: torch.relu(kb16 @ qb16.T).float() @ w, a.reps)
+    line(f"decode indexer, {n} bf16 keys (dense only)", t, 2 * macs, 256 * n)
+    del kb16
     t = best(lambda: torch.topk(idx_quant(), 512), a.reps)
     line("decode indexer + top-512 (MXFP4)", t, 2 * macs, 68 * n)
 
@@ -131,6 +135,17 @@ def main():
 
     t = best(attn, a.reps * 4)
     line("decode attention 64×(512+128)×512, fp4+fp8", t, 4 * 64 * 640 * 512, 512 * 288 + 128 * 528)
+    kv_pre = torch.cat([decode_nvfp4(main_rec[sel]), decode_mxfp8(swa_rec[4096 - 128 :])])
+
+    def attn_pre():  # torch's best case: the rows already decoded to f32
+        z = qa @ kv_pre.T / math.sqrt(512)
+        mx = torch.maximum(z.amax(-1), sink)
+        e = torch.exp(z - mx[:, None])
+        den = e.sum(-1) + torch.exp(sink - mx)
+        return (e / den[:, None]) @ kv_pre
+
+    t = best(attn_pre, a.reps * 4)
+    line("decode attention, pre-decoded f32 rows", t, 4 * 64 * 640 * 512, 4 * 640 * 512)
 
     tt, m = a.prefill_tokens, a.prefill_ratio
     ne = tt // m

@@ -1,5 +1,5 @@
 // Sparse decode attention reading NVFP4-DS main KV and MXFP8 SWA records straight from the pages
-// (SPEC §2 "Attention").
+// (docs/SPEC.md §2 "Attention").
 //
 // For query row t (position p = pos[t], request r = req[t]) and head h:
 //   keys = { main-KV entry topk[t, i] : i < topk_len, index ≥ 0 and mapped }   (-1 = masked)

@@ -1,5 +1,5 @@
 // Shared device helpers for every csa2 kernel: integer types, bf16 rounding, the bit-exact scalar
-// codecs of SPEC §1 (E2M1, E4M3, E8M0), block-planar page addressing and warp / block reductions.
+// codecs of docs/SPEC.md §1 (E2M1, E4M3, E8M0), block-planar page addressing and warp / block reductions.
 //
 // The kernels include no CUDA or C++ headers on purpose: the same flattened source compiles under
 // nvcc (build time) and NVRTC (run-time fallback, see src/cuda/modules.rs) without include paths.
@@ -51,7 +51,7 @@ __device__ __forceinline__ float clamp_keep_nan(float x, float lo, float hi) {
     return x < lo ? lo : (x > hi ? hi : x);
 }
 
-// ceil(log2(v)) exactly from the bits (SPEC §1). v <= 0 → -150, +Inf → 128; NaN → 128 (callers
+// ceil(log2(v)) exactly from the bits (docs/SPEC.md §1). v <= 0 → -150, +Inf → 128; NaN → 128 (callers
 // clamp to 127, as the CPU's `unwrap_or(127)`).
 __device__ __forceinline__ int ceil_log2(float v) {
     if (v != v) return 128;
@@ -164,7 +164,7 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return r;
 }
 
-// ---- block-planar pages (SPEC §1, src/formats/page.rs) --------------------------------------------
+// ---- block-planar pages (docs/SPEC.md §1, src/formats/page.rs) --------------------------------------------
 
 // Data and scale addresses of `slot` in a pool of pages of `page_slots` records each.
 struct SlotPtr {
@@ -194,7 +194,7 @@ __device__ __forceinline__ i64 table_slot(const i32* bt_row, int max_blocks, i64
 
 // ---- record codecs, one warp per row (lane i holds values [4i, 4i+4) of each 128-value chunk) ------
 
-// NVFP4-DS main KV (SPEC §1): 512 values; per 16: s = E4M3(clamp(amax/6, 2^-9, 448)),
+// NVFP4-DS main KV (docs/SPEC.md §1): 512 values; per 16: s = E4M3(clamp(amax/6, 2^-9, 448)),
 // q = E2M1(x / s) with a correctly rounded division.
 __device__ __forceinline__ void warp_encode_nvfp4(const float* row, u8* data, u8* scale) {
     int lane = threadIdx.x & 31;
@@ -216,7 +216,7 @@ __device__ __forceinline__ void warp_encode_nvfp4(const float* row, u8* data, u8
     }
 }
 
-// DeepSeek MXFP4 (SPEC §1): `chunks` × 128 values; per 32: e = clamp(ceil(log2(max(amax,
+// DeepSeek MXFP4 (docs/SPEC.md §1): `chunks` × 128 values; per 32: e = clamp(ceil(log2(max(amax,
 // 6·2^-126)/6)), -127, 127); q = E2M1(x · 2^-e).
 __device__ __forceinline__ void warp_encode_mxfp4(const float* row, int chunks, u8* data, u8* scale) {
     int lane = threadIdx.x & 31;
@@ -239,7 +239,7 @@ __device__ __forceinline__ void warp_encode_mxfp4(const float* row, int chunks, 
     }
 }
 
-// MXFP8 (SPEC §1): 512 values; per 32: amax floored at 1e-4, e = ceil(log2(amax/448)),
+// MXFP8 (docs/SPEC.md §1): 512 values; per 32: amax floored at 1e-4, e = ceil(log2(amax/448)),
 // q = E4M3(clamp(x · 2^-e, ±448)).
 __device__ __forceinline__ void warp_encode_mxfp8(const float* row, u8* data, u8* scale) {
     int lane = threadIdx.x & 31;

@@ -1,4 +1,4 @@
-// Compressor (SPEC §2), fused with the main-KV and index-K cache writes.
+// Compressor (docs/SPEC.md §2), fused with the main-KV and index-K cache writes.
 //
 // Per compressed entry j of a request (covering tokens [j·m, j·m + m)):
 //   ratio 2: w0 = softmax(score0, score1)[0] per channel; pooled = w0·kv0 + (1 − w0)·kv1

@@ -1,4 +1,4 @@
-// Lightning-indexer logits over paged MXFP4 index K, and the hierarchical candidate pool (SPEC §2).
+// Lightning-indexer logits over paged MXFP4 index K, and the hierarchical candidate pool (docs/SPEC.md §2).
 //
 //   logit[t, j] = Σ_h w[t, h] · ReLU(q[t, h] · k_j)     for visible j < (pos[t] + 1) div ratio
 // Invisible entries (and, when a candidate mask is given, entries outside the pool) get -Inf.

@@ -1,5 +1,5 @@
 // KV record encode / decode straight into block-planar cache pages through a slot mapping
-// (SPEC §1; vLLM `reshape_and_cache` convention: slot = block · page_slots + offset, -1 = skip).
+// (docs/SPEC.md §1; vLLM `reshape_and_cache` convention: slot = block · page_slots + offset, -1 = skip).
 //
 // One warp per row; a block of 4 warps. Launch: grid = ceil(n_rows / 4), block = 128.
 #include "common.cuh"

@@ -1,4 +1,4 @@
-// Fused Mega-mHC boundary for SM90 (SPEC §4, research/reference_math.md §6): one pass over the
+// Fused Mega-mHC boundary for SM90 (docs/SPEC.md §4): one pass over the
 // 4 hyper-connection streams does
 //   1. post-mix of the previous sublayer:  X'_j = bf16(post_j · y + Σ_i C[i, j] · X_i)
 //      (skipped when y is null: X' = X, nothing written — the first sublayer of the stack);

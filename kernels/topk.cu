@@ -1,8 +1,8 @@
-// Top-k selection by radix select (SPEC §2: the 512 largest logits, ties → smaller index; the
+// Top-k selection by radix select (docs/SPEC.md §2: the 512 largest logits, ties → smaller index; the
 // candidate pool uses the same kernel with k = 2048 over block scores).
 //
 // Row t considers its first n = min(n_valid[t], n_cols) keys. -Inf and NaN keys are never selected.
-// If n ≤ k, the row selects 0..n-1 unconditionally (SPEC: "if visible ≤ k, select all visible").
+// If n ≤ k, the row selects 0..n-1 unconditionally (docs/SPEC.md §2.5: "if visible ≤ k, select all visible").
 // Otherwise it selects the k largest selectable keys; if fewer than k are selectable it selects them
 // all. The output row holds the selected indices in ascending index order, padded with -1, so the
 // result is deterministic and comparable bit for bit with the CPU.

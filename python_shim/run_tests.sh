@@ -40,8 +40,11 @@ else
     # venv's setuptools-rust (no network needed).
     wheels="$root/target/wheels"
     rm -f "$wheels"/csa2_vllm-*.whl
+    # -v: pip passes cargo's own progress through (otherwise minutes of silence).
+    echo "== building the csa2-vllm wheel (cargo profile ${CSA2_WHEEL_PROFILE:-dev}; cargo's progress follows)"
     SETUPTOOLS_RUST_CARGO_PROFILE="${CSA2_WHEEL_PROFILE:-dev}" \
-        "$venv/bin/pip" wheel --no-build-isolation --no-deps -q -w "$wheels" "$here"
+        "$venv/bin/pip" wheel --no-build-isolation --no-deps -v -w "$wheels" "$here" 2>&1 \
+        | { grep --line-buffered -E '^ *(Compiling|Finished) |^ *(warning|error)(\[|:)|Building wheel|Created wheel' || true; }
     "$venv/bin/pip" install --no-deps --force-reinstall -q "$wheels"/csa2_vllm-*.whl
     # The tests import the installed package and its bundled library (unless CSA2_LIB was set by
     # the caller); test_install.py proves both.

@@ -16,7 +16,7 @@ cargo clippy --features cuda --all-targets -- -D warnings
 log="$(mktemp)"
 # The feature only adds src/cuda (and one error message in src/ffi/dlpack.rs): its unit tests and
 # tests/cuda.rs are what change; the rest of the suite already ran without the feature.
-cargo test --features cuda --lib --test cuda -- --nocapture 2>&1 | tee "$log"
+cargo test --features cuda --lib --test suite cuda:: -- --nocapture 2>&1 | tee "$log"
 skipped=$(grep -c "^SKIPPED" "$log" || true)
 echo "ci-cuda: $skipped test(s) SKIPPED (no CUDA driver / device on this machine)"
 rm -f "$log"

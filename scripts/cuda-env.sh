@@ -7,7 +7,7 @@
 #   nvidia-cuda-nvcc   — nvcc, ptxas, fatbinary, cicc (via nvidia-nvvm)
 #   nvidia-cuda-cccl   — REQUIRED: without it every compile fails on `nv/target`
 #   nvidia-cuda-nvrtc  — runtime compiler; lets the no-GPU tests JIT a kernel (optional, CSA2_NVRTC=0 skips)
-# The cu12 wheels ship no nvcc, hence the cu13 line (research/toolchain.md §2).
+# The cu12 wheels ship no nvcc, hence the cu13 line (docs/SPEC.md §6.3).
 set -euo pipefail
 
 NVCC_VERSION=13.5.37

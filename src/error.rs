@@ -49,6 +49,10 @@ pub enum Error {
     /// A null pointer was passed where a valid one is required (C ABI).
     #[error("null pointer passed for `{0}`")]
     NullPointer(&'static str),
+    /// A C ABI handle is not a live handle of the expected type: already freed, never created,
+    /// of another handle type, or a garbage value.
+    #[error("invalid handle: {0}")]
+    InvalidHandle(String),
 
     // ---- cache and store -----------------------------------------------------------------
     /// The block pool has no free block left and nothing can be evicted.
@@ -94,6 +98,15 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// A memory allocation whose size came from the caller failed (the process keeps running and
+    /// nothing changed).
+    #[error("out of memory: {what} needs {bytes} bytes")]
+    OutOfMemory {
+        /// What was being allocated.
+        what: String,
+        /// Bytes asked for.
+        bytes: usize,
+    },
     /// A feature needs something this build or machine lacks (e.g. a CUDA driver).
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -129,6 +142,13 @@ impl Error {
             reason: reason.into(),
         }
     }
+    /// Shorthand for an [`Error::OutOfMemory`] error.
+    pub fn oom(what: impl Into<String>, bytes: usize) -> Self {
+        Error::OutOfMemory {
+            what: what.into(),
+            bytes,
+        }
+    }
     /// Shorthand for an [`Error::Io`] error.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
@@ -136,4 +156,15 @@ impl Error {
             source,
         }
     }
+}
+
+/// A vector of `n` copies of `value`, allocated fallibly: [`Error::OutOfMemory`] (naming `what` and
+/// the byte count) instead of aborting the process when `n` comes from a caller and is too large.
+pub fn try_vec<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>> {
+    let bytes = n.saturating_mul(std::mem::size_of::<T>());
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| Error::oom(what, bytes))?;
+    v.resize(n, value);
+    Ok(v)
 }

@@ -1,6 +1,6 @@
 //! Model geometry: a Hugging Face `config.json` → the per-layer CSA2 plan.
 //!
-//! Rules: SPEC §0 (roles) and §2 (RoPE), matching vLLM 0.33
+//! Rules: docs/SPEC.md §0 (roles) and §2 (RoPE), matching vLLM 0.33
 //! `vllm/transformers_utils/configs/deepseek_v41.py` and the layer-mode derivation of the
 //! reference (`_active_source`): a compressed layer L uses `kv_source = max{s ∈ kv_source_layer_ids, s ≤ L}`
 //! and `index_source = max{s ∈ index_source_layer_ids, s ≤ L}`, both with the same ratio as L.
@@ -14,7 +14,7 @@ use serde_json::Value;
 /// The released DeepSeek-V4.1-Flash `config.json`, compiled in as the default geometry.
 pub const EMBEDDED_CONFIG: &str = include_str!("../assets/deepseek_v41_flash_config.json");
 
-/// What one attention layer does in CSA2 (SPEC §0 table).
+/// What one attention layer does in CSA2 (docs/SPEC.md §0 table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
@@ -41,7 +41,7 @@ impl Role {
     }
 }
 
-/// How a layer takes part in the hierarchical candidate pool (SPEC §2).
+/// How a layer takes part in the hierarchical candidate pool (docs/SPEC.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CandidateUse {
@@ -73,13 +73,13 @@ pub struct RopeParams {
     pub theta: f64,
     /// Rotated dims (64), always the trailing dims of a head.
     pub rope_dim: usize,
-    /// YaRN scaling, present on compressed layers; no mscale (SPEC §2).
+    /// YaRN scaling, present on compressed layers; no mscale (docs/SPEC.md §2).
     pub yarn: Option<Yarn>,
 }
 
 impl RopeParams {
     /// Per-pair inverse frequencies `freq_i`, i < rope_dim/2, with YaRN applied when present
-    /// (reference_math §3: ramp between `floor(corr(beta_fast))` and `ceil(corr(beta_slow))`).
+    /// (docs/SPEC.md §2.2: ramp between `floor(corr(beta_fast))` and `ceil(corr(beta_slow))`).
     pub fn inv_freqs(&self) -> Vec<f64> {
         let d = self.rope_dim as f64;
         let half = self.rope_dim / 2;
@@ -127,7 +127,7 @@ pub struct LayerPlan {
     pub encoder: bool,
 }
 
-/// A KV byte layout, for byte accounting and capacity planning (SPEC §0, §1).
+/// A KV byte layout, for byte accounting and capacity planning (docs/SPEC.md §0, §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KvLayout {
@@ -638,7 +638,7 @@ impl Geometry {
     }
 
     /// Global (compressed) KV bytes per original token in a layout: Σ over Full layers of
-    /// (main record + index record) / ratio. 890 for the released config in NVFP4 (SPEC §0).
+    /// (main record + index record) / ratio. 890 for the released config in NVFP4 (docs/SPEC.md §0).
     pub fn global_kv_bytes_per_token(&self, layout: KvLayout) -> f64 {
         let rec = (layout.main_record_bytes() + layout.index_record_bytes()) as f64;
         self.layers_with(Role::Full)

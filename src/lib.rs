@@ -5,7 +5,7 @@
 //! tiers, and fused mHC — one backend with three faces: this Rust API, the C ABI
 //! (`include/csa2.h`) and the `csa2` CLI.
 //!
-//! The normative rules are in the project's SPEC (sections cited on each item); the released model
+//! The normative rules are in docs/SPEC.md (sections cited on each item); the released model
 //! geometry is compiled in ([`geometry::Geometry::embedded`]).
 #![deny(missing_docs)]
 

@@ -18,6 +18,25 @@ pub const F32_VS_F64: Tolerance = Tolerance {
     rel: 1e-5,
     cos_diff: 1e-9,
 };
+/// The integer indexer kernel (MXFP4 × MXFP4: each 32-dim block dot is an exact int32 sum times a
+/// power of two) against the f64 reference on the same codes: only the 4-block sum, the ReLU'd
+/// head-weighted sum and its lane reduction round, about 40 f32 roundings of values of the
+/// logit's size, none inside the 128-long dot products (the f32 kernel rounds 127 times there).
+pub const INT_DOT_VS_F64: Tolerance = Tolerance {
+    abs: 1e-6,
+    rel: 1e-6,
+    cos_diff: 1e-12,
+};
+/// Attention on bf16 dots (`AttentionDots::Bf16`) against the f64 reference on the same rows: the
+/// scaled query and the softmax weights are rounded to bf16 (relative error ≤ 2^-9 each; K and V
+/// are exact). A logit z moves by about 2^-9/√3 · ‖q ⊙ k‖/√512 · √512 ≈ 1.1e-3 · σ(z), so a weight
+/// moves by ~1e-3 · σ(z) of itself: measured 1 − cos ≤ 7e-6 and |Δ| ≤ 0.03 at σ(z) = 3 over
+/// 1–72 heads and 62–640 rows (src/ops/attention/tests.rs), with this bound about 2× above.
+pub const BF16_DOTS_VS_F64: Tolerance = Tolerance {
+    abs: 5e-2,
+    rel: 5e-2,
+    cos_diff: 2e-5,
+};
 /// Quantized path against quantize→dequantize reference (tight: same codes, f32 accumulation).
 pub const QUANT_VS_QDQ: Tolerance = Tolerance {
     abs: 1e-4,
@@ -65,6 +84,9 @@ pub struct Stats {
     pub cos_diff: f64,
     /// Index of the worst element against the tolerance bound.
     pub worst: usize,
+    /// Largest |a − b| / (abs + rel·|b|) over the finite elements: the element criterion passes
+    /// when this is ≤ 1 (`csa2 check` prints it as the margin that decided the verdict).
+    pub worst_bound_ratio: f64,
     /// Elements outside the bound.
     pub violations: usize,
     /// Positions where NaN/±Inf differ between the two (checked first).
@@ -112,6 +134,7 @@ pub fn compare<A: Into<f64> + Copy, B: Into<f64> + Copy>(
         na += a * a;
         nb += b * b;
     }
+    s.worst_bound_ratio = worst_ratio.max(0.0);
     s.cos_diff = if na == 0.0 && nb == 0.0 {
         0.0
     } else {

@@ -1,5 +1,5 @@
 //! Attention-sublayer and mHC weights of a DeepSeek-V4.1 checkpoint in its released naming (bare
-//! `layers.{L}.…` keys, research/vllm_v41.md §1), read from memory-mapped safetensors shards.
+//! `layers.{L}.…` keys, docs/SPEC.md §6.1), read from memory-mapped safetensors shards.
 //!
 //! Dtypes on disk: dense linears are FP8 E4M3 `[out, in]` with a block scale `….scale`
 //! `[⌈out/32⌉, ⌈in/32⌉]` (UE8M0 bytes, `F8_E8M0`; f32 scales are accepted too), dequantized to f32
@@ -8,7 +8,7 @@
 //! `attn_sink` and the `hc_*` mHC parameters are f32. Any tensor may be stored as F32 / BF16 / F16 /
 //! FP8+scale: the loader converts by the dtype it finds and checks the shape against the geometry.
 //!
-//! Which layers own which tensors follows the role (SPEC §0): every layer has the q/kv/o
+//! Which layers own which tensors follows the role (docs/SPEC.md §0): every layer has the q/kv/o
 //! projections, its norms, the sink and both mHC sites; Full layers add the compressor
 //! (`wgate` only at ratio 2) and the indexer with its own K projection (`wk`, `k_norm`); Reindex
 //! layers add only the indexer Q side (`wq_b`, `weights_proj`).

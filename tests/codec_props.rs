@@ -1,4 +1,4 @@
-//! Property tests of the record codecs (SPEC §1) through the public bulk API (SIMD path):
+//! Property tests of the record codecs (docs/SPEC.md §1) through the public bulk API (SIMD path):
 //! canonical records survive decode → encode, and decode(encode(x)) stays within half an ulp of
 //! the element format, relative to each block's scale. Plus edge rows with spec-derived results.
 //!
@@ -241,7 +241,7 @@ proptest! {
     }
 }
 
-// ---- edge rows, expectations derived from SPEC §1 --------------------------------------------
+// ---- edge rows, expectations derived from docs/SPEC.md §1 --------------------------------------------
 
 fn nibbles(rec: &[u8], n: usize) -> Vec<u8> {
     rec[..n / 2]

@@ -124,3 +124,54 @@ fn libfuzzer_corpus_replays() {
         "some export is not in the corpus"
     );
 }
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Handle misuse (issue 13, finding 7): seeded call sequences over live, freed, foreign-typed,
+/// null and garbage handle values (`tests/fuzz_harness/lifecycle.rs`). `CSA2_FUZZ_HANDLE_SEQS`
+/// sequences (default 200) of 100 calls from seed `CSA2_FUZZ_SEED`.
+#[test]
+fn fuzz_handle_misuse() {
+    let seqs = env_u64("CSA2_FUZZ_HANDLE_SEQS", 200);
+    let first = env_u64("CSA2_FUZZ_SEED", 0);
+    let start = std::time::Instant::now();
+    let mut t = lifecycle::Tally::default();
+    for s in first..first + seqs {
+        t.add(&lifecycle::run_seed(s, 100));
+    }
+    eprintln!(
+        "handle fuzz: {seqs} sequences, {} calls, {:.1} s, 0 crashes, 0 panics; {t:?}",
+        t.calls,
+        start.elapsed().as_secs_f64()
+    );
+    // Every class of outcome occurred.
+    if seqs >= 50 {
+        assert!(
+            t.ok > 0 && t.invalid_handle > 0 && t.null_pointer > 0 && t.other_errors > 0,
+            "{t:?}"
+        );
+    }
+}
+
+/// Concurrent calls (issue 13, findings 5 and 7): `CSA2_FUZZ_THREADS` threads (default 4) ×
+/// `CSA2_FUZZ_CONCURRENT_STEPS` calls (default 3000) on shared caches while one thread frees and
+/// recreates one of them.
+#[test]
+fn fuzz_concurrent_calls() {
+    let threads = env_u64("CSA2_FUZZ_THREADS", 4) as usize;
+    let steps = env_u64("CSA2_FUZZ_CONCURRENT_STEPS", 3000) as usize;
+    let seed = env_u64("CSA2_FUZZ_SEED", 0);
+    let start = std::time::Instant::now();
+    let t = lifecycle::run_concurrent(seed, threads, steps);
+    eprintln!(
+        "concurrent fuzz: {threads} threads, {} calls, {:.1} s, 0 crashes, 0 panics; {t:?}",
+        t.calls,
+        start.elapsed().as_secs_f64()
+    );
+    assert!(t.ok > 0 && t.invalid_handle > 0, "{t:?}");
+}

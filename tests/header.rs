@@ -21,6 +21,6 @@ fn header_is_up_to_date() {
     assert!(
         committed == fresh,
         "include/csa2.h is stale or missing (the C ABI in src/ffi changed). Regenerate it with\n    \
-         CSA2_BLESS=1 cargo test --test header\nand commit the result."
+         CSA2_BLESS=1 cargo test --test suite header::\nand commit the result."
     );
 }

@@ -1,4 +1,4 @@
-//! mHC: fused and unfused CPU paths against the f64 reference and each other (SPEC §4).
+//! mHC: fused and unfused CPU paths against the f64 reference and each other (docs/SPEC.md §4).
 
 use csa2::ops::mhc::{
     boundary, cpu, one_hot_pre, reference, BoundaryIn, BoundaryOut, Coeffs, MhcParams, MixWeights,

@@ -1,6 +1,6 @@
 //! The exact replay staircase and the replay error analyzer on tiny synthetic weights (the
 //! release's 40-layer role plan): exact replay reproduces a cold run, a run compared with itself
-//! shows zero error, bounded replay differs exactly on the layers and rows SPEC §3 says, every
+//! shows zero error, bounded replay differs exactly on the layers and rows docs/SPEC.md §3 says, every
 //! layer runs the rows `replay::plan` says, and the report survives JSON.
 
 use csa2::backend::replay_error::{

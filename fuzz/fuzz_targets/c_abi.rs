@@ -9,7 +9,7 @@ mod fuzz_harness;
 use libfuzzer_sys::fuzz_target;
 
 thread_local! {
-    // One geometry and cache for the whole run, as in `cargo test --test ffi_fuzz`.
+    // One geometry and cache for the whole run, as in `cargo test --test suite ffi_fuzz::`.
     static CTX: fuzz_harness::Ctx = fuzz_harness::Ctx::new();
 }
 

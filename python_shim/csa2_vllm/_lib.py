@@ -174,7 +174,7 @@ SIGNATURES: dict[str, tuple[list, Any]] = {
     "csa2_last_error_message": ([ctypes.c_char_p, ctypes.c_size_t], ctypes.c_size_t),
     "csa2_dlpack_describe": ([_T, ctypes.c_char_p, ctypes.c_size_t], _C_STATUS),
     "csa2_geometry_embedded": ([ctypes.POINTER(ctypes.c_void_p)], _C_STATUS),
-    "csa2_geometry_free": ([ctypes.c_void_p], None),
+    "csa2_geometry_free": ([ctypes.c_void_p], _C_STATUS),
     "csa2_rope": ([ctypes.c_void_p, ctypes.c_uint32, _T, _T, ctypes.c_int32], _C_STATUS),
     "csa2_compress": ([ctypes.c_void_p, ctypes.c_uint32, _T, _T, _T, _T, _T, ctypes.c_int64,
                        _T, _T], _C_STATUS),
@@ -192,7 +192,7 @@ SIGNATURES: dict[str, tuple[list, Any]] = {
     "csa2_cache_create": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_size_t, ctypes.c_size_t,
                            ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)],
                           _C_STATUS),
-    "csa2_cache_free": ([ctypes.c_void_p], None),
+    "csa2_cache_free": ([ctypes.c_void_p], _C_STATUS),
     "csa2_cache_add_request": ([ctypes.c_void_p, ctypes.c_uint64], _C_STATUS),
     "csa2_cache_allocate": ([ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t], _C_STATUS),
     "csa2_cache_free_request": ([ctypes.c_void_p, ctypes.c_uint64], _C_STATUS),
@@ -224,7 +224,7 @@ SIGNATURES: dict[str, tuple[list, Any]] = {
     # Stateful compressor (src/ffi/compressor.rs).
     "csa2_compressor_state_create": ([ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64,
                                       ctypes.POINTER(ctypes.c_void_p)], _C_STATUS),
-    "csa2_compressor_state_free": ([ctypes.c_void_p], None),
+    "csa2_compressor_state_free": ([ctypes.c_void_p], _C_STATUS),
     "csa2_compressor_state_reset": ([ctypes.c_void_p, ctypes.c_uint64], _C_STATUS),
     "csa2_compressor_state_query": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
                                      ctypes.POINTER(ctypes.c_uint64),
@@ -452,9 +452,11 @@ class _Handle:
         self.handle = ctypes.c_void_p(handle)
 
     def close(self) -> None:
+        """Frees the handle once; a second ``close()`` is a no-op. The library checks every handle
+        (a freed or foreign one is ``CSA2_ERR_INVALID_HANDLE``), so a failure here is raised."""
         if self.handle:
-            getattr(lib(), self._free)(self.handle)
-            self.handle = ctypes.c_void_p(None)
+            h, self.handle = self.handle, ctypes.c_void_p(None)
+            check(getattr(lib(), self._free)(h), self._free)
 
     def __del__(self):
         try:
@@ -498,7 +500,12 @@ class Cache(_Handle):
     """``Csa2Cache``: the paged KV cache manager (host memory), driven record by record.
 
     Row tensors are float ``(n, dim)`` (encoded / decoded) or uint8 ``(n, record_bytes)`` (raw
-    records); see ``include/csa2.h`` for every rule. All methods raise :class:`Csa2Error`."""
+    records); see ``include/csa2.h`` for every rule. All methods raise :class:`Csa2Error`.
+
+    ``model`` is an extra fingerprint for the prefix keys (e.g. a digest of the weights). The keys
+    are always salted with the whole geometry, the layout and the block size, so the default
+    ``b""`` already keeps two different configs apart; pass a fingerprint to keep two checkpoints
+    of the same architecture apart."""
 
     _free = "csa2_cache_free"
 

@@ -145,7 +145,7 @@ def test_indexer_rejects_what_vllm_would_silently_mask():
 
 def test_attention_matches_numpy_reference_on_cpu_tensors():
     # Not a vLLM oracle (vLLM 0.33 ships no CPU reference for the sparse+SWA+sink kernel): a direct
-    # float64 evaluation of SPEC §2 "Attention" on the same tensors.
+    # float64 evaluation of docs/SPEC.md §2 "Attention" on the same tensors.
     g = torch.Generator().manual_seed(3)
     t, h, n, s, k, window = 3, 2, 6, 9, 4, 4
     q = torch.randn(t, h, 512, generator=g)

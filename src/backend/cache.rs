@@ -2,11 +2,11 @@
 //! per-request implementation used by tests, the CLI and the A/B harness.
 //!
 //! The backend never computes an address itself. It asks the cache to encode rows into the slots of
-//! a request's compressed entries (the cache owns the slot mapping, SPEC §1 block-planar pages), to
+//! a request's compressed entries (the cache owns the slot mapping, docs/SPEC.md §1 block-planar pages), to
 //! hand back the stored records of a range of entries (standalone records, the layout the indexer
 //! and attention kernels take; a paged manager gathers them from its block-planar pages), to keep each layer's SWA window and to carry the compressor's half-finished pair between steps.
 //!
-//! What lives where (SPEC §0):
+//! What lives where (docs/SPEC.md §0):
 //! - global KV (main-KV and index-K records) only for KV-source (Full) layers, one entry per `ratio`
 //!   tokens; persistent (SSD tier) in a serving deployment;
 //! - an SWA window of `window` tokens for every layer, in the SWA record format; encoder windows may
@@ -33,7 +33,7 @@ pub enum Region {
     Index,
 }
 
-/// The record formats of one cache (SPEC §1).
+/// The record formats of one cache (docs/SPEC.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheFormats {
     /// Main-KV record format (512 values).
@@ -51,7 +51,7 @@ impl CacheFormats {
         index: RecordFormat::Mxfp4Index,
         swa: RecordFormat::Mxfp8,
     };
-    /// What vLLM first shipped for V4.1 (SPEC §5): V4 record (584 B) for main KV and SWA, FP8 index
+    /// What vLLM first shipped for V4.1 (docs/SPEC.md §5): V4 record (584 B) for main KV and SWA, FP8 index
     /// K (132 B).
     pub const LAUNCH_DAY: CacheFormats = CacheFormats {
         main: RecordFormat::V4Record,
@@ -161,7 +161,7 @@ pub trait KvCache: Send + Sync {
         range: Range<usize>,
         out: &mut [f32],
     ) -> Result<()>;
-    /// Copies the SWA windows of `layers` (the DRAM snapshot of SPEC §0).
+    /// Copies the SWA windows of `layers` (the DRAM snapshot of docs/SPEC.md §0).
     fn swa_snapshot(&self, req: ReqId, layers: &[usize]) -> Result<SwaSnapshot>;
     /// Restores windows from a snapshot (replacing what those layers hold).
     fn swa_restore(&mut self, req: ReqId, snap: &SwaSnapshot) -> Result<()>;

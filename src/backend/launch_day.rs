@@ -1,5 +1,5 @@
-//! The launch-day backend: what vLLM first shipped for DeepSeek-V4.1 (SPEC §5; research/vllm_v41.md
-//! §8 "launch-day vs later"), reproduced in this crate so the A/B isolates engineering choices:
+//! The launch-day backend: what vLLM first shipped for DeepSeek-V4.1 (docs/SPEC.md §5.6, "launch
+//! day"), reproduced in this crate so the A/B isolates engineering choices:
 //!
 //! | | launch day | CSA2 |
 //! |---|---|---|

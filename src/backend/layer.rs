@@ -1,4 +1,4 @@
-//! The attention sublayer of one layer in its CSA2 role (SPEC §0 table, §2), over the rows of a
+//! The attention sublayer of one layer in its CSA2 role (docs/SPEC.md §0 table, §2), over the rows of a
 //! step, with the per-step buffers the roles share.
 //!
 //! Every role: `qr = RMSNorm(wq_a·u)`, `q = RoPE(wq_b·qr)` (64 heads × 512), `kv = RoPE(RMSNorm(wkv·u))`
@@ -44,7 +44,7 @@ pub struct StepBuffers {
     pub topk: HashMap<usize, (usize, Vec<i32>)>,
     /// The candidate pool `[rows, num_blocks]` (block ids, −1 padded) and the layer whose rows it
     /// was computed on; `None` while no row has more visible entries than the pool holds (no-op,
-    /// SPEC §2).
+    /// docs/SPEC.md §2).
     pub pool: Option<(usize, Vec<i32>)>,
     /// Main KV of (request, KV source, entries) decoded once per step for prefill spans, shared by
     /// the Reuse layers of that source (a prefill row set reads most entries many times over).
@@ -340,7 +340,7 @@ fn qdq_rows(fmt: RecordFormat, x: &[f32], out: &mut [f32]) -> Result<()> {
 }
 
 /// Full layers: compressor over `crow` (all rows at the cut layer), entries into the cache.
-/// Entries already stored (a prefix hit) are never rewritten (SPEC §3).
+/// Entries already stored (a prefix hit) are never rewritten (docs/SPEC.md §3).
 #[allow(clippy::too_many_arguments)]
 fn compress_and_store(
     g: &Geometry,
@@ -542,7 +542,7 @@ fn index_and_select(
         let out_sel = &mut sel[span.start * k..span.end * k];
         let needs_pool = writes_pool && maxvis > cp.capacity();
         if maxvis <= k && !needs_pool {
-            // Everything visible is selected; no scoring needed (SPEC §2).
+            // Everything visible is selected; no scoring needed (docs/SPEC.md §2).
             for (row, &v) in out_sel.chunks_mut(k).zip(&vis) {
                 for (j, o) in row.iter_mut().enumerate() {
                     *o = if j < v { j as i32 } else { -1 };
@@ -610,7 +610,7 @@ fn index_and_select(
     Ok(sel)
 }
 
-/// How Reindex layers score (SPEC §2 vs the launch-day path of SPEC §5).
+/// How Reindex layers score (docs/SPEC.md §2 vs the launch-day path of docs/SPEC.md §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReindexMode {
     /// Score only the entries inside the candidate pool (≤ 16,384 per query).

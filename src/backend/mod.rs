@@ -6,10 +6,10 @@
 //! - [`paged`]: the same trait over the paged block manager of `crate::cache` (block tables, slot
 //!   mapping, block-planar pages);
 //! - [`plan`]: the rows of one step (prefill chunks and decode tokens of many requests), decoder
-//!   bounded replay (SPEC §3) and window floors;
+//!   bounded replay (docs/SPEC.md §3) and window floors;
 //! - [`layer`]: one attention sublayer in its role (Full / Reindex / Reuse / SWA-only);
 //! - [`stack`]: the layers with mHC at both sites, embedding and FFN placeholders;
-//! - [`launch_day`]: the configuration vLLM first shipped (SPEC §5);
+//! - [`launch_day`]: the configuration vLLM first shipped (docs/SPEC.md §5);
 //! - [`replay_error`]: exact vs bounded replay, measured per layer and per turn;
 //! - [`gemm`]: the dense projections; [`timing`]: per-role, per-op wall time;
 //! - [`reference`]: the f64 reference of a decode step (what `csa2 ab` measures accuracy against).
@@ -46,7 +46,7 @@ pub struct BackendConfig {
     pub reindex: ReindexMode,
     /// mHC: fused single pass (Mega-mHC order) or four passes.
     pub mhc: MhcPath,
-    /// Decoder bounded replay in prefill (SPEC §3).
+    /// Decoder bounded replay in prefill (docs/SPEC.md §3).
     pub decoder_replay: bool,
     /// Index-Q fake quantization matching the index-K format.
     pub query_quant: QueryQuant,

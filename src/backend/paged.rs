@@ -1,5 +1,5 @@
 //! [`PagedCache`]: the [`KvCache`] trait over the paged [`CacheManager`] — block tables, slot
-//! mapping, block-planar pages per KV-source layer and per-request SWA rings (SPEC §1, `crate::cache`).
+//! mapping, block-planar pages per KV-source layer and per-request SWA rings (docs/SPEC.md §1, `crate::cache`).
 //!
 //! The stack sees exactly what [`super::ContiguousCache`] gives it (same records, same window rules,
 //! so the same hidden states bit for bit); only where the bytes live differs:

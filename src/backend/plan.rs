@@ -1,5 +1,5 @@
 //! One step of a batch: which rows run through which layers, and where each row's SWA window
-//! starts (SPEC §3).
+//! starts (docs/SPEC.md §3).
 //!
 //! A step holds prefill chunks and decode tokens of many requests. Rows are laid out request after
 //! request (each request's rows contiguous, positions ascending). Two row sets exist:
@@ -43,7 +43,7 @@ pub struct SeqStep {
     pub len: usize,
     /// Prefill chunk or decode token.
     pub phase: Phase,
-    /// Window floor from an encoder replay (SPEC §3: window start = max(p − 127, 0, replay_start));
+    /// Window floor from an encoder replay (docs/SPEC.md §3: window start = max(p − 127, 0, replay_start));
     /// 0 when none.
     pub replay_start: usize,
     /// Tokens below this position already have their global entries in the cache (a prefix hit):
@@ -103,7 +103,7 @@ pub struct StepPlan {
     pub cut_layer: usize,
     /// Whether any row was trimmed.
     pub trimmed: bool,
-    /// Exact replay (SPEC §3, the `L × window` staircase): per layer, the rows it runs and the index
+    /// Exact replay (docs/SPEC.md §3, the `L × window` staircase): per layer, the rows it runs and the index
     /// into `all` of each. Empty for every other plan (the layers run `all` or `kept`).
     pub stair: Vec<(RowSet, Vec<usize>)>,
 }
@@ -230,7 +230,7 @@ impl StepPlan {
         })
     }
 
-    /// Plans a step of the exact replay staircase (SPEC §3 "the exact alternative";
+    /// Plans a step of the exact replay staircase (docs/SPEC.md §3 "the exact alternative";
     /// `replay::ReplayMode::Exact`): request `i` runs layer `l` on its rows at positions
     /// `≥ starts[i][l]`, whose window starts at `max(p − (window − 1), starts[i][l], replay_start)`.
     /// Every layer's compressor sees exactly the rows of its layer and no decoder rows are trimmed,

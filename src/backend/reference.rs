@@ -5,7 +5,7 @@
 //! - the KV cache holds the exact values the cache was built from (no record format: the main KV,
 //!   index K and SWA rows are read through [`ExactCache`] callbacks, e.g. the synthetic values of
 //!   `csa2 ab` before any encoder sees them), and this step's new rows are used unrounded;
-//! - the index Q is not fake-quantized; indexer logits, the candidate pool (SPEC §2) and the top-k
+//! - the index Q is not fake-quantized; indexer logits, the candidate pool (docs/SPEC.md §2) and the top-k
 //!   come from exact logits (so a selection that differs from a backend's is part of that backend's
 //!   error; [`RefStep::topk`] lets a caller report the overlap);
 //! - every op is computed in f64 by the per-op references of `crate::ops::*::reference` (mHC,
@@ -315,7 +315,7 @@ fn index_select(
     let writes_pool = lp.candidates == CandidateUse::Writes;
     let needs_pool = writes_pool && vis > cp.capacity();
     if vis <= k && !needs_pool {
-        // Everything visible is selected (SPEC §2): no scoring changes the set.
+        // Everything visible is selected (docs/SPEC.md §2): no scoring changes the set.
         return Ok((0..k as i32)
             .map(|j| if (j as usize) < vis { j } else { -1 })
             .collect());
@@ -333,7 +333,7 @@ fn index_select(
         .iter()
         .map(|v| v * sc)
         .collect();
-    // Entries a pooled query may score (SPEC §2): the pool's blocks when the row sees more than
+    // Entries a pooled query may score (docs/SPEC.md §2): the pool's blocks when the row sees more than
     // the pool holds.
     let allowed: Option<Vec<bool>> = match (&b.pool, lp.candidates) {
         (Some(p), CandidateUse::Reads) if vis > cp.capacity() => {
@@ -348,7 +348,7 @@ fn index_select(
         }
         _ => None,
     };
-    // logit_j = Σ_h w_h · max(0, q_h · k_j)  (research/reference_math.md, indexer).
+    // logit_j = Σ_h w_h · max(0, q_h · k_j)  (docs/SPEC.md §2.5).
     let bs: &RefBuffers = b;
     let logits: Vec<f32> = (0..vis)
         .into_par_iter()

@@ -1,7 +1,7 @@
-//! The replay error analyzer: what SWA bounded replay (SPEC §3) costs in accuracy.
+//! The replay error analyzer: what SWA bounded replay (docs/SPEC.md §3) costs in accuracy.
 //!
 //! The same multi-turn session (same weights, same token ids, same prefix hits and snapshot
-//! hits/misses) runs once with the exact replay of SPEC §3 (the reference) and once per compared
+//! hits/misses) runs once with the exact replay of docs/SPEC.md §3 (the reference) and once per compared
 //! [`Variant`]; the runs advance in lock step, one turn at a time, each through its own cache. After
 //! every layer the analyzer compares, row by row at the same absolute position, the attention
 //! input `u` and the four hyper-connection streams, and after the last layer the final collapsed

@@ -1,4 +1,4 @@
-//! The stack: 40 attention sublayers with mHC at both sites of every layer (SPEC §4), for a step of
+//! The stack: 40 attention sublayers with mHC at both sites of every layer (docs/SPEC.md §4), for a step of
 //! prefill chunks and decode tokens of many requests, through a [`KvCache`].
 //!
 //! Per layer ℓ: attention site boundary (post update of the previous site + this site's
@@ -310,7 +310,7 @@ impl Backend {
         self.run_plan(plan, tokens, cache, tm, trace, None)
     }
 
-    /// Runs one step of the exact replay staircase (SPEC §3, [`StepPlan::staircase`]): request `i`
+    /// Runs one step of the exact replay staircase (docs/SPEC.md §3, [`StepPlan::staircase`]): request `i`
     /// runs layer `l` on its rows at positions `≥ starts[i][l]`; no decoder rows are trimmed
     /// whatever the configuration says.
     ///

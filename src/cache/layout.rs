@@ -102,7 +102,7 @@ impl BlockLayout {
     }
 
     /// Record bytes of the first `tokens` tokens of a block (entries that exist: a ratio-m entry
-    /// exists once its m tokens are present, SPEC §2).
+    /// exists once its m tokens are present, docs/SPEC.md §2).
     pub fn record_bytes_for(&self, tokens: usize) -> usize {
         self.pages
             .iter()

@@ -7,11 +7,11 @@
 //! - **Block tables and slot mapping**: each request has a block table; compressed entry `j` of a
 //!   ratio-m layer lives in block `table[j·m / block_tokens]`, slot
 //!   `block · (block_tokens/m) + j mod (block_tokens/m)` (vLLM's `block_table[i // S]·S + i % S`,
-//!   research/vllm_v41.md §3.4).
+//!   docs/SPEC.md §1.6).
 //! - **Prefix sharing**: full blocks are published under chained SHA-256 keys
 //!   ([`prefix::PrefixHasher`]); a later request adopts them (reference count + 1). Published blocks
 //!   are sealed: their slots can no longer be written, so a replay can never overwrite a shared
-//!   entry (SPEC §3 "never recomputed or overwritten").
+//!   entry (docs/SPEC.md §3 "never recomputed or overwritten").
 //! - **Eviction**: a block whose count drops to zero stays cached (still findable by key) in an LRU
 //!   list; allocation takes never-used blocks first, then evicts the least recently used cached
 //!   block. A finished request's blocks enter the LRU deepest-first, so a prefix's tail goes before
@@ -29,6 +29,15 @@
 //! blocks run in parallel and never wait on allocation. A request's SWA ring and compressor state
 //! sit behind a per-request mutex. A caller must not use a slot after freeing the request that
 //! mapped it (the block may already belong to someone else), as with any paged allocator.
+//!
+//! [`CacheManager::allocate`] puts a block into a table only after its slab exists and is zeroed
+//! (done outside the metadata lock), so record access racing an allocation on the same request
+//! never meets a half-made block, and a reused block never shows its previous owner's records.
+//! Record access to a block never handed out is [`Error::NotFound`], never a panic.
+//!
+//! # Limits
+//! `num_blocks` ≤ [`MAX_NUM_BLOCKS`], `block_tokens` ≤ [`MAX_BLOCK_TOKENS`], token positions <
+//! [`MAX_POSITION`]; buffers sized by the caller are allocated fallibly ([`Error::OutOfMemory`]).
 
 pub mod layout;
 pub mod prefix;
@@ -38,7 +47,7 @@ pub use layout::{BlockLayout, PagePlace, RecordKind};
 pub use prefix::{PrefixHasher, PrefixKey};
 pub use spec::{CacheSpec, PoolSpec, PAGE_ALIGN};
 
-use crate::error::{Error, Result};
+use crate::error::{try_vec, Error, Result};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -48,6 +57,29 @@ use std::sync::Arc;
 
 /// A request (sequence) id chosen by the caller.
 pub type RequestId = u64;
+
+/// Most blocks one pool may have (2^24 = 16 777 216, i.e. 4.3 G tokens of 256-token blocks).
+/// The per-block bookkeeping (about 130 bytes a block) is allocated up front, so a larger count is
+/// refused as an argument error before anything is allocated; a count below it whose bookkeeping
+/// does not fit in memory is [`Error::OutOfMemory`].
+pub const MAX_NUM_BLOCKS: usize = 1 << 24;
+
+/// Most tokens one block may hold (2^16). Keeps every slab size computation far from overflow.
+pub const MAX_BLOCK_TOKENS: usize = 1 << 16;
+
+/// Positions (absolute token indices) are below 2^62, so that `position + window` and the newest
+/// position + 1 never overflow and fit the C ABI's `int64_t`.
+pub const MAX_POSITION: usize = 1 << 62;
+
+fn check_position(what: &str, pos: usize) -> Result<()> {
+    if pos >= MAX_POSITION {
+        return Err(Error::invalid(
+            what,
+            format!("token position {pos} is not below the maximum 2^62 ({MAX_POSITION})"),
+        ));
+    }
+    Ok(())
+}
 
 /// Where block slabs live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -87,6 +119,9 @@ impl CacheConfig {
 struct BlockMeta {
     refs: u32,
     key: Option<PrefixKey>,
+    /// The key of the block before this one in the chain it was published in (None: the first
+    /// block of a prefix). Lets `adopt_prefix` refuse keys that are not one chain.
+    parent: Option<PrefixKey>,
     /// LRU tick while evictable (refs == 0 and key set).
     tick: Option<u64>,
 }
@@ -102,6 +137,8 @@ struct SessionState {
 }
 
 struct Request {
+    /// Unique per `add_request` (ids may be reused after a free).
+    serial: u64,
     table: Vec<u32>,
     tokens: usize,
     session: Arc<Mutex<SessionState>>,
@@ -115,10 +152,52 @@ struct Meta {
     lru: BTreeMap<u64, u32>,
     index: HashMap<PrefixKey, u32>,
     requests: HashMap<RequestId, Request>,
+    /// Blocks taken by an `allocate` whose slabs are being prepared (zeroed or allocated) outside
+    /// this lock, not yet in any table: ticket → blocks.
+    reserved: BTreeMap<u64, Vec<u32>>,
+    /// Source of request serials and reservation tickets.
+    serial: u64,
     tick: u64,
     evictions: u64,
     prefix_hits: u64,
     prefix_queries: u64,
+}
+
+/// Errors with [`Error::Invalid`] naming the first key that repeats an earlier one.
+fn check_distinct(keys: &[PrefixKey]) -> Result<()> {
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    for (i, k) in keys.iter().enumerate() {
+        if !seen.insert(k) {
+            return Err(Error::invalid(
+                "keys",
+                format!("key {i} ({k:?}) repeats an earlier key; prefix keys are one chain"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Length of the leading run of `keys` that is cached as one chain: key `i` is indexed and its
+/// block was published with key `i − 1` as parent (key 0 with none).
+///
+/// Errors: [`Error::Invalid`] when a cached key's parent is not the key before it (the keys were
+/// not computed from one token sequence, e.g. two prompts' keys spliced together).
+fn chain_run(m: &Meta, keys: &[PrefixKey]) -> Result<usize> {
+    let mut parent: Option<&PrefixKey> = None;
+    for (i, k) in keys.iter().enumerate() {
+        let Some(&b) = m.index.get(k) else {
+            return Ok(i);
+        };
+        if m.blocks[b as usize].parent.as_ref() != parent {
+            let place = match i {
+                0 => "is cached as a later block of a chain, not its head".to_string(),
+                _ => format!("is cached but does not follow key {} in its chain", i - 1),
+            };
+            return Err(Error::invalid("keys", format!("key {i} ({k:?}) {place}")));
+        }
+        parent = Some(k);
+    }
+    Ok(keys.len())
 }
 
 /// Byte and block counts, measured from the allocator.
@@ -197,19 +276,62 @@ impl CacheManager {
     /// A manager for `spec` with `config`. `model` is a fingerprint of the model (e.g. the config
     /// file's bytes) that salts the prefix keys.
     ///
-    /// Errors: [`Error::Invalid`] when `block_tokens` is 0 or not a multiple of a KV-source ratio,
-    /// or when `num_blocks` is 0 or exceeds `u32::MAX`.
+    /// The prefix keys are salted with the whole `spec` (layers, ratios, formats, window) as well
+    /// as `model`, so two caches whose records could differ never share keys even when `model`
+    /// is empty.
+    ///
+    /// Errors: [`Error::Invalid`] when `block_tokens` is 0, above [`MAX_BLOCK_TOKENS`] or not a
+    /// multiple of a KV-source ratio, or when `num_blocks` is 0 or above [`MAX_NUM_BLOCKS`];
+    /// [`Error::OutOfMemory`] when the per-block bookkeeping cannot be allocated.
     pub fn new(spec: CacheSpec, config: CacheConfig, model: &[u8]) -> Result<CacheManager> {
         spec.check_block_tokens(config.block_tokens)?;
-        if config.num_blocks == 0 || config.num_blocks > u32::MAX as usize {
+        if config.block_tokens > MAX_BLOCK_TOKENS {
+            return Err(Error::invalid(
+                "block_tokens",
+                format!(
+                    "{} is above the maximum {MAX_BLOCK_TOKENS}",
+                    config.block_tokens
+                ),
+            ));
+        }
+        if config.num_blocks == 0 || config.num_blocks > MAX_NUM_BLOCKS {
             return Err(Error::invalid(
                 "num_blocks",
-                format!("must be in 1..=2^32-1, found {}", config.num_blocks),
+                format!(
+                    "must be in 1..={MAX_NUM_BLOCKS} (2^24), found {}",
+                    config.num_blocks
+                ),
             ));
         }
         let layout = BlockLayout::new(&spec, config.block_tokens);
-        let hasher = PrefixHasher::new(model, &spec.layout, config.block_tokens);
+        let hasher = PrefixHasher::new(
+            &Self::salt(&spec, model)?,
+            &spec.layout,
+            config.block_tokens,
+        );
         let n = config.num_blocks;
+        // Every per-block array is allocated fallibly: `n` comes from the caller.
+        let blocks = try_vec(n, BlockMeta::default(), "block metadata")?;
+        let mut free = Vec::new();
+        free.try_reserve_exact(n)
+            .map_err(|_| Error::oom("free list", n * 4))?;
+        // Popped from the end: hand out low ids first.
+        free.extend((0..n as u32).rev());
+        let mut slabs = Vec::new();
+        slabs
+            .try_reserve_exact(n)
+            .map_err(|_| Error::oom("slab table", n * std::mem::size_of::<RwLock<Vec<u8>>>()))?;
+        slabs.extend((0..n).map(|_| RwLock::new(Vec::new())));
+        let mut sealed = Vec::new();
+        sealed
+            .try_reserve_exact(n)
+            .map_err(|_| Error::oom("sealed flags", n))?;
+        sealed.extend((0..n).map(|_| AtomicBool::new(false)));
+        let mut touched = Vec::new();
+        touched
+            .try_reserve_exact(n)
+            .map_err(|_| Error::oom("touched flags", n))?;
+        touched.extend((0..n).map(|_| AtomicBool::new(false)));
         let mut comp_slot = Vec::new();
         let mut k = 0;
         for p in &spec.pools {
@@ -222,20 +344,21 @@ impl CacheManager {
         }
         Ok(CacheManager {
             meta: Mutex::new(Meta {
-                blocks: vec![BlockMeta::default(); n],
-                // Popped from the end: hand out low ids first.
-                free: (0..n as u32).rev().collect(),
+                blocks,
+                free,
                 lru: BTreeMap::new(),
                 index: HashMap::new(),
                 requests: HashMap::new(),
+                reserved: BTreeMap::new(),
+                serial: 0,
                 tick: 0,
                 evictions: 0,
                 prefix_hits: 0,
                 prefix_queries: 0,
             }),
-            slabs: (0..n).map(|_| RwLock::new(Vec::new())).collect(),
-            sealed: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            touched: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            slabs,
+            sealed,
+            touched,
             allocated: AtomicUsize::new(0),
             spec,
             config,
@@ -243,6 +366,23 @@ impl CacheManager {
             hasher,
             comp_slot,
         })
+    }
+
+    /// The prefix-key salt input: the spec (as JSON: every layer, ratio, format and the window)
+    /// then the caller's model fingerprint, each length-prefixed so no two pairs collide.
+    fn salt(spec: &CacheSpec, model: &[u8]) -> Result<Vec<u8>> {
+        let json = serde_json::to_vec(spec)
+            .map_err(|e| Error::Internal(format!("cache spec to JSON: {e}")))?;
+        let len = 34 + json.len() + model.len();
+        let mut v = Vec::new();
+        v.try_reserve_exact(len)
+            .map_err(|_| Error::oom("prefix salt", len))?;
+        v.extend_from_slice(b"csa2/cache-spec/v1");
+        v.extend_from_slice(&(json.len() as u64).to_le_bytes());
+        v.extend_from_slice(&json);
+        v.extend_from_slice(&(model.len() as u64).to_le_bytes());
+        v.extend_from_slice(model);
+        Ok(v)
     }
 
     /// The cache spec.
@@ -262,24 +402,25 @@ impl CacheManager {
         &self.hasher
     }
 
-    fn new_session(&self) -> SessionState {
+    fn new_session(&self) -> Result<SessionState> {
         let host = self.config.backing == Backing::Host;
-        SessionState {
+        Ok(SessionState {
             swa: if host {
-                vec![0u8; self.spec.swa_ring_bytes()]
+                try_vec(self.spec.swa_ring_bytes(), 0u8, "SWA ring")?
             } else {
                 Vec::new()
             },
             swa_hi: vec![None; self.spec.num_layers],
             compressor: vec![None; self.comp_slot.iter().flatten().count()],
-        }
+        })
     }
 
     /// Registers a new request with an empty block table.
     ///
-    /// Errors: [`Error::Invalid`] when the id is already live.
+    /// Errors: [`Error::Invalid`] when the id is already live; [`Error::OutOfMemory`] when its
+    /// SWA ring cannot be allocated.
     pub fn add_request(&self, id: RequestId) -> Result<()> {
-        let session = Arc::new(Mutex::new(self.new_session()));
+        let session = Arc::new(Mutex::new(self.new_session()?));
         let mut m = self.meta.lock();
         if m.requests.contains_key(&id) {
             return Err(Error::invalid(
@@ -287,9 +428,12 @@ impl CacheManager {
                 format!("id {id} is already live"),
             ));
         }
+        m.serial += 1;
+        let serial = m.serial;
         m.requests.insert(
             id,
             Request {
+                serial,
                 table: Vec::new(),
                 tokens: 0,
                 session,
@@ -298,18 +442,27 @@ impl CacheManager {
         Ok(())
     }
 
-    /// Longest run of leading `keys` present in the cache (no state change).
-    pub fn lookup_prefix(&self, keys: &[PrefixKey]) -> usize {
+    /// Longest run of leading `keys` present in the cache (no state change). Only a chain counts:
+    /// key `i` must have been published right after key `i − 1` (key 0 as a prefix head).
+    ///
+    /// Errors: [`Error::Invalid`] when `keys` repeats a key.
+    pub fn lookup_prefix(&self, keys: &[PrefixKey]) -> Result<usize> {
+        check_distinct(keys)?;
         let m = self.meta.lock();
-        keys.iter().take_while(|k| m.index.contains_key(k)).count()
+        chain_run(&m, keys)
     }
 
     /// Attaches the longest cached run of leading `keys` to request `id`, whose table must be empty;
     /// each adopted block gains a reference and leaves the LRU. Returns the blocks adopted (the hit
     /// covers `blocks × block_tokens` tokens).
     ///
-    /// Errors: [`Error::NotFound`] for an unknown id; [`Error::Invalid`] when its table is not empty.
+    /// Only a chain is adopted (as [`CacheManager::lookup_prefix`]): the run stops at the first
+    /// key that is absent or was not published right after the key before it.
+    ///
+    /// Errors: [`Error::NotFound`] for an unknown id; [`Error::Invalid`] when its table is not
+    /// empty or `keys` repeats a key (which would alias one block several times in a table).
     pub fn adopt_prefix(&self, id: RequestId, keys: &[PrefixKey]) -> Result<usize> {
+        check_distinct(keys)?;
         let mut guard = self.meta.lock();
         let m = &mut *guard;
         let req = m
@@ -325,9 +478,10 @@ impl CacheManager {
                 ),
             ));
         }
+        let run = chain_run(m, keys)?;
         let mut adopted = Vec::new();
-        for k in keys {
-            let Some(&b) = m.index.get(k) else { break };
+        for k in &keys[..run] {
+            let b = m.index[k];
             let bm = &mut m.blocks[b as usize];
             if let Some(t) = bm.tick.take() {
                 m.lru.remove(&t);
@@ -347,59 +501,107 @@ impl CacheManager {
     /// Grows request `id`'s block table to cover `tokens` tokens (never shrinks). New blocks come
     /// from the free list first, then by evicting the least recently used cached block.
     ///
-    /// Errors: [`Error::NotFound`] for an unknown id; [`Error::OutOfBlocks`] when the pool cannot
-    /// supply the blocks — then nothing changes, so the caller can free, preempt or retry.
+    /// A new block enters the table only once its slab exists and is zeroed: a block reused from
+    /// an earlier request never shows that request's records (the slab is cleared here, outside
+    /// the metadata lock; the cost is measured in docs/PERF.md), and a concurrent record read or
+    /// write on the request sees either no block or a ready one.
+    ///
+    /// Errors: [`Error::NotFound`] for an unknown id (also when the request is freed while this
+    /// call runs); [`Error::OutOfBlocks`] when the pool cannot supply the blocks — then nothing
+    /// changes, so the caller can free, preempt or retry; [`Error::OutOfMemory`] when a slab cannot
+    /// be allocated — the table is unchanged, and cached blocks evicted for the call are free.
     pub fn allocate(&self, id: RequestId, tokens: usize) -> Result<()> {
         let need_blocks = tokens.div_ceil(self.config.block_tokens);
+        // Phase 1 (locked): take the blocks, counted as referenced but in no table yet.
+        let (ticket, serial, fresh) = {
+            let mut guard = self.meta.lock();
+            let m = &mut *guard;
+            let req = m
+                .requests
+                .get(&id)
+                .ok_or_else(|| Error::NotFound(format!("request {id}")))?;
+            let (have, serial) = (req.table.len(), req.serial);
+            let extra = need_blocks.saturating_sub(have);
+            if extra == 0 {
+                let req = m.requests.get_mut(&id).expect("checked above");
+                req.tokens = req.tokens.max(tokens);
+                return Ok(());
+            }
+            if extra > m.free.len() + m.lru.len() {
+                return Err(Error::OutOfBlocks {
+                    requested: extra,
+                    free: m.free.len(),
+                    evictable: m.lru.len(),
+                });
+            }
+            let mut fresh = Vec::with_capacity(extra);
+            for _ in 0..extra {
+                let b = match m.free.pop() {
+                    Some(b) => b,
+                    None => {
+                        let (_, b) = m.lru.pop_first().expect("counted above");
+                        let bm = &mut m.blocks[b as usize];
+                        bm.tick = None;
+                        bm.parent = None;
+                        if let Some(k) = bm.key.take() {
+                            m.index.remove(&k);
+                        }
+                        self.sealed[b as usize].store(false, Ordering::Release);
+                        m.evictions += 1;
+                        b
+                    }
+                };
+                m.blocks[b as usize].refs = 1;
+                fresh.push(b);
+            }
+            m.serial += 1;
+            let ticket = m.serial;
+            m.reserved.insert(ticket, fresh.clone());
+            (ticket, serial, fresh)
+        };
+        // Phase 2 (no metadata lock): make every slab exist and hold zeros.
+        let prepared = fresh.iter().try_for_each(|&b| self.prepare_slab(b));
+        // Phase 3 (locked): publish into the table, or give the blocks back.
         let mut guard = self.meta.lock();
         let m = &mut *guard;
-        let have = m
-            .requests
-            .get(&id)
-            .ok_or_else(|| Error::NotFound(format!("request {id}")))?
-            .table
-            .len();
-        let extra = need_blocks.saturating_sub(have);
-        if extra > m.free.len() + m.lru.len() {
-            return Err(Error::OutOfBlocks {
-                requested: extra,
-                free: m.free.len(),
-                evictable: m.lru.len(),
-            });
+        m.reserved.remove(&ticket);
+        let live = m.requests.get(&id).is_some_and(|r| r.serial == serial);
+        if let (Ok(()), true) = (&prepared, live) {
+            let req = m.requests.get_mut(&id).expect("checked above");
+            req.table.extend_from_slice(&fresh);
+            req.tokens = req.tokens.max(tokens);
+            return Ok(());
         }
-        let mut fresh = Vec::with_capacity(extra);
-        for _ in 0..extra {
-            let b = match m.free.pop() {
-                Some(b) => b,
-                None => {
-                    let (_, b) = m.lru.pop_first().expect("counted above");
-                    let bm = &mut m.blocks[b as usize];
-                    bm.tick = None;
-                    if let Some(k) = bm.key.take() {
-                        m.index.remove(&k);
-                    }
-                    self.sealed[b as usize].store(false, Ordering::Release);
-                    m.evictions += 1;
-                    b
-                }
-            };
-            m.blocks[b as usize].refs = 1;
-            fresh.push(b);
+        for &b in fresh.iter().rev() {
+            m.blocks[b as usize].refs = 0;
+            m.free.push(b);
         }
-        let req = m.requests.get_mut(&id).expect("checked above");
-        req.table.extend_from_slice(&fresh);
-        req.tokens = req.tokens.max(tokens);
-        drop(guard);
-        for b in fresh {
-            // A slab is allocated (Host) or counted (Accounting) the first time its block is
-            // handed out, and kept for reuse afterwards.
-            if !self.touched[b as usize].swap(true, Ordering::AcqRel) {
-                if self.config.backing == Backing::Host {
-                    *self.slabs[b as usize].write() = vec![0u8; self.layout.slab_bytes];
-                }
-                self.allocated
-                    .fetch_add(self.layout.slab_bytes, Ordering::Relaxed);
+        prepared?;
+        Err(Error::NotFound(format!(
+            "request {id} (freed while its blocks were being allocated)"
+        )))
+    }
+
+    /// Makes block `b`'s slab exist (first use: allocated fallibly, Host) and hold only zeros
+    /// (reuse: the previous owner's records are cleared). Accounting backing only counts bytes.
+    fn prepare_slab(&self, b: u32) -> Result<()> {
+        let b = b as usize;
+        let bytes = self.layout.slab_bytes;
+        if self.config.backing == Backing::Accounting {
+            if !self.touched[b].swap(true, Ordering::AcqRel) {
+                self.allocated.fetch_add(bytes, Ordering::Relaxed);
             }
+            return Ok(());
+        }
+        let mut slab = self.slabs[b].write();
+        if slab.is_empty() {
+            slab.try_reserve_exact(bytes)
+                .map_err(|_| Error::oom(format!("the slab of block {b}"), bytes))?;
+            slab.resize(bytes, 0);
+            self.touched[b].store(true, Ordering::Release);
+            self.allocated.fetch_add(bytes, Ordering::Relaxed);
+        } else {
+            slab.fill(0);
         }
         Ok(())
     }
@@ -413,6 +615,7 @@ impl CacheManager {
     /// Errors: [`Error::NotFound`] for an unknown id; [`Error::Invalid`] when `keys` names more full
     /// blocks than the request's tokens fill.
     pub fn publish(&self, id: RequestId, keys: &[PrefixKey]) -> Result<usize> {
+        check_distinct(keys)?;
         let mut guard = self.meta.lock();
         let m = &mut *guard;
         let req = m
@@ -431,11 +634,12 @@ impl CacheManager {
         }
         let table = req.table[..keys.len()].to_vec();
         let mut n = 0;
-        for (k, b) in keys.iter().zip(table) {
+        for (i, (k, b)) in keys.iter().zip(table).enumerate() {
             if m.blocks[b as usize].key.is_some() || m.index.contains_key(k) {
                 continue;
             }
             m.blocks[b as usize].key = Some(*k);
+            m.blocks[b as usize].parent = i.checked_sub(1).map(|p| keys[p]);
             m.index.insert(*k, b);
             self.sealed[b as usize].store(true, Ordering::Release);
             n += 1;
@@ -615,6 +819,7 @@ impl CacheManager {
         self.check_unsealed(block, slot)?;
         let (d, sc) = place.page.slot_ranges(s);
         let mut slab = self.slabs[block].write();
+        Self::check_ready(&slab, block)?;
         let page = &mut slab[place.range()];
         let db = fmt.data_bytes();
         page[d].copy_from_slice(&record[..db]);
@@ -645,6 +850,17 @@ impl CacheManager {
         Ok((place, block, s))
     }
 
+    /// Errors with [`Error::NotFound`] when block `block`'s slab was never allocated: the block
+    /// was never handed out, so no slot of it holds a record.
+    fn check_ready(slab: &[u8], block: usize) -> Result<()> {
+        if slab.is_empty() {
+            return Err(Error::NotFound(format!(
+                "block {block} has never been allocated to a request: none of its slots holds a record"
+            )));
+        }
+        Ok(())
+    }
+
     fn check_unsealed(&self, block: usize, slot: u64) -> Result<()> {
         if self.sealed[block].load(Ordering::Acquire) {
             return Err(Error::invalid(
@@ -669,6 +885,7 @@ impl CacheManager {
         let fmt = place.page.format;
         let (d, sc) = place.page.slot_ranges(s);
         let slab = self.slabs[block].read();
+        Self::check_ready(&slab, block)?;
         let page = &slab[place.range()];
         let db = fmt.data_bytes();
         out[..db].copy_from_slice(&page[d]);
@@ -683,6 +900,7 @@ impl CacheManager {
         let (block, s) = self.split_slot(&place, slot)?;
         self.check_unsealed(block, slot)?;
         let mut slab = self.slabs[block].write();
+        Self::check_ready(&slab, block)?;
         place.page.write(&mut slab[place.range()], s, row)
     }
 
@@ -698,6 +916,7 @@ impl CacheManager {
         let place = *self.place(layer, kind)?;
         let (block, s) = self.split_slot(&place, slot)?;
         let slab = self.slabs[block].read();
+        Self::check_ready(&slab, block)?;
         place.page.read(&slab[place.range()], s, out)
     }
 
@@ -719,6 +938,7 @@ impl CacheManager {
             ));
         }
         let slab = self.slabs[block as usize].read();
+        Self::check_ready(&slab, block as usize)?;
         Ok(f(&slab[place.range()]))
     }
 
@@ -732,7 +952,9 @@ impl CacheManager {
                 format!("{block} is past the pool of {}", self.config.num_blocks),
             ));
         }
-        Ok(self.slabs[b].read().clone())
+        let slab = self.slabs[b].read();
+        Self::check_ready(&slab, b)?;
+        Ok(slab.clone())
     }
 
     /// Fills a block slab from a persisted copy (a prefix loaded back from the SSD tier) before it
@@ -761,7 +983,9 @@ impl CacheManager {
                 format!("{block} is a published prefix block (read-only)"),
             ));
         }
-        self.slabs[b].write().copy_from_slice(bytes);
+        let mut slab = self.slabs[b].write();
+        Self::check_ready(&slab, b)?;
+        slab.copy_from_slice(bytes);
         Ok(())
     }
 
@@ -788,10 +1012,12 @@ impl CacheManager {
     /// Writes the SWA record of token `pos` for `layer` into request `id`'s ring (slot `pos mod
     /// window`). Positions must not go backwards by more than the window.
     ///
-    /// Errors: [`Error::NotFound`], [`Error::Invalid`] (layer, or `pos` older than the ring keeps),
-    /// [`Error::Shape`] (record length), [`Error::Unsupported`] (accounting backing).
+    /// Errors: [`Error::NotFound`], [`Error::Invalid`] (layer, `pos` older than the ring keeps or
+    /// not below [`MAX_POSITION`]), [`Error::Shape`] (record length), [`Error::Unsupported`]
+    /// (accounting backing).
     pub fn swa_write(&self, id: RequestId, layer: usize, pos: usize, record: &[u8]) -> Result<()> {
         self.host_only()?;
+        check_position("pos", pos)?;
         let rec = self.spec.swa_format.record_bytes();
         if record.len() != rec {
             return Err(Error::shape("SWA record", rec, record.len()));
@@ -800,7 +1026,7 @@ impl CacheManager {
         let s = self.session(id)?;
         let mut st = s.lock();
         let hi = st.swa_hi[layer].unwrap_or(0);
-        if pos + self.spec.window < hi {
+        if pos.saturating_add(self.spec.window) < hi {
             return Err(Error::invalid(
                 "pos",
                 format!(
@@ -828,7 +1054,7 @@ impl CacheManager {
         let s = self.session(id)?;
         let st = s.lock();
         match st.swa_hi[layer] {
-            Some(hi) if pos < hi && pos + self.spec.window >= hi => {
+            Some(hi) if pos < hi && pos.saturating_add(self.spec.window) >= hi => {
                 out.copy_from_slice(&st.swa[r]);
                 Ok(())
             }
@@ -863,7 +1089,15 @@ impl CacheManager {
         let n = records.len() / rec;
         let end = pos_start
             .checked_add(n)
-            .ok_or_else(|| Error::invalid("pos", format!("{pos_start} + {n} tokens overflows")))?;
+            .filter(|&e| e <= MAX_POSITION)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "pos",
+                    format!(
+                        "tokens {pos_start} + {n} reach past the maximum position 2^62 ({MAX_POSITION})"
+                    ),
+                )
+            })?;
         self.swa_offset(layer, pos_start)?;
         let s = self.session(id)?;
         let mut st = s.lock();
@@ -915,7 +1149,8 @@ impl CacheManager {
         let s = self.session(id)?;
         let st = s.lock();
         let hi = st.swa_hi[layer];
-        let inside = |p: usize| matches!(hi, Some(h) if p < h && p + self.spec.window >= h);
+        let inside =
+            |p: usize| matches!(hi, Some(h) if p < h && p.saturating_add(self.spec.window) >= h);
         if n > 0 && !(inside(pos_start) && pos_start.checked_add(n - 1).is_some_and(inside)) {
             return Err(Error::NotFound(format!(
                 "SWA positions {pos_start}..{} of layer {layer} (window ends at {hi:?})",
@@ -1096,7 +1331,7 @@ impl CacheManager {
 
     /// Checks the allocator's invariants (for tests and debug builds): every block is exactly one
     /// of free, cached (in the LRU, keyed, no reference) or used; reference counts equal the number
-    /// of tables holding the block; the prefix index and block keys agree.
+    /// of tables holding the block (plus one while an allocation in flight holds it); the prefix index and block keys agree.
     pub fn check_invariants(&self) -> Result<()> {
         let m = self.meta.lock();
         let mut refs = vec![0u32; m.blocks.len()];
@@ -1104,6 +1339,10 @@ impl CacheManager {
             for &b in &r.table {
                 refs[b as usize] += 1;
             }
+        }
+        // Blocks an allocation in flight holds (referenced, not yet in a table).
+        for &b in m.reserved.values().flatten() {
+            refs[b as usize] += 1;
         }
         let mut in_free = vec![false; m.blocks.len()];
         for &b in &m.free {

@@ -4,7 +4,7 @@
 //! The salt binds the model fingerprint, the KV layout and the block size, so two caches that could
 //! not share records never share keys. Chaining makes a key name the whole prefix, not one block, and
 //! SHA-256 makes a crafted prompt unable to produce another prompt's key (vLLM's default hash since
-//! v0.10.2; research/tiered_kv.md §7 "Keys"). The seed is deterministic, so keys survive restarts and
+//! v0.10.2; docs/SPEC.md §0.5). The seed is deterministic, so keys survive restarts and
 //! are shared between processes (vLLM #51875).
 
 use sha2::{Digest, Sha256};

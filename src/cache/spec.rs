@@ -2,7 +2,7 @@
 //!
 //! A [`CacheSpec`] lists the KV-source layers that own global KV (their ratio and record formats),
 //! the layers that keep an SWA ring, and the layers whose SWA window is snapshotted at prefix
-//! boundaries. [`CacheSpec::from_geometry`] derives it for CSA2 models (SPEC §0: only the Full layers
+//! boundaries. [`CacheSpec::from_geometry`] derives it for CSA2 models (docs/SPEC.md §0: only the Full layers
 //! store global KV; the encoder layers' SWA is snapshotted to DRAM, the decoder's never);
 //! [`CacheSpec::v4_flash`] describes the V4-Flash baseline used for the persistent-footprint
 //! comparison.
@@ -13,7 +13,7 @@ use crate::geometry::{Geometry, KvLayout, Role};
 use serde::Serialize;
 
 /// Page alignment in bytes: every page (data + scale regions) starts on a 512-B boundary, the TMA
-/// alignment vLLM uses for V4.1 records on SM100 (research/vllm_v41.md §3.4).
+/// alignment vLLM uses for V4.1 records on SM100 (docs/SPEC.md §1.6).
 pub const PAGE_ALIGN: usize = 512;
 
 /// Global KV owned by one KV-source layer.
@@ -82,7 +82,7 @@ fn formats(layout: KvLayout) -> (RecordFormat, RecordFormat, RecordFormat) {
 
 impl CacheSpec {
     /// The CSA2 cache of `g` in `layout`: one pool per Full layer (role and ratio from the
-    /// geometry), SWA rings for every layer, snapshots of the encoder layers (SPEC §0, §3).
+    /// geometry), SWA rings for every layer, snapshots of the encoder layers (docs/SPEC.md §0, §3).
     pub fn from_geometry(g: &Geometry, layout: KvLayout) -> CacheSpec {
         let (main, index, swa) = formats(layout);
         debug_assert_eq!(main.record_bytes(), layout.main_record_bytes());

@@ -148,7 +148,7 @@ fn prefix_blocks_are_shared_sealed_and_evicted_deepest_first() {
         .unwrap();
 
     c.add_request(2).unwrap();
-    assert_eq!(c.lookup_prefix(&keys), 3);
+    assert_eq!(c.lookup_prefix(&keys).unwrap(), 3);
     assert_eq!(c.adopt_prefix(2, &keys[..2]).unwrap(), 2);
     assert_eq!(
         &c.block_table(2).unwrap()[..],
@@ -170,7 +170,7 @@ fn prefix_blocks_are_shared_sealed_and_evicted_deepest_first() {
     c.add_request(3).unwrap();
     c.allocate(3, 4 * 256).unwrap();
     assert_eq!(
-        c.lookup_prefix(&keys),
+        c.lookup_prefix(&keys).unwrap(),
         2,
         "block 3 of the prefix went first"
     );
@@ -202,7 +202,7 @@ fn out_of_blocks_is_an_error_that_changes_nothing() {
     c.check_invariants().unwrap();
 }
 
-/// SPEC §0: at long context the measured global KV comes to 890 / 1,490 / 1,790 B per token.
+/// docs/SPEC.md §0: at long context the measured global KV comes to 890 / 1,490 / 1,790 B per token.
 #[test]
 fn measured_bytes_per_token_at_long_context() {
     let tokens = 64 * 1024;

@@ -1,5 +1,5 @@
 //! Sparse decode attention over NVFP4-DS main-KV pages and MXFP8 SWA pages
-//! (`kernels/attention.cu`; SPEC §2 "Attention").
+//! (`kernels/attention.cu`; docs/SPEC.md §2 "Attention").
 
 use super::device::{as_i32, cfg, check_len, launch, Device};
 use crate::error::{Error, Result};
@@ -38,7 +38,7 @@ pub struct DecodeBatch<'a> {
     /// Request of each row (T,) i32 (a row of both block tables).
     pub req: &'a [i32],
     /// SWA window floor per row (T,) i32: the window is [max(p − 127, 0, window_start), p]
-    /// (bounded replay, SPEC §3; 0 when not replaying).
+    /// (bounded replay, docs/SPEC.md §3; 0 when not replaying).
     pub window_start: &'a [i32],
     /// Per-head sink logits (64,) f32, or none (no sink).
     pub sink: Option<&'a [f32]>,

@@ -1,5 +1,5 @@
 //! The compressor fused with the main-KV and index-K cache writes (`kernels/compressor.cu`,
-//! SPEC §2 "Compressor").
+//! docs/SPEC.md §2 "Compressor").
 //!
 //! Per compressed entry j of a request (tokens [j·m, j·m + m)): pool (ratio 2: per-channel softmax
 //! gate of the two scores; ratio 1: the token itself) → RMSNorm(norm_w) → bf16 latent; main KV =

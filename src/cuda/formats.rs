@@ -1,6 +1,6 @@
 //! Record encode / decode kernels over block-planar cache pages (`kernels/kv_cache.cu`).
 //!
-//! Bit-identical to [`crate::formats::page::PageLayout::write`] / `read` (SPEC §1): the GPU tests
+//! Bit-identical to [`crate::formats::page::PageLayout::write`] / `read` (docs/SPEC.md §1): the GPU tests
 //! compare page bytes exactly. Addressing follows vLLM's `reshape_and_cache`: row i goes to
 //! `slot_mapping[i] = block · page_slots + offset`; a slot of -1 skips the row.
 

@@ -1,5 +1,5 @@
 //! Lightning-indexer logits, top-k and the hierarchical candidate pool (`kernels/indexer.cu`,
-//! `kernels/topk.cu`; SPEC §2 "Indexer" and "Candidate pool").
+//! `kernels/topk.cu`; docs/SPEC.md §2 "Indexer" and "Candidate pool").
 
 use super::device::{as_i32, cfg, check_len, launch, Device};
 use crate::error::{Error, Result};
@@ -235,7 +235,7 @@ impl Device {
 
     /// Top-k of each row of `keys` (T, n_cols) over its first `n_valid[t]` keys: the selected
     /// indices in ascending order, padded with -1, (T, k) i32. Ties → smaller index; −Inf / NaN keys
-    /// are never selected; a row with n_valid ≤ k selects 0..n_valid−1 (SPEC §2).
+    /// are never selected; a row with n_valid ≤ k selects 0..n_valid−1 (docs/SPEC.md §2).
     pub fn topk(&self, keys: &[f32], n_cols: usize, n_valid: &[i32], k: usize) -> Result<Vec<i32>> {
         let t = n_valid.len();
         check_len("top-k keys", keys.len(), t * n_cols)?;
@@ -287,7 +287,7 @@ impl Device {
         Ok(())
     }
 
-    /// The candidate pool of each row (layer 20, SPEC §2): block score = max of 8 consecutive
+    /// The candidate pool of each row (layer 20, docs/SPEC.md §2): block score = max of 8 consecutive
     /// logits, the newest visible block pinned, the top min(2048, blocks) kept. Returns the pool
     /// mask (T, ceil(n_cols / 8)) u8, 1 = kept, and its stride.
     pub fn candidate_mask(

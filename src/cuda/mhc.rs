@@ -1,4 +1,4 @@
-//! Fused Mega-mHC boundary (`kernels/mhc.cu`; SPEC §4, V4.1 single-pass shift).
+//! Fused Mega-mHC boundary (`kernels/mhc.cu`; docs/SPEC.md §4, V4.1 single-pass shift).
 
 use super::device::{as_i32, cfg, check_len, launch, Device};
 use crate::error::{Error, Result};
@@ -13,7 +13,7 @@ pub const MIX: usize = 24;
 pub const MAX_HIDDEN: usize = 5120;
 const TOKENS_PER_BLOCK: usize = 4;
 
-/// Parameters of the next site (fp32, SPEC §4).
+/// Parameters of the next site (fp32, docs/SPEC.md §4).
 #[derive(Debug, Clone, Copy)]
 pub struct MhcSite<'a> {
     /// `hc_fn` (24, 4·d) f32.

@@ -11,7 +11,7 @@
 //! The launch code lives here rather than in `ops/<family>/cuda.rs` (ARCHITECTURE) because the ops
 //! folders were being written in parallel; `docs/DESIGN.md` records the decision.
 //!
-//! Numerics follow the CPU semantics of SPEC §1–§4: codecs are bit-identical to
+//! Numerics follow the CPU semantics of docs/SPEC.md §1–§4: codecs are bit-identical to
 //! [`crate::formats`]; float reductions differ from the CPU only in summation order.
 
 pub mod attention;

@@ -7,9 +7,13 @@
 //!
 //! # Thread safety
 //! A `Csa2Cache` is internally locked (block metadata behind one mutex, each block's slab behind
-//! its own lock; see `crate::cache`): every `csa2_cache_*` call except `csa2_cache_free` may be made
-//! concurrently from any number of threads on the same handle. `csa2_cache_free` must not race any
-//! other call on that handle. A `Csa2ReplayPlan` is immutable: its accessors may run concurrently.
+//! its own lock; see `crate::cache`): every `csa2_cache_*` call may be made concurrently from any
+//! number of threads on the same handle. `csa2_cache_free` may race them too: calls already in
+//! flight finish on the live cache, later ones get `CSA2_ERR_INVALID_HANDLE` (handles are checked
+//! tokens, `super::handle`). A block handed to a request is in its table only once its slab is
+//! allocated and zeroed, so record calls racing `csa2_cache_allocate` on the same request see
+//! either no block or a ready one. A `Csa2ReplayPlan` is immutable: its accessors may run
+//! concurrently.
 //!
 //! # Output buffers
 //! Functions that return a variable-length array (`csa2_cache_prefix_keys`,
@@ -19,15 +23,28 @@
 //! is `CSA2_ERR_INVALID_ARGUMENT`, whose message gives the count needed; then nothing is written
 //! (not even `*n_out`).
 
+use super::geometry::geometry;
 use super::geometry::layout;
+use super::handle::{self, Handle, Registry};
 use super::Csa2Status;
-use super::{arg_out, arg_ref, arg_slice, arg_slice_mut, boundary, boundary_value, Csa2Geometry};
+use super::{arg_out, arg_slice, arg_slice_mut, boundary, boundary_free, Csa2Geometry};
 use crate::cache::{Backing, CacheConfig, CacheManager, CacheSpec, PrefixKey, RequestId};
 use crate::error::{Error, Result};
 use crate::replay::{plan, ReplayConfig, ReplayMode, ReplayPlan};
+use std::sync::Arc;
 
 /// Bytes of one prefix key (SHA-256).
 pub const CSA2_PREFIX_KEY_BYTES: usize = 32;
+
+/// Most blocks a cache may have (`num_blocks` of `csa2_cache_create`): 2^24. (Rust only: the C
+/// header states the numbers in the function comments.)
+pub const CSA2_MAX_NUM_BLOCKS: usize = crate::cache::MAX_NUM_BLOCKS;
+
+/// Most tokens a block may hold (`block_tokens` of `csa2_cache_create`): 2^16.
+pub const CSA2_MAX_BLOCK_TOKENS: usize = crate::cache::MAX_BLOCK_TOKENS;
+
+/// Token positions given to the cache (`pos_start` of the SWA calls) are below this: 2^62.
+pub const CSA2_MAX_POSITION: u64 = crate::cache::MAX_POSITION as u64;
 
 /// Opaque KV cache manager handle (paged block pool, block tables, prefix index). Free with
 /// [`csa2_cache_free`]. Internally locked: see the module docs for what may run concurrently.
@@ -35,12 +52,41 @@ pub struct Csa2Cache {
     m: CacheManager,
 }
 
+impl std::ops::Deref for Csa2Cache {
+    type Target = CacheManager;
+    fn deref(&self) -> &CacheManager {
+        &self.m
+    }
+}
+
 /// Opaque replay plan handle (one prefill step). Free with [`csa2_replay_plan_free`]. Immutable.
 pub struct Csa2ReplayPlan {
     p: ReplayPlan,
 }
 
-/// Replay mode (pass as `int32_t`; SPEC §3).
+static CACHES: Registry<Csa2Cache> = Registry::new();
+impl Handle for Csa2Cache {
+    const NAME: &'static str = "Csa2Cache";
+    const TAG: u8 = 0xC2;
+    fn registry() -> &'static Registry<Self> {
+        &CACHES
+    }
+}
+
+static PLANS: Registry<Csa2ReplayPlan> = Registry::new();
+impl Handle for Csa2ReplayPlan {
+    const NAME: &'static str = "Csa2ReplayPlan";
+    const TAG: u8 = 0xC3;
+    fn registry() -> &'static Registry<Self> {
+        &PLANS
+    }
+}
+
+fn replay_plan(p: *const Csa2ReplayPlan) -> Result<Arc<Csa2ReplayPlan>> {
+    handle::get(p, "plan")
+}
+
+/// Replay mode (pass as `int32_t`; docs/SPEC.md §3).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Csa2ReplayMode {
@@ -205,22 +251,29 @@ unsafe fn keys_arg(keys: *const u8, n: usize) -> Result<Vec<PrefixKey>> {
         .collect())
 }
 
+/// The live cache behind handle `c` (null: `CSA2_ERR_NULL_POINTER`; freed, garbage or another
+/// handle type: `CSA2_ERR_INVALID_HANDLE`). Derefs to the [`CacheManager`].
+///
 /// # Safety
-/// A non-null `c` must be a live cache handle.
-pub(super) unsafe fn cache<'a>(c: *const Csa2Cache) -> Result<&'a CacheManager> {
-    // SAFETY: the caller's contract.
-    Ok(&unsafe { arg_ref(c, "cache") }?.m)
+/// None (every value is checked); `unsafe` only so the call sites read like the other arguments.
+pub(super) unsafe fn cache(c: *const Csa2Cache) -> Result<Arc<Csa2Cache>> {
+    handle::get(c, "cache")
 }
 
 /// Creates a KV cache manager for geometry `g` with KV layout `layout` (a `Csa2KvLayout`),
 /// `num_blocks` blocks of `block_tokens` tokens, backed by host memory (slabs are allocated the
-/// first time a block is handed out). `model`/`model_len` is a model fingerprint (e.g. the
-/// `config.json` bytes) that salts the prefix keys, so two models never share blocks; null with
-/// length 0 is an empty fingerprint.
+/// first time a block is handed out). The prefix keys are always salted with the whole geometry
+/// (every field of the parsed config), the layout and the block size; `model`/`model_len` is an
+/// extra fingerprint (e.g. a digest of the weights) added to that salt. Null with length 0 is no
+/// extra fingerprint: the geometry alone then separates models, so two checkpoints of one
+/// architecture need distinct fingerprints to never share blocks.
 ///
 /// Errors: `CSA2_ERR_NULL_POINTER` (`geometry`, `out`, `model` with a length),
-/// `CSA2_ERR_INVALID_ARGUMENT` (unknown layout; `block_tokens` 0 or not a multiple of every
-/// KV-source ratio; `num_blocks` 0 or ≥ 2^32). `*out` is untouched on error.
+/// `CSA2_ERR_INVALID_HANDLE` (`geometry` not a live geometry handle),
+/// `CSA2_ERR_INVALID_ARGUMENT` (unknown layout; `block_tokens` 0, above 2^16 = 65536 or not a
+/// multiple of every KV-source ratio; `num_blocks` 0 or above 2^24 = 16777216),
+/// `CSA2_ERR_OUT_OF_MEMORY` (the per-block bookkeeping does not fit; the message gives the
+/// bytes). `*out` is untouched on error.
 ///
 /// # Safety
 /// `g` must be a live geometry handle; `model` must cover `model_len` bytes; `out` must be a
@@ -239,12 +292,24 @@ pub unsafe extern "C" fn csa2_cache_create(
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (g, model, out) = unsafe {
             (
-                arg_ref(g, "geometry")?,
+                geometry(g)?,
                 arg_slice(model, model_len, "model")?,
                 arg_out(out, "out")?,
             )
         };
         let spec = CacheSpec::from_geometry(&g.g, layout(layout_)?);
+        // The whole geometry (not only what the cache stores of it: RoPE, norms and widths change
+        // the records too) always salts the keys; the caller's fingerprint is added to it.
+        let geo = serde_json::to_vec(&g.g)
+            .map_err(|e| Error::Internal(format!("geometry to JSON: {e}")))?;
+        let mut salt = Vec::new();
+        let len = 16 + geo.len() + model.len();
+        salt.try_reserve_exact(len)
+            .map_err(|_| Error::oom("prefix salt", len))?;
+        salt.extend_from_slice(&(geo.len() as u64).to_le_bytes());
+        salt.extend_from_slice(&geo);
+        salt.extend_from_slice(&(model.len() as u64).to_le_bytes());
+        salt.extend_from_slice(model);
         let m = CacheManager::new(
             spec,
             CacheConfig {
@@ -252,25 +317,25 @@ pub unsafe extern "C" fn csa2_cache_create(
                 num_blocks,
                 backing: Backing::Host,
             },
-            model,
+            &salt,
         )?;
-        *out = Box::into_raw(Box::new(Csa2Cache { m }));
+        *out = handle::register(Csa2Cache { m })?;
         Ok(())
     })
 }
 
-/// Frees a cache handle and every block and request in it. Null is a no-op.
+/// Frees a cache handle and every block and request in it. Null is a no-op (`CSA2_OK`). Calls
+/// on the cache still in flight on other threads finish first (the memory goes with the last);
+/// every later call with the handle gets `CSA2_ERR_INVALID_HANDLE`.
+///
+/// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type). A successful
+/// free leaves the thread's last error alone.
 ///
 /// # Safety
-/// `c` must be null or a handle not yet freed, with no other call on it in flight.
+/// None beyond the C ABI's: any value of `c` is checked (kept `unsafe` for source compatibility).
 #[no_mangle]
-pub unsafe extern "C" fn csa2_cache_free(c: *mut Csa2Cache) {
-    boundary_value("csa2_cache_free", (), || {
-        if !c.is_null() {
-            // SAFETY: `c` came from `Box::into_raw` in `csa2_cache_create`, freed once.
-            drop(unsafe { Box::from_raw(c) });
-        }
-    })
+pub unsafe extern "C" fn csa2_cache_free(c: *mut Csa2Cache) -> Csa2Status {
+    boundary_free("csa2_cache_free", || handle::free(c, "cache"))
 }
 
 /// Registers request `id` with an empty block table.
@@ -393,7 +458,7 @@ pub unsafe extern "C" fn csa2_cache_lookup_prefix(
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, keys, n_out) =
             unsafe { (cache(c)?, keys_arg(keys, n_keys)?, arg_out(n_out, "n_out")?) };
-        *n_out = m.lookup_prefix(&keys);
+        *n_out = m.lookup_prefix(&keys)?;
         Ok(())
     })
 }
@@ -569,7 +634,7 @@ pub unsafe extern "C" fn csa2_cache_request_bytes(
     })
 }
 
-/// Plans one prefill step for geometry `g` (SPEC §3): `prompt_len` tokens whose first
+/// Plans one prefill step for geometry `g` (docs/SPEC.md §3): `prompt_len` tokens whose first
 /// `hit_tokens` hit the prefix cache, with the SWA snapshot at the hit present (`snapshot_present`
 /// ≠ 0) or not. `mode` is a `Csa2ReplayMode`. The plan is a new handle in `*out`.
 ///
@@ -588,26 +653,24 @@ pub unsafe extern "C" fn csa2_replay_plan(
 ) -> Csa2Status {
     boundary("csa2_replay_plan", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (g, out) = unsafe { (arg_ref(g, "geometry")?, arg_out(out, "out")?) };
+        let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
         let cfg = ReplayConfig::from_geometry(&g.g, replay_mode(mode)?);
         let p = plan(&cfg, prompt_len, hit_tokens, snapshot_present != 0)?;
-        *out = Box::into_raw(Box::new(Csa2ReplayPlan { p }));
+        *out = handle::register(Csa2ReplayPlan { p })?;
         Ok(())
     })
 }
 
-/// Frees a replay plan. Null is a no-op.
+/// Frees a replay plan. Null is a no-op (`CSA2_OK`).
+///
+/// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type). A successful
+/// free leaves the thread's last error alone.
 ///
 /// # Safety
-/// `p` must be null or a plan not yet freed.
+/// None beyond the C ABI's: any value of `p` is checked (kept `unsafe` for source compatibility).
 #[no_mangle]
-pub unsafe extern "C" fn csa2_replay_plan_free(p: *mut Csa2ReplayPlan) {
-    boundary_value("csa2_replay_plan_free", (), || {
-        if !p.is_null() {
-            // SAFETY: `p` came from `Box::into_raw` in `csa2_replay_plan`, freed once.
-            drop(unsafe { Box::from_raw(p) });
-        }
-    })
+pub unsafe extern "C" fn csa2_replay_plan_free(p: *mut Csa2ReplayPlan) -> Csa2Status {
+    boundary_free("csa2_replay_plan_free", || handle::free(p, "plan"))
 }
 
 /// Writes the plan's summary (hit used, replayed tokens, written and protected ranges) to `*out`.
@@ -621,7 +684,8 @@ pub unsafe extern "C" fn csa2_replay_plan_summary(
 ) -> Csa2Status {
     boundary("csa2_replay_plan_summary", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (p, out) = unsafe { (&arg_ref(p, "plan")?.p, arg_out(out, "out")?) };
+        let (plan, out) = (replay_plan(p)?, unsafe { arg_out(out, "out") }?);
+        let p = &plan.p;
         *out = Csa2ReplaySummary {
             prompt_len: p.prompt_len as u64,
             hit_used: p.hit_used as u64,
@@ -652,7 +716,8 @@ pub unsafe extern "C" fn csa2_replay_plan_layer(
 ) -> Csa2Status {
     boundary("csa2_replay_plan_layer", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (p, out) = unsafe { (&arg_ref(p, "plan")?.p, arg_out(out, "out")?) };
+        let (plan, out) = (replay_plan(p)?, unsafe { arg_out(out, "out") }?);
+        let p = &plan.p;
         let l = p.layers.get(layer).ok_or_else(|| {
             Error::invalid(
                 "layer",
@@ -687,7 +752,8 @@ pub unsafe extern "C" fn csa2_replay_plan_protected_entries(
 ) -> Csa2Status {
     boundary("csa2_replay_plan_protected_entries", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (p, n_out) = unsafe { (&arg_ref(p, "plan")?.p, arg_out(n_out, "n_out")?) };
+        let (plan, n_out) = (replay_plan(p)?, unsafe { arg_out(n_out, "n_out") }?);
+        let p = &plan.p;
         let e = &p.protected_entries;
         // SAFETY: room for `cap` entries is the caller's contract.
         if let Some(dst) = unsafe { sized_out(out, cap, e.len(), "protected entries") }? {
@@ -849,7 +915,7 @@ mod tests {
             assert_eq!(csa2_cache_free_request(c, 7), Csa2Status::Csa2Ok);
             assert_eq!(csa2_cache_free_request(c, 7), Csa2Status::Csa2ErrNotFound);
             assert_eq!(csa2_cache_allocate(c, 8, 1), Csa2Status::Csa2Ok);
-            (*c).m.check_invariants().unwrap();
+            cache(c).unwrap().check_invariants().unwrap();
             csa2_cache_free(c);
             csa2_cache_free(null_mut());
             assert_eq!(
@@ -860,7 +926,8 @@ mod tests {
     }
 
     fn m_slots(c: *const Csa2Cache, id: u64, layer: usize, r: std::ops::Range<usize>) -> Vec<i64> {
-        unsafe { &(*c).m }
+        unsafe { cache(c) }
+            .unwrap()
             .slot_mapping(id, layer, r)
             .unwrap()
             .into_iter()
@@ -893,7 +960,7 @@ mod tests {
                 csa2_cache_prefix_keys(c, tokens.as_ptr(), 600, keys.as_mut_ptr(), 2, &mut n),
                 Csa2Status::Csa2Ok
             );
-            let want = (*c).m.hasher().keys(&tokens);
+            let want = cache(c).unwrap().hasher().keys(&tokens);
             assert_eq!(&keys[..32], &want[0].0);
             assert_eq!(&keys[32..], &want[1].0);
 
@@ -940,7 +1007,7 @@ mod tests {
                 (st.prefix_hits, st.prefix_queries, st.used_blocks),
                 (2, 2, 2)
             );
-            (*c).m.check_invariants().unwrap();
+            cache(c).unwrap().check_invariants().unwrap();
             csa2_cache_free(c);
         }
     }
@@ -964,7 +1031,8 @@ mod tests {
                 csa2_replay_plan(g, 0, 1000, 512, 0, &mut p),
                 Csa2Status::Csa2Ok
             );
-            let cfg = ReplayConfig::from_geometry(&(*g).g, ReplayMode::Bounded);
+            let cfg =
+                ReplayConfig::from_geometry(&super::geometry(g).unwrap().g, ReplayMode::Bounded);
             let want = plan(&cfg, 1000, 512, false).unwrap();
             let mut s = Csa2ReplaySummary::default();
             assert_eq!(csa2_replay_plan_summary(p, &mut s), Csa2Status::Csa2Ok);

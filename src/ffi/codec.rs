@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::formats::page::PageLayout;
 use crate::formats::{decode_rows, encode_rows, RecordFormat};
 
-/// KV record format (pass as `int32_t`; SPEC §1).
+/// KV record format (pass as `int32_t`; docs/SPEC.md §1).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Csa2Format {

@@ -1,6 +1,6 @@
 //! The stateful KV compressor over the C ABI: an opaque per-request state handle, so the two tokens
 //! of a ratio-2 group may arrive in different calls (a decode step after a prefill of odd length)
-//! and still pool exactly as one call (SPEC §2 "Compressor", §3 "compressor state").
+//! and still pool exactly as one call (docs/SPEC.md §2 "Compressor", §3 "compressor state").
 //!
 //! # Ownership and lifetimes
 //! [`csa2_compressor_state_create`] returns a handle owned by the caller; free it once with
@@ -14,8 +14,9 @@
 
 use super::cache::{cache, Csa2Cache};
 use super::dlpack::{check_disjoint, DLTensor};
+use super::handle::{self, Handle, Registry};
 use super::ops::{compress_views, layer_plan};
-use super::{arg_out, arg_ref, boundary, boundary_value, Csa2Geometry, Csa2Status};
+use super::{arg_out, boundary, boundary_free, Csa2Geometry, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{KV_DIM, NVFP4_DS_BYTES};
 use crate::ops::compressor::{Compressor, CompressorState, CompressorWeights};
@@ -30,6 +31,15 @@ pub struct Csa2CompressorState {
     st: Mutex<CompressorState>,
 }
 
+static STATES: Registry<Csa2CompressorState> = Registry::new();
+impl Handle for Csa2CompressorState {
+    const NAME: &'static str = "Csa2CompressorState";
+    const TAG: u8 = 0xC4;
+    fn registry() -> &'static Registry<Self> {
+        &STATES
+    }
+}
+
 fn group_start(start_pos: u64, m: usize) -> Result<()> {
     if !start_pos.is_multiple_of(m as u64) {
         return Err(Error::invalid(
@@ -42,11 +52,12 @@ fn group_start(start_pos: u64, m: usize) -> Result<()> {
     Ok(())
 }
 
+/// The live state behind handle `s` (checked: see `handle`).
+///
 /// # Safety
-/// A non-null `s` must be a live state handle.
-unsafe fn state<'a>(s: *const Csa2CompressorState) -> Result<&'a Csa2CompressorState> {
-    // SAFETY: the caller's contract.
-    unsafe { arg_ref(s, "state") }
+/// None (every value is checked); `unsafe` only so the call sites read like the other arguments.
+unsafe fn state(s: *const Csa2CompressorState) -> Result<std::sync::Arc<Csa2CompressorState>> {
+    handle::get(s, "state")
 }
 
 /// Creates a compressor state for Full layer `layer` of `geometry` whose next token is at
@@ -65,7 +76,8 @@ pub unsafe extern "C" fn csa2_compressor_state_create(
     out: *mut *mut Csa2CompressorState,
 ) -> Csa2Status {
     boundary("csa2_compressor_state_create", || {
-        let (plan, _) = layer_plan(geometry, layer)?;
+        let gl = layer_plan(geometry, layer)?;
+        let plan = gl.plan();
         // SAFETY: `out` is the caller's writable slot (null checked).
         let out = unsafe { arg_out(out, "out") }?;
         let m = plan.ratio;
@@ -76,27 +88,26 @@ pub unsafe extern "C" fn csa2_compressor_state_create(
             ));
         }
         group_start(start_pos, m)?;
-        *out = Box::into_raw(Box::new(Csa2CompressorState {
+        *out = handle::register(Csa2CompressorState {
             layer,
             ratio: m,
             st: Mutex::new(CompressorState::new(start_pos)),
-        }));
+        })?;
         Ok(())
     })
 }
 
-/// Frees a compressor state. Null is a no-op.
+/// Frees a compressor state. Null is a no-op (`CSA2_OK`). A call on the state still in flight
+/// finishes first; later calls get `CSA2_ERR_INVALID_HANDLE`.
+///
+/// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type). A successful
+/// free leaves the thread's last error alone.
 ///
 /// # Safety
-/// `s` must be null or a handle not yet freed, with no other call on it in flight.
+/// None beyond the C ABI's: any value of `s` is checked (kept `unsafe` for source compatibility).
 #[no_mangle]
-pub unsafe extern "C" fn csa2_compressor_state_free(s: *mut Csa2CompressorState) {
-    boundary_value("csa2_compressor_state_free", (), || {
-        if !s.is_null() {
-            // SAFETY: `s` came from `Box::into_raw` in `csa2_compressor_state_create`, freed once.
-            drop(unsafe { Box::from_raw(s) });
-        }
-    })
+pub unsafe extern "C" fn csa2_compressor_state_free(s: *mut Csa2CompressorState) -> Csa2Status {
+    boundary_free("csa2_compressor_state_free", || handle::free(s, "state"))
 }
 
 /// Drops any open group and sets the next position to `start_pos` (a multiple of the ratio), e.g.
@@ -187,7 +198,8 @@ pub unsafe extern "C" fn csa2_compress_step(
     first_entry: *mut u64,
 ) -> Csa2Status {
     boundary("csa2_compress_step", || {
-        let (plan, eps) = layer_plan(geometry, layer)?;
+        let gl = layer_plan(geometry, layer)?;
+        let (plan, eps) = (gl.plan(), gl.eps());
         // SAFETY: the caller's contract.
         let s = unsafe { state(s) }?;
         if layer != s.layer || plan.ratio != s.ratio {

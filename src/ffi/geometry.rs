@@ -1,16 +1,34 @@
 //! Geometry handle: the per-layer CSA2 plan and byte accounting over the C ABI.
 
-use super::{arg_out, arg_ref, arg_slice, boundary, boundary_value, Csa2Status};
+use super::handle::{self, Handle, Registry};
+use super::{arg_out, arg_slice, boundary, boundary_free, Csa2Status};
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, KvLayout, Role};
 use std::ffi::c_char;
 
-/// Opaque geometry handle (a parsed `config.json`). Free with [`csa2_geometry_free`].
+/// Opaque geometry handle (a parsed `config.json`). Free with [`csa2_geometry_free`]. A checked
+/// token, not an address (see the header's "Handles" section). Immutable: calls may run
+/// concurrently.
 pub struct Csa2Geometry {
     pub(super) g: Geometry,
 }
 
-/// Role of a layer (SPEC §0).
+static GEOMETRIES: Registry<Csa2Geometry> = Registry::new();
+impl Handle for Csa2Geometry {
+    const NAME: &'static str = "Csa2Geometry";
+    const TAG: u8 = 0xC1;
+    fn registry() -> &'static Registry<Self> {
+        &GEOMETRIES
+    }
+}
+
+/// The live geometry behind `g` (null: `CSA2_ERR_NULL_POINTER`; freed, garbage or another
+/// handle type: `CSA2_ERR_INVALID_HANDLE`).
+pub(super) fn geometry(g: *const Csa2Geometry) -> Result<std::sync::Arc<Csa2Geometry>> {
+    handle::get(g, "geometry")
+}
+
+/// Role of a layer (docs/SPEC.md §0).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Csa2Role {
@@ -67,7 +85,7 @@ pub(super) fn layout(v: i32) -> Result<KvLayout> {
 fn publish(out: *mut *mut Csa2Geometry, g: Geometry) -> Result<()> {
     // SAFETY: `out` is a caller-provided slot for one pointer (null checked by `arg_out`).
     let slot = unsafe { arg_out(out, "out") }?;
-    *slot = Box::into_raw(Box::new(Csa2Geometry { g }));
+    *slot = handle::register(Csa2Geometry { g })?;
     Ok(())
 }
 
@@ -108,18 +126,17 @@ pub unsafe extern "C" fn csa2_geometry_embedded(out: *mut *mut Csa2Geometry) -> 
     })
 }
 
-/// Frees a handle from `csa2_geometry_from_json` / `csa2_geometry_embedded`. Null is a no-op.
+/// Frees a handle from `csa2_geometry_from_json` / `csa2_geometry_embedded`. Null is a no-op
+/// (`CSA2_OK`). Handles built from it (caches, compressor states) stay valid.
+///
+/// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type); nothing is
+/// freed then.
 ///
 /// # Safety
-/// `g` must be null or a handle not yet freed.
+/// None beyond the C ABI's: any value of `g` is checked (kept `unsafe` for source compatibility).
 #[no_mangle]
-pub unsafe extern "C" fn csa2_geometry_free(g: *mut Csa2Geometry) {
-    boundary_value("csa2_geometry_free", (), || {
-        if !g.is_null() {
-            // SAFETY: `g` came from `Box::into_raw` in `publish` and is freed once (caller's contract).
-            drop(unsafe { Box::from_raw(g) });
-        }
-    })
+pub unsafe extern "C" fn csa2_geometry_free(g: *mut Csa2Geometry) -> Csa2Status {
+    boundary_free("csa2_geometry_free", || handle::free(g, "geometry"))
 }
 
 /// Writes the number of backbone layers to `*out`.
@@ -133,7 +150,7 @@ pub unsafe extern "C" fn csa2_geometry_num_layers(
 ) -> Csa2Status {
     boundary("csa2_geometry_num_layers", || {
         // SAFETY: pointer validity is the caller's contract; null is checked.
-        let (g, out) = unsafe { (arg_ref(g, "geometry")?, arg_out(out, "out")?) };
+        let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
         *out = g.g.num_layers;
         Ok(())
     })
@@ -153,7 +170,7 @@ pub unsafe extern "C" fn csa2_geometry_layer(
 ) -> Csa2Status {
     boundary("csa2_geometry_layer", || {
         // SAFETY: pointer validity is the caller's contract; null is checked.
-        let (g, out) = unsafe { (arg_ref(g, "geometry")?, arg_out(out, "out")?) };
+        let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
         let l = g.g.layers.get(layer).ok_or_else(|| {
             Error::invalid(
                 "layer",
@@ -178,7 +195,7 @@ pub unsafe extern "C" fn csa2_geometry_layer(
 }
 
 /// Writes the global (compressed) KV bytes per original token in `layout` (a `Csa2KvLayout`)
-/// to `*out`: 890 for the released config in NVFP4 (SPEC §0).
+/// to `*out`: 890 for the released config in NVFP4 (docs/SPEC.md §0).
 ///
 /// # Safety
 /// `g` must be a live handle; `out` writable.
@@ -190,7 +207,7 @@ pub unsafe extern "C" fn csa2_geometry_global_kv_bytes_per_token(
 ) -> Csa2Status {
     boundary("csa2_geometry_global_kv_bytes_per_token", || {
         // SAFETY: pointer validity is the caller's contract; null is checked.
-        let (g, out) = unsafe { (arg_ref(g, "geometry")?, arg_out(out, "out")?) };
+        let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
         *out = g.g.global_kv_bytes_per_token(layout(layout_id)?);
         Ok(())
     })
@@ -209,7 +226,7 @@ pub unsafe extern "C" fn csa2_geometry_swa_bytes_per_request(
 ) -> Csa2Status {
     boundary("csa2_geometry_swa_bytes_per_request", || {
         // SAFETY: pointer validity is the caller's contract; null is checked.
-        let (g, out) = unsafe { (arg_ref(g, "geometry")?, arg_out(out, "out")?) };
+        let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
         *out = g.g.swa_bytes_per_request(layout(layout_id)?) as u64;
         Ok(())
     })

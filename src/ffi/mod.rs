@@ -3,7 +3,8 @@
 //! Conventions, for every exported function:
 //! - it returns a [`Csa2Status`] (`CSA2_OK` = 0) unless it is a pure query that cannot fail;
 //! - on failure the message (with the offending values) is kept in a thread-local last error,
-//!   read with [`csa2_last_error_message`]; every fallible call clears it first;
+//!   read with [`csa2_last_error_message`]; every fallible call clears it first, except the
+//!   `_free` functions, which leave it alone when they succeed;
 //! - pointers are checked for null, buffers come with explicit lengths, and nothing is written to
 //!   an output unless the call succeeds;
 //! - a panic never crosses the boundary: it is caught and reported as `CSA2_ERR_PANIC`;
@@ -11,6 +12,8 @@
 //!   never undefined behaviour); the enums in the header name the values.
 //!
 //! Handles are opaque and owned by the caller once returned (free them with the matching `_free`).
+//! A handle is a checked token, not an address ([`handle`]): a freed, foreign-typed or garbage
+//! handle is `CSA2_ERR_INVALID_HANDLE`, never undefined behaviour.
 //! Tensors cross as borrowed DLPack descriptors, validated in [`dlpack`].
 
 mod cache;
@@ -18,6 +21,7 @@ mod codec;
 mod compressor;
 pub mod dlpack;
 mod geometry;
+mod handle;
 mod ops;
 mod records;
 
@@ -25,6 +29,7 @@ pub use cache::*;
 pub use codec::*;
 pub use compressor::*;
 pub use geometry::*;
+pub use handle::live_handles;
 pub use ops::*;
 pub use records::*;
 
@@ -52,6 +57,9 @@ pub enum Csa2Status {
     Csa2ErrInvalidArgument = 201,
     /// A required pointer was null.
     Csa2ErrNullPointer = 202,
+    /// A handle is not a live handle of the expected type (freed, never created, another
+    /// handle type, or a garbage value).
+    Csa2ErrInvalidHandle = 203,
     /// The KV block pool is exhausted.
     Csa2ErrOutOfBlocks = 300,
     /// A persisted record is corrupt.
@@ -68,6 +76,9 @@ pub enum Csa2Status {
     Csa2ErrUnsupported = 402,
     /// A CUDA driver, NVRTC or launch call failed.
     Csa2ErrCuda = 403,
+    /// An allocation sized by the caller failed; the message gives the byte count. Nothing
+    /// changed and the process keeps running.
+    Csa2ErrOutOfMemory = 404,
     /// A bug in csa2 (a broken invariant).
     Csa2ErrInternal = 500,
     /// A panic inside csa2 was caught at the boundary (a bug; the message says where).
@@ -84,6 +95,7 @@ impl Csa2Status {
             Error::Shape { .. } => Csa2Status::Csa2ErrShape,
             Error::Invalid { .. } => Csa2Status::Csa2ErrInvalidArgument,
             Error::NullPointer(_) => Csa2Status::Csa2ErrNullPointer,
+            Error::InvalidHandle(_) => Csa2Status::Csa2ErrInvalidHandle,
             Error::OutOfBlocks { .. } => Csa2Status::Csa2ErrOutOfBlocks,
             Error::Corrupt { .. } => Csa2Status::Csa2ErrCorrupt,
             Error::NotFound(_) => Csa2Status::Csa2ErrNotFound,
@@ -91,6 +103,7 @@ impl Csa2Status {
             Error::Io { .. } => Csa2Status::Csa2ErrIo,
             Error::Parse { .. } => Csa2Status::Csa2ErrParse,
             Error::Unsupported(_) => Csa2Status::Csa2ErrUnsupported,
+            Error::OutOfMemory { .. } => Csa2Status::Csa2ErrOutOfMemory,
             Error::Cuda { .. } => Csa2Status::Csa2ErrCuda,
             Error::Internal(_) => Csa2Status::Csa2ErrInternal,
         }
@@ -138,6 +151,26 @@ pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> Result<()>) ->
     }
 }
 
+/// [`boundary`] for the `_free` functions: a successful free leaves the last error alone (as it
+/// always did, so freeing between a failure and reading its message does not lose it); a refused
+/// free (invalid handle) sets it.
+pub(crate) fn boundary_free(name: &'static str, body: impl FnOnce() -> Result<()>) -> Csa2Status {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => Csa2Status::Csa2Ok,
+        Ok(Err(e)) => {
+            set_last_error(format!("{name}: {e}"));
+            Csa2Status::of(&e)
+        }
+        Err(p) => {
+            set_last_error(format!(
+                "{name}: panic (a csa2 bug): {}",
+                panic_message(&*p)
+            ));
+            Csa2Status::Csa2ErrPanic
+        }
+    }
+}
+
 /// [`boundary`] for functions that cannot report a status (queries, `_free`): a panic is recorded
 /// in the last error and `fallback` is returned. The last error is otherwise left alone, so such a
 /// call between a failure and reading its message does not lose it.
@@ -149,15 +182,6 @@ pub(crate) fn boundary_value<T>(name: &'static str, fallback: T, body: impl FnOn
         ));
         fallback
     })
-}
-
-/// A shared reference from a C pointer. Errors with [`Error::NullPointer`] naming `what`.
-///
-/// # Safety
-/// A non-null `p` must point to a live, properly aligned `T` for the lifetime `'a`.
-pub(crate) unsafe fn arg_ref<'a, T>(p: *const T, what: &'static str) -> Result<&'a T> {
-    // SAFETY: non-null checked here; validity is the caller's contract (documented in the header).
-    unsafe { p.as_ref() }.ok_or(Error::NullPointer(what))
 }
 
 /// An output location from a C pointer. Errors with [`Error::NullPointer`] naming `what`.
@@ -285,6 +309,8 @@ mod tests {
             Error::shape("a", 1, 2),
             Error::invalid("a", "b"),
             Error::NullPointer("p"),
+            Error::InvalidHandle("h".into()),
+            Error::oom("m", 1),
             Error::OutOfBlocks {
                 requested: 1,
                 free: 0,

@@ -19,7 +19,7 @@
 //!   tensors; the work itself uses the crate's rayon pool.
 
 use super::dlpack::{check_disjoint, DLTensor, DType, View};
-use super::{arg_ref, boundary, Csa2Geometry, Csa2Status};
+use super::{boundary, Csa2Geometry, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
 use crate::geometry::LayerPlan;
@@ -122,17 +122,36 @@ pub(super) unsafe fn host_opt<'a>(
     unsafe { host(t, name) }.map(Some)
 }
 
-pub(super) fn layer_plan<'a>(g: *const Csa2Geometry, layer: u32) -> Result<(&'a LayerPlan, f64)> {
-    // SAFETY: a live handle for the call (caller's contract); null is checked.
-    let g: &'a Csa2Geometry = unsafe { arg_ref(g, "geometry") }?;
-    let geo = &g.g;
-    let plan = geo.layers.get(layer as usize).ok_or_else(|| {
-        Error::invalid(
+/// A checked geometry handle and one of its layers.
+pub(super) struct GeoLayer {
+    g: std::sync::Arc<Csa2Geometry>,
+    layer: usize,
+}
+
+impl GeoLayer {
+    /// The layer's plan.
+    pub(super) fn plan(&self) -> &LayerPlan {
+        &self.g.g.layers[self.layer]
+    }
+    /// The model's RMSNorm epsilon.
+    pub(super) fn eps(&self) -> f64 {
+        self.g.g.rms_norm_eps
+    }
+}
+
+pub(super) fn layer_plan(g: *const Csa2Geometry, layer: u32) -> Result<GeoLayer> {
+    let g = super::geometry::geometry(g)?;
+    let n = g.g.layers.len();
+    if layer as usize >= n {
+        return Err(Error::invalid(
             "layer",
-            format!("{layer} is past the {} backbone layers", geo.layers.len()),
-        )
-    })?;
-    Ok((plan, geo.rms_norm_eps))
+            format!("{layer} is past the {n} backbone layers"),
+        ));
+    }
+    Ok(GeoLayer {
+        g,
+        layer: layer as usize,
+    })
 }
 
 /// Writes `f`'s f32 results into a float output: straight into float32 memory, through a temporary
@@ -162,7 +181,7 @@ fn record_format(v: i32, what: &'static str) -> Result<RecordFormat> {
 
 /// Rotary embedding in place on `x` `(tokens, heads, dim)` float, token t at `positions[t]`
 /// (`(tokens)` int, ≥ 0), with the rotary of layer `layer` of `geometry` (θ, YaRN, rope_dim on the
-/// trailing dims; SPEC §2 "RoPE"). `inverse` = 0 rotates forward (Q, KV), 1 by the negative angle
+/// trailing dims; docs/SPEC.md §2 "RoPE"). `inverse` = 0 rotates forward (Q, KV), 1 by the negative angle
 /// (the attention output).
 ///
 /// `x` is read and written (in place, the only aliasing allowed); `positions` may not overlap it.
@@ -181,7 +200,8 @@ pub unsafe extern "C" fn csa2_rope(
     inverse: i32,
 ) -> Csa2Status {
     boundary("csa2_rope", || {
-        let (plan, _) = layer_plan(geometry, layer)?;
+        let gl = layer_plan(geometry, layer)?;
+        let plan = gl.plan();
         let dir = match inverse {
             0 => Direction::Forward,
             1 => Direction::Inverse,
@@ -210,7 +230,7 @@ pub unsafe extern "C" fn csa2_rope(
     })
 }
 
-/// KV compressor of Full layer `layer` (SPEC §2 "Compressor"): turns `kv` `(T, 512)` float (and, for
+/// KV compressor of Full layer `layer` (docs/SPEC.md §2 "Compressor"): turns `kv` `(T, 512)` float (and, for
 /// ratio 2, the gate `score` `(T, 512)` float; null for ratio 1) of tokens `start_pos ..
 /// start_pos + T` into `E = T / ratio` compressed entries, written as NVFP4-DS main-KV records
 /// `main_kv_out` `(E, 288)` uint8 and MXFP4 index-K records `index_k_out` `(E, 68)` uint8.
@@ -237,7 +257,8 @@ pub unsafe extern "C" fn csa2_compress(
     index_k_out: *const DLTensor,
 ) -> Csa2Status {
     boundary("csa2_compress", || {
-        let (plan, eps) = layer_plan(geometry, layer)?;
+        let gl = layer_plan(geometry, layer)?;
+        let (plan, eps) = (gl.plan(), gl.eps());
         let m = plan.ratio;
         // SAFETY: caller's contract (see above).
         let (kv, score, norm, wk, k_norm, mut main_out, mut index_out) =
@@ -296,7 +317,7 @@ pub unsafe extern "C" fn csa2_compress(
     })
 }
 
-/// Lightning-indexer logits (SPEC §2 "Indexer"): `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)`
+/// Lightning-indexer logits (docs/SPEC.md §2 "Indexer"): `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)`
 /// for the visible entries `j < (positions[t] + 1) div ratio`, −∞ elsewhere.
 ///
 /// `q` `(T, H, 128)` float (RoPE'd index Q), `w` `(T, H)` float (already scaled), `positions` `(T)`
@@ -324,7 +345,7 @@ pub unsafe extern "C" fn csa2_indexer_logits(
     })
 }
 
-/// Candidate-restricted lightning-indexer logits (SPEC §2 "Indexer", the Reindex path): as
+/// Candidate-restricted lightning-indexer logits (docs/SPEC.md §2 "Indexer", the Reindex path): as
 /// [`csa2_indexer_logits`], but row t scores only the entries inside its candidate blocks
 /// `blocks[t, :]` (block b = entries `[b·block_size, (b+1)·block_size)`, −1 ends the list early;
 /// only visible entries count); every other entry is −∞. This is `csa2 op indexer` with `blocks`.
@@ -478,7 +499,7 @@ fn visible_rows(pos: &[i64], ratio: u32) -> Result<Vec<usize>> {
         .collect())
 }
 
-/// Top-k of indexer logits (SPEC §2 "Indexer"): for row t, the K largest of
+/// Top-k of indexer logits (docs/SPEC.md §2 "Indexer"): for row t, the K largest of
 /// `logits[t, 0 .. (positions[t] + 1) div ratio]` (ties → smaller index; −∞/NaN never chosen; all
 /// visible entries in index order when they are ≤ K), −1 padded.
 ///
@@ -528,7 +549,7 @@ pub unsafe extern "C" fn csa2_topk(
     })
 }
 
-/// Hierarchical candidate pool of the candidate-source layer (SPEC §2 "Candidate pool"): per row,
+/// Hierarchical candidate pool of the candidate-source layer (docs/SPEC.md §2 "Candidate pool"): per row,
 /// blocks of `block_size` entries scored by their max visible logit, the newest block pinned, the
 /// best `B` kept sorted (score desc, id asc), −1 padded.
 ///
@@ -571,7 +592,7 @@ pub unsafe extern "C" fn csa2_candidates(
     })
 }
 
-/// Sparse + sliding-window attention with a sink (SPEC §2 "Attention"): per token and head, one
+/// Sparse + sliding-window attention with a sink (docs/SPEC.md §2 "Attention"): per token and head, one
 /// softmax over the selected main-KV entries ∪ the SWA window `[max(p − window + 1, 0,
 /// replay_start), p]`, plus the sink logit in the denominator; `lse` excludes the sink.
 ///
@@ -788,7 +809,7 @@ fn kv_rows<'b, 'a: 'b>(
 /// softmax_scale)` as vLLM 0.33 `models/deepseek_v41/nvidia/flashmla.py` calls it: per token and
 /// head one softmax over the rows `main_idx[t, :main_len[t]]` of `main_kv` then
 /// `swa_idx[t, :swa_len[t]]` of `swa_kv` (−1 entries skipped; a repeated id is attended once per
-/// occurrence), plus the sink logit in the denominator; `lse` excludes the sink (SPEC §2
+/// occurrence), plus the sink logit in the denominator; `lse` excludes the sink (docs/SPEC.md §2
 /// "Attention"). No positions, window or visibility here: the caller resolved them when it built
 /// the lists (for one sequence, listing the window rows reproduces [`csa2_attention`] exactly).
 ///
@@ -880,7 +901,7 @@ pub unsafe extern "C" fn csa2_attention_indexed(
     })
 }
 
-/// Scalars of [`csa2_mhc`] (SPEC §4; config `hc_*`, `rms_norm_eps`). Pass null for the V4.1 values
+/// Scalars of [`csa2_mhc`] (docs/SPEC.md §4; config `hc_*`, `rms_norm_eps`). Pass null for the V4.1 values
 /// (2.0, 20, 1e-6, 1e-20).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -895,7 +916,7 @@ pub struct Csa2MhcParams {
     pub rms_eps: f32,
 }
 
-/// One mHC boundary between two sublayer sites (SPEC §4, V4.1 single-pass shift; fused CPU path):
+/// One mHC boundary between two sublayer sites (docs/SPEC.md §4, V4.1 single-pass shift; fused CPU path):
 ///
 /// ```text
 /// x_new    = post ⊙ y + combᵀ · x                   (skipped when y/post/comb are null: x_new = x)
@@ -1108,8 +1129,26 @@ mod tests {
         }
     }
 
-    fn geometry() -> Csa2Geometry {
-        Csa2Geometry {
+    /// A registered geometry handle (`p`) and the geometry it holds (`g`), freed on drop.
+    struct TestGeometry {
+        p: *mut Csa2Geometry,
+        g: Geometry,
+    }
+
+    impl Drop for TestGeometry {
+        fn drop(&mut self) {
+            unsafe { crate::ffi::csa2_geometry_free(self.p) };
+        }
+    }
+
+    fn geometry() -> TestGeometry {
+        let mut p = std::ptr::null_mut();
+        assert_eq!(
+            unsafe { crate::ffi::csa2_geometry_embedded(&mut p) },
+            Csa2Status::Csa2Ok
+        );
+        TestGeometry {
+            p,
             g: Geometry::embedded(),
         }
     }
@@ -1128,15 +1167,15 @@ mod tests {
         let (mut sx, mut sp) = ([3i64, 2, 128], [3i64]);
         let tx = desc(&mut x, &mut sx, DType::F32);
         let tp = desc(&mut pos, &mut sp, DType::I64);
-        let st = unsafe { csa2_rope(&g, 2, &tx, &tp, 0) };
+        let st = unsafe { csa2_rope(g.p, 2, &tx, &tp, 0) };
         assert_eq!(st, Csa2Status::Csa2Ok);
         assert_eq!(x, want);
         assert_eq!(
-            unsafe { csa2_rope(&g, 2, &tx, &tp, 2) },
+            unsafe { csa2_rope(g.p, 2, &tx, &tp, 2) },
             Csa2Status::Csa2ErrInvalidArgument
         );
         assert_eq!(
-            unsafe { csa2_rope(&g, 999, &tx, &tp, 0) },
+            unsafe { csa2_rope(g.p, 999, &tx, &tp, 0) },
             Csa2Status::Csa2ErrInvalidArgument
         );
     }
@@ -1188,7 +1227,7 @@ mod tests {
         ];
         let call = |start: i64| unsafe {
             csa2_compress(
-                &g,
+                g.p,
                 layer as u32,
                 &d[0],
                 &d[1],

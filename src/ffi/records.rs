@@ -23,7 +23,7 @@
 //!
 //! # Thread safety
 //! Every function may run concurrently with any other `csa2_cache_*` call on the same handle
-//! (except `csa2_cache_free`). Records of different blocks are read and written in parallel; one
+//! (after a racing `csa2_cache_free` it is refused with `CSA2_ERR_INVALID_HANDLE`). Records of different blocks are read and written in parallel; one
 //! block's records are serialised by its lock. Two batches that write the same slots concurrently
 //! may interleave per record (the engine must not do that, as with any paged cache). A write must
 //! not race `csa2_cache_publish` of the same blocks (the read-only check precedes the copy) nor
@@ -221,7 +221,7 @@ pub unsafe extern "C" fn csa2_cache_layer_info(
     boundary("csa2_cache_layer_info", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, out) = unsafe { (cache(c)?, arg_out(out, "out")?) };
-        let l = layer_arg(layer, m)?;
+        let l = layer_arg(layer, &m)?;
         let spec = m.spec();
         let swa = spec.swa_format;
         let mut info = Csa2CacheLayerInfo {
@@ -278,8 +278,8 @@ pub unsafe extern "C" fn csa2_cache_write_entries(
     boundary("csa2_cache_write_entries", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, ev, sv) = unsafe { (cache(c)?, host(entries, "entries")?, host(src, "src")?) };
-        let (k, l) = (kind(kind_)?, layer_arg(layer, m)?);
-        let fmt = kv_format(m, l, k)?;
+        let (k, l) = (kind(kind_)?, layer_arg(layer, &m)?);
+        let fmt = kv_format(&m, l, k)?;
         let mut dims = Dims::default();
         ev.expect(INTS, &[Dim::Any("n")], &mut dims)?;
         expect_rows(&sv, fmt, "n", &mut dims)?;
@@ -318,8 +318,8 @@ pub unsafe extern "C" fn csa2_cache_read_entries(
     boundary("csa2_cache_read_entries", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, ev, mut dv) = unsafe { (cache(c)?, host(entries, "entries")?, host(dst, "dst")?) };
-        let (k, l) = (kind(kind_)?, layer_arg(layer, m)?);
-        let fmt = kv_format(m, l, k)?;
+        let (k, l) = (kind(kind_)?, layer_arg(layer, &m)?);
+        let fmt = kv_format(&m, l, k)?;
         let mut dims = Dims::default();
         ev.expect(INTS, &[Dim::Any("n")], &mut dims)?;
         expect_rows(&dv, fmt, "n", &mut dims)?;
@@ -379,7 +379,7 @@ pub unsafe extern "C" fn csa2_cache_swa_write(
     boundary("csa2_cache_swa_write", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, sv) = unsafe { (cache(c)?, host(src, "src")?) };
-        let l = layer_arg(layer, m)?;
+        let l = layer_arg(layer, &m)?;
         let fmt = m.spec().swa_format;
         expect_rows(&sv, fmt, "n", &mut Dims::default())?;
         let pos = usize::try_from(pos_start)
@@ -409,7 +409,7 @@ pub unsafe extern "C" fn csa2_cache_swa_read(
     boundary("csa2_cache_swa_read", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, mut dv) = unsafe { (cache(c)?, host(dst, "dst")?) };
-        let l = layer_arg(layer, m)?;
+        let l = layer_arg(layer, &m)?;
         let fmt = m.spec().swa_format;
         expect_rows(&dv, fmt, "n", &mut Dims::default())?;
         let pos = usize::try_from(pos_start)
@@ -437,7 +437,7 @@ pub unsafe extern "C" fn csa2_cache_swa_newest(
     boundary("csa2_cache_swa_newest", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, out) = unsafe { (cache(c)?, arg_out(out, "out")?) };
-        let l = layer_arg(layer, m)?;
+        let l = layer_arg(layer, &m)?;
         *out = m.swa_newest(id, l)?.map_or(-1, |h| h as i64);
         Ok(())
     })

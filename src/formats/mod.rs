@@ -1,4 +1,4 @@
-//! Bit-exact number formats and KV records (SPEC §1).
+//! Bit-exact number formats and KV records (docs/SPEC.md §1).
 //!
 //! - [`scalar`]: E2M1, E4M3 (saturating), E8M0 codecs.
 //! - [`records`]: the five record formats, row at a time and over contiguous record buffers.

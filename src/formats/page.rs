@@ -1,4 +1,4 @@
-//! Block-planar cache pages (SPEC §1): a page of `slots` records stores every slot's data bytes first,
+//! Block-planar cache pages (docs/SPEC.md §1): a page of `slots` records stores every slot's data bytes first,
 //! then every slot's scale bytes, so a kernel streams one contiguous data region and one small scale
 //! region (the FlashMLA / vLLM `kv_formats` layout).
 

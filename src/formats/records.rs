@@ -1,9 +1,9 @@
-//! The five KV record formats of SPEC §1, one row at a time.
+//! The five KV record formats of docs/SPEC.md §1, one row at a time.
 //!
 //! A row codec writes a record's *data* bytes and its *scale* bytes into two separate slices, so the
 //! same code fills a standalone record (data then scales, contiguous) and a block-planar cache page
 //! (all slots' data, then all slots' scales; see [`super::page`]). Every encoder first rounds its
-//! input to bf16 (SPEC §1: "inputs are the bf16-rounded, RoPE'd values"); for bf16 inputs that is
+//! input to bf16 (docs/SPEC.md §1: "inputs are the bf16-rounded, RoPE'd values"); for bf16 inputs that is
 //! the identity.
 
 use super::scalar::*;
@@ -188,7 +188,7 @@ fn encode_nvfp4_ds(x: &[f32], data: &mut [u8], scale: &mut [u8]) {
     }
 }
 
-/// DeepSeek MXFP4 (ceil scale rule, reference_math §5.3) for any number of 32-blocks.
+/// DeepSeek MXFP4 (ceil scale rule, docs/SPEC.md §1.5) for any number of 32-blocks.
 fn encode_mxfp4(x: &[f32], data: &mut [u8], scale: &mut [u8]) {
     let mut buf = [0f32; 32];
     for b in 0..x.len() / 32 {
@@ -380,6 +380,48 @@ mod tests {
         encode_rows(RecordFormat::Mxfp8, &row512(), &mut rec).unwrap();
         assert_eq!(rec[512], 0x77);
         assert_eq!(&rec[..8], &[0xf5, 0xf5, 0xe3, 0xea, 0x72, 0x70, 0xe6, 0xfc]);
+    }
+
+    /// docs/SPEC.md §1.7: the scale bytes of the all-zero blocks after the golden block
+    /// (NVFP4 clamps at 2^-9 → 0x01; MXFP4 floors amax at 6·2^-126 → e = −126 → 0x01; MXFP8
+    /// floors amax at 1e-4 → e = ceil(log2(1e-4 / 448)) = −22 → 0x69).
+    #[test]
+    fn golden_zero_blocks() {
+        let mut rec = [0u8; NVFP4_DS_BYTES];
+        encode_rows(RecordFormat::Nvfp4Ds, &row512(), &mut rec).unwrap();
+        assert!(rec[258..].iter().all(|&b| b == 0x01));
+        assert!(rec[16..256].iter().all(|&b| b == 0));
+        let mut x = vec![0.0f32; 128];
+        x[..32].copy_from_slice(&GOLDEN);
+        let mut rec = [0u8; MXFP4_INDEX_BYTES];
+        encode_rows(RecordFormat::Mxfp4Index, &x, &mut rec).unwrap();
+        assert_eq!(&rec[64..], &[0x7d, 0x01, 0x01, 0x01]);
+        let mut rec = [0u8; MXFP8_BYTES];
+        encode_rows(RecordFormat::Mxfp8, &row512(), &mut rec).unwrap();
+        assert!(rec[513..].iter().all(|&b| b == 0x69));
+    }
+
+    /// docs/SPEC.md §1.7: the launch-day records on the golden row. Block 0 of the V4 record and
+    /// the single FP8-index block have the golden block's amax (1.484375), so e = −8 and the
+    /// E4M3 bytes equal MXFP8's; the V4 RoPE dims are zero bf16, its zero NoPE blocks get 0x69
+    /// and the pad byte is 0; the FP8 index scale is the f32 2^-8.
+    #[test]
+    fn golden_v4_and_fp8_index() {
+        let head = [0xf5, 0xf5, 0xe3, 0xea, 0x72, 0x70, 0xe6, 0xfc];
+        let mut rec = [0u8; V4_RECORD_BYTES];
+        encode_rows(RecordFormat::V4Record, &row512(), &mut rec).unwrap();
+        assert_eq!(&rec[..8], &head);
+        assert!(rec[448..576].iter().all(|&b| b == 0));
+        assert_eq!(
+            &rec[576..],
+            &[0x77, 0x69, 0x69, 0x69, 0x69, 0x69, 0x69, 0x00]
+        );
+        let mut x = vec![0.0f32; 128];
+        x[..32].copy_from_slice(&GOLDEN);
+        let mut rec = [0u8; FP8_INDEX_BYTES];
+        encode_rows(RecordFormat::Fp8Index, &x, &mut rec).unwrap();
+        assert_eq!(&rec[..8], &head);
+        assert_eq!(&rec[128..], &[0x00, 0x00, 0x80, 0x3b]);
     }
 
     #[test]

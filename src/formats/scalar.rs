@@ -1,6 +1,6 @@
 //! Scalar codecs: E2M1 (FP4), E4M3 (OCP FP8 "fn", saturating), E8M0 (UE8M0 scale bytes).
 //!
-//! Bit rules: SPEC §1 and research/reference_math.md §5.1–5.2 (NVIDIA `__nv_cvt_float_to_fp4`,
+//! Bit rules: docs/SPEC.md §1.1–§1.3 (NVIDIA `__nv_cvt_float_to_fp4`,
 //! `cvt.rn.satfinite.e4m3x2.f32`, `__nv_cvt_float_to_e8m0(…, RoundPosInf)`). All encoders round to
 //! nearest, ties to even code.
 
@@ -125,7 +125,7 @@ pub fn pow2(k: i32) -> f32 {
     }
 }
 
-/// `ceil(log2(v))` computed exactly from the float bits (SPEC §1): unbiased exponent, +1 when the
+/// `ceil(log2(v))` computed exactly from the float bits (docs/SPEC.md §1): unbiased exponent, +1 when the
 /// mantissa is non-zero. For v ≤ 0 returns −127 − 23 lower bound of the f32 range (callers clamp);
 /// +Inf → 128; NaN → None.
 #[inline]

@@ -1,4 +1,4 @@
-//! CSA2 attention ops on the CPU (SPEC §2), one folder per op family.
+//! CSA2 attention ops on the CPU (docs/SPEC.md §2), one folder per op family.
 //!
 //! Each family has `mod.rs` (parameters validated once, dispatch), `cpu.rs` (the fast path: rayon
 //! threads, SIMD with runtime feature detection) and `reference.rs` (a readable f64 reference used

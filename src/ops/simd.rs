@@ -17,13 +17,14 @@ pub enum Isa {
     Portable,
 }
 
-/// Detected once; `CSA2_ISA=portable|avx2|avx512` caps it (for tests and benchmarks).
+/// Detected once; `CSA2_ISA=portable|scalar|avx2|avx512|avx512dot` caps it (for tests and
+/// benchmarks; `scalar` is a synonym of `portable`, and `avx512dot`, like no value, is the top).
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
         let detected = detect();
         let cap = match std::env::var("CSA2_ISA").as_deref() {
-            Ok("portable") => Isa::Portable,
+            Ok("portable" | "scalar") => Isa::Portable,
             Ok("avx2") => Isa::Avx2,
             _ => Isa::Avx512,
         };
@@ -34,6 +35,48 @@ pub fn isa() -> Isa {
             (Isa::Portable, _) => Isa::Portable,
         }
     })
+}
+
+/// The narrow dot-product units, beyond AVX-512F, that the kernels may use: AVX-512 VNNI
+/// (`vpdpbusd`, 64 int8 MACs per instruction) and AVX-512 BF16 (`vdpbf16ps`, 32 bf16 MACs), against
+/// 16 f32 MACs for an FMA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DotUnits {
+    /// AVX-512F/BW + VNNI present and not capped off.
+    pub vnni: bool,
+    /// AVX-512F/BW + BF16 present and not capped off.
+    pub bf16: bool,
+}
+
+/// Detected once. Any `CSA2_ISA` cap (`portable`, `scalar`, `avx2`, `avx512`) switches both off, so
+/// that `CSA2_ISA=avx512` runs the f32 AVX-512 kernels (the reference-grade path, and the A/B
+/// baseline); no value, or `avx512dot`, uses whatever the CPU has.
+pub fn dot_units() -> DotUnits {
+    static UNITS: OnceLock<DotUnits> = OnceLock::new();
+    *UNITS.get_or_init(|| {
+        let capped = matches!(
+            std::env::var("CSA2_ISA").as_deref(),
+            Ok("portable" | "scalar" | "avx2" | "avx512")
+        );
+        if capped || isa() != Isa::Avx512 {
+            return DotUnits::default();
+        }
+        detect_dot_units()
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_dot_units() -> DotUnits {
+    let bw = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
+    DotUnits {
+        vnni: bw && is_x86_feature_detected!("avx512vnni"),
+        bf16: bw && is_x86_feature_detected!("avx512bf16"),
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect_dot_units() -> DotUnits {
+    DotUnits::default()
 }
 
 /// The row-codec level (`formats::fast`) that matches [`isa`], so that a capped run (`CSA2_ISA`)
@@ -129,6 +172,70 @@ pub fn fma_peak_gflops(millis: u64) -> f64 {
     std::hint::black_box(sink);
     // Each iteration: 12 accumulators × `lanes` FMAs.
     iters as f64 * 12.0 * lanes as f64 * 2.0 / secs / 1e9
+}
+
+/// Measured MAC rates (GMAC/s, calling thread, about `millis` ms each) of the dot units
+/// [`dot_units`] enables: (`vpdpbusd` int8, `vdpbf16ps` bf16); `None` where a unit is off. Each
+/// probe runs 12 independent accumulator chains, as [`fma_peak_gflops`] (which gives the f32 rate:
+/// GFLOP/s ÷ 2).
+pub fn dot_peak_gmacs(millis: u64) -> (Option<f64>, Option<f64>) {
+    let u = dot_units();
+    let rate = |f: &dyn Fn(usize) -> u64, macs_per_instr: f64| {
+        let t0 = std::time::Instant::now();
+        let mut iters = 0usize;
+        let mut sink = 0u64;
+        while t0.elapsed().as_millis() < millis as u128 {
+            sink = sink.wrapping_add(f(1 << 16));
+            iters += 1 << 16;
+        }
+        std::hint::black_box(sink);
+        iters as f64 * 12.0 * macs_per_instr / t0.elapsed().as_secs_f64() / 1e9
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY (both closures): `dot_units` reported the unit present at run time.
+        let vnni = u.vnni.then(|| rate(&|n| unsafe { probe::vnni(n) }, 64.0));
+        let bf16 = u.bf16.then(|| rate(&|n| unsafe { probe::bf16(n) }, 32.0));
+        (vnni, bf16)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (u, rate);
+        (None, None)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod probe {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) fn vnni(n: usize) -> u64 {
+        let a = _mm512_set1_epi8(std::hint::black_box(3));
+        let b = _mm512_set1_epi8(std::hint::black_box(-5));
+        let mut acc = [_mm512_setzero_si512(); 12];
+        for _ in 0..n {
+            for r in acc.iter_mut() {
+                *r = _mm512_dpbusd_epi32(*r, a, b);
+            }
+        }
+        acc.iter()
+            .map(|&r| _mm512_reduce_add_epi32(r) as u32 as u64)
+            .sum()
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) fn bf16(n: usize) -> u64 {
+        let x = _mm512_set1_ps(std::hint::black_box(1e-3));
+        let a = _mm512_cvtne2ps_pbh(x, x);
+        let mut acc = [_mm512_setzero_ps(); 12];
+        for _ in 0..n {
+            for r in acc.iter_mut() {
+                *r = _mm512_dpbf16_ps(*r, a, a);
+            }
+        }
+        acc.iter().map(|&r| _mm512_reduce_add_ps(r) as u64).sum()
+    }
 }
 
 /// 12 independent accumulator vectors: enough to cover the FMA latency.
@@ -393,6 +500,28 @@ mod tests {
             // SAFETY: both chunks hold L floats.
             unsafe { V::load(a.as_ptr()).exp().store(o.as_mut_ptr()) };
         }
+    }
+
+    /// The dot units are off under any `CSA2_ISA` cap and otherwise exactly what the CPU has; the
+    /// peak probe measures exactly the units that are on.
+    #[test]
+    fn dot_units_follow_the_cap_and_the_cpu() {
+        let u = dot_units();
+        let capped = matches!(
+            std::env::var("CSA2_ISA").as_deref(),
+            Ok("portable" | "scalar" | "avx2" | "avx512")
+        );
+        if capped || isa() != Isa::Avx512 {
+            assert_eq!(u, DotUnits::default());
+        } else {
+            assert_eq!(u, detect_dot_units());
+        }
+        let (vnni, bf16) = dot_peak_gmacs(5);
+        assert_eq!((vnni.is_some(), bf16.is_some()), (u.vnni, u.bf16));
+        assert!(vnni
+            .into_iter()
+            .chain(bf16)
+            .all(|r| r > 0.0 && r.is_finite()));
     }
 
     /// The vector exp against f64 over its whole range (every ISA via `CSA2_ISA` in CI), plus the

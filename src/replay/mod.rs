@@ -1,4 +1,4 @@
-//! SWA bounded replay planning (SPEC §3; vLLM `swa_bounded_replay`, research/vllm_v41.md §6).
+//! SWA bounded replay planning (docs/SPEC.md §3; vLLM `swa_bounded_replay`).
 //!
 //! Given a prompt of `I` tokens whose first `H` tokens hit the prefix cache (global KV found in HBM
 //! or on SSD) and whether the SWA snapshot at `H` is present, a [`ReplayPlan`] says, for one prefill
@@ -27,7 +27,7 @@ use std::ops::Range;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReplayMode {
-    /// SWA bounded replay (SPEC §3, the default).
+    /// SWA bounded replay (docs/SPEC.md §3, the default).
     Bounded,
     /// The exact `L × window` staircase.
     Exact,
@@ -172,7 +172,7 @@ pub fn plan(
         ));
     }
     let i = prompt_len;
-    // Hits of ≤ window tokens are not used (SPEC §3); a full hit keeps one row to compute.
+    // Hits of ≤ window tokens are not used (docs/SPEC.md §3); a full hit keeps one row to compute.
     let h = if hit_tokens > w {
         hit_tokens.min(i - 1)
     } else {

@@ -4,8 +4,8 @@ fn cfg(mode: ReplayMode) -> ReplayConfig {
     ReplayConfig::from_geometry(&Geometry::embedded(), mode)
 }
 
-/// Independent statement of SPEC §3 for one row: the window start in bounded mode.
-#[allow(clippy::implicit_saturating_sub)] // spelled out as SPEC §3 states it
+/// Independent statement of docs/SPEC.md §3 for one row: the window start in bounded mode.
+#[allow(clippy::implicit_saturating_sub)] // spelled out as docs/SPEC.md §3 states it
 fn bounded_window(p: usize, h: usize) -> usize {
     // Hits of ≤ 128 tokens are not used, so their floor is 0.
     let floor = if h > 128 { h - 128 } else { 0 };

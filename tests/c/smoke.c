@@ -195,8 +195,16 @@ int main(void) {
     expect_status(csa2_cache_free_request(cache, 42), CSA2_OK, NULL, "free request");
     expect_status(csa2_cache_free_request(cache, 42), CSA2_ERR_NOT_FOUND, NULL, "double free");
     expect_status(csa2_cache_allocate(cache, 43, 1), CSA2_OK, NULL, "allocate after free");
-    csa2_cache_free(cache);
-    csa2_cache_free(NULL);
+    /* Handle misuse is refused, never undefined behaviour: a geometry passed as a cache, a
+     * garbage value, then use after free and double free. */
+    expect_status(csa2_cache_add_request((const Csa2Cache *)cg, 1), CSA2_ERR_INVALID_HANDLE,
+                  "Csa2Geometry", "geometry as cache");
+    expect_status(csa2_cache_add_request((const Csa2Cache *)(uintptr_t)0xdeadbeef, 1),
+                  CSA2_ERR_INVALID_HANDLE, "garbage", "garbage handle");
+    expect_status(csa2_cache_free(cache), CSA2_OK, NULL, "cache free");
+    expect_status(csa2_cache_add_request(cache, 1), CSA2_ERR_INVALID_HANDLE, "freed", "use after free");
+    expect_status(csa2_cache_free(cache), CSA2_ERR_INVALID_HANDLE, "freed", "double free");
+    expect_status(csa2_cache_free(NULL), CSA2_OK, NULL, "free(NULL)");
 
     /* --- record-level cache access, stateful compressor, candidate-restricted indexer ------ */
     {

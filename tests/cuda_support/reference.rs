@@ -1,4 +1,4 @@
-//! Readable f64 CPU references for the CUDA kernels (SPEC §1–§4), used by `tests/cuda.rs` and by
+//! Readable f64 CPU references for the CUDA kernels (docs/SPEC.md §1–§4), used by `tests/cuda.rs` and by
 //! the GPU validation binary. Codecs come from the crate's CPU formats (`csa2::formats`), so the
 //! GPU's page bytes are compared with the CPU path's bytes.
 #![allow(dead_code, clippy::needless_range_loop)] // matrix maths reads best with indices

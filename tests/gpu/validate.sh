@@ -11,7 +11,7 @@
 #    positions, element bounds, cosine, bitwise rerun) and times each (CUDA events, 3 warm-ups,
 #    median), printing µs | GB/s | % of the measured device copy bandwidth.
 # 3. Reloads the modules through each fallback path (PTX JIT, compat PTX, NVRTC) on small sizes.
-# 4. Runs `cargo test --features cuda --test cuda` when cargo and nvcc are available.
+# 4. Runs `cargo test --features cuda --test suite cuda::` when cargo and nvcc are available.
 # Everything is logged to $OUT/gpu_validate.log (or out/gpu/ without $OUT). Exit status: that of
 # step 2.
 set -uo pipefail
@@ -49,7 +49,7 @@ done
 
 echo "== 3/3 cargo test --features cuda (if a toolchain is here)"
 if command -v cargo >/dev/null && { [ -n "${NVCC:-}" ] || command -v nvcc >/dev/null || [ -n "${CUDA_HOME:-}" ]; }; then
-    timeout 300 cargo test --release --features cuda --test cuda -- --nocapture --test-threads=1 2>&1 | tail -40
+    timeout 300 cargo test --release --features cuda --test suite cuda:: -- --nocapture --test-threads=1 2>&1 | tail -40
 else
     echo "SKIPPED: no cargo / nvcc on this machine"
 fi

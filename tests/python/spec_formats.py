@@ -1,9 +1,9 @@
-"""An independent implementation of SPEC section 1 (number formats and KV records), in numpy.
+"""An independent implementation of docs/SPEC.md §1 (number formats and KV records), in numpy.
 
 Written from the spec's words, not from the Rust code, and on purpose by different means:
 E2M1 and E4M3 round by searching the table of representable values (nearest value, ties to the
 even code) instead of comparing against midpoints or scaling to an integer; ceil(log2) comes from
-numpy.frexp. Where SPEC section 1 is silent the choices are stated in the docstrings (NaN ignored
+numpy.frexp. Where docs/SPEC.md §1 is silent the choices are stated in the docstrings (NaN ignored
 by the block amax, an infinite amax saturates the exponent to 127, NaN bf16 keeps its top bits
 with the quiet bit set).
 """
@@ -146,7 +146,7 @@ def _mx_exponent(amax, floor, elem_max, lo=-127):
 
 
 def _e4m3_blocks(x, block):
-    """MX-style E4M3 blocks (SPEC MXFP8 rule) -> (data uint8 (rows, n), scale bytes (rows, n/block))."""
+    """MX-style E4M3 blocks (docs/SPEC.md §1.5 MXFP8 rule) -> (data uint8 (rows, n), scale bytes (rows, n/block))."""
     rows = x.shape[0]
     b = x.reshape(rows, -1, block)
     e = _mx_exponent(_amax(b), 1e-4, 448.0)

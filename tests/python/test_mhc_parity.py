@@ -1,4 +1,4 @@
-"""Parity of `csa2 op mhc` with an independent numpy (float64) implementation of SPEC §4.
+"""Parity of `csa2 op mhc` with an independent numpy (float64) implementation of docs/SPEC.md §4.
 
 Run: .venv-mhc/bin/pytest tests/python/test_mhc_parity.py
 The csa2 binary is taken from $CSA2_BIN, else target/{release,debug}/csa2, else built with cargo.
@@ -28,7 +28,7 @@ def csa2_bin() -> pathlib.Path:
     return ROOT / "target" / "debug" / "csa2"
 
 
-# ---- SPEC §4 in numpy, written from the spec text -------------------------------------------
+# ---- docs/SPEC.md §4 in numpy, written from the spec text -------------------------------------------
 
 def sigmoid(v):
     return 1.0 / (1.0 + np.exp(-v))

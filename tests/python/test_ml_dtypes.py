@@ -1,7 +1,7 @@
 """E2M1 / E4M3 element codecs (ours via `csa2 codec --format e2m1|e4m3`, and the spec
 implementation) against ml_dtypes on > 1M values, every tie point included.
 
-ml_dtypes differs from SPEC section 1 in two documented places, handled here rather than hidden:
+ml_dtypes differs from docs/SPEC.md §1 in two documented places, handled here rather than hidden:
 its E4M3 does not saturate (|x| >= 464 -> NaN), so inputs are clamped to +-448 first; and it maps
 NaN to E2M1 0x8 where the spec says 0x7, so NaN inputs are compared against the spec only.
 """

@@ -1,4 +1,4 @@
-"""Independent NumPy implementation of SPEC §2 (written from the spec, not from the Rust code),
+"""Independent NumPy implementation of docs/SPEC.md §2 (written from the spec, not from the Rust code),
 checked against `csa2 op` on the same .npy inputs.
 
 Selections must be identical; values within 1e-5 relative (f32 paths). The compressor latent is
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RTOL = 1e-5
 ATOL = 1e-5
 
-# ---------------------------------------------------------------- number formats (SPEC §1)
+# ---------------------------------------------------------------- number formats (docs/SPEC.md §1)
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float64)
 
 
@@ -108,7 +108,7 @@ def mxfp4_qdq(x):
     return (e2m1_round(x * np.exp2(-e)) * np.exp2(e)).reshape(*x.shape[:-2], -1)
 
 
-# ---------------------------------------------------------------- SPEC §2 maths
+# ---------------------------------------------------------------- docs/SPEC.md §2 maths
 def inv_freqs(theta, yarn, rope_dim=64):
     d = rope_dim
     f = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
@@ -291,7 +291,7 @@ def test_indexer_and_topk(csa2, tmp_path, m):
 
 
 def encode_mxfp4_records(x):
-    """MXFP4 records [N,68] written from the SPEC §1 rule (independent of csa2's encoder)."""
+    """MXFP4 records [N,68] written from the docs/SPEC.md §1 rule (independent of csa2's encoder)."""
     xb = bf16(x).astype(np.float64).reshape(-1, 4, 32)
     amax = np.maximum(np.abs(xb).max(-1, keepdims=True), 6 * 2.0**-126)
     mm, e = np.frexp(amax / 6)

@@ -15,9 +15,9 @@ pub struct Args {
     /// Worker threads (0 = rayon's default, all cores).
     #[arg(long, default_value_t = 1)]
     threads: usize,
-    /// Print JSON lines instead of the table.
-    #[arg(long)]
-    json: bool,
+    /// Write every figure as JSON to PATH (`-` = stdout; the table then goes to stderr).
+    #[arg(long, value_name = "PATH")]
+    json: Option<crate::out::JsonOut>,
 }
 
 /// Best wall time of `reps` runs of `f`, in seconds.
@@ -33,6 +33,7 @@ fn best(reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 pub fn run(a: Args) -> csa2::Result<()> {
+    crate::out::json_dest(&a.json);
     if a.rows == 0 {
         return Err(csa2::Error::invalid("rows", "must be > 0"));
     }
@@ -45,14 +46,15 @@ pub fn run(a: Args) -> csa2::Result<()> {
 
 fn codecs(a: &Args) -> csa2::Result<()> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-    if !a.json {
-        println!(
+    let mut figures = vec![];
+    {
+        say!(
             "rows {}  threads {}  best of {}  (GB/s of f32 values: read by encode, written by decode)",
             a.rows,
             rayon::current_num_threads(),
             a.reps
         );
-        println!(
+        say!(
             "{:<9} {:<7} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
             "format",
             "isa",
@@ -91,18 +93,14 @@ fn codecs(a: &Args) -> csa2::Result<()> {
                 bytes / t_copy / 1e9,
             );
             let (enc_rows, dec_rows) = (a.rows as f64 / t_enc / 1e6, a.rows as f64 / t_dec / 1e6);
-            if a.json {
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "format": fmt.name(), "isa": isa.name(), "rows": a.rows,
-                        "threads": rayon::current_num_threads(),
-                        "encode_gbps": enc, "decode_gbps": dec, "memcpy_gbps": cpy,
-                        "encode_us": t_enc * 1e6, "decode_us": t_dec * 1e6, "memcpy_us": t_copy * 1e6,
-                    })
-                );
-            } else {
-                println!(
+            figures.push(serde_json::json!({
+                "format": fmt.name(), "isa": isa.name(), "rows": a.rows,
+                "threads": rayon::current_num_threads(),
+                "encode_gbps": enc, "decode_gbps": dec, "memcpy_gbps": cpy,
+                "encode_us": t_enc * 1e6, "decode_us": t_dec * 1e6, "memcpy_us": t_copy * 1e6,
+            }));
+            {
+                say!(
                     "{:<9} {:<7} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>10.2}",
                     fmt.name(),
                     isa.name(),
@@ -116,5 +114,9 @@ fn codecs(a: &Args) -> csa2::Result<()> {
             }
         }
     }
+    crate::out::write_json(
+        &a.json,
+        &serde_json::json!({"rows": a.rows, "reps": a.reps, "figures": figures}),
+    )?;
     Ok(())
 }

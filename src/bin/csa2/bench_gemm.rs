@@ -3,6 +3,7 @@
 //! not batch-invariant) against the batch-invariant kernel on f32, bf16 and FP8 E4M3 weights.
 //! Each figure is the median of `--reps` timed calls after one warm-up call.
 
+use crate::out::JsonOut;
 use csa2::backend::gemm::{linear_previous, linear_w, WeightView, E4M3_FOLD};
 use csa2::formats::scalar::e8m0_decode;
 use csa2::weights::synth::quantize_fp8_block;
@@ -17,6 +18,9 @@ pub struct Args {
     /// Timed repetitions per figure (the median is reported).
     #[arg(long, default_value_t = 7)]
     reps: usize,
+    /// Write every figure as JSON to PATH (`-` = stdout; the table then goes to stderr).
+    #[arg(long, value_name = "PATH")]
+    json: Option<JsonOut>,
 }
 
 fn median(reps: usize, mut f: impl FnMut()) -> f64 {
@@ -39,14 +43,26 @@ pub fn run(a: Args) -> Result<()> {
         .map(|s| s.trim().parse::<usize>())
         .collect::<std::result::Result<_, _>>()
         .map_err(|_| Error::invalid("rows", format!("`{}` is not a list of integers", a.rows)))?;
-    println!(
+    if rows.contains(&0) {
+        return Err(Error::invalid("rows", "row counts must be ≥ 1"));
+    }
+    let mut figures = vec![];
+    say!(
         "threads: {}; median of {} calls, µs",
         rayon::current_num_threads(),
         a.reps.max(1)
     );
-    println!(
+    say!(
         "{:<22} {:>5} | {:>10} | {:>10} {:>6} | {:>10} {:>6} | {:>10} {:>6}",
-        "projection [out, in]", "rows", "previous", "f32", "ratio", "bf16", "ratio", "fp8", "ratio"
+        "projection [out, in]",
+        "rows",
+        "previous",
+        "f32",
+        "ratio",
+        "bf16",
+        "ratio",
+        "fp8",
+        "ratio"
     );
     for (name, out, inp) in [
         ("wq_a [1024, 5120]", 1024, 5120),
@@ -93,7 +109,12 @@ pub fn run(a: Args) -> Result<()> {
                     })
                 })
                 .collect();
-            println!(
+            figures.push(serde_json::json!({
+                "projection": name, "out": out, "in": inp, "rows": r,
+                "previous_us": t_prev * 1e6, "f32_us": t[0] * 1e6, "bf16_us": t[1] * 1e6,
+                "fp8_us": t[2] * 1e6, "gflop": 2.0 * (r * out * inp) as f64 / 1e9,
+            }));
+            say!(
                 "{:<22} {:>5} | {:>10.1} | {:>10.1} {:>6.2} | {:>10.1} {:>6.2} | {:>10.1} {:>6.2}",
                 name,
                 r,
@@ -107,6 +128,12 @@ pub fn run(a: Args) -> Result<()> {
             );
         }
     }
-    println!("ratio = previous / this (> 1: faster than the previous path).");
+    say!("ratio = previous / this (> 1: faster than the previous path).");
+    crate::out::write_json(
+        &a.json,
+        &serde_json::json!({
+            "threads": rayon::current_num_threads(), "reps": a.reps, "figures": figures,
+        }),
+    )?;
     Ok(())
 }

@@ -3,10 +3,12 @@
 //! FMA peak). The torch CPU baseline is `benches/torch_ops.py`, run in the same session
 //! (`benches/ops_side_by_side.sh` interleaves the two); docs/PERF.md records both.
 
+use crate::out::JsonOut;
 use csa2::formats::{encode_rows, RecordFormat};
-use csa2::ops::attention::{self, AttentionInputs, AttentionParams, KvRows, HEADS};
+use csa2::ops::attention::{self, AttentionDots, AttentionInputs, AttentionParams, KvRows, HEADS};
 use csa2::ops::candidates::{self, CandidateParams};
-use csa2::ops::indexer::{self, cpu::Prepared, IndexKeys, IndexerParams, IndexerQueries};
+use csa2::ops::indexer::cpu::{DotKernel, Prepared};
+use csa2::ops::indexer::{self, IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
 use csa2::ops::simd;
 use csa2::ops::testutil::{rand_normal, NewRng, Rng};
 use csa2::ops::topk;
@@ -30,7 +32,13 @@ pub struct Args {
     /// Repetitions per figure (the median is reported, with the min–max spread).
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// Write every figure as JSON to PATH (`-` = stdout; the table then goes to stderr).
+    #[arg(long, value_name = "PATH")]
+    json: Option<JsonOut>,
 }
+
+/// The figures printed so far, for `--json`.
+static ROWS: std::sync::Mutex<Vec<serde_json::Value>> = std::sync::Mutex::new(Vec::new());
 
 /// Wall times of `reps` runs after one warm-up, in seconds.
 #[derive(Clone, Copy)]
@@ -59,7 +67,13 @@ fn time<F: FnMut()>(reps: usize, mut f: F) -> Stats {
 
 fn line(name: &str, st: Stats, flops: f64, bytes: f64, note: &str) {
     let secs = st.median;
-    println!(
+    ROWS.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(serde_json::json!({
+            "name": name, "median_us": secs * 1e6, "min_us": st.min * 1e6, "max_us": st.max * 1e6,
+            "gflops": flops / secs / 1e9, "gbps": bytes / secs / 1e9, "note": note,
+        }));
+    say!(
         "{name:<44} {:>10.1} µs [{:.1}–{:.1}] | {:>8.2} GFLOP/s | {:>7.2} GB/s  {note}",
         secs * 1e6,
         st.min * 1e6,
@@ -70,18 +84,27 @@ fn line(name: &str, st: Stats, flops: f64, bytes: f64, note: &str) {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    crate::out::json_dest(&a.json);
     if a.keys == 0 || a.prefill_tokens == 0 || a.prefill_ratio == 0 {
         return Err(Error::invalid(
             "bench sizes",
             "keys, prefill tokens and ratio must be > 0",
         ));
     }
+    ROWS.lock().unwrap_or_else(|e| e.into_inner()).clear();
     let mut rng = Rng::new(1);
     let threads = rayon::current_num_threads();
     let peak1 = simd::fma_peak_gflops(300);
-    println!(
+    say!(
         "threads {threads}; FMA peak one thread {peak1:.1} GFLOP/s (×{threads} = {:.1})",
         peak1 * threads as f64
+    );
+    let (vnni_peak, bf16_peak) = simd::dot_peak_gmacs(300);
+    println!(
+        "dot units (one thread, GMAC/s): f32 FMA {:.1}, int8 vpdpbusd {}, bf16 vdpbf16ps {}",
+        peak1 / 2.0,
+        vnni_peak.map_or("off".into(), |v| format!("{v:.1}")),
+        bf16_peak.map_or("off".into(), |v| format!("{v:.1}"))
     );
 
     // Read-pass baseline: sum of 1M f32 (one thread), the unit of the top-k goal.
@@ -162,6 +185,43 @@ pub fn run(a: Args) -> Result<()> {
         &format!("{:.1} GMAC/s", macs / t_f32.median / 1e9),
     );
     drop(kf);
+    // The same sweep per query quantisation and kernel (MXFP4 keys): `mxfp4` (the V4.1 design)
+    // on the integer kernel and on the f32 kernel, `bf16` on the bf16 kernel; the ratio is to the
+    // f32-query figure above, same run.
+    for (qq, kernel) in [
+        (QueryQuant::Mxfp4, DotKernel::F32),
+        (QueryQuant::Mxfp4, DotKernel::Int8),
+        (QueryQuant::Bf16, DotKernel::Bf16),
+    ] {
+        let pq = IndexerParams {
+            query_quant: qq,
+            ..p1
+        };
+        let pr = match Prepared::with_kernel(&pq, &qs, vec![n], kernel) {
+            Ok(pr) => pr,
+            Err(e) => {
+                println!(
+                    "decode indexer, q {qq:?}, {} kernel: skipped ({e})",
+                    kernel.name()
+                );
+                continue;
+            }
+        };
+        let t = time(a.reps, || {
+            indexer::cpu::dense(&pr, IndexKeys::Mxfp4(&km), &mut out)
+        });
+        line(
+            &format!("decode indexer, q {qq:?}, {} kernel", kernel.name()),
+            t,
+            2.0 * macs,
+            68.0 * n as f64,
+            &format!(
+                "{:.1} GMAC/s, {:.2}× the f32-query time",
+                macs / t.median / 1e9,
+                t_idx.median / t.median
+            ),
+        );
+    }
     let t_full = time(a.reps, || {
         indexer::logits(&p1, &qs, IndexKeys::Mxfp4(&km), &mut out).expect("valid");
         topk::select(&out, n, &mut sel);
@@ -188,36 +248,61 @@ pub fn run(a: Args) -> Result<()> {
         4.0 * n as f64,
         "",
     );
-    for nn in [n, 65536.min(n)] {
-        let posn = [nn as i64 - 1];
-        let qs = IndexerQueries {
-            q: &q,
-            w: &w,
-            positions: &posn,
-        };
-        let mut b = vec![0i32; cp.num_blocks];
-        candidates::select_blocks(&cp, &out[..nn], nn, &mut b);
-        let pools = indexer::pools_of(1, nn, &b, &cp, &[nn])?;
-        let pr = Prepared::new(&p1, &qs, vec![nn]);
-        let ids = &pools[0];
-        let mut vals = vec![0f32; ids.len()];
-        let keys = IndexKeys::Mxfp4(&km[..nn * 68]);
-        let t = time(a.reps, || {
-            use rayon::prelude::*;
-            vals.par_chunks_mut(4096)
-                .zip(ids.par_chunks(4096))
-                .for_each(|(v, id)| {
-                    indexer::cpu::score_ids(&pr, 0, &keys, id, &mut [v]);
-                });
-            topk::cpu::select_scored(&vals, &mut sel);
-        });
-        line(
-            &format!("reindex sweep at {nn} entries (pool {})", ids.len()),
-            t,
-            2.0 * 4096.0 * ids.len() as f64,
-            68.0 * ids.len() as f64,
-            "",
-        );
+    // Per query quantisation: f32 queries (f32 kernel) and MXFP4 queries (the V4.1 design: the
+    // integer kernel where the CPU has VNNI). 1M and 64K entries alternate, so that machine noise
+    // hits both sizes alike.
+    let pm = IndexerParams {
+        query_quant: QueryQuant::Mxfp4,
+        ..p1
+    };
+    for pq in [p1, pm] {
+        let mut meds = Vec::new();
+        for nn in [n, 65536.min(n)] {
+            let posn = [nn as i64 - 1];
+            let qs = IndexerQueries {
+                q: &q,
+                w: &w,
+                positions: &posn,
+            };
+            let mut b = vec![0i32; cp.num_blocks];
+            candidates::select_blocks(&cp, &out[..nn], nn, &mut b);
+            let pools = indexer::pools_of(1, nn, &b, &cp, &[nn])?;
+            let pr = Prepared::new(&pq, &qs, vec![nn]);
+            let ids = &pools[0];
+            let mut vals = vec![0f32; ids.len()];
+            let keys = IndexKeys::Mxfp4(&km[..nn * 68]);
+            let t = time(a.reps * 4, || {
+                use rayon::prelude::*;
+                vals.par_chunks_mut(4096)
+                    .zip(ids.par_chunks(4096))
+                    .for_each(|(v, id)| {
+                        indexer::cpu::score_ids(&pr, 0, &keys, id, &mut [v]);
+                    });
+                topk::cpu::select_scored(&vals, &mut sel);
+            });
+            meds.push(t);
+            line(
+                &format!(
+                    "reindex sweep at {nn} entries (pool {}), q {:?}, {}",
+                    ids.len(),
+                    pq.query_quant,
+                    pr.kernel().name()
+                ),
+                t,
+                2.0 * 4096.0 * ids.len() as f64,
+                68.0 * ids.len() as f64,
+                "",
+            );
+        }
+        if meds.len() == 2 {
+            println!(
+                "reindex {n} / {} entries, q {:?}: median ratio {:.2}, minimum ratio {:.2}",
+                65536.min(n),
+                pq.query_quant,
+                meds[0].median / meds[1].median,
+                meds[0].min / meds[1].min
+            );
+        }
     }
 
     // Decode attention: 64 heads over 512 NVFP4 main rows + 128 MXFP8 window rows.
@@ -260,8 +345,31 @@ pub fn run(a: Args) -> Result<()> {
         t_att,
         fl,
         (512.0 * 288.0 + 128.0 * 528.0) + 64.0 * 512.0 * 8.0,
-        "",
+        "f32 dots",
     );
+    if AttentionDots::Bf16.is_supported() {
+        let t_b = time(a.reps * 4, || {
+            attention::attention_with_dots(
+                &ap,
+                AttentionDots::Bf16,
+                &inp,
+                KvRows::Records(RecordFormat::Nvfp4Ds, &mq),
+                KvRows::Records(RecordFormat::Mxfp8, &sq),
+                &mut o,
+                &mut l,
+            )
+            .expect("valid")
+        });
+        line(
+            "decode attention, bf16 dots",
+            t_b,
+            fl,
+            (512.0 * 288.0 + 128.0 * 528.0) + 64.0 * 512.0 * 8.0,
+            &format!("{:.2}× the f32-dot time", t_att.median / t_b.median),
+        );
+    } else {
+        println!("decode attention, bf16 dots: skipped (no AVX-512 BF16, or CSA2_ISA caps it)");
+    }
 
     // Prefill indexer: a chunk of T tokens over its own T / ratio entries, causal.
     let t = a.prefill_tokens;
@@ -295,5 +403,14 @@ pub fn run(a: Args) -> Result<()> {
             macs / t_pre.median / 1e9
         ),
     );
+    let rows = std::mem::take(&mut *ROWS.lock().unwrap_or_else(|e| e.into_inner()));
+    crate::out::write_json(
+        &a.json,
+        &serde_json::json!({
+            "threads": threads, "fma_peak_gflops_one_thread": peak1, "keys": a.keys,
+            "prefill_tokens": a.prefill_tokens, "prefill_ratio": a.prefill_ratio, "reps": a.reps,
+            "figures": rows,
+        }),
+    )?;
     Ok(())
 }

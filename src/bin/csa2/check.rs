@@ -3,6 +3,7 @@
 //! 16,384-entry pool, masked rows). Prints the worst errors per case and PASS/FAIL from the
 //! tolerance table; exits non-zero on any failure.
 
+use crate::out::JsonOut;
 use csa2::formats::{decode_rows, encode_rows, RecordFormat};
 use csa2::ops::attention::{self, AttentionInputs, AttentionParams, KvRows, HEADS};
 use csa2::ops::candidates::{self, CandidateParams};
@@ -19,27 +20,76 @@ pub struct Args {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Write every check as JSON to PATH (`-` = stdout; the table then goes to stderr).
+    #[arg(long, value_name = "PATH")]
+    json: Option<JsonOut>,
+}
+
+/// One check: its name, the criterion that decided it, the other figures, the verdict.
+#[derive(serde::Serialize)]
+struct Row {
+    op: String,
+    case: String,
+    pass: bool,
+    decided_by: String,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stats: Option<Stats>,
 }
 
 struct Report {
-    rows: Vec<(String, String, bool)>,
+    rows: Vec<Row>,
+}
+
+/// The criterion that decided a tolerance verdict: the failing one, or on a pass the one with the
+/// least margin (element bound |a − r| ≤ abs + rel·|r|, or the 1 − cos limit).
+fn decided_by(s: &Stats, tol: &Tolerance) -> String {
+    let elem = format!(
+        "worst element at {:.3} of its bound |a−r| ≤ {:e} + {:e}·|r|",
+        s.worst_bound_ratio, tol.abs, tol.rel
+    );
+    let cos = format!("1−cos {:.3e} vs limit {:e}", s.cos_diff, tol.cos_diff);
+    if s.special_mismatches > 0 {
+        return format!("{} NaN/Inf positions differ", s.special_mismatches);
+    }
+    if s.violations > 0 {
+        return format!("{} elements outside the bound; {elem}", s.violations);
+    }
+    if s.cos_diff > tol.cos_diff {
+        return cos;
+    }
+    if s.worst_bound_ratio >= s.cos_diff / tol.cos_diff {
+        elem
+    } else {
+        cos
+    }
 }
 
 impl Report {
     fn stats(&mut self, op: &str, case: &str, s: Stats, tol: &Tolerance) {
         let ok = s.ok(tol);
         let detail = format!(
-            "max_abs {:.3e}  max_rel {:.3e}  1-cos {:.3e}  violations {}  special {}",
-            s.max_abs, s.max_rel, s.cos_diff, s.violations, s.special_mismatches
+            "max_abs {:.3e}  max_rel {:.3e}  1-cos {:.3e}",
+            s.max_abs, s.max_rel, s.cos_diff
         );
-        self.rows.push((format!("{op:<11} {case}"), detail, ok));
+        self.rows.push(Row {
+            op: op.into(),
+            case: case.into(),
+            pass: ok,
+            decided_by: decided_by(&s, tol),
+            detail,
+            stats: Some(s),
+        });
     }
     fn exact(&mut self, op: &str, case: &str, mismatches: usize, total: usize) {
-        self.rows.push((
-            format!("{op:<11} {case}"),
-            format!("{mismatches} of {total} differ"),
-            mismatches == 0,
-        ));
+        self.rows.push(Row {
+            op: op.into(),
+            case: case.into(),
+            pass: mismatches == 0,
+            decided_by: format!("exact: {mismatches} of {total} differ"),
+            detail: String::new(),
+            stats: None,
+        });
     }
     fn codes(&mut self, op: &str, case: &str, fmt: RecordFormat, a: &[u8], b: &[u8]) {
         let n = a.len() / fmt.record_bytes();
@@ -49,18 +99,22 @@ impl Report {
         let differ = da.iter().zip(&db).filter(|(x, y)| x != y).count();
         // One-code flips happen when the f32 and f64 paths straddle a rounding boundary.
         let ok = differ * 1000 <= da.len().max(1000);
-        self.rows.push((
-            format!("{op:<11} {case}"),
-            format!(
+        self.rows.push(Row {
+            op: op.into(),
+            case: case.into(),
+            pass: ok,
+            decided_by: format!(
                 "{differ} of {} decoded values differ (≤ 0.1% allowed)",
                 da.len()
             ),
-            ok,
-        ));
+            detail: String::new(),
+            stats: None,
+        });
     }
 }
 
 pub fn run(a: Args) -> Result<()> {
+    crate::out::json_dest(&a.json);
     let mut r = Report { rows: Vec::new() };
     let mut rng = Rng::new(a.seed);
     let g = Geometry::embedded();
@@ -70,16 +124,33 @@ pub fn run(a: Args) -> Result<()> {
     check_candidates(&mut r, &mut rng)?;
     check_attention(&mut r, &mut rng)?;
     let mut failed = 0;
-    for (name, detail, ok) in &r.rows {
-        println!("{} {name:<44} {detail}", if *ok { "PASS" } else { "FAIL" });
-        failed += usize::from(!ok);
+    for row in &r.rows {
+        let name = format!("{:<11} {}", row.op, row.case);
+        say!(
+            "{} {name:<44} {}{}{}",
+            if row.pass { "PASS" } else { "FAIL" },
+            row.decided_by,
+            if row.detail.is_empty() { "" } else { "  |  " },
+            row.detail
+        );
+        failed += usize::from(!row.pass);
     }
-    println!(
-        "{} of {} checks passed (isa {:?})",
+    say!(
+        "{} of {} checks passed (isa {:?}); each line names the criterion that decided it first",
         r.rows.len() - failed,
         r.rows.len(),
         csa2_isa()
     );
+    crate::out::write_json(
+        &a.json,
+        &serde_json::json!({
+            "seed": a.seed,
+            "isa": csa2_isa(),
+            "passed": r.rows.len() - failed,
+            "total": r.rows.len(),
+            "checks": r.rows,
+        }),
+    )?;
     if failed > 0 {
         return Err(Error::Internal(format!("{failed} op checks failed")));
     }
@@ -221,7 +292,12 @@ fn check_indexer(r: &mut Report, rng: &mut Rng) -> Result<()> {
             ("f32", IndexKeys::F32(&k)),
             ("mxfp4", IndexKeys::Mxfp4(&km)),
         ] {
-            for qq in [QueryQuant::None, QueryQuant::Mxfp4, QueryQuant::Fp8] {
+            for qq in [
+                QueryQuant::None,
+                QueryQuant::Mxfp4,
+                QueryQuant::Fp8,
+                QueryQuant::Bf16,
+            ] {
                 let p = IndexerParams {
                     query_quant: qq,
                     ..IndexerParams::new(m)

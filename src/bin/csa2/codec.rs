@@ -100,6 +100,20 @@ pub fn run(a: Args) -> csa2::Result<()> {
             x.iter().flat_map(|v| v.to_le_bytes()).collect()
         }
     };
-    std::fs::write(&a.out, out).map_err(|e| Error::io(&a.out, e))?;
+    std::fs::write(&a.out, &out).map_err(|e| Error::io(&a.out, e))?;
+    let (what_in, what_out) = if encode {
+        ("f32 values", "record bytes")
+    } else {
+        ("record bytes", "f32 bytes")
+    };
+    println!(
+        "{} {}: {} {what_in} from {} → {} {what_out} in {}",
+        a.op,
+        a.format,
+        if encode { bytes.len() / 4 } else { bytes.len() },
+        a.input.display(),
+        out.len(),
+        a.out.display()
+    );
     Ok(())
 }

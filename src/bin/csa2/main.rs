@@ -3,6 +3,9 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+#[macro_use]
+mod out;
+
 mod ab;
 mod bench;
 mod bench_codecs;
@@ -13,6 +16,7 @@ mod codec;
 mod geometry;
 mod make_checkpoint;
 mod op;
+mod paper;
 mod replay_error;
 mod run;
 mod ssd_writer;
@@ -54,9 +58,12 @@ enum Cmd {
     Bench(bench::Args),
     /// Run every op fast vs reference on random edge-case inputs; non-zero exit on failure.
     Check(check::Args),
+    /// Derive the technical report's KV-cache figures from config.json alone, beside the report's.
+    Paper(paper::Args),
 }
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Geometry(a) => geometry::run(a),
@@ -70,6 +77,7 @@ fn main() -> ExitCode {
         Cmd::Op(a) => op::run(a),
         Cmd::Check(a) => check::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Paper(a) => paper::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -77,6 +85,17 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Rust ignores SIGPIPE, so a write to a closed pipe (`csa2 geometry --json - | head`) fails and
+/// `println!` panics. A command-line tool should end quietly instead, as `cat` does: restore the
+/// default action, which ends the process when the reader has gone.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: called first in main, before any thread starts; SIG_DFL is a valid disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

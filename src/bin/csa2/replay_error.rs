@@ -1,17 +1,17 @@
-//! `csa2 replay-error`: what SWA bounded replay costs in accuracy (SPEC §3, docs/REPLAY_ERROR.md).
+//! `csa2 replay-error`: what SWA bounded replay costs in accuracy (docs/SPEC.md §3, docs/REPLAY_ERROR.md).
 //!
 //! Runs one multi-turn session with the exact replay (the reference) and with each compared
 //! variant (default: bounded = encoder + decoder bounded replay, and encoder_only = decoder replay
 //! off, which attributes the error), same weights and token ids, and prints per turn the worst
 //! errors and for the worst turn the per-layer table; `--json` gets every number.
 
+use crate::out::{JsonOut, Progress};
 use csa2::backend::replay_error::{
     analyze, Report, SessionSpec, SnapshotPolicy, TurnStats, Variant,
 };
 use csa2::backend::{Backend, BackendConfig, Model};
 use csa2::weights::Scale;
 use csa2::{Error, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -54,9 +54,9 @@ pub struct Args {
     /// Worker threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// Write every number as JSON.
-    #[arg(long)]
-    json: Option<PathBuf>,
+    /// Write every number as JSON to PATH (`-` = stdout; the tables then go to stderr).
+    #[arg(long, value_name = "PATH")]
+    json: Option<JsonOut>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -68,6 +68,7 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn run_in_pool(a: Args) -> Result<()> {
+    crate::out::json_dest(&a.json);
     let scale = Scale::from_name(&a.scale)?;
     let reference = Variant::from_name(&a.reference)?;
     let compare = a
@@ -90,7 +91,7 @@ fn run_in_pool(a: Args) -> Result<()> {
     };
     let backend = Backend::new(Arc::new(model), BackendConfig::CSA2)?;
     let g = backend.geometry();
-    println!(
+    say!(
         "csa2 replay-error — {} turns through the CSA2 stack ({} scale: hidden {}, {} layers; {} weights), reference: {} replay",
         a.turns,
         a.scale,
@@ -99,7 +100,7 @@ fn run_in_pool(a: Args) -> Result<()> {
         if a.weights.is_some() { "checkpoint" } else { "synthetic" },
         reference.name()
     );
-    println!(
+    say!(
         "Turn 0: {} prompt tokens (cold); turn t ≥ 1: prefix hit = the context so far, + {} new tokens; {} decode steps per turn; snapshot {}; compared: {}.",
         a.first,
         a.new,
@@ -107,28 +108,22 @@ fn run_in_pool(a: Args) -> Result<()> {
         a.snapshot,
         compare.iter().map(|v| v.name()).collect::<Vec<_>>().join(", ")
     );
-    println!("Row error = ‖run − reference‖₂ / ‖reference‖₂ per row; cos = row cosine. Placeholders: synthetic token ids and embedding, identity MoE FFN.");
+    say!("Row error = ‖run − reference‖₂ / ‖reference‖₂ per row; cos = row cosine. Placeholders: synthetic token ids and embedding, identity MoE FFN.");
     let steps = a.turns as u64 * (2 + compare.len() as u64);
-    let bar = ProgressBar::new(steps);
-    bar.set_style(
-        ProgressStyle::with_template("{pos}/{len} [{bar:30}] {elapsed} {msg}")
-            .expect("static template")
-            .progress_chars("=> "),
+    let bar = Progress::new(
+        "replay-error runs",
+        steps,
+        "{pos}/{len} [{bar:30}] {elapsed} {msg}",
     );
     let t0 = Instant::now();
     let report = analyze(&backend, &spec, reference, &compare, &mut |m| {
         bar.inc(1);
         bar.set_message(m.to_string());
     })?;
-    bar.finish_and_clear();
+    bar.finish();
     print_report(&report);
-    println!("({:.1} s)", t0.elapsed().as_secs_f64());
-    if let Some(path) = &a.json {
-        let text = serde_json::to_string_pretty(&report)
-            .map_err(|e| Error::Internal(format!("report to JSON: {e}")))?;
-        std::fs::write(path, text).map_err(|e| Error::io(path, e))?;
-        println!("wrote {}", path.display());
-    }
+    say!("({:.1} s)", t0.elapsed().as_secs_f64());
+    crate::out::write_json(&a.json, &report)?;
     Ok(())
 }
 
@@ -141,8 +136,8 @@ fn settles(t: &TurnStats) -> String {
 }
 
 fn print_report(r: &Report) {
-    println!();
-    println!(
+    say!();
+    say!(
         "{:<13} {:>4} {:>6} {:>5} {:>5} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9}",
         "variant",
         "turn",
@@ -164,7 +159,7 @@ fn print_report(r: &Report) {
             let worst_streams = |f: fn(&csa2::backend::replay_error::Classes) -> f64| {
                 t.layers.iter().map(|l| f(&l.streams)).fold(0.0, f64::max)
             };
-            println!(
+            say!(
                 "{:<13} {:>4} {:>6} {:>5} {:>5} {:>6} {:>9.3} {:>9.2e} {:>9.2e} {:>9.2e} {:>9.2e} {:>9.6} {:>10} {:>9}",
                 v.variant.name(),
                 t.turn,
@@ -185,7 +180,7 @@ fn print_report(r: &Report) {
             );
         }
     }
-    println!(
+    say!(
         "layers/x = token-layers run in prefill / the reference's; replayed, prompt = worst stream row error over the layers; out = final collapsed output on the new prompt rows; decode[0] = first continuation step; settles = first step from which the output error stays below {:.0e}.",
         r.floor
     );
@@ -198,13 +193,13 @@ fn print_report(r: &Report) {
     else {
         return;
     };
-    println!();
-    println!(
+    say!();
+    say!(
         "{} turn {} per layer (streams after the layer; rows: replayed / new prompt / decode):",
         v.variant.name(),
         t.turn
     );
-    println!(
+    say!(
         "{:>5} {:<8} {:>6} {:>9} {:>9} {:>6} {:>9} {:>9} {:>10} {:>6} {:>9} {:>9}",
         "layer",
         "role",
@@ -221,7 +216,7 @@ fn print_report(r: &Report) {
     );
     for l in &t.layers {
         let s = &l.streams;
-        println!(
+        say!(
             "{:>5} {:<8} {:>6} {:>9.2e} {:>9.2e} {:>6} {:>9.2e} {:>9.2e} {:>10.6} {:>6} {:>9.2e} {:>9.2e}",
             l.layer,
             l.role,
@@ -243,6 +238,6 @@ fn print_report(r: &Report) {
             .iter()
             .map(|p| format!("{:.1e}", p.rel))
             .collect();
-        println!("output error per decode step: {}", steps.join(" "));
+        say!("output error per decode step: {}", steps.join(" "));
     }
 }

@@ -6,7 +6,7 @@
 //! windows and compressor carries go to the DRAM snapshot pool (TTL, `store::dram`), decoder SWA is
 //! dropped (never persisted). The next turn arrives after the trace's gap × `--time-scale`; a live
 //! snapshot is restored (no replay), an expired one costs an encoder bounded replay of the last
-//! window (SPEC §3, planned by `replay::plan`).
+//! window (docs/SPEC.md §3, planned by `replay::plan`).
 //!
 //! The KV cache is the paged block manager through `PagedCache` (`--cache paged`, the default; the
 //! pool is sized to the session's final context unless `--cache-blocks` says otherwise) or the
@@ -16,6 +16,7 @@
 //! are deterministic synthetic ids (no tokenizer, no LM head); the embedding and the MoE FFN are the
 //! stack's placeholders.
 
+use crate::out::{JsonOut, Progress};
 use csa2::backend::launch_day::LAUNCH_DAY;
 use csa2::backend::stack::StepOutput;
 use csa2::backend::timing::Timings;
@@ -31,7 +32,6 @@ use csa2::store::clock::ManualClock;
 use csa2::store::dram::{DramConfig, DramPool, Snapshot};
 use csa2::weights::Scale;
 use csa2::{Error, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -56,9 +56,9 @@ pub struct Args {
     /// Worker threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// Write every number as JSON.
-    #[arg(long)]
-    json: Option<PathBuf>,
+    /// Write every number as JSON to PATH (`-` = stdout; the table then goes to stderr).
+    #[arg(long, value_name = "PATH")]
+    json: Option<JsonOut>,
     /// New prompt tokens per turn = trace input_length × this.
     #[arg(long, default_value_t = 0.03)]
     token_scale: f64,
@@ -71,7 +71,7 @@ pub struct Args {
     /// Turn k is trace request k × stride (spreads the turns over the trace's timeline).
     #[arg(long, default_value_t = 25)]
     stride: usize,
-    /// DRAM snapshot time to live, seconds (SPEC §0: minutes).
+    /// DRAM snapshot time to live, seconds (docs/SPEC.md §0: minutes).
     #[arg(long, default_value_t = 300)]
     ttl_s: u64,
     /// Prefill chunk size in tokens.
@@ -92,12 +92,12 @@ pub struct Args {
     cache_blocks: usize,
 }
 
-/// Which [`KvCache`] implementation a run uses.
+/// Which KV cache implementation a run uses (plain words: clap prints these docs in `--help`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CacheKind {
-    /// [`PagedCache`] over the paged `CacheManager`.
+    /// The paged block manager (CacheManager): block tables, slot mapping, block-planar pages.
     Paged,
-    /// [`ContiguousCache`].
+    /// One growing buffer per request and layer.
     Contiguous,
 }
 
@@ -364,6 +364,7 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn run_in_pool(a: Args) -> Result<()> {
+    crate::out::json_dest(&a.json);
     if a.turns == 0 {
         return Err(Error::invalid("turns", "must be ≥ 1"));
     }
@@ -382,7 +383,7 @@ fn run_in_pool(a: Args) -> Result<()> {
     }
     let backend = load_backend(&a)?;
     let g = backend.geometry();
-    println!(
+    say!(
         "csa2 run — {} turns of an agentic session through the {} backend ({} scale: hidden {}, {} heads, {} layers; {} weights)",
         a.turns,
         backend.cfg.name,
@@ -392,7 +393,7 @@ fn run_in_pool(a: Args) -> Result<()> {
         g.num_layers,
         if a.weights.is_some() { "checkpoint" } else { "synthetic" }
     );
-    println!(
+    say!(
         "Turn k = trace request k×{}: input_length × {} new tokens, outputs clipped to {}; gaps: trace × {} s/s; DRAM TTL {} s; decoder replay {}.",
         stride,
         a.token_scale,
@@ -401,13 +402,13 @@ fn run_in_pool(a: Args) -> Result<()> {
         a.ttl_s,
         if backend.cfg.decoder_replay { "on" } else { "off" }
     );
-    println!("Placeholders: synthetic token ids and embedding, identity MoE FFN, no LM head.");
-    let bar = ProgressBar::new(a.turns as u64);
-    bar.set_style(
-        ProgressStyle::with_template("turn {pos}/{len} [{bar:30}] {elapsed} {msg}")
-            .expect("static template")
-            .progress_chars("=> "),
+    say!("Placeholders: synthetic token ids and embedding, identity MoE FFN, no LM head.");
+    let bar = Progress::new(
+        "run turns",
+        a.turns as u64,
+        "turn {pos}/{len} [{bar:30}] {elapsed} {msg}",
     );
+    bar.set_message("turn 0: prefill");
     // Digest of every step's final hidden state: what the weights produced (tests compare it).
     let mut digest = Sha256::new();
     let (mut cache, manager): (Box<dyn KvCache>, Option<Arc<CacheManager>>) = match a.cache {
@@ -435,18 +436,22 @@ fn run_in_pool(a: Args) -> Result<()> {
         },
         |t| {
             bar.inc(1);
-            bar.set_message(format!("context {}", t.prompt_tokens + t.generated_tokens));
+            bar.set_message(format!(
+                "context {} after turn {}",
+                t.prompt_tokens + t.generated_tokens,
+                t.turn
+            ));
         },
     )?;
     let session_s = t_session.elapsed().as_secs_f64();
-    bar.finish_and_clear();
-    println!(
+    bar.finish();
+    say!(
         "{:>4} {:>8} {:>7} {:>7} {:>5} {:>7} {:>7} {:>4} {:>8} {:>8} {:>9} {:>8} {:>11} {:>10} {:>10}",
         "turn", "arrive s", "prompt", "hit", "snap", "replay", "rows", "gen", "prefill s", "decode s",
         "prefill/s", "decode/s", "global B", "SWA B", "DRAM B"
     );
     for t in &reports {
-        println!(
+        say!(
             "{:>4} {:>8.1} {:>7} {:>7} {:>5} {:>7} {:>7} {:>4} {:>8.3} {:>8.3} {:>9.1} {:>8.2} {:>11} {:>10} {:>10}",
             t.turn,
             t.arrival_s,
@@ -467,7 +472,7 @@ fn run_in_pool(a: Args) -> Result<()> {
     }
     if let Some(last) = reports.last() {
         let ctx = last.prompt_tokens + last.generated_tokens;
-        println!(
+        say!(
             "Global KV after the session: {} B for {} tokens = {:.1} B/token (persisted to the SSD tier).",
             last.hbm_global_bytes,
             ctx,
@@ -481,7 +486,7 @@ fn run_in_pool(a: Args) -> Result<()> {
         None => None,
     };
     match &manager {
-        Some((m, r)) => println!(
+        Some((m, r)) => say!(
             "Cache: paged (CacheManager, {} blocks of 256 tokens): {} blocks in use = {} B of slabs measured by the allocator for {} tokens = {:.1} B/token ({} B padding in the last block); SWA rings {} B; session {:.2} s.",
             m.total_blocks,
             m.used_blocks,
@@ -492,7 +497,7 @@ fn run_in_pool(a: Args) -> Result<()> {
             m.session_bytes,
             session_s
         ),
-        None => println!(
+        None => say!(
             "Cache: contiguous (one buffer per request and layer): {} B of global KV allocated; session {:.2} s.",
             usage.global_allocated, session_s
         ),
@@ -502,25 +507,20 @@ fn run_in_pool(a: Args) -> Result<()> {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    println!("Output digest (SHA-256 of every step's final hidden state): {output_sha256}");
-    if let Some(path) = &a.json {
-        std::fs::write(
-            path,
-            serde_json::to_string_pretty(&serde_json::json!({
-                "backend": backend.cfg.name,
-                "cache": a.cache.as_str(),
-                "cache_manager": manager.map(|(stats, request)| serde_json::json!({"stats": stats, "request": request})),
-                "session_s": session_s,
-                "scale": a.scale,
-                "decoder_replay": backend.cfg.decoder_replay,
-                "ttl_s": a.ttl_s,
-                "turns": reports,
-                "output_sha256": output_sha256,
-            }))
-            .expect("json"),
-        )
-        .map_err(|e| Error::io(path, e))?;
-        println!("wrote {}", path.display());
-    }
+    say!("Output digest (SHA-256 of every step's final hidden state): {output_sha256}");
+    crate::out::write_json(
+        &a.json,
+        &serde_json::json!({
+            "backend": backend.cfg.name,
+            "cache": a.cache.as_str(),
+            "cache_manager": manager.map(|(stats, request)| serde_json::json!({"stats": stats, "request": request})),
+            "session_s": session_s,
+            "scale": a.scale,
+            "decoder_replay": backend.cfg.decoder_replay,
+            "ttl_s": a.ttl_s,
+            "turns": reports,
+            "output_sha256": output_sha256,
+        }),
+    )?;
     Ok(())
 }

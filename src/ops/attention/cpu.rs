@@ -19,7 +19,7 @@
 //! descheduled on a loaded machine; a prefill batch runs one token per task. Scratch buffers are
 //! per-thread and reused across calls.
 
-use super::{AttentionParams, KvRows, TokenRows};
+use super::{AttentionDots, AttentionParams, KvRows, TokenRows};
 use crate::formats::{fast, KV_DIM};
 use crate::ops::simd::{codec_isa, multiversion, Vf32};
 use rayon::prelude::*;
@@ -35,11 +35,11 @@ type ScoreChunk<'a> = (
 );
 
 /// Rows per score task (decoded and scored together while they are hot in cache).
-const CHUNK: usize = 64;
+pub(super) const CHUNK: usize = 64;
 /// Output dims per P·V task.
-const SLICE: usize = 64;
+pub(super) const SLICE: usize = 64;
 /// Heads are padded to a multiple of this (4 vectors of 16 lanes or 8 vectors of 8 lanes).
-const HEAD_PAD: usize = 64;
+pub(super) const HEAD_PAD: usize = 64;
 /// Dims of `Qᵀ` streamed per pass of the score micro-kernel (64 × 64 heads × 4 B = 16 KiB, L1).
 /// Each pass starts fresh accumulators that are then added to the stored partial scores: the
 /// 512-term dot products become 8 chains of 64 (one 512-long chain per lane — each lane is one
@@ -51,7 +51,7 @@ const PV_ROWS: usize = 32;
 /// Row stride of the f32 row tile: 512 + 16 floats, so that successive rows (2112 B apart) fall in
 /// different L1 sets; with a 2 KiB stride the column slices P·V streams alias into a few sets and
 /// miss on every pass.
-const KS: usize = KV_DIM + 16;
+pub(super) const KS: usize = KV_DIM + 16;
 
 thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -96,9 +96,12 @@ fn scratch_len(n: usize, h: usize) -> usize {
 /// Runs every token: `q` (tokens, heads, 512), `sink` (heads), `rows` from [`super::plan`] or
 /// [`super::plan_indexed`]; shapes are checked by [`super::attention`] /
 /// [`super::attention_indexed`].
+/// `dots` picks the f32 or the bf16 ([`super::bf16`]) GEMMs; the caller checked that the CPU
+/// has the bf16 unit.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     p: &AttentionParams,
+    dots: AttentionDots,
     q: &[f32],
     sink: &[f32],
     rows: &[TokenRows],
@@ -117,8 +120,9 @@ pub fn attention(
         let r = &rows[ti];
         let n = r.main.len() + r.swa.len();
         let q = &q[ti * h * KV_DIM..][..h * KV_DIM];
-        with_scratch(scratch_len(n, h), |buf| {
-            token(p.scale, q, sink, r, &kv, o, l, par, buf)
+        with_scratch(scratch_len(n, h), |buf| match dots {
+            AttentionDots::F32 => token(p.scale, q, sink, r, &kv, o, l, par, buf),
+            AttentionDots::Bf16 => super::bf16::token(p.scale, q, sink, r, &kv, o, l, par, buf),
         });
     };
     if t >= rayon::current_num_threads() {
@@ -197,9 +201,35 @@ fn token(
             .enumerate()
             .for_each(score);
     }
-    // Merge the chunks: M = max of the chunk maxima, Σ e^(z − M), lse without the sink; the sink
-    // enters the denominator only, in the frame of M (e^(a − M) may overflow to ∞, which correctly
-    // drives the output to 0). `mx` becomes the factor each chunk's P is scaled by.
+    merge_chunks(mx, sm, sink, h, hp, nc, lse);
+    rescale_mv(st, mx, hp);
+    let (kf, st) = (&*kf, &*st);
+    let pv = |(si, o): (usize, &mut [f32])| pv_mv(st, kf, hp, si * SLICE, o);
+    if par {
+        ot.par_chunks_mut(h * SLICE).enumerate().for_each(pv);
+    } else {
+        ot.chunks_mut(h * SLICE).enumerate().for_each(pv);
+    }
+    for (si, o) in ot.chunks_exact(h * SLICE).enumerate() {
+        for (hi, src) in o.chunks_exact(SLICE).enumerate() {
+            out[hi * KV_DIM + si * SLICE..][..SLICE].copy_from_slice(src);
+        }
+    }
+}
+
+/// Merges the chunks of a token: M = max of the chunk maxima, Σ e^(z − M), `lse` without the sink;
+/// the sink enters the denominator only, in the frame of M (e^(a − M) may overflow to ∞, which
+/// correctly drives the output to 0). `mx` becomes the factor each chunk's P is scaled by.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn merge_chunks(
+    mx: &mut [f32],
+    sm: &[f32],
+    sink: &[f32],
+    h: usize,
+    hp: usize,
+    nc: usize,
+    lse: &mut [f32],
+) {
     for hi in 0..hp {
         if hi >= h {
             (0..nc).for_each(|c| mx[c * hp + hi] = 0.0);
@@ -216,24 +246,18 @@ fn token(
         let inv = 1.0 / (sum + (sink[hi] - m).exp());
         (0..nc).for_each(|c| mx[c * hp + hi] *= inv);
     }
-    rescale_mv(st, mx, hp);
-    let (kf, st) = (&*kf, &*st);
-    let pv = |(si, o): (usize, &mut [f32])| pv_mv(st, kf, hp, si * SLICE, o);
-    if par {
-        ot.par_chunks_mut(h * SLICE).enumerate().for_each(pv);
-    } else {
-        ot.chunks_mut(h * SLICE).enumerate().for_each(pv);
-    }
-    for (si, o) in ot.chunks_exact(h * SLICE).enumerate() {
-        for (hi, src) in o.chunks_exact(SLICE).enumerate() {
-            out[hi * KV_DIM + si * SLICE..][..SLICE].copy_from_slice(src);
-        }
-    }
 }
 
 /// Decodes a token's attended rows `r0 ..` (main entries, then the SWA rows) into `dst`
 /// (rows, [`KS`]) f32.
-fn gather(isa: fast::Isa, r: &TokenRows, main: &KvRows, swa: &KvRows, r0: usize, dst: &mut [f32]) {
+pub(super) fn gather(
+    isa: fast::Isa,
+    r: &TokenRows,
+    main: &KvRows,
+    swa: &KvRows,
+    r0: usize,
+    dst: &mut [f32],
+) {
     let nm = r.main.len();
     for (i, d) in dst.chunks_exact_mut(KS).enumerate() {
         let d = &mut d[..KV_DIM];
@@ -282,6 +306,23 @@ fn scores_body<V: Vf32>(
     } else {
         score_tiles::<V, 2>(qt, kf, hp, st);
     }
+    softmax_body::<V>(st, hp, mx, sm);
+}
+
+multiversion!(
+    softmax_mv,
+    fn(st: &mut [f32], hp: usize, mx: &mut [f32], sm: &mut [f32]),
+    softmax_body
+);
+
+/// Per head column of a chunk's scores `st` (rows, hp): `mx` = the chunk max, `st` ← e^(st − mx)
+/// and `sm` = the chunk sum.
+pub(super) fn chunk_softmax(st: &mut [f32], hp: usize, mx: &mut [f32], sm: &mut [f32]) {
+    softmax_mv(st, hp, mx, sm);
+}
+
+#[inline(always)]
+fn softmax_body<V: Vf32>(st: &mut [f32], hp: usize, mx: &mut [f32], sm: &mut [f32]) {
     let l = V::L;
     let n = st.len() / hp;
     let one = V::splat(1.0);

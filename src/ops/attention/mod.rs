@@ -1,4 +1,4 @@
-//! Sparse + sliding-window attention with a sink (SPEC §2 "Attention", reference_math §4).
+//! Sparse + sliding-window attention with a sink (docs/SPEC.md §2.7–§2.8).
 //!
 //! For a query token at position p, head h (64 heads, MQA: K = V = the 512-d latent):
 //! - attended set = the selected main-KV entries (top-k row, −1 masked, entries past the row's
@@ -21,6 +21,7 @@
 //! `flash_mla_with_kvcache` receives them from vLLM's paged, batched caches. Both plan a
 //! [`TokenRows`] per token and run the same fast path ([`cpu`]) and f64 reference ([`mod@reference`]).
 
+mod bf16;
 pub mod cpu;
 pub mod reference;
 
@@ -117,6 +118,41 @@ impl Default for AttentionParams {
             window: 128,
             scale: (KV_DIM as f32).sqrt().recip(),
             ratio: None,
+        }
+    }
+}
+
+/// Operand precision of the fast path's two GEMMs (scores Q·Kᵀ and P·V).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionDots {
+    /// f32 products and sums: reference-grade, within [`crate::tolerance::F32_VS_F64`].
+    #[default]
+    F32,
+    /// bf16 products (`vdpbf16ps`, AVX-512 BF16) accumulated in f32, softmax in f32: K and V are
+    /// exact in bf16 (NVFP4 / MXFP8 values), the scaled query and the softmax weights are rounded
+    /// to bf16; within [`crate::tolerance::BF16_DOTS_VS_F64`].
+    Bf16,
+}
+
+impl AttentionDots {
+    /// Whether this CPU runs `self` (f32: always; bf16: AVX-512 BF16 present and not capped off by
+    /// `CSA2_ISA`, see [`crate::ops::simd::dot_units`]).
+    pub fn is_supported(self) -> bool {
+        match self {
+            AttentionDots::F32 => true,
+            AttentionDots::Bf16 => crate::ops::simd::dot_units().bf16 && bf16::supported(),
+        }
+    }
+
+    /// Parses `f32` or `bf16`.
+    pub fn from_name(s: &str) -> Result<AttentionDots> {
+        match s {
+            "f32" => Ok(AttentionDots::F32),
+            "bf16" => Ok(AttentionDots::Bf16),
+            _ => Err(Error::invalid(
+                "dots",
+                format!("expected f32 or bf16, found `{s}`"),
+            )),
         }
     }
 }
@@ -333,10 +369,31 @@ pub fn attention(
     out: &mut [f32],
     lse: &mut [f32],
 ) -> Result<()> {
+    attention_with_dots(p, AttentionDots::F32, inp, main, swa, out, lse)
+}
+
+/// [`attention`] with the GEMMs' operand precision chosen by `dots`.
+///
+/// Errors: those of [`attention`], and [`Error::Unsupported`] for [`AttentionDots::Bf16`] on a
+/// CPU without AVX-512 BF16 (or with `CSA2_ISA` capping it off).
+pub fn attention_with_dots(
+    p: &AttentionParams,
+    dots: AttentionDots,
+    inp: &AttentionInputs,
+    main: KvRows,
+    swa: KvRows,
+    out: &mut [f32],
+    lse: &mut [f32],
+) -> Result<()> {
+    if !dots.is_supported() {
+        return Err(Error::Unsupported(format!(
+            "attention dots {dots:?} need AVX-512 BF16, which this CPU lacks or CSA2_ISA caps off"
+        )));
+    }
     let rows = plan(p, inp, &main, &swa)?;
     let t = rows.len();
     check_out(p.heads, t, out, lse)?;
-    cpu::attention(p, inp.q, inp.sink, &rows, main, swa, out, lse);
+    cpu::attention(p, dots, inp.q, inp.sink, &rows, main, swa, out, lse);
     Ok(())
 }
 
@@ -466,7 +523,17 @@ pub fn attention_indexed(
 ) -> Result<()> {
     let rows = plan_indexed(p, inp, &main, &swa)?;
     check_out(p.heads, rows.len(), out, lse)?;
-    cpu::attention(p, inp.q, inp.sink, &rows, main, swa, out, lse);
+    cpu::attention(
+        p,
+        AttentionDots::F32,
+        inp.q,
+        inp.sink,
+        &rows,
+        main,
+        swa,
+        out,
+        lse,
+    );
     Ok(())
 }
 

@@ -945,3 +945,82 @@ fn a_long_token_does_not_pin_its_scratch_to_the_thread() {
         assert!(cpu::kept_scratch_floats() > 0);
     });
 }
+
+/// The bf16-dot path against the f64 reference on NVFP4 + MXFP8 rows (exact in bf16): decode
+/// (one token, chunks over threads) and prefill batches, head counts that pad, odd row counts
+/// (a zero row completes the last pair), sharp queries; and each token's result is bit-identical
+/// whether it runs alone or in a batch.
+#[test]
+fn bf16_dots_match_the_reference_and_are_batch_invariant() {
+    use crate::tolerance::BF16_DOTS_VS_F64 as TOL;
+    if !AttentionDots::Bf16.is_supported() {
+        return;
+    }
+    let mut rng = Rng::new(21);
+    let (n, s) = (300, 400);
+    let c = case(&mut rng, 1, n, s);
+    let main = KvRows::Records(RecordFormat::Nvfp4Ds, &c.main_rec);
+    let swa = KvRows::Records(RecordFormat::Mxfp8, &c.swa_rec);
+    for heads in [1usize, 5, 64, 72] {
+        for (k, pos) in [(0usize, 62i64), (65, 200), (257, 399), (512, 399)] {
+            let k = k.min(n);
+            for sharp in [1.0f32, 3.0] {
+                let t = 5;
+                let q = rand_normal(&mut rng, t * heads * KV_DIM, sharp);
+                let sink = rand_normal(&mut rng, heads, 1.0);
+                let topk: Vec<i32> = (0..t * k).map(|i| ((i * 37) % n) as i32).collect();
+                let positions: Vec<i64> = (0..t as i64).map(|i| pos - 3 * i).collect();
+                let inp = AttentionInputs {
+                    q: &q,
+                    topk: &topk,
+                    topk_len: None,
+                    positions: &positions,
+                    replay_start: &[],
+                    sink: &sink,
+                };
+                let p = AttentionParams {
+                    heads,
+                    ..Default::default()
+                };
+                let mut out = vec![f32::NAN; t * heads * KV_DIM];
+                let mut lse = vec![f32::NAN; t * heads];
+                attention_with_dots(&p, AttentionDots::Bf16, &inp, main, swa, &mut out, &mut lse)
+                    .unwrap();
+                let rows = plan(&p, &inp, &main, &swa).unwrap();
+                let (ro, rl) = reference::attention(&p, &inp, &rows, main, swa);
+                let so = compare(&out, &ro, &TOL);
+                let sl = compare(&lse, &rl, &TOL);
+                let what = format!("heads {heads} k {k} pos {pos} sharp {sharp}");
+                assert!(so.ok(&TOL), "{what} out: {so:?}");
+                assert!(sl.ok(&TOL), "{what} lse: {sl:?}");
+                // Token 2 alone (the decode path: chunks and slices as rayon tasks).
+                let one = AttentionInputs {
+                    q: &q[2 * heads * KV_DIM..][..heads * KV_DIM],
+                    topk: &topk[2 * k..][..k],
+                    positions: &positions[2..3],
+                    ..inp
+                };
+                let mut o1 = vec![f32::NAN; heads * KV_DIM];
+                let mut l1 = vec![f32::NAN; heads];
+                attention_with_dots(&p, AttentionDots::Bf16, &one, main, swa, &mut o1, &mut l1)
+                    .unwrap();
+                let row = &out[2 * heads * KV_DIM..][..heads * KV_DIM];
+                assert!(
+                    o1.iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: token alone vs in a batch"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_dots_names_parse() {
+    assert_eq!(
+        AttentionDots::from_name("bf16").unwrap(),
+        AttentionDots::Bf16
+    );
+    assert_eq!(AttentionDots::from_name("f32").unwrap(), AttentionDots::F32);
+    assert!(AttentionDots::from_name("fp8").is_err());
+    assert!(AttentionDots::F32.is_supported());
+}

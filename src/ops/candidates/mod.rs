@@ -1,4 +1,4 @@
-//! Hierarchical candidate pool (SPEC §2 "Candidate pool", reference_math §2): the candidate source
+//! Hierarchical candidate pool (docs/SPEC.md §2.6): the candidate source
 //! (layer 20) turns its full indexer logits into a set of blocks that the Reindex layers
 //! (24, 28, 32, 36) then score inside.
 //!
@@ -10,7 +10,7 @@
 //!   sorted by (score desc, id asc), −1 padded.
 //!
 //! With `visible ≤ num_blocks · block_size` (16,384) every block with a finite score is kept, so the
-//! pool masks nothing that is not already −∞: it is a no-op, as the SPEC states.
+//! pool masks nothing that is not already −∞: it is a no-op, as docs/SPEC.md §2.6 states.
 
 pub mod cpu;
 pub mod reference;

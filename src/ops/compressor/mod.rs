@@ -1,4 +1,4 @@
-//! KV compressor of the Full layers (SPEC §2 "Compressor", reference_math §3).
+//! KV compressor of the Full layers (docs/SPEC.md §2.3).
 //!
 //! Groups never overlap: entry j covers tokens `[j·m, j·m + m)` and is emitted once token
 //! `j·m + m − 1` has been seen (m = 2 on layers 2/8/14, m = 1 on layer 20). Per entry:
@@ -75,7 +75,7 @@ impl CompressorState {
     }
     /// A state whose next token is at `next_pos`, carrying the open group's rows `kv` and `score`
     /// (each `(pending, 512)` f32, kv rows then score rows as [`CompressorState::pending`] gives
-    /// them); the state a cache keeps per request between two calls (SPEC §3 "compressor state").
+    /// them); the state a cache keeps per request between two calls (docs/SPEC.md §3 "compressor state").
     ///
     /// Errors: [`Error::Shape`] when `kv` and `score` differ in length or are not whole rows,
     /// [`Error::Invalid`] when more rows are carried than tokens precede `next_pos`, or for

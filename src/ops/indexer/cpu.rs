@@ -8,12 +8,17 @@
 //! weights are applied lane-wise before that sum. A decoded batch is reused by every query of a
 //! query block (prefill); decode (one query) splits the keys across threads instead.
 //!
-//! Every query quantisation (`none`, `mxfp4`, `fp8`) runs this f32 path on the exact
+//! Every query quantisation (`none`, `mxfp4`, `fp8`, `bf16`) can run this f32 path on the exact
 //! (de)quantised values: the results agree with the f64 reference within the tolerance table.
+//! Where the CPU has them (see [`crate::ops::simd::dot_units`]), MXFP4 queries against MXFP4 keys
+//! run the integer kernel and bf16 queries against MXFP4 keys the bf16 kernel ([`super::dot`]);
+//! [`DotKernel`] names the three, and [`Prepared::with_kernel`] picks one explicitly.
 
-use super::{IndexKeys, IndexerParams, IndexerQueries, INDEX_DIM};
+use super::dot::{self, Bf16Queries, Bf16Row, IntKeys, IntQueries};
+use super::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant, INDEX_DIM};
+use crate::error::{Error, Result};
 use crate::formats::{fast, RecordFormat, MXFP4_INDEX_BYTES};
-use crate::ops::simd::{codec_isa, multiversion, Vf32};
+use crate::ops::simd::{codec_isa, dot_units, multiversion, Vf32};
 use rayon::prelude::*;
 
 /// Heads are padded to a multiple of this: two 16-lane vectors (or four 8-lane ones).
@@ -28,6 +33,29 @@ const NK: usize = 6;
 /// Keys per task when one query's keys are split across threads.
 const KEYS_PER_TASK: usize = 8192;
 
+/// The dot kernel that scores MXFP4 keys (f32 keys always use [`DotKernel::F32`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DotKernel {
+    /// f32 FMAs on the decoded values (any CPU, any query quantisation): reference-grade.
+    F32,
+    /// Exact int8 block dots (`vpdpbusd`, AVX-512 VNNI); needs query quantisation `mxfp4`.
+    Int8,
+    /// bf16 products accumulated in f32 (`vdpbf16ps`, AVX-512 BF16); needs query quantisation
+    /// `bf16`.
+    Bf16,
+}
+
+impl DotKernel {
+    /// Name used in benchmark output.
+    pub fn name(self) -> &'static str {
+        match self {
+            DotKernel::F32 => "f32",
+            DotKernel::Int8 => "int8 (vpdpbusd)",
+            DotKernel::Bf16 => "bf16 (vdpbf16ps)",
+        }
+    }
+}
+
 /// Queries after fake quantisation, transposed and padded.
 pub struct Prepared {
     /// (tokens, 128, hp): `qt[(t · 128 + d) · hp + h]`.
@@ -36,6 +64,11 @@ pub struct Prepared {
     w: Vec<f32>,
     hp: usize,
     vis: Vec<usize>,
+    kernel: DotKernel,
+    /// The MXFP4 codes of the queries (integer kernel only).
+    iq: Option<IntQueries>,
+    /// The bf16 queries (bf16 kernel only).
+    bq: Option<Bf16Queries>,
 }
 
 impl Prepared {
@@ -57,7 +90,73 @@ impl Prepared {
                 w[ti * hp + h] = qs.w[ti * p.heads + h];
             }
         }
-        Prepared { qt, w, hp, vis }
+        let units = dot_units();
+        let kernel = match p.query_quant {
+            QueryQuant::Mxfp4 if units.vnni => DotKernel::Int8,
+            QueryQuant::Bf16 if units.bf16 => DotKernel::Bf16,
+            _ => DotKernel::F32,
+        };
+        let mut pr = Prepared {
+            qt,
+            w,
+            hp,
+            vis,
+            kernel: DotKernel::F32,
+            iq: None,
+            bq: None,
+        };
+        pr.set_kernel(kernel, qs, p.heads);
+        pr
+    }
+
+    /// The same queries scored by `kernel` (tests and A/B benchmarks; [`Prepared::new`] picks
+    /// the fastest the CPU and the query quantisation allow).
+    ///
+    /// Errors: [`Error::Unsupported`] when this CPU lacks the kernel's instructions,
+    /// [`Error::Invalid`] when the query quantisation does not match it (`int8` needs `mxfp4`,
+    /// `bf16` needs `bf16`).
+    pub fn with_kernel(
+        p: &IndexerParams,
+        qs: &IndexerQueries,
+        vis: Vec<usize>,
+        kernel: DotKernel,
+    ) -> Result<Prepared> {
+        let (needs, have) = match kernel {
+            DotKernel::F32 => (p.query_quant, true),
+            DotKernel::Int8 => (QueryQuant::Mxfp4, dot::int8_supported()),
+            DotKernel::Bf16 => (QueryQuant::Bf16, dot::bf16_supported()),
+        };
+        if !have {
+            return Err(Error::Unsupported(format!(
+                "indexer kernel {} needs instructions this CPU lacks",
+                kernel.name()
+            )));
+        }
+        if needs != p.query_quant {
+            return Err(Error::invalid(
+                "kernel",
+                format!(
+                    "indexer kernel {} needs query quantisation {needs:?}, found {:?}",
+                    kernel.name(),
+                    p.query_quant
+                ),
+            ));
+        }
+        let mut pr = Prepared::new(p, qs, vis);
+        pr.set_kernel(kernel, qs, p.heads);
+        Ok(pr)
+    }
+
+    fn set_kernel(&mut self, kernel: DotKernel, qs: &IndexerQueries, heads: usize) {
+        let t = self.tokens();
+        self.kernel = kernel;
+        self.iq = (kernel == DotKernel::Int8).then(|| IntQueries::new(qs.q, t, heads, self.hp));
+        self.bq = (kernel == DotKernel::Bf16).then(|| Bf16Queries::new(&self.qt, t, self.hp));
+    }
+
+    /// The kernel that scores MXFP4 keys.
+    pub fn kernel(&self) -> DotKernel {
+        self.kernel
     }
     fn tokens(&self) -> usize {
         self.vis.len()
@@ -138,9 +237,18 @@ pub fn pooled(pr: &Prepared, keys: IndexKeys, pools: &[Vec<u32>], out: &mut [f32
 /// Scores entries `ids` (ascending) for queries `t0 .. t0 + outs.len()`; `outs[i][k]` receives the
 /// logit of `ids[k]` for query `t0 + i` (−∞ when `ids[k]` is not visible to it).
 pub fn score_ids(pr: &Prepared, t0: usize, keys: &IndexKeys, ids: &[u32], outs: &mut [&mut [f32]]) {
+    match (pr.kernel, keys) {
+        (DotKernel::Int8, IndexKeys::Mxfp4(k)) => return score_ids_int(pr, t0, k, ids, outs),
+        (DotKernel::Bf16, IndexKeys::Mxfp4(k)) => return score_ids_bf16(pr, t0, k, ids, outs),
+        _ => {}
+    }
     let isa = codec_isa();
     let mut kbuf = [[0f32; INDEX_DIM]; KB];
+    let mut next = ids.chunks(KB).skip(1);
     for (ci, chunk) in ids.chunks(KB).enumerate() {
+        if let (Some(n), IndexKeys::Mxfp4(k)) = (next.next(), keys) {
+            prefetch_records(k, n);
+        }
         let off = ci * KB;
         let first = chunk[0] as usize;
         if (0..outs.len()).all(|qi| first >= pr.vis[t0 + qi]) {
@@ -167,6 +275,136 @@ pub fn score_ids(pr: &Prepared, t0: usize, keys: &IndexKeys, ids: &[u32], outs: 
             }
         }
     }
+}
+
+/// Asks the cache for the records `ids` of `k` (entries, 68) while the current batch is scored:
+/// a Reindex pool's entries are scattered over the whole cache (68 MB at 1M entries), and without
+/// this each batch waits for its misses (and TLB walks) before any arithmetic starts. A hint only:
+/// no effect on any result.
+#[inline]
+fn prefetch_records(k: &[u8], ids: &[u32]) {
+    #[cfg(target_arch = "x86_64")]
+    for &j in ids {
+        let off = j as usize * MXFP4_INDEX_BYTES;
+        if off + MXFP4_INDEX_BYTES <= k.len() {
+            // SAFETY: prefetch never faults; both addresses lie inside `k` (checked above).
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                let p = k.as_ptr().add(off) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(p);
+                _mm_prefetch::<_MM_HINT_T0>(p.add(MXFP4_INDEX_BYTES - 1));
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (k, ids);
+}
+
+/// A key batch's unpacked form for one of the narrow kernels.
+trait KeyBatch {
+    /// The MXFP4 records being scored (entries, 68).
+    fn records(&self) -> &[u8];
+    /// Unpacks entries `chunk` (at most [`KB`]).
+    fn unpack(&mut self, chunk: &[u32]);
+    /// Logits of query `t` against the `dst.len()` unpacked keys.
+    fn score(&self, pr: &Prepared, t: usize, dst: &mut [f32]);
+}
+
+/// Scores every query of `outs` over batches of [`KB`] ids: batches no query sees are −∞ without
+/// unpacking, and ids a query does not see are −∞ in its row.
+fn for_batches(
+    pr: &Prepared,
+    t0: usize,
+    ids: &[u32],
+    outs: &mut [&mut [f32]],
+    kb: &mut impl KeyBatch,
+) {
+    let mut next = ids.chunks(KB).skip(1);
+    for (ci, chunk) in ids.chunks(KB).enumerate() {
+        if let Some(n) = next.next() {
+            prefetch_records(kb.records(), n);
+        }
+        let off = ci * KB;
+        let first = chunk[0] as usize;
+        if (0..outs.len()).all(|qi| first >= pr.vis[t0 + qi]) {
+            for out in outs.iter_mut() {
+                out[off..off + chunk.len()].fill(f32::NEG_INFINITY);
+            }
+            continue;
+        }
+        kb.unpack(chunk);
+        for (qi, out) in outs.iter_mut().enumerate() {
+            let t = t0 + qi;
+            let dst = &mut out[off..off + chunk.len()];
+            if first >= pr.vis[t] {
+                dst.fill(f32::NEG_INFINITY);
+                continue;
+            }
+            kb.score(pr, t, dst);
+            for (d, &j) in dst.iter_mut().zip(chunk) {
+                if j as usize >= pr.vis[t] {
+                    *d = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+}
+
+struct IntBatch<'a> {
+    k: &'a [u8],
+    keys: Box<IntKeys<KB>>,
+}
+
+impl KeyBatch for IntBatch<'_> {
+    fn records(&self) -> &[u8] {
+        self.k
+    }
+    fn unpack(&mut self, chunk: &[u32]) {
+        dot::unpack_int(self.k, chunk, &mut self.keys);
+    }
+    fn score(&self, pr: &Prepared, t: usize, dst: &mut [f32]) {
+        let iq = pr.iq.as_ref().expect("int8 kernel prepared");
+        let w = &pr.w[t * pr.hp..][..pr.hp];
+        dot::int_logits(iq, t, w, pr.hp, &self.keys, dst.len(), dst);
+    }
+}
+
+struct Bf16Batch<'a> {
+    k: &'a [u8],
+    rows: Box<[Bf16Row; KB]>,
+    n: usize,
+}
+
+impl KeyBatch for Bf16Batch<'_> {
+    fn records(&self) -> &[u8] {
+        self.k
+    }
+    fn unpack(&mut self, chunk: &[u32]) {
+        dot::unpack_bf16(self.k, chunk, &mut self.rows[..]);
+        self.n = chunk.len();
+    }
+    fn score(&self, pr: &Prepared, t: usize, dst: &mut [f32]) {
+        let bq = pr.bq.as_ref().expect("bf16 kernel prepared");
+        let w = &pr.w[t * pr.hp..][..pr.hp];
+        dot::bf16_logits(bq, t, w, pr.hp, &self.rows[..self.n], dst);
+    }
+}
+
+fn score_ids_int(pr: &Prepared, t0: usize, k: &[u8], ids: &[u32], outs: &mut [&mut [f32]]) {
+    let mut kb = IntBatch {
+        k,
+        keys: Box::new(IntKeys::new()),
+    };
+    for_batches(pr, t0, ids, outs, &mut kb);
+}
+
+fn score_ids_bf16(pr: &Prepared, t0: usize, k: &[u8], ids: &[u32], outs: &mut [&mut [f32]]) {
+    let mut kb = Bf16Batch {
+        k,
+        rows: Box::new([[0; INDEX_DIM]; KB]),
+        n: 0,
+    };
+    for_batches(pr, t0, ids, outs, &mut kb);
 }
 
 /// Entries `ids` as f32 rows (the exact reference values): f32 keys with consecutive ids are used

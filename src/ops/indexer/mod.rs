@@ -1,4 +1,4 @@
-//! Lightning indexer logits (SPEC §2 "Indexer", reference_math §2).
+//! Lightning indexer logits (docs/SPEC.md §2.5).
 //!
 //! For a query at position p with index Q `q[h, 0..128]` (RoPE'd, h < 32) and head weights `w[h]`
 //! (already scaled by `128^-0.5 · 32^-0.5`), the logit of compressed entry j is
@@ -10,6 +10,7 @@
 //! (entries, 128) f32 or (entries, 68) u8, logits (tokens, entries) f32.
 
 pub mod cpu;
+mod dot;
 pub mod reference;
 
 use crate::error::{Error, Result};
@@ -78,18 +79,22 @@ pub enum QueryQuant {
     Mxfp4,
     /// E4M3 with one power-of-two scale per (token, head) (the launch-day FP8 index path).
     Fp8,
+    /// Rounded to bf16 (RNE; NaN stays NaN): with MXFP4 keys, which are exact in bf16, every
+    /// product is exact and the bf16 dot kernel (`vdpbf16ps`) scores it.
+    Bf16,
 }
 
 impl QueryQuant {
-    /// Parses `none`, `mxfp4` or `fp8`.
+    /// Parses `none`, `mxfp4`, `fp8` or `bf16`.
     pub fn from_name(s: &str) -> Result<QueryQuant> {
         match s {
             "none" => Ok(QueryQuant::None),
             "mxfp4" => Ok(QueryQuant::Mxfp4),
             "fp8" => Ok(QueryQuant::Fp8),
+            "bf16" => Ok(QueryQuant::Bf16),
             _ => Err(Error::invalid(
                 "q_quant",
-                format!("expected none, mxfp4 or fp8, found `{s}`"),
+                format!("expected none, mxfp4, fp8 or bf16, found `{s}`"),
             )),
         }
     }
@@ -97,6 +102,11 @@ impl QueryQuant {
     pub fn apply(self, row: &mut [f32]) {
         let fmt = match self {
             QueryQuant::None => return,
+            QueryQuant::Bf16 => {
+                row.iter_mut()
+                    .for_each(|v| *v = crate::formats::scalar::bf16_round(*v));
+                return;
+            }
             QueryQuant::Mxfp4 => RecordFormat::Mxfp4Index,
             QueryQuant::Fp8 => RecordFormat::Fp8Index,
         };
@@ -140,7 +150,7 @@ pub struct IndexerQueries<'a> {
     pub positions: &'a [i64],
 }
 
-/// Compressed entries a query at `pos` sees with ratio `m`: `(pos + 1) div m` (SPEC §2).
+/// Compressed entries a query at `pos` sees with ratio `m`: `(pos + 1) div m` (docs/SPEC.md §2).
 #[inline]
 pub fn visible(pos: i64, m: usize) -> usize {
     // Through i128: `pos + 1` overflows i64 at i64::MAX (found by tests/ffi_fuzz.rs).

@@ -78,7 +78,12 @@ fn mxfp4_keys_and_quantised_queries_match_the_reference() {
         vec![4095],
     ] {
         let c = case(&mut rng, 4096, positions);
-        for qq in [QueryQuant::None, QueryQuant::Mxfp4, QueryQuant::Fp8] {
+        for qq in [
+            QueryQuant::None,
+            QueryQuant::Mxfp4,
+            QueryQuant::Fp8,
+            QueryQuant::Bf16,
+        ] {
             let p = IndexerParams {
                 query_quant: qq,
                 ..IndexerParams::new(1)
@@ -93,6 +98,228 @@ fn mxfp4_keys_and_quantised_queries_match_the_reference() {
         let (quant, _) = run_both(&p, &c, IndexKeys::Mxfp4(&c.k_mx));
         let s = compare(&quant, &exact, &crate::tolerance::QUANT_VS_EXACT);
         assert!(s.cos_diff < 2e-2, "mxfp4 vs f32 keys: {s:?}");
+    }
+}
+
+/// Every kernel this CPU has for `qq`, each with its tolerance against the f64 reference.
+fn kernels_for(qq: QueryQuant) -> Vec<(cpu::DotKernel, crate::tolerance::Tolerance)> {
+    use cpu::DotKernel as K;
+    let mut v = vec![(K::F32, F32_VS_F64)];
+    if qq == QueryQuant::Mxfp4 && dot::int8_supported() {
+        v.push((K::Int8, crate::tolerance::INT_DOT_VS_F64));
+    }
+    if qq == QueryQuant::Bf16 && dot::bf16_supported() {
+        v.push((K::Bf16, F32_VS_F64));
+    }
+    v
+}
+
+/// Keys whose rows span 2^-e .. 2^e (so the block scales and their products sweep a range), with some all-zero blocks and a few rows whose block 0 has the smallest scale, 2^-127 (E8M0
+/// byte 0). (A block scale far above its row's others makes the f32 kernel's 128-long dots
+/// miss the f32 tolerance by cancellation; the integer kernel's block sums are exact.)
+fn wide_keys(rng: &mut Rng, n: usize, e: i32) -> Vec<u8> {
+    use rand::Rng as _;
+    let mut k = rand_normal(rng, n * INDEX_DIM, 1.0);
+    for (r, row) in k.chunks_mut(INDEX_DIM).enumerate() {
+        let mag = crate::formats::scalar::pow2(rng.random_range(-e..=e));
+        row.iter_mut().for_each(|v| *v *= mag);
+        if r % 7 == 3 {
+            row[32..64].fill(0.0);
+        }
+    }
+    let mut km = vec![0u8; n * MXFP4_INDEX_BYTES];
+    encode_rows(RecordFormat::Mxfp4Index, &k, &mut km).unwrap();
+    for rec in km.chunks_mut(MXFP4_INDEX_BYTES).step_by(53) {
+        rec[64] = 0x00;
+    }
+    km
+}
+
+fn run_kernel(
+    p: &IndexerParams,
+    qs: &IndexerQueries,
+    keys: IndexKeys,
+    kernel: cpu::DotKernel,
+) -> Vec<f32> {
+    let vis = check(p, qs, &keys, qs.positions.len() * keys.len()).unwrap();
+    let pr = cpu::Prepared::with_kernel(p, qs, vis, kernel).unwrap();
+    assert_eq!(pr.kernel(), kernel);
+    let mut out = vec![0f32; qs.positions.len() * keys.len()];
+    cpu::dense(&pr, keys, &mut out);
+    out
+}
+
+fn queries(rng: &mut Rng, t: usize) -> (Vec<f32>, Vec<f32>) {
+    let q = rand_normal(rng, t * INDEX_HEADS * INDEX_DIM, 1.0);
+    let w = rand_normal(rng, t * INDEX_HEADS, (128f32 * 32.0).sqrt().recip());
+    (q, w)
+}
+
+/// The integer (VNNI) and bf16 kernels against the f64 reference, decode (one query, keys split
+/// over threads) and prefill (query blocks), unit-scale rows with zero blocks and 2^-127 block
+/// scales; the integer kernel is held to the exact-arithmetic tolerance. (The table's bounds are
+/// relative to each logit, not to the sum of its terms: on rows far from unit scale the
+/// head-weighted sum may cancel to a small logit and miss any of them, the f32 kernel's too.)
+#[test]
+fn narrow_dot_kernels_match_the_f64_reference() {
+    let mut rng = Rng::new(11);
+    let n = 3000;
+    {
+        let km = wide_keys(&mut rng, n, 0);
+        for positions in [vec![n as i64 - 1], (0..37).map(|i| 80 * i + 5).collect()] {
+            let t = positions.len();
+            let (q, w) = queries(&mut rng, t);
+            let qs = IndexerQueries {
+                q: &q,
+                w: &w,
+                positions: &positions,
+            };
+            for qq in [QueryQuant::Mxfp4, QueryQuant::Bf16] {
+                let p = IndexerParams {
+                    query_quant: qq,
+                    ..IndexerParams::new(1)
+                };
+                let r = reference::logits(&p, &qs, IndexKeys::Mxfp4(&km), None);
+                for (kernel, tol) in kernels_for(qq) {
+                    let out = run_kernel(&p, &qs, IndexKeys::Mxfp4(&km), kernel);
+                    let s = compare(&out, &r, &tol);
+                    assert!(s.ok(&tol), "{qq:?} {kernel:?} T={t}: {s:?}");
+                }
+            }
+        }
+    }
+}
+
+/// Where one block's scale is 2^20 above the row's others, the f32 kernel's running 128-term sum
+/// drops the small blocks' low bits; the integer kernel sums each block exactly, so it is closer
+/// to the f64 reference in both the largest error and the cosine.
+#[test]
+fn int8_kernel_is_more_exact_than_f32_on_skewed_block_scales() {
+    if !dot::int8_supported() {
+        return;
+    }
+    let mut rng = Rng::new(14);
+    let n = 3000;
+    let mut km = wide_keys(&mut rng, n, 0);
+    for rec in km.chunks_mut(MXFP4_INDEX_BYTES).step_by(3) {
+        rec[65] = rec[65].saturating_add(20);
+    }
+    let positions = vec![n as i64 - 1];
+    let (q, w) = queries(&mut rng, 1);
+    let qs = IndexerQueries {
+        q: &q,
+        w: &w,
+        positions: &positions,
+    };
+    let p = IndexerParams {
+        query_quant: QueryQuant::Mxfp4,
+        ..IndexerParams::new(1)
+    };
+    let r = reference::logits(&p, &qs, IndexKeys::Mxfp4(&km), None);
+    let tol = crate::tolerance::INT_DOT_VS_F64;
+    let f = compare(
+        &run_kernel(&p, &qs, IndexKeys::Mxfp4(&km), cpu::DotKernel::F32),
+        &r,
+        &tol,
+    );
+    let i = compare(
+        &run_kernel(&p, &qs, IndexKeys::Mxfp4(&km), cpu::DotKernel::Int8),
+        &r,
+        &tol,
+    );
+    assert!(
+        i.max_abs < f.max_abs && i.cos_diff < f.cos_diff && i.cos_diff <= tol.cos_diff,
+        "int8 {i:?} vs f32 {f:?}"
+    );
+}
+
+/// A key's logit does not depend on which other keys, queries or threads share the call: the
+/// integer and bf16 kernels give bit-identical rows for one query alone, in a batch of queries
+/// (prefill path), and over a shuffled subset of the keys (pooled path).
+#[test]
+fn narrow_dot_kernels_are_batch_invariant() {
+    let mut rng = Rng::new(12);
+    let n = 700;
+    let km = wide_keys(&mut rng, n, 10);
+    let t = 33;
+    let positions: Vec<i64> = (0..t as i64).map(|i| n as i64 - 1 - 5 * i).collect();
+    let q = rand_normal(&mut rng, t * INDEX_HEADS * INDEX_DIM, 1.0);
+    let w = rand_normal(&mut rng, t * INDEX_HEADS, 0.02);
+    for (qq, kernel) in [
+        (QueryQuant::Mxfp4, cpu::DotKernel::Int8),
+        (QueryQuant::Bf16, cpu::DotKernel::Bf16),
+    ] {
+        if !kernels_for(qq).iter().any(|k| k.0 == kernel) {
+            continue;
+        }
+        let p = IndexerParams {
+            query_quant: qq,
+            ..IndexerParams::new(1)
+        };
+        let all = IndexerQueries {
+            q: &q,
+            w: &w,
+            positions: &positions,
+        };
+        let batch = run_kernel(&p, &all, IndexKeys::Mxfp4(&km), kernel);
+        for ti in [0usize, 17, 32] {
+            let one = IndexerQueries {
+                q: &q[ti * INDEX_HEADS * INDEX_DIM..][..INDEX_HEADS * INDEX_DIM],
+                w: &w[ti * INDEX_HEADS..][..INDEX_HEADS],
+                positions: &positions[ti..ti + 1],
+            };
+            let alone = run_kernel(&p, &one, IndexKeys::Mxfp4(&km), kernel);
+            let row = &batch[ti * n..][..n];
+            assert!(
+                alone
+                    .iter()
+                    .zip(row)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{kernel:?} token {ti}: alone vs in a batch"
+            );
+            // Every 3rd entry, in pooled order.
+            let ids: Vec<u32> = (0..n as u32).filter(|j| j % 3 == 1).collect();
+            let vis = vec![positions[ti] as usize + 1];
+            let pr = cpu::Prepared::with_kernel(&p, &one, vis, kernel).unwrap();
+            let mut pooled = vec![0f32; n];
+            cpu::pooled(
+                &pr,
+                IndexKeys::Mxfp4(&km),
+                std::slice::from_ref(&ids),
+                &mut pooled,
+            );
+            for &j in &ids {
+                assert_eq!(
+                    pooled[j as usize].to_bits(),
+                    row[j as usize].to_bits(),
+                    "{kernel:?} token {ti} entry {j}: pooled vs dense"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_kernel_the_query_quantisation_cannot_use_is_an_error() {
+    let mut rng = Rng::new(13);
+    let c = case(&mut rng, 10, vec![9]);
+    let qs = IndexerQueries {
+        q: &c.q,
+        w: &c.w,
+        positions: &c.positions,
+    };
+    let p = IndexerParams::new(1);
+    for k in [cpu::DotKernel::Int8, cpu::DotKernel::Bf16] {
+        let e = cpu::Prepared::with_kernel(&p, &qs, vec![10], k)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(
+                e,
+                crate::Error::Invalid { .. } | crate::Error::Unsupported(_)
+            ),
+            "{k:?}: {e}"
+        );
     }
 }
 

@@ -15,7 +15,7 @@
 //! register-blocks over tokens (4 tokens × 6 rows of accumulators with AVX-512) so one `hc_fn` load
 //! feeds 4 FMAs, and each `hc_fn` chunk is streamed once per tile, not once per token.
 
-// Index loops mirror the (i, j) subscripts of the formulas in SPEC §4.
+// Index loops mirror the (i, j) subscripts of the formulas in docs/SPEC.md §4.
 #![allow(clippy::needless_range_loop)]
 
 use super::{BoundaryIn, BoundaryOut, CoeffsMut, MhcParams, MixWeights, PostUpdate, HC, MIX};
@@ -639,7 +639,7 @@ fn sigmoid(x: f32) -> f32 {
 }
 
 /// From the raw dots `acc[0..24]` = hc_fn·vec(X) and `acc[24]` = Σ X² of one token: pre, post and
-/// the Sinkhorn-normalized comb (SPEC §4; the last Sinkhorn step normalizes columns).
+/// the Sinkhorn-normalized comb (docs/SPEC.md §4; the last Sinkhorn step normalizes columns).
 pub fn coeffs_from_mix(
     p: &MhcParams,
     w: &MixWeights,
@@ -722,7 +722,7 @@ fn pre_of(pre: &[f32], t: usize) -> [f32; HC] {
 
 // ---- the fused single pass -----------------------------------------------------------------------
 
-/// One boundary in a single pass over the streams (Mega-mHC order, SPEC §4): reads X and y once,
+/// One boundary in a single pass over the streams (Mega-mHC order, docs/SPEC.md §4): reads X and y once,
 /// writes X' and the new site input once; the coefficient GEMV runs on X' chunks while they are in
 /// L1. See the module docs of [`super`] for the math and shapes.
 ///

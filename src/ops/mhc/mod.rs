@@ -1,5 +1,5 @@
 //! mHC: the 4 hyper-connection streams of the residual, mixed per token by learned,
-//! Sinkhorn-normalized coefficients (SPEC §4; research/reference_math.md §6; vLLM
+//! Sinkhorn-normalized coefficients (docs/SPEC.md §4; vLLM
 //! `vllm/model_executor/kernels/mhc/torch.py`).
 //!
 //! # The boundary between two sublayers (V4.1 single-pass shift, "Mega-mHC")
@@ -39,7 +39,7 @@ pub const HC: usize = 4;
 /// Mix outputs per token: n pre + n post + n² comb = 24.
 pub const MIX: usize = 2 * HC + HC * HC;
 
-/// Scalars of the mHC op (SPEC §4; config `hc_*`, `rms_norm_eps`).
+/// Scalars of the mHC op (docs/SPEC.md §4; config `hc_*`, `rms_norm_eps`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MhcParams {
     /// Width d of one stream (5120).
@@ -205,7 +205,7 @@ pub struct BoundaryOut<'a> {
     pub coeffs: Option<CoeffsMut<'a>>,
 }
 
-/// One-hot `pre [T, 4]` selecting stream 0: the carried pre of the very first site (SPEC §4).
+/// One-hot `pre [T, 4]` selecting stream 0: the carried pre of the very first site (docs/SPEC.md §4).
 pub fn one_hot_pre(tokens: usize) -> Vec<f32> {
     let mut p = vec![0.0; tokens * HC];
     p.iter_mut().step_by(HC).for_each(|v| *v = 1.0);

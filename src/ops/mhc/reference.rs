@@ -1,7 +1,7 @@
-//! Readable f64 reference of mHC (SPEC §4, research/reference_math.md §6), token by token, with no
+//! Readable f64 reference of mHC (docs/SPEC.md §4), token by token, with no
 //! tiling or SIMD: the oracle the fast paths are tested against.
 
-// Index loops mirror the (i, j) subscripts of the formulas in SPEC §4.
+// Index loops mirror the (i, j) subscripts of the formulas in docs/SPEC.md §4.
 #![allow(clippy::needless_range_loop)]
 
 use super::{BoundaryIn, MhcParams, MixWeights, HC, MIX};

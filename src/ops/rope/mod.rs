@@ -1,4 +1,4 @@
-//! Rotary position embedding (SPEC §2 "RoPE"): GPT-J interleaved pairs `(2i, 2i+1)` on the last
+//! Rotary position embedding (docs/SPEC.md §2 "RoPE"): GPT-J interleaved pairs `(2i, 2i+1)` on the last
 //! `rope_dim` (64) dims of every head, frequencies from [`RopeParams::inv_freqs`] (θ = 160000 with
 //! YaRN on compressed layers, θ = 10000 plain on ratio-0 layers; no mscale).
 //!

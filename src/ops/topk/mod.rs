@@ -1,4 +1,4 @@
-//! Top-k selection for the lightning indexer (SPEC §2 "Indexer", reference_math §2 "Top-k").
+//! Top-k selection for the lightning indexer (docs/SPEC.md §2 "Indexer", docs/SPEC.md §2.5).
 //!
 //! Rules, one row at a time:
 //! - the k largest logits among the visible entries, ties → the smaller index;
@@ -17,7 +17,7 @@ pub mod reference;
 use crate::error::{Error, Result};
 use rayon::prelude::*;
 
-/// The indexer's k (SPEC §2: 512).
+/// The indexer's k (docs/SPEC.md §2: 512).
 pub const INDEX_TOPK: usize = 512;
 
 /// Top-k of one logits row (fast path). `out.len()` is k; returns the number of selected entries

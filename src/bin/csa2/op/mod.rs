@@ -25,7 +25,8 @@ pub const OPS: &[&str] = &[
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// compress | indexer | candidates | attention | rope
+    /// The op (tensor names and params.json fields: docs/OPS.md).
+    #[arg(value_parser = clap::builder::PossibleValuesParser::new(OPS))]
     name: String,
     /// Folder with the input .npy files and an optional params.json.
     #[arg(long = "in")]
@@ -41,6 +42,7 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     std::fs::create_dir_all(&a.out).map_err(|e| Error::io(&a.out, e))?;
     let (i, o, r) = (a.input.as_path(), a.out.as_path(), a.reference);
+    let t0 = std::time::Instant::now();
     match a.name.as_str() {
         "compress" => compress::run(i, o, r),
         "indexer" => indexer::run(i, o, r),
@@ -52,7 +54,24 @@ pub fn run(a: Args) -> Result<()> {
             "op",
             format!("unknown op `{other}` (expected one of {})", OPS.join(", ")),
         )),
-    }
+    }?;
+    let mut written: Vec<String> = std::fs::read_dir(o)
+        .map_err(|e| Error::io(o, e))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".npy"))
+        .collect();
+    written.sort();
+    println!(
+        "op {} ({}): {} in {:.3} s → {} in {}",
+        a.name,
+        if r { "f64 reference" } else { "fast path" },
+        i.display(),
+        t0.elapsed().as_secs_f64(),
+        written.join(", "),
+        o.display()
+    );
+    Ok(())
 }
 
 /// `params.json` of an input folder (absent file = no fields).

@@ -8,7 +8,7 @@ use csa2::ops::rope::{reference, Direction, Rope};
 use csa2::{Error, Result};
 use std::path::Path;
 
-/// V4.1's YaRN (SPEC §2).
+/// V4.1's YaRN (docs/SPEC.md §2).
 pub const V41_YARN: Yarn = Yarn {
     factor: 16.0,
     original_max_position: 65536.0,

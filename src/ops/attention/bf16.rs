@@ -1,0 +1,369 @@
+//! Attention on bf16 dot products (`vdpbf16ps`, AVX-512 BF16) with f32 accumulation and the
+//! softmax in f32: [`super::AttentionDots::Bf16`].
+//!
+//! The steps are those of the f32 path ([`super::cpu`]); what changes is the operand precision of
+//! the two GEMMs. NVFP4 (E2M1 × E4M3) and MXFP8 (E4M3 × 2^e) row values have at most 6 significant
+//! bits and are exact in bf16 (8), so K and V lose nothing; the query (with the softmax scale
+//! folded in) and the softmax weights P are rounded to bf16 (RNE, relative error ≤ 2^−9), and every
+//! product of two bf16 values is exact in f32. Rounding q moves each logit by about
+//! 2^−9/√3 · ‖q ⊙ k‖ (≈ 1e-3 for unit-variance q and k at 512 dims); the tolerance table's
+//! [`crate::tolerance::BF16_DOTS_VS_F64`] bounds the result against the f64 reference.
+//!
+//! `vdpbf16ps` treats inputs below 2^−126 as zero and flushes subnormal results (Intel SDM): a
+//! softmax weight below 2^−126 counts as 0, which changes an output by less than 2^−126 · |v|.
+//!
+//! Layouts (bf16 bit patterns in `u16`): Qᵀ as (256, hp, 2), dims 2i and 2i + 1 of a head side by
+//! side; K as plain rows (n, 512), so one 32-bit broadcast is a dim pair; V as row pairs
+//! (n/2, 512, 2), rows 2r and 2r + 1 of a dim side by side; P as (n/2, hp, 2) likewise. The
+//! per-row reduction order depends only on the row's position in the token's row list, never on
+//! the thread count or on other tokens.
+
+use super::cpu::{chunk_softmax, merge_chunks, CHUNK, HEAD_PAD, KS, SLICE};
+use super::{KvRows, TokenRows};
+use crate::formats::KV_DIM;
+use std::cell::RefCell;
+
+/// One score task: ((its rows of the f32 tile, of the bf16 K rows), (of the V row pairs, of Sᵀ)),
+/// (its chunk max, its chunk sum).
+type ScoreChunk16<'a> = (
+    usize,
+    (
+        (
+            (&'a mut [f32], &'a mut [u16]),
+            (&'a mut [u16], &'a mut [f32]),
+        ),
+        (&'a mut [f32], &'a mut [f32]),
+    ),
+);
+
+thread_local! {
+    static SCRATCH16: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+}
+
+/// bf16 scratch (u16) of one token: Qᵀ, K rows, V row pairs, P row pairs.
+fn scratch16_len(n: usize, hp: usize) -> usize {
+    let n2 = n.div_ceil(2) * 2;
+    KV_DIM * hp + n2 * KV_DIM + n2 * KV_DIM + n2 * hp
+}
+
+/// Whether this CPU runs the bf16 path.
+pub(super) fn supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// One token on bf16 dots; same contract as the f32 path's `token` (`buf` is its f32 scratch).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn token(
+    scale: f32,
+    q: &[f32],
+    sink: &[f32],
+    r: &TokenRows,
+    kv: &(KvRows, KvRows),
+    out: &mut [f32],
+    lse: &mut [f32],
+    par: bool,
+    buf: &mut [f32],
+) {
+    assert!(supported(), "bf16 attention needs AVX-512 BF16");
+    let h = lse.len();
+    let n = r.main.len() + r.swa.len();
+    if n == 0 {
+        out.fill(0.0);
+        lse.fill(f32::NEG_INFINITY);
+        return;
+    }
+    let hp = h.div_ceil(HEAD_PAD) * HEAD_PAD;
+    let n2 = n.div_ceil(2) * 2;
+    let nc = n.div_ceil(CHUNK);
+    let mut local = Vec::new();
+    SCRATCH16.with(|c| {
+        let mut guard = c.try_borrow_mut();
+        let b16: &mut Vec<u16> = match guard.as_deref_mut() {
+            Ok(v) => v,
+            Err(_) => &mut local,
+        };
+        let need = scratch16_len(n, hp);
+        if b16.len() < need {
+            b16.resize(need, 0);
+        }
+        let (qt, rest) = b16[..need].split_at_mut(KV_DIM * hp);
+        let (kb, rest) = rest.split_at_mut(n2 * KV_DIM);
+        let (vb, pb) = rest.split_at_mut(n2 * KV_DIM);
+        let (kf, rest) = buf.split_at_mut(n * KS);
+        let (st, rest) = rest.split_at_mut(n * hp);
+        // (The f32 path's Qᵀ region of `buf` is unused here: Qᵀ lives in the bf16 scratch.)
+        let (_, rest) = rest.split_at_mut(KV_DIM * hp);
+        let (mx, rest) = rest.split_at_mut(nc * hp);
+        let (sm, ot) = rest.split_at_mut(nc * hp);
+        // SAFETY (every call below): `supported()` was asserted; the slices have the lengths the
+        // kernels assert.
+        unsafe { x86::query_pairs(q, h, hp, scale, qt) };
+        let qt = &*qt;
+        let isa = crate::ops::simd::codec_isa();
+        let score = |(c, (((k, kb16), (vb16, s)), (m, e))): ScoreChunk16| {
+            let rows = s.len() / hp;
+            super::cpu::gather(isa, r, &kv.0, &kv.1, c * CHUNK, k);
+            unsafe {
+                x86::rows_to_bf16(k, rows, kb16, vb16);
+                x86::scores(qt, kb16, rows, hp, s);
+            }
+            chunk_softmax(s, hp, m, e);
+        };
+        {
+            use rayon::prelude::*;
+            let it = kf
+                .par_chunks_mut(CHUNK * KS)
+                .zip(kb.par_chunks_mut(CHUNK * KV_DIM))
+                .zip(
+                    vb.par_chunks_mut(CHUNK * KV_DIM)
+                        .zip(st.par_chunks_mut(CHUNK * hp)),
+                )
+                .zip(mx.par_chunks_mut(hp).zip(sm.par_chunks_mut(hp)))
+                .enumerate();
+            // A prefill token already runs as one rayon task (`par` false): its chunks then run on
+            // this thread unless another is idle; the results are the same either way.
+            it.for_each(|(i, (((a, b), (c, d)), e))| score((i, (((a, b), (c, d)), e))));
+        }
+        merge_chunks(mx, sm, sink, h, hp, nc, lse);
+        // The chunk rescale is folded into the conversion of P (one pass over Sᵀ instead of two).
+        unsafe { x86::p_pairs(st, mx, n, hp, pb) };
+        let (vb, pb) = (&*vb, &*pb);
+        let pv =
+            |(si, o): (usize, &mut [f32])| unsafe { x86::pv(pb, vb, n2, h, hp, si * SLICE, o) };
+        {
+            use rayon::prelude::*;
+            if par {
+                ot.par_chunks_mut(h * SLICE).enumerate().for_each(pv);
+            } else {
+                ot.chunks_mut(h * SLICE).enumerate().for_each(pv);
+            }
+        }
+        for (si, o) in ot.chunks_exact(h * SLICE).enumerate() {
+            for (hi, src) in o.chunks_exact(SLICE).enumerate() {
+                out[hi * KV_DIM + si * SLICE..][..SLICE].copy_from_slice(src);
+            }
+        }
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    fn bits(v: __m512bh) -> __m512i {
+        // SAFETY: same size, plain bit patterns.
+        unsafe { std::mem::transmute(v) }
+    }
+
+    #[inline(always)]
+    fn bh(v: __m512i) -> __m512bh {
+        // SAFETY: same size, plain bit patterns.
+        unsafe { std::mem::transmute(v) }
+    }
+
+    /// Qᵀ pairs: `qt[(i · hp + h) · 2 + e] = bf16(scale · q[h][2i + e])` (RNE); padded heads 0.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn query_pairs(q: &[f32], h: usize, hp: usize, scale: f32, qt: &mut [u16]) {
+        assert!(q.len() == h * KV_DIM && qt.len() == KV_DIM * hp);
+        qt.fill(0);
+        let sc = _mm512_set1_ps(scale);
+        let mut pairs = [0u32; 16];
+        for hi in 0..h {
+            for d0 in (0..KV_DIM).step_by(32) {
+                // SAFETY: hi · 512 + d0 + 32 ≤ q.len(); `pairs` holds 16 u32.
+                unsafe {
+                    let p = q.as_ptr().add(hi * KV_DIM + d0);
+                    let a = _mm512_mul_ps(_mm512_loadu_ps(p), sc);
+                    let b = _mm512_mul_ps(_mm512_loadu_ps(p.add(16)), sc);
+                    let v = bits(_mm512_cvtne2ps_pbh(b, a));
+                    _mm512_storeu_si512(pairs.as_mut_ptr() as *mut _, v);
+                }
+                for (k, &pr) in pairs.iter().enumerate() {
+                    let i = d0 / 2 + k;
+                    qt[(i * hp + hi) * 2] = pr as u16;
+                    qt[(i * hp + hi) * 2 + 1] = (pr >> 16) as u16;
+                }
+            }
+        }
+    }
+
+    /// f32 rows (`rows` of stride [`KS`]) → bf16 K rows (`kb`, stride 512) and V row pairs (`vb`);
+    /// an odd last row is paired with zeros.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn rows_to_bf16(kf: &[f32], rows: usize, kb: &mut [u16], vb: &mut [u16]) {
+        assert!(kf.len() >= rows * KS - (KS - KV_DIM) && kb.len() >= rows * KV_DIM);
+        assert!(vb.len() >= rows.div_ceil(2) * 2 * KV_DIM);
+        // Interleave the low (row 2r) and high (row 2r + 1) halves of a cvtne2ps result.
+        let idx: [u16; 32] = std::array::from_fn(|i| ((i % 2) * 16 + i / 2) as u16);
+        // SAFETY: reads 32 u16.
+        let idx = unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) };
+        let zero = _mm512_setzero_ps();
+        for j in 0..rows {
+            for d in (0..KV_DIM).step_by(32) {
+                // SAFETY: j < rows, d + 32 ≤ 512.
+                unsafe {
+                    let p = kf.as_ptr().add(j * KS + d);
+                    let v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p.add(16)), _mm512_loadu_ps(p));
+                    _mm512_storeu_si512(kb.as_mut_ptr().add(j * KV_DIM + d) as *mut _, bits(v));
+                }
+            }
+        }
+        for r in 0..rows.div_ceil(2) {
+            for d in (0..KV_DIM).step_by(16) {
+                // SAFETY: row 2r < rows; row 2r + 1 read only when it exists; d + 16 ≤ 512.
+                unsafe {
+                    let a = _mm512_loadu_ps(kf.as_ptr().add(2 * r * KS + d));
+                    let b = if 2 * r + 1 < rows {
+                        _mm512_loadu_ps(kf.as_ptr().add((2 * r + 1) * KS + d))
+                    } else {
+                        zero
+                    };
+                    let v = _mm512_permutexvar_epi16(idx, bits(_mm512_cvtne2ps_pbh(b, a)));
+                    _mm512_storeu_si512(vb.as_mut_ptr().add((r * KV_DIM + d) * 2) as *mut _, v);
+                }
+            }
+        }
+    }
+
+    /// Scores `st` (rows, hp) = K · Qᵀ: tiles of 6 rows × 4 vectors of 16 heads, over blocks of
+    /// 64 dims (each block's sums added to the stored partial scores, as the f32 path).
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[allow(clippy::needless_range_loop)]
+    pub(super) unsafe fn scores(qt: &[u16], kb: &[u16], rows: usize, hp: usize, st: &mut [f32]) {
+        const R: usize = 6;
+        const DB: usize = 64;
+        assert!(qt.len() == KV_DIM * hp && kb.len() >= rows * KV_DIM && st.len() == rows * hp);
+        assert!(hp.is_multiple_of(64) && rows > 0);
+        let zero = _mm512_setzero_ps();
+        for h0 in (0..hp).step_by(64) {
+            for d0 in (0..KV_DIM).step_by(DB) {
+                for j0 in (0..rows).step_by(R) {
+                    let jr: [usize; R] = std::array::from_fn(|r| (j0 + r).min(rows - 1));
+                    let mut acc = [[zero; 4]; R];
+                    for i in d0 / 2..(d0 + DB) / 2 {
+                        // SAFETY: i < 256, h0 + 64 ≤ hp.
+                        let qv: [__m512bh; 4] = std::array::from_fn(|v| unsafe {
+                            bh(_mm512_loadu_si512(
+                                qt.as_ptr().add((i * hp + h0 + 16 * v) * 2) as *const _,
+                            ))
+                        });
+                        for r in 0..R {
+                            // SAFETY: jr[r] < rows, 2i + 2 ≤ 512.
+                            let k = bh(_mm512_set1_epi32(unsafe {
+                                std::ptr::read_unaligned(
+                                    kb.as_ptr().add(jr[r] * KV_DIM + 2 * i) as *const i32
+                                )
+                            }));
+                            for v in 0..4 {
+                                acc[r][v] = _mm512_dpbf16_ps(acc[r][v], k, qv[v]);
+                            }
+                        }
+                    }
+                    for r in 0..R.min(rows - j0) {
+                        for v in 0..4 {
+                            // SAFETY: j0 + r < rows, h0 + 64 ≤ hp.
+                            unsafe {
+                                let p = st.as_mut_ptr().add((j0 + r) * hp + h0 + 16 * v);
+                                let a = if d0 > 0 {
+                                    _mm512_add_ps(_mm512_loadu_ps(p), acc[r][v])
+                                } else {
+                                    acc[r][v]
+                                };
+                                _mm512_storeu_ps(p, a);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// P row pairs: `pb[(r · hp + h) · 2 + e] = bf16(st[2r + e][h] · f[(2r + e) / CHUNK][h])`
+    /// (the chunk's rescale factor), 0 past row n. Rows 2r and 2r + 1 share a chunk (CHUNK is
+    /// even).
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn p_pairs(st: &[f32], f: &[f32], n: usize, hp: usize, pb: &mut [u16]) {
+        assert!(st.len() == n * hp && pb.len() >= n.div_ceil(2) * 2 * hp);
+        assert!(CHUNK.is_multiple_of(2) && f.len() == n.div_ceil(CHUNK) * hp);
+        let idx: [u16; 32] = std::array::from_fn(|i| ((i % 2) * 16 + i / 2) as u16);
+        // SAFETY: reads 32 u16.
+        let idx = unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) };
+        for r in 0..n.div_ceil(2) {
+            for h0 in (0..hp).step_by(16) {
+                // SAFETY: row 2r < n; row 2r + 1 read only when it exists; h0 + 16 ≤ hp.
+                unsafe {
+                    let fc = _mm512_loadu_ps(f.as_ptr().add((2 * r / CHUNK) * hp + h0));
+                    let a = _mm512_mul_ps(_mm512_loadu_ps(st.as_ptr().add(2 * r * hp + h0)), fc);
+                    let b = if 2 * r + 1 < n {
+                        _mm512_mul_ps(_mm512_loadu_ps(st.as_ptr().add((2 * r + 1) * hp + h0)), fc)
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    let v = _mm512_permutexvar_epi16(idx, bits(_mm512_cvtne2ps_pbh(b, a)));
+                    _mm512_storeu_si512(pb.as_mut_ptr().add((r * hp + h0) * 2) as *mut _, v);
+                }
+            }
+        }
+    }
+
+    /// One dim slice of O = P · V: `o` (h, SLICE) over the `n2 / 2` row pairs; tiles of 8 heads ×
+    /// 2 vectors of 16 dims.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[allow(clippy::needless_range_loop)]
+    pub(super) unsafe fn pv(
+        pb: &[u16],
+        vb: &[u16],
+        n2: usize,
+        h: usize,
+        hp: usize,
+        d0: usize,
+        o: &mut [f32],
+    ) {
+        const HB: usize = 8;
+        assert!(pb.len() >= n2 * hp && vb.len() >= n2 * KV_DIM && o.len() == h * SLICE);
+        assert!(d0 + SLICE <= KV_DIM && hp.is_multiple_of(HB) && h <= hp);
+        let zero = _mm512_setzero_ps();
+        for h0 in (0..h).step_by(HB) {
+            for dd in (0..SLICE).step_by(32) {
+                let mut acc = [[zero; 2]; HB];
+                for r in 0..n2 / 2 {
+                    // SAFETY: r < n2 / 2, d0 + dd + 32 ≤ 512.
+                    let (v0, v1) = unsafe {
+                        let p = vb.as_ptr().add((r * KV_DIM + d0 + dd) * 2);
+                        (
+                            bh(_mm512_loadu_si512(p as *const _)),
+                            bh(_mm512_loadu_si512(p.add(32) as *const _)),
+                        )
+                    };
+                    for i in 0..HB {
+                        // SAFETY: h0 + i < hp, r < n2 / 2.
+                        let p = bh(_mm512_set1_epi32(unsafe {
+                            std::ptr::read_unaligned(
+                                pb.as_ptr().add((r * hp + h0 + i) * 2) as *const i32
+                            )
+                        }));
+                        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], p, v0);
+                        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], p, v1);
+                    }
+                }
+                for i in 0..HB.min(h - h0) {
+                    // SAFETY: (h0 + i) · SLICE + dd + 32 ≤ o.len().
+                    unsafe {
+                        let p = o.as_mut_ptr().add((h0 + i) * SLICE + dd);
+                        _mm512_storeu_ps(p, acc[i][0]);
+                        _mm512_storeu_ps(p.add(16), acc[i][1]);
+                    }
+                }
+            }
+        }
+    }
+}
