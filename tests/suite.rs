@@ -15,6 +15,8 @@ mod abi_findings;
 mod backend_paged;
 #[path = "backend_stack.rs"]
 mod backend_stack;
+#[path = "batch_invariance.rs"]
+mod batch_invariance;
 #[path = "c_smoke.rs"]
 mod c_smoke;
 #[path = "cache_concurrency.rs"]
