@@ -37,6 +37,10 @@ fn median(reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    crate::out::json_dest(&a.json);
+    if a.reps == 0 {
+        return Err(Error::invalid("reps", "must be ≥ 1"));
+    }
     let rows: Vec<usize> = a
         .rows
         .split(',')
