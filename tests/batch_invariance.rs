@@ -5,7 +5,7 @@
 //! The session is two turns of one request on tiny synthetic weights (an 8-layer plan holding every
 //! role, window 128, compression ratios 2 and 1): a cold prompt of 150 tokens and 2 decode tokens,
 //! then — the SWA snapshot having expired — a prefix hit of 152 tokens whose encoder replays the
-//! last 128 of them (SPEC §3) before 40 new prompt tokens and 2 more decode tokens. A replay chunk
+//! last 128 of them (docs/SPEC.md §3) before 40 new prompt tokens and 2 more decode tokens. A replay chunk
 //! shorter than the window lies wholly inside the hit (the `csa2 run --chunk 100 --turns 3` failure).
 
 use csa2::backend::cache::Region;

@@ -144,7 +144,7 @@ impl StepPlan {
                 ));
             }
             // The cached prefix is a property of the request, not of the chunk: an encoder replay
-            // (SPEC §3) recomputes rows inside the hit, so a replay chunk shorter than the replayed
+            // (docs/SPEC.md §3) recomputes rows inside the hit, so a replay chunk shorter than the replayed
             // window lies wholly below `cached_until`. Only the prompt (prefill) or the row itself
             // (decode: its own entry cannot be cached yet) bounds it.
             let cached_bound = match s.phase {

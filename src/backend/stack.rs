@@ -53,7 +53,7 @@ pub struct Model {
 }
 
 /// Builds one layer's weights in memory from the `make-checkpoint` generator, stored as a written
-/// checkpoint stores them (SPEC's release dtypes, `weights::layer_specs`): FP8 E4M3 linears with
+/// checkpoint stores them (the release dtypes of docs/SPEC.md §6.1, `weights::layer_specs`): FP8 E4M3 linears with
 /// their UE8M0 32 × 32 block scales, bf16 linears and norms, f32 where the release keeps f32. The
 /// values are those `make-checkpoint` writes, so a synthetic model and the checkpoint it would
 /// write compute the same bits.
