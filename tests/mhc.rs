@@ -55,6 +55,7 @@ impl Case {
             hc_fn: &self.hc_fn,
             base: &self.base,
             scale: &self.scale,
+            packed: None,
         }
     }
     fn input(&self) -> BoundaryIn<'_> {

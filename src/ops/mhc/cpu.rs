@@ -99,6 +99,88 @@ fn collapse(d: usize, xt: &[f32], pre: &[f32; HC], c0: usize, c1: usize, u: &mut
 
 // ---- the mix GEMV: hc_fn [24, 4d] · vec(X') for a block of tokens ---------------------------------
 
+/// Rows per group and lanes per vector of the packed layout (those of the AVX-512 kernel).
+#[cfg(target_arch = "x86_64")]
+const PACK_RG: usize = avx512::RG;
+#[cfg(not(target_arch = "x86_64"))]
+const PACK_RG: usize = 6;
+const PACK_LANES: usize = 16;
+
+/// `hc_fn [24, 4d]` (f32) rearranged once, in the order the AVX-512 mix kernel reads it: per
+/// [`CHUNK`] of d, per group g of 6 rows, per stream j, per 16-dim block kb, the 6 rows' 16 values
+/// (`[chunk][g][j][kb][q][16]`, the last block of a ragged chunk zero-padded; 64-byte aligned).
+///
+/// Why: in row-major `hc_fn` the 6 rows of a group are 4·d·4 B = 80 KiB apart and the streams
+/// d·4 B = 20 KiB apart (multiples of 4 KiB at d = 5120), so every vector the kernel loads in one
+/// step maps to the same L1 sets and they evict each other and the X' rows; packed, the 6 rows are
+/// one sequential 384-byte read per step. Build it at parameter load ([`crate::weights::HcSite`])
+/// and pass it as [`MixWeights::packed`]; it changes only where values are read from, not the
+/// arithmetic, so results are bit-identical with or without it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedHcFn {
+    d: usize,
+    buf: Vec<f32>,
+    /// Start of the 64-byte-aligned data inside `buf`.
+    off: usize,
+}
+
+impl PackedHcFn {
+    /// Packs `hc_fn [24, 4·hidden]` row-major f32.
+    ///
+    /// Errors: [`crate::Error::Shape`] when `hc_fn.len()` ≠ 24·4·hidden or hidden = 0.
+    pub fn new(hidden: usize, hc_fn: &[f32]) -> Result<PackedHcFn> {
+        let d = hidden;
+        if d == 0 || hc_fn.len() != MIX * HC * d {
+            return Err(crate::Error::shape(
+                "hc_fn",
+                format!("[{MIX}, {}] = {} f32 (hidden = {d} > 0)", HC * d, MIX * HC * d),
+                format!("{} f32", hc_fn.len()),
+            ));
+        }
+        let chunks = d.div_ceil(CHUNK);
+        let len = (chunks - 1) * MIX * HC * CHUNK
+            + MIX * HC * (d - (chunks - 1) * CHUNK).div_ceil(PACK_LANES) * PACK_LANES;
+        let mut buf = vec![0.0f32; len + PACK_LANES];
+        let off = buf.as_ptr().align_offset(64).min(PACK_LANES);
+        let out = &mut buf[off..off + len];
+        for ci in 0..chunks {
+            let c0 = ci * CHUNK;
+            let c1 = (c0 + CHUNK).min(d);
+            let nkb = (c1 - c0).div_ceil(PACK_LANES);
+            let base = ci * MIX * HC * CHUNK;
+            for g in 0..MIX / PACK_RG {
+                for j in 0..HC {
+                    for kb in 0..nkb {
+                        for q in 0..PACK_RG {
+                            let o = base + (((g * HC + j) * nkb + kb) * PACK_RG + q) * PACK_LANES;
+                            let r = &hc_fn[(g * PACK_RG + q) * HC * d + j * d..][..d];
+                            let k0 = c0 + kb * PACK_LANES;
+                            let k1 = (k0 + PACK_LANES).min(c1);
+                            out[o..o + (k1 - k0)].copy_from_slice(&r[k0..k1]);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(PackedHcFn { d, buf, off })
+    }
+
+    /// Stream width d the table was packed for.
+    pub fn hidden(&self) -> usize {
+        self.d
+    }
+
+    /// The packed values of dims c0..c1 when that is a chunk of the packing grid of width `d`.
+    fn chunk(&self, d: usize, c0: usize, c1: usize) -> Option<&[f32]> {
+        if d != self.d || !c0.is_multiple_of(CHUNK) || c1 != (c0 + CHUNK).min(d) || c0 >= d {
+            return None;
+        }
+        let len = MIX * HC * (c1 - c0).div_ceil(PACK_LANES) * PACK_LANES;
+        let start = self.off + c0 / CHUNK * MIX * HC * CHUNK;
+        Some(&self.buf[start..start + len])
+    }
+}
+
 /// For every token `tt` of the contiguous block `xs [nt, 4, d]`:
 /// `acc[tt·25 + r] += Σ_j Σ_{k∈c0..c1} hc_fn[r, j·d + k]·X[tt][j][k]` (r < 24) and
 /// `acc[tt·25 + 24] += Σ_j Σ_k X[tt][j][k]²`.
@@ -106,13 +188,30 @@ fn collapse(d: usize, xt: &[f32], pre: &[f32; HC], c0: usize, c1: usize, u: &mut
 /// The kernels register-block over tokens: each `hc_fn` vector load feeds one FMA per token of a
 /// group (4 tokens × 6 rows = 24 accumulators with AVX-512, 3 × 4 with AVX2), so `hc_fn` travels
 /// through L1 once per token group instead of once per token.
+///
+/// With `packed` (the prepared form of the same `hc_fn`) and a chunk of the packing grid
+/// (c0 = i·[`CHUNK`], c1 = min(c0 + [`CHUNK`], d)), the AVX-512 kernel reads the packed chunk:
+/// same result bits, sequential `hc_fn` loads.
 #[inline]
-fn mix_block(d: usize, hc_fn: &[f32], xs: &[f32], c0: usize, c1: usize, acc: &mut [f32]) {
+fn mix_block(
+    d: usize,
+    hc_fn: &[f32],
+    packed: Option<&PackedHcFn>,
+    xs: &[f32],
+    c0: usize,
+    c1: usize,
+    acc: &mut [f32],
+) {
     assert!(hc_fn.len() == MIX * HC * d && xs.len().is_multiple_of(HC * d));
     assert!(acc.len() == xs.len() / (HC * d) * MIX_ACC && c0 <= c1 && c1 <= d);
     match isa() {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
+            if let Some(chunk) = packed.and_then(|pk| pk.chunk(d, c0, c1)) {
+                // SAFETY: `isa()` reported AVX-512F; `chunk` is the packed c0..c1 of a table of
+                // this d (24·4·⌈(c1−c0)/16⌉·16 values, checked by `chunk`); lengths asserted above.
+                return unsafe { avx512::mix_block_packed(d, chunk, xs, c0, c1, acc) };
+            }
             // SAFETY: `isa()` reported AVX-512F at run time; lengths asserted above.
             unsafe { avx512::mix_block(d, hc_fn, xs, c0, c1, acc) }
         }
@@ -483,7 +582,7 @@ mod avx512 {
 
     /// Rows per accumulator group and tokens per group: 6 × 4 accumulators + 4 X vectors + 1
     /// `hc_fn` vector = 29 of the 32 zmm registers; 10 loads feed 24 FMAs.
-    const RG: usize = 6;
+    pub(super) const RG: usize = 6;
     const TB: usize = 4;
 
     /// SAFETY (callers): AVX-512F present; `hc_fn` holds 24·4·d, `xs` nt·4·d, `acc` nt·25,
@@ -497,6 +596,36 @@ mod avx512 {
         c1: usize,
         acc: &mut [f32],
     ) {
+        blocks::<false>(d, hc_fn.as_ptr(), xs, c0, c1, acc)
+    }
+
+    /// [`mix_block`] reading `hc_fn` from one chunk of a [`super::PackedHcFn`] (`chunk` = the
+    /// packed values of c0..c1, laid out `[g][j][kb][q][16]`): the same FMAs in the same order, so
+    /// the same bits, but the 6 rows of a group arrive as one sequential stream.
+    ///
+    /// SAFETY (callers): AVX-512F present; `chunk` holds 24·4·⌈(c1−c0)/16⌉·16 values, `xs` nt·4·d,
+    /// `acc` nt·25, c0 ≤ c1 ≤ d.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn mix_block_packed(
+        d: usize,
+        chunk: &[f32],
+        xs: &[f32],
+        c0: usize,
+        c1: usize,
+        acc: &mut [f32],
+    ) {
+        blocks::<true>(d, chunk.as_ptr(), xs, c0, c1, acc)
+    }
+
+    #[inline(always)]
+    unsafe fn blocks<const P: bool>(
+        d: usize,
+        fp: *const f32,
+        xs: &[f32],
+        c0: usize,
+        c1: usize,
+        acc: &mut [f32],
+    ) {
         let nt = xs.len() / (HC * d);
         let mut t = 0;
         while t < nt {
@@ -504,10 +633,10 @@ mod avx512 {
             let x = &xs[t * HC * d..(t + b) * HC * d];
             let a = &mut acc[t * MIX_ACC..(t + b) * MIX_ACC];
             match b {
-                4 => group::<4>(d, hc_fn, x, c0, c1, a),
-                3 => group::<3>(d, hc_fn, x, c0, c1, a),
-                2 => group::<2>(d, hc_fn, x, c0, c1, a),
-                _ => group::<1>(d, hc_fn, x, c0, c1, a),
+                4 => group::<4, P>(d, fp, x, c0, c1, a),
+                3 => group::<3, P>(d, fp, x, c0, c1, a),
+                2 => group::<2, P>(d, fp, x, c0, c1, a),
+                _ => group::<1, P>(d, fp, x, c0, c1, a),
             }
             t += b;
         }
@@ -515,10 +644,14 @@ mod avx512 {
 
     /// One group of B ≤ 4 tokens over the chunk c0..c1 of each of the 4 streams; the ragged end of
     /// the chunk (< 16 dims) runs through masked loads, whose zero lanes add nothing.
+    ///
+    /// `fp` is `hc_fn [24, 4d]` (P = false: row q of group g at `(6g+q)·4d`, stream j at `j·d`) or
+    /// one packed chunk (P = true: `[g][j][kb][q][16]`, zero-padded to whole 16-lane blocks). Only
+    /// the address of each `hc_fn` vector differs; the arithmetic is the same.
     #[inline(always)]
-    unsafe fn group<const B: usize>(
+    unsafe fn group<const B: usize, const P: bool>(
         d: usize,
-        hc_fn: &[f32],
+        fp: *const f32,
         xs: &[f32],
         c0: usize,
         c1: usize,
@@ -527,35 +660,46 @@ mod avx512 {
         let row = HC * d;
         let cv = c0 + (c1 - c0) / 16 * 16;
         let mask: __mmask16 = ((1u32 << (c1 - cv)) - 1) as __mmask16;
-        let fp = hc_fn.as_ptr();
+        let nkb = (c1 - c0).div_ceil(16);
         let xp = xs.as_ptr();
+        // Address of the `hc_fn` vector of row q (of group g), stream j, dims c0 + 16·kb...
+        let fv = |g: usize, j: usize, kb: usize, q: usize| {
+            if P {
+                fp.add((((g * HC + j) * nkb + kb) * RG + q) * 16)
+            } else {
+                fp.add((g * RG + q) * row + j * d + c0 + kb * 16)
+            }
+        };
         for g in 0..MIX / RG {
-            let fg = fp.add(g * RG * row);
             let mut a = [[_mm512_setzero_ps(); B]; RG];
             for j in 0..HC {
                 let mut k = j * d + c0;
+                let mut kb = 0;
                 while k < j * d + cv {
-                    // SAFETY: k + 16 ≤ j·d + c1 ≤ 4·d: inside each token's and each row's 4·d.
+                    // SAFETY: k + 16 ≤ j·d + c1 ≤ 4·d: inside each token's and each row's 4·d;
+                    // the packed vector (g, j, kb, q) lies inside the chunk (kb < nkb).
                     let mut x = [_mm512_setzero_ps(); B];
                     for (bb, xv) in x.iter_mut().enumerate() {
                         *xv = _mm512_loadu_ps(xp.add(bb * row + k));
                     }
                     for (q, aq) in a.iter_mut().enumerate() {
-                        let f = _mm512_loadu_ps(fg.add(q * row + k));
+                        let f = _mm512_loadu_ps(fv(g, j, kb, q));
                         for (ab, xv) in aq.iter_mut().zip(&x) {
                             *ab = _mm512_fmadd_ps(f, *xv, *ab);
                         }
                     }
                     k += 16;
+                    kb += 1;
                 }
                 if mask != 0 {
-                    // SAFETY: masked lanes are not read; the unmasked ones end at j·d + c1.
+                    // SAFETY: masked lanes are not read; the unmasked ones end at j·d + c1 (the
+                    // packed block kb = nkb − 1 is whole, its padding lanes zero and unread).
                     let mut x = [_mm512_setzero_ps(); B];
                     for (bb, xv) in x.iter_mut().enumerate() {
                         *xv = _mm512_maskz_loadu_ps(mask, xp.add(bb * row + k));
                     }
                     for (q, aq) in a.iter_mut().enumerate() {
-                        let f = _mm512_maskz_loadu_ps(mask, fg.add(q * row + k));
+                        let f = _mm512_maskz_loadu_ps(mask, fv(g, j, kb, q));
                         for (ab, xv) in aq.iter_mut().zip(&x) {
                             *ab = _mm512_fmadd_ps(f, *xv, *ab);
                         }
@@ -768,7 +912,7 @@ pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) ->
             let mut c0 = 0;
             while c0 < d {
                 let c1 = (c0 + CHUNK).min(d);
-                mix_block(d, w.hc_fn, xn_tile, c0, c1, acc_tile);
+                mix_block(d, w.hc_fn, w.packed, xn_tile, c0, c1, acc_tile);
                 c0 = c1;
             }
         }
@@ -818,7 +962,7 @@ pub fn coefficients(p: &MhcParams, w: &MixWeights, x: &[f32], out: &mut CoeffsMu
             let mut c0 = 0;
             while c0 < d {
                 let c1 = (c0 + CHUNK).min(d);
-                mix_block(d, w.hc_fn, xs, c0, c1, a);
+                mix_block(d, w.hc_fn, w.packed, xs, c0, c1, a);
                 c0 = c1;
             }
         });
@@ -955,6 +1099,58 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The packed table changes where `hc_fn` is read from, never the arithmetic: the packed
+    /// kernel gives the same bits as the row-major one on every chunk of the grid, including a
+    /// ragged last chunk and a chunk width that is not a multiple of 16, and for every remainder
+    /// of the 4-token group.
+    #[test]
+    fn packed_hc_fn_gives_the_row_major_bits_on_every_chunk() {
+        let mut rng = StdRng::seed_from_u64(11);
+        for d in [1, 16, 37, CHUNK, CHUNK + 9, 2 * CHUNK + 16] {
+            let hc_fn: Vec<f32> = (0..MIX * HC * d).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let pk = PackedHcFn::new(d, &hc_fn).unwrap();
+            for nt in 1..=9 {
+                let xs: Vec<f32> = (0..nt * HC * d)
+                    .map(|_| rng.random_range(-1.0..1.0))
+                    .collect();
+                let (mut a, mut b) = (vec![0.25f32; nt * MIX_ACC], vec![0.25f32; nt * MIX_ACC]);
+                let mut c0 = 0;
+                while c0 < d {
+                    let c1 = (c0 + CHUNK).min(d);
+                    assert!(pk.chunk(d, c0, c1).is_some(), "d={d} {c0}..{c1} is on the grid");
+                    mix_block(d, &hc_fn, None, &xs, c0, c1, &mut a);
+                    mix_block(d, &hc_fn, Some(&pk), &xs, c0, c1, &mut b);
+                    #[cfg(target_arch = "x86_64")]
+                    if is_x86_feature_detected!("avx512f") {
+                        let mut r = vec![0.25f32; nt * MIX_ACC];
+                        let mut q = vec![0.25f32; nt * MIX_ACC];
+                        let ch = pk.chunk(d, c0, c1).unwrap();
+                        // SAFETY: AVX-512F detected just above; `ch` is the packed c0..c1.
+                        unsafe {
+                            avx512::mix_block(d, &hc_fn, &xs, c0, c1, &mut r);
+                            avx512::mix_block_packed(d, ch, &xs, c0, c1, &mut q);
+                        }
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&r), bits(&q), "avx512 d={d} nt={nt} {c0}..{c1}");
+                    }
+                    c0 = c1;
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "dispatch d={d} nt={nt}");
+            }
+            // Off the grid (and for another d) the packed table is not used.
+            assert!(pk.chunk(d, 1.min(d - 1), d).is_none() || d == 1);
+            assert!(pk.chunk(d + 1, 0, (d + 1).min(CHUNK)).is_none());
+        }
+    }
+
+    #[test]
+    fn packed_hc_fn_of_the_wrong_length_is_a_shape_error() {
+        let e = PackedHcFn::new(8, &[0.0; MIX * HC * 8 - 1]).unwrap_err();
+        assert!(matches!(e, crate::Error::Shape { .. }), "{e}");
+        assert!(PackedHcFn::new(0, &[]).is_err());
     }
 
     #[test]
