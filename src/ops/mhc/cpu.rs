@@ -5,10 +5,11 @@
 //! through memory:
 //! - [`unfused_boundary`]: post update (read X, y; write X'), coefficient pass (read X'), collapse
 //!   (read X', write u), RMSNorm (read u, write the sublayer input): (4n+4)·d values per token.
-//! - [`fused_boundary`]: per token tile, one pass over each token computes X' (written once), the
-//!   shifted collapse u and its sum of squares; the `hc_fn · vec(X')` GEMV plus the mix statistic
-//!   then reads the tile's X' back from cache (a tile is ≤ 16 tokens × 4d f32) and the norm scales u
-//!   while the tile's rows are still in L2: (2n+2)·d values per token through memory.
+//! - [`fused_boundary`]: per token tile and per d-chunk, one pass computes X' (written once), the
+//!   shifted collapse u and its sum of squares, then the `hc_fn · vec(X')` GEMV plus the mix
+//!   statistic reads that chunk of the tile's X' back from L1/L2 (≤ 16 tokens × 4 × 2 KiB), and at
+//!   the end the norm scales u while the tile's rows are still in L2: (2n+2)·d values per token
+//!   through memory. Both paths give the same bits (same kernels, same chunk-wise sums).
 //!
 //! The coefficient GEMV (`hc_fn [24, 4d] · vec(X')`, 24·4d FMAs per token, ≈ 80 % of the arithmetic)
 //! is one kernel, [`mix_block`], called by both paths on the same token tiles and d-chunks: it
@@ -133,7 +134,11 @@ impl PackedHcFn {
         if d == 0 || hc_fn.len() != MIX * HC * d {
             return Err(crate::Error::shape(
                 "hc_fn",
-                format!("[{MIX}, {}] = {} f32 (hidden = {d} > 0)", HC * d, MIX * HC * d),
+                format!(
+                    "[{MIX}, {}] = {} f32 (hidden = {d} > 0)",
+                    HC * d,
+                    MIX * HC * d
+                ),
                 format!("{} f32", hc_fn.len()),
             ));
         }
@@ -867,8 +872,8 @@ fn pre_of(pre: &[f32], t: usize) -> [f32; HC] {
 // ---- the fused single pass -----------------------------------------------------------------------
 
 /// One boundary in a single pass over the streams (Mega-mHC order, docs/SPEC.md §4): reads X and y once,
-/// writes X' and the new site input once; the coefficient GEMV runs on X' chunks while they are in
-/// L1. See the module docs of [`super`] for the math and shapes.
+/// writes X' and the new site input once; the coefficient GEMV runs on each X' chunk right after it
+/// is written, while it is in L1/L2. See the module docs of [`super`] for the math and shapes.
 ///
 /// Errors: [`crate::Error::Shape`] / [`crate::Error::Invalid`] for bad shapes or parameters.
 pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) -> Result<()> {
@@ -888,33 +893,39 @@ pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) ->
         let t0 = ti * tile;
         let nt = u_tile.len() / d;
         let mut su = vec![0.0f32; nt];
-        // Token-major update: long sequential streams for the prefetchers; the tile's X' (≤ 16 ×
-        // 80 KiB at d = 5120) is still in L2 (at worst L3) when the GEMV reads it back chunk by chunk.
-        for tt in 0..nt {
-            let tok = t0 + tt;
-            let xt = &inp.x[tok * HC * d..(tok + 1) * HC * d];
-            let xn = &mut xn_tile[tt * HC * d..(tt + 1) * HC * d];
-            let u = &mut u_tile[tt * d..(tt + 1) * d];
-            let pre = pre_of(inp.pre_prev, tok);
-            su[tt] = match &inp.update {
-                Some(upd) => {
-                    let m = token_mix(&inp.update, tok);
-                    let y = &upd.y[tok * d..(tok + 1) * d];
-                    update_collapse(d, xt, y, &m, Some(&pre), 0, d, xn, Some(u))
-                }
-                None => {
-                    xn.copy_from_slice(xt);
-                    collapse(d, xn, &pre, 0, d, u)
-                }
-            };
-        }
-        if let Some(w) = &inp.next {
-            let mut c0 = 0;
-            while c0 < d {
-                let c1 = (c0 + CHUNK).min(d);
-                mix_block(d, w.hc_fn, w.packed, xn_tile, c0, c1, acc_tile);
-                c0 = c1;
+        // Chunk-major: the update of one CHUNK of every token of the tile (X' chunk: ≤ 16 × 4 ×
+        // 2 KiB = 128 KiB) is followed at once by the GEMV on that chunk, so the GEMV reads X' from
+        // L1/L2 instead of L3 (the whole tile's X', 16 × 80 KiB at d = 5120, exceeds a 1 MiB L2),
+        // and the memory-bound update of the next chunk alternates with the compute-bound GEMV.
+        // Σu² is summed per chunk in the order of the unfused RMSNorm pass, so both paths give
+        // the same bits; the chunk grid depends on d only (batch invariance).
+        let mut c0 = 0;
+        while c0 < d {
+            let c1 = (c0 + CHUNK).min(d);
+            for tt in 0..nt {
+                let tok = t0 + tt;
+                let xt = &inp.x[tok * HC * d..(tok + 1) * HC * d];
+                let xn = &mut xn_tile[tt * HC * d..(tt + 1) * HC * d];
+                let u = &mut u_tile[tt * d..(tt + 1) * d];
+                let pre = pre_of(inp.pre_prev, tok);
+                su[tt] += match &inp.update {
+                    Some(upd) => {
+                        let m = token_mix(&inp.update, tok);
+                        let y = &upd.y[tok * d..(tok + 1) * d];
+                        update_collapse(d, xt, y, &m, Some(&pre), c0, c1, xn, Some(u))
+                    }
+                    None => {
+                        for j in 0..HC {
+                            xn[j * d + c0..j * d + c1].copy_from_slice(&xt[j * d + c0..j * d + c1]);
+                        }
+                        collapse(d, xn, &pre, c0, c1, u)
+                    }
+                };
             }
+            if let Some(w) = &inp.next {
+                mix_block(d, w.hc_fn, w.packed, xn_tile, c0, c1, acc_tile);
+            }
+            c0 = c1;
         }
         for (tt, &s) in su.iter().enumerate().take(nt) {
             let r = 1.0 / (s / d as f32 + p.rms_eps).sqrt();
@@ -1109,7 +1120,9 @@ mod tests {
     fn packed_hc_fn_gives_the_row_major_bits_on_every_chunk() {
         let mut rng = StdRng::seed_from_u64(11);
         for d in [1, 16, 37, CHUNK, CHUNK + 9, 2 * CHUNK + 16] {
-            let hc_fn: Vec<f32> = (0..MIX * HC * d).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let hc_fn: Vec<f32> = (0..MIX * HC * d)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
             let pk = PackedHcFn::new(d, &hc_fn).unwrap();
             for nt in 1..=9 {
                 let xs: Vec<f32> = (0..nt * HC * d)
@@ -1119,7 +1132,10 @@ mod tests {
                 let mut c0 = 0;
                 while c0 < d {
                     let c1 = (c0 + CHUNK).min(d);
-                    assert!(pk.chunk(d, c0, c1).is_some(), "d={d} {c0}..{c1} is on the grid");
+                    assert!(
+                        pk.chunk(d, c0, c1).is_some(),
+                        "d={d} {c0}..{c1} is on the grid"
+                    );
                     mix_block(d, &hc_fn, None, &xs, c0, c1, &mut a);
                     mix_block(d, &hc_fn, Some(&pk), &xs, c0, c1, &mut b);
                     #[cfg(target_arch = "x86_64")]
