@@ -622,6 +622,10 @@ mod avx512 {
         blocks::<true>(d, chunk.as_ptr(), xs, c0, c1, acc)
     }
 
+    /// One 4-token group's X' chunk copied contiguously (`[token][stream][CHUNK]`, 32 KiB).
+    #[repr(align(64))]
+    struct XChunk([f32; TB * HC * super::CHUNK]);
+
     #[inline(always)]
     unsafe fn blocks<const P: bool>(
         d: usize,
@@ -632,16 +636,37 @@ mod avx512 {
         acc: &mut [f32],
     ) {
         let nt = xs.len() / (HC * d);
+        let row = HC * d;
+        let w = c1 - c0;
+        // With the packed table (chunks ≤ CHUNK wide) the group's 16 X' row segments are copied
+        // into one contiguous 32 KiB block first: in place they are 20/80 KiB apart, all in the
+        // same L1 sets, and the 4 row groups re-read them 4 times. Same values, same FMAs.
+        let mut scratch = if P && w <= super::CHUNK {
+            Some(XChunk([0.0; TB * HC * super::CHUNK]))
+        } else {
+            None
+        };
         let mut t = 0;
         while t < nt {
             let b = (nt - t).min(TB);
-            let x = &xs[t * HC * d..(t + b) * HC * d];
             let a = &mut acc[t * MIX_ACC..(t + b) * MIX_ACC];
+            let (xp, ts, js, xc0) = match scratch.as_mut() {
+                Some(sc) => {
+                    for bb in 0..b {
+                        for j in 0..HC {
+                            let src = &xs[(t + bb) * row + j * d + c0..][..w];
+                            sc.0[(bb * HC + j) * super::CHUNK..][..w].copy_from_slice(src);
+                        }
+                    }
+                    (sc.0.as_ptr(), HC * super::CHUNK, super::CHUNK, 0)
+                }
+                None => (xs.as_ptr().add(t * row), row, d, c0),
+            };
             match b {
-                4 => group::<4, P>(d, fp, x, c0, c1, a),
-                3 => group::<3, P>(d, fp, x, c0, c1, a),
-                2 => group::<2, P>(d, fp, x, c0, c1, a),
-                _ => group::<1, P>(d, fp, x, c0, c1, a),
+                4 => group::<4, P>(d, fp, xp, ts, js, xc0, c0, c1, a),
+                3 => group::<3, P>(d, fp, xp, ts, js, xc0, c0, c1, a),
+                2 => group::<2, P>(d, fp, xp, ts, js, xc0, c0, c1, a),
+                _ => group::<1, P>(d, fp, xp, ts, js, xc0, c0, c1, a),
             }
             t += b;
         }
@@ -651,22 +676,27 @@ mod avx512 {
     /// the chunk (< 16 dims) runs through masked loads, whose zero lanes add nothing.
     ///
     /// `fp` is `hc_fn [24, 4d]` (P = false: row q of group g at `(6g+q)·4d`, stream j at `j·d`) or
-    /// one packed chunk (P = true: `[g][j][kb][q][16]`, zero-padded to whole 16-lane blocks). Only
-    /// the address of each `hc_fn` vector differs; the arithmetic is the same.
+    /// one packed chunk (P = true: `[g][j][kb][q][16]`, zero-padded to whole 16-lane blocks). The
+    /// X' value of token bb, stream j, dim c0 + i is at `xp + bb·ts + j·js + xc0 + i` (in place or
+    /// a contiguous copy). Only addresses differ between the variants; the arithmetic is the same.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     unsafe fn group<const B: usize, const P: bool>(
         d: usize,
         fp: *const f32,
-        xs: &[f32],
+        xp: *const f32,
+        ts: usize,
+        js: usize,
+        xc0: usize,
         c0: usize,
         c1: usize,
         acc: &mut [f32],
     ) {
         let row = HC * d;
-        let cv = c0 + (c1 - c0) / 16 * 16;
-        let mask: __mmask16 = ((1u32 << (c1 - cv)) - 1) as __mmask16;
+        let nfull = (c1 - c0) / 16;
+        let rem = (c1 - c0) - nfull * 16;
+        let mask: __mmask16 = ((1u32 << rem) - 1) as __mmask16;
         let nkb = (c1 - c0).div_ceil(16);
-        let xp = xs.as_ptr();
         // Address of the `hc_fn` vector of row q (of group g), stream j, dims c0 + 16·kb...
         let fv = |g: usize, j: usize, kb: usize, q: usize| {
             if P {
@@ -675,38 +705,36 @@ mod avx512 {
                 fp.add((g * RG + q) * row + j * d + c0 + kb * 16)
             }
         };
+        // ... and of the X' vector of token bb, stream j, dims c0 + 16·kb...
+        let xv = |bb: usize, j: usize, kb: usize| xp.add(bb * ts + j * js + xc0 + kb * 16);
         for g in 0..MIX / RG {
             let mut a = [[_mm512_setzero_ps(); B]; RG];
             for j in 0..HC {
-                let mut k = j * d + c0;
-                let mut kb = 0;
-                while k < j * d + cv {
-                    // SAFETY: k + 16 ≤ j·d + c1 ≤ 4·d: inside each token's and each row's 4·d;
-                    // the packed vector (g, j, kb, q) lies inside the chunk (kb < nkb).
+                for kb in 0..nfull {
+                    // SAFETY: 16·(kb + 1) ≤ c1 − c0: inside each token's stream segment and each
+                    // `hc_fn` row; the packed vector (g, j, kb, q) lies inside the chunk.
                     let mut x = [_mm512_setzero_ps(); B];
-                    for (bb, xv) in x.iter_mut().enumerate() {
-                        *xv = _mm512_loadu_ps(xp.add(bb * row + k));
+                    for (bb, x) in x.iter_mut().enumerate() {
+                        *x = _mm512_loadu_ps(xv(bb, j, kb));
                     }
                     for (q, aq) in a.iter_mut().enumerate() {
                         let f = _mm512_loadu_ps(fv(g, j, kb, q));
-                        for (ab, xv) in aq.iter_mut().zip(&x) {
-                            *ab = _mm512_fmadd_ps(f, *xv, *ab);
+                        for (ab, x) in aq.iter_mut().zip(&x) {
+                            *ab = _mm512_fmadd_ps(f, *x, *ab);
                         }
                     }
-                    k += 16;
-                    kb += 1;
                 }
                 if mask != 0 {
-                    // SAFETY: masked lanes are not read; the unmasked ones end at j·d + c1 (the
+                    // SAFETY: masked lanes are not read; the unmasked ones end at dim c1 (the
                     // packed block kb = nkb − 1 is whole, its padding lanes zero and unread).
                     let mut x = [_mm512_setzero_ps(); B];
-                    for (bb, xv) in x.iter_mut().enumerate() {
-                        *xv = _mm512_maskz_loadu_ps(mask, xp.add(bb * row + k));
+                    for (bb, x) in x.iter_mut().enumerate() {
+                        *x = _mm512_maskz_loadu_ps(mask, xv(bb, j, nfull));
                     }
                     for (q, aq) in a.iter_mut().enumerate() {
-                        let f = _mm512_maskz_loadu_ps(mask, fv(g, j, kb, q));
-                        for (ab, xv) in aq.iter_mut().zip(&x) {
-                            *ab = _mm512_fmadd_ps(f, *xv, *ab);
+                        let f = _mm512_maskz_loadu_ps(mask, fv(g, j, nfull, q));
+                        for (ab, x) in aq.iter_mut().zip(&x) {
+                            *ab = _mm512_fmadd_ps(f, *x, *ab);
                         }
                     }
                 }
@@ -719,19 +747,17 @@ mod avx512 {
         }
         let mut s = [_mm512_setzero_ps(); B];
         for j in 0..HC {
-            let mut k = j * d + c0;
-            while k < j * d + cv {
+            for kb in 0..nfull {
                 for (bb, sb) in s.iter_mut().enumerate() {
                     // SAFETY: as in the GEMV loop.
-                    let x = _mm512_loadu_ps(xp.add(bb * row + k));
+                    let x = _mm512_loadu_ps(xv(bb, j, kb));
                     *sb = _mm512_fmadd_ps(x, x, *sb);
                 }
-                k += 16;
             }
             if mask != 0 {
                 for (bb, sb) in s.iter_mut().enumerate() {
                     // SAFETY: as in the masked GEMV tail.
-                    let x = _mm512_maskz_loadu_ps(mask, xp.add(bb * row + k));
+                    let x = _mm512_maskz_loadu_ps(mask, xv(bb, j, nfull));
                     *sb = _mm512_fmadd_ps(x, x, *sb);
                 }
             }
