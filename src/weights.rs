@@ -15,6 +15,7 @@
 
 pub mod synth;
 
+use crate::backend::gemm::WeightView;
 use crate::error::{Error, Result};
 use crate::formats::scalar::{e4m3_decode, e8m0_decode};
 use crate::geometry::{Geometry, Role};
@@ -178,15 +179,168 @@ pub fn layer_specs(g: &Geometry, layer: usize) -> Result<Vec<TensorSpec>> {
     Ok(v)
 }
 
-/// A dense row-major f32 matrix `[rows, cols]` (linears: `[out, in]`, y = W·x).
+/// A dense row-major matrix `[rows, cols]` (linears: `[out, in]`, y = W·x) in the dtype the
+/// checkpoint stores it in; [`crate::backend::gemm::linear_w`] widens it to f32 inside the kernel.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Matrix {
     /// Rows (output features).
     pub rows: usize,
     /// Columns (input features).
     pub cols: usize,
-    /// `rows × cols` values, row-major.
-    pub data: Vec<f32>,
+    /// `rows × cols` values, row-major, in their stored dtype.
+    pub data: MatrixData,
+}
+
+/// The stored values of a [`Matrix`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum MatrixData {
+    /// f32 values (checkpoint `F32` or `F16`, or an FP8 matrix whose scales do not fold).
+    F32(Vec<f32>),
+    /// bf16 bit patterns (checkpoint `BF16`): 2 B per value.
+    Bf16(Vec<u16>),
+    /// FP8 E4M3 codes with one scale per 32 × 32 block (checkpoint `F8_E4M3` + `….scale`): 1 B
+    /// per value. The value of `(r, c)` is `E4M3(codes[r·cols + c]) · scale[r/32][c/32]` in f32.
+    Fp8Block {
+        /// E4M3 codes, no NaN code.
+        codes: Vec<u8>,
+        /// Block scales `[⌈rows/32⌉, ⌈cols/32⌉]`, finite and below 2^8.
+        scale: Vec<f32>,
+        /// `scale · 2^120`, what the kernel multiplies the bit-moved code by
+        /// ([`crate::backend::gemm::E4M3_FOLD`]).
+        folded: Vec<f32>,
+    },
+}
+
+impl Matrix {
+    /// An f32 matrix.
+    pub fn f32(rows: usize, cols: usize, data: Vec<f32>) -> Matrix {
+        Matrix {
+            rows,
+            cols,
+            data: MatrixData::F32(data),
+        }
+    }
+    /// A bf16 matrix: `values` rounded to nearest-even bf16.
+    pub fn bf16_from_f32(rows: usize, cols: usize, values: &[f32]) -> Matrix {
+        Matrix {
+            rows,
+            cols,
+            data: MatrixData::Bf16(
+                values
+                    .par_iter()
+                    .map(|&v| half::bf16::from_f32(v).to_bits())
+                    .collect(),
+            ),
+        }
+    }
+    /// An FP8 block-scaled matrix. A scale of 2^8 or more (its fold by 2^120 would overflow f32)
+    /// keeps the matrix as its dequantized f32 values instead (same values, 4 B each).
+    ///
+    /// Errors: [`Error::Shape`] when `codes` or `scale` does not match `[rows, cols]` and its
+    /// 32 × 32 blocks; [`Error::Invalid`] for a NaN code or a non-finite scale.
+    pub fn fp8_block(rows: usize, cols: usize, codes: Vec<u8>, scale: Vec<f32>) -> Result<Matrix> {
+        let (br, bc) = (rows.div_ceil(FP8_BLOCK), cols.div_ceil(FP8_BLOCK));
+        if codes.len() != rows * cols || scale.len() != br * bc {
+            return Err(Error::shape(
+                "FP8 matrix",
+                format!("{} codes and {} block scales", rows * cols, br * bc),
+                format!("{} codes and {} block scales", codes.len(), scale.len()),
+            ));
+        }
+        if let Some(i) = codes.iter().position(|&b| b & 0x7F == 0x7F) {
+            return Err(Error::invalid(
+                "FP8 matrix",
+                format!("element {i} is a NaN code"),
+            ));
+        }
+        if let Some(i) = scale.iter().position(|s| !s.is_finite()) {
+            return Err(Error::invalid(
+                "FP8 matrix",
+                format!("block scale {i} is not finite"),
+            ));
+        }
+        let folded: Vec<f32> = scale
+            .iter()
+            .map(|&s| s * crate::backend::gemm::E4M3_FOLD)
+            .collect();
+        if folded.iter().all(|f| f.is_finite()) {
+            return Ok(Matrix {
+                rows,
+                cols,
+                data: MatrixData::Fp8Block {
+                    codes,
+                    scale,
+                    folded,
+                },
+            });
+        }
+        let mut v = vec![0f32; rows * cols];
+        v.par_chunks_mut(cols.max(1))
+            .enumerate()
+            .for_each(|(r, row)| {
+                for (c, o) in row.iter_mut().enumerate() {
+                    *o = e4m3_decode(codes[r * cols + c])
+                        * scale[r / FP8_BLOCK * bc + c / FP8_BLOCK];
+                }
+            });
+        Ok(Matrix::f32(rows, cols, v))
+    }
+    /// The kernel's borrowed view.
+    pub fn view(&self) -> WeightView<'_> {
+        match &self.data {
+            MatrixData::F32(d) => WeightView::F32 {
+                data: d,
+                cols: self.cols,
+            },
+            MatrixData::Bf16(d) => WeightView::Bf16 {
+                data: d,
+                cols: self.cols,
+            },
+            MatrixData::Fp8Block { codes, folded, .. } => WeightView::Fp8 {
+                codes,
+                folded,
+                cols: self.cols,
+                row0: 0,
+            },
+        }
+    }
+    /// Every value as the f32 the kernel multiplies (the dequantized weight), row-major.
+    pub fn to_f32(&self) -> Vec<f32> {
+        match &self.data {
+            MatrixData::F32(d) => d.clone(),
+            _ => self.view().to_f32(),
+        }
+    }
+    /// The values as f32: borrowed when stored as f32, dequantized otherwise.
+    pub fn f32_values(&self) -> std::borrow::Cow<'_, [f32]> {
+        match &self.data {
+            MatrixData::F32(d) => std::borrow::Cow::Borrowed(d),
+            _ => std::borrow::Cow::Owned(self.to_f32()),
+        }
+    }
+    /// The same values stored as f32 (for the small matrices an op reads as plain f32).
+    pub fn into_f32(self) -> Matrix {
+        match self.data {
+            MatrixData::F32(_) => self,
+            _ => Matrix::f32(self.rows, self.cols, self.to_f32()),
+        }
+    }
+    /// Bytes of the stored values (block scales included).
+    pub fn stored_bytes(&self) -> usize {
+        match &self.data {
+            MatrixData::F32(d) => d.len() * 4,
+            MatrixData::Bf16(d) => d.len() * 2,
+            MatrixData::Fp8Block { codes, scale, .. } => codes.len() + scale.len() * 4,
+        }
+    }
+    /// `f32`, `bf16` or `fp8_e4m3`.
+    pub fn dtype_name(&self) -> &'static str {
+        match &self.data {
+            MatrixData::F32(_) => "f32",
+            MatrixData::Bf16(_) => "bf16",
+            MatrixData::Fp8Block { .. } => "fp8_e4m3",
+        }
+    }
 }
 
 /// One mHC site's parameters (f32): `hc_fn [24, 4d]`, `hc_base [24]`, `hc_scale [3]`.
@@ -299,6 +453,52 @@ pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
     /// `ffn_norm [hidden]`.
     pub ffn_norm: Vec<f32>,
+}
+
+impl LayerWeights {
+    /// Every matrix stored as f32 (same values).
+    pub fn into_f32(self) -> LayerWeights {
+        let mut w = self;
+        let a = &mut w.attn;
+        for m in [
+            &mut a.wq_a,
+            &mut a.wq_b,
+            &mut a.wkv,
+            &mut a.wo_a,
+            &mut a.wo_b,
+        ] {
+            *m = std::mem::replace(m, Matrix::f32(0, 0, vec![])).into_f32();
+        }
+        if let Some(c) = &mut a.compressor {
+            c.wkv = std::mem::replace(&mut c.wkv, Matrix::f32(0, 0, vec![])).into_f32();
+            if let Some(g) = &mut c.wgate {
+                *g = std::mem::replace(g, Matrix::f32(0, 0, vec![])).into_f32();
+            }
+        }
+        if let Some(i) = &mut a.indexer {
+            i.wq_b = std::mem::replace(&mut i.wq_b, Matrix::f32(0, 0, vec![])).into_f32();
+            i.weights_proj =
+                std::mem::replace(&mut i.weights_proj, Matrix::f32(0, 0, vec![])).into_f32();
+        }
+        w
+    }
+    /// Bytes of the stored matrices (scales included).
+    pub fn matrix_bytes(&self) -> usize {
+        let a = &self.attn;
+        let mut n = [&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b]
+            .iter()
+            .map(|m| m.stored_bytes())
+            .sum::<usize>();
+        if let Some(c) = &a.compressor {
+            n += c.wkv.stored_bytes() + c.wgate.as_ref().map_or(0, |g| g.stored_bytes());
+        }
+        if let Some(i) = &a.indexer {
+            n += i.wq_b.stored_bytes()
+                + i.weights_proj.stored_bytes()
+                + i.k.as_ref().map_or(0, |k| k.wk.stored_bytes());
+        }
+        n
+    }
 }
 
 struct Shard {
@@ -452,20 +652,7 @@ impl Checkpoint {
     /// message names it and the expected shape; [`Error::Shape`] naming the tensor, expected and
     /// found shape; [`Error::Parse`] for unsupported dtypes or NaN codes.
     pub fn load_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let (dtype, found, bytes) = self.raw(name).map_err(|_| {
-            Error::NotFound(format!(
-                "tensor `{name}` (expected shape {}) is not in the checkpoint at {}",
-                shape_str(shape),
-                self.dir.display()
-            ))
-        })?;
-        if found != shape {
-            return Err(Error::shape(
-                format!("tensor `{name}`"),
-                shape_str(shape),
-                shape_str(found),
-            ));
-        }
+        let (dtype, bytes) = self.checked(name, shape)?;
         let path = &self.shards[self.where_is[name]].path;
         match dtype {
             Dtype::F32 => Ok(bytes
@@ -480,7 +667,25 @@ impl Checkpoint {
                 .par_chunks_exact(2)
                 .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect()),
-            Dtype::F8_E4M3 => self.dequant_fp8(name, shape, bytes, path),
+            Dtype::F8_E4M3 => {
+                let scales = self.fp8_scales(name, shape, bytes, path)?;
+                let (rows, cols) = (shape[0], shape[1]);
+                let bc = cols.div_ceil(FP8_BLOCK);
+                let mut out = vec![0.0f32; rows * cols];
+                out.par_chunks_mut(cols.max(1))
+                    .enumerate()
+                    .for_each(|(r, row)| {
+                        let srow = &scales[(r / FP8_BLOCK) * bc..(r / FP8_BLOCK + 1) * bc];
+                        for (c, (o, &b)) in row
+                            .iter_mut()
+                            .zip(&bytes[r * cols..(r + 1) * cols])
+                            .enumerate()
+                        {
+                            *o = e4m3_decode(b) * srow[c / FP8_BLOCK];
+                        }
+                    });
+                Ok(out)
+            }
             other => Err(parse_err(
                 path,
                 format!("tensor `{name}` has dtype {other:?}; expected F32, BF16, F16 or F8_E4M3"),
@@ -488,7 +693,55 @@ impl Checkpoint {
         }
     }
 
-    fn dequant_fp8(&self, name: &str, shape: &[usize], q: &[u8], path: &Path) -> Result<Vec<f32>> {
+    /// Loads `name` as a [`Matrix`] `[rows, cols]` in its stored dtype: BF16 stays bf16, FP8 E4M3
+    /// stays codes + block scales (UE8M0 or f32 scales), F32 and F16 become f32.
+    ///
+    /// Errors: as [`Checkpoint::load_f32`].
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        let shape = [rows, cols];
+        let (dtype, bytes) = self.checked(name, &shape)?;
+        let path = &self.shards[self.where_is[name]].path;
+        match dtype {
+            Dtype::BF16 => Ok(Matrix {
+                rows,
+                cols,
+                data: MatrixData::Bf16(
+                    bytes
+                        .par_chunks_exact(2)
+                        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                        .collect(),
+                ),
+            }),
+            Dtype::F8_E4M3 => {
+                let scales = self.fp8_scales(name, &shape, bytes, path)?;
+                Matrix::fp8_block(rows, cols, bytes.to_vec(), scales)
+                    .map_err(|e| parse_err(path, format!("FP8 `{name}`: {e}")))
+            }
+            _ => Ok(Matrix::f32(rows, cols, self.load_f32(name, &shape)?)),
+        }
+    }
+
+    /// Dtype and bytes of `name` after checking its shape is `shape` (errors of `load_f32`).
+    fn checked(&self, name: &str, shape: &[usize]) -> Result<(Dtype, &[u8])> {
+        let (dtype, found, bytes) = self.raw(name).map_err(|_| {
+            Error::NotFound(format!(
+                "tensor `{name}` (expected shape {}) is not in the checkpoint at {}",
+                shape_str(shape),
+                self.dir.display()
+            ))
+        })?;
+        if found != shape {
+            return Err(Error::shape(
+                format!("tensor `{name}`"),
+                shape_str(shape),
+                shape_str(found),
+            ));
+        }
+        Ok((dtype, bytes))
+    }
+
+    /// The checked block scales of FP8 tensor `name` `shape` (its codes `q` checked for NaN codes).
+    fn fp8_scales(&self, name: &str, shape: &[usize], q: &[u8], path: &Path) -> Result<Vec<f32>> {
         if shape.len() != 2 {
             return Err(Error::shape(
                 format!("FP8 tensor `{name}`"),
@@ -537,22 +790,7 @@ impl Checkpoint {
                 format!("FP8 `{name}` element {i} is a NaN code"),
             ));
         }
-        let mut out = vec![0.0f32; rows * cols];
-        out.par_chunks_mut(cols).enumerate().for_each(|(r, row)| {
-            let srow = &scales[(r / FP8_BLOCK) * bc..(r / FP8_BLOCK + 1) * bc];
-            for (c, (o, &b)) in row.iter_mut().zip(&q[r * cols..(r + 1) * cols]).enumerate() {
-                *o = e4m3_decode(b) * srow[c / FP8_BLOCK];
-            }
-        });
-        Ok(out)
-    }
-
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
-        Ok(Matrix {
-            rows,
-            cols,
-            data: self.load_f32(name, &[rows, cols])?,
-        })
+        Ok(scales)
     }
 
     /// Loads layer `layer`'s attention, norms and mHC tensors per its role in `g`.
@@ -612,7 +850,8 @@ pub fn assemble_layer(
             weights_proj: mat("attn.indexer.weights_proj.weight")?,
             k: if plan.role == Role::Full {
                 Some(IndexKWeights {
-                    wk: mat("attn.indexer.wk.weight")?,
+                    // Read by the compressor as plain f32 (128 × 512, small).
+                    wk: mat("attn.indexer.wk.weight")?.into_f32(),
                     k_norm: get("attn.indexer.k_norm.weight")?,
                 })
             } else {

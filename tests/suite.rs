@@ -15,6 +15,8 @@ mod abi_findings;
 mod backend_paged;
 #[path = "backend_stack.rs"]
 mod backend_stack;
+#[path = "batch_invariance.rs"]
+mod batch_invariance;
 #[path = "c_smoke.rs"]
 mod c_smoke;
 #[path = "cache_concurrency.rs"]
@@ -45,6 +47,8 @@ mod replay_error;
 mod run_cli;
 #[path = "ssd_crash.rs"]
 mod ssd_crash;
+#[path = "store_findings.rs"]
+mod store_findings;
 #[path = "store_reliability.rs"]
 mod store_reliability;
 #[path = "weights.rs"]

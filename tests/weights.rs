@@ -217,3 +217,29 @@ fn open_rejects_an_index_that_points_at_the_wrong_shard() {
     assert!(m.contains("layers.0.attn_norm.weight"), "{m}");
     assert!(Checkpoint::open(&dir.path().join("nope")).is_err());
 }
+
+/// Synthetic weights are kept in the release's dtypes (issue 17): the in-memory model holds FP8
+/// E4M3 + block scales, bf16 and f32 tensors exactly as a written checkpoint of the same seed
+/// loads them, so `csa2 run` / `csa2 ab` without `--weights` multiply the checkpoint's values.
+#[test]
+fn synthetic_layers_equal_the_checkpoint_they_would_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = Scale::Tiny.geometry();
+    write_checkpoint(dir.path(), Scale::Tiny, 4, 0..3).unwrap();
+    let ck = Checkpoint::open(dir.path()).unwrap();
+    for l in 0..3 {
+        let loaded = ck.layer(&g, l).unwrap();
+        let synth = csa2::backend::stack::synthetic_layer(&g, l, 4).unwrap();
+        assert!(loaded == synth, "layer {l}");
+        assert_eq!(synth.attn.wq_b.dtype_name(), "fp8_e4m3");
+        assert_eq!(
+            synth
+                .attn
+                .indexer
+                .as_ref()
+                .map(|i| i.weights_proj.dtype_name()),
+            (g.layers[l].role != Role::SwaOnly && g.layers[l].role != Role::Reuse)
+                .then_some("bf16")
+        );
+    }
+}

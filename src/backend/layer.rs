@@ -17,7 +17,7 @@
 //! `o_lora_rank` each, then → hidden).
 
 use super::cache::{KvCache, Region};
-use super::gemm::linear;
+use super::gemm::linear_w;
 use super::plan::{RowSet, StepPlan};
 use super::timing::{Op, Timings};
 use super::BackendConfig;
@@ -122,12 +122,12 @@ pub fn attention_sublayer(
     // ---- Q and the window KV -----------------------------------------------------------------
     let (qr, q, kv) = tm.time(role, Op::Projections, || -> Result<_> {
         let mut qr = vec![0f32; r * g.q_lora_rank];
-        linear("wq_a", u, r, &a.wq_a.data, g.q_lora_rank, d, &mut qr)?;
+        linear_w("wq_a", u, r, a.wq_a.view(), g.q_lora_rank, &mut qr)?;
         rms_rows(&mut qr, &a.q_norm, eps);
         let mut q = vec![0f32; r * h * hd];
-        linear("wq_b", &qr, r, &a.wq_b.data, h * hd, g.q_lora_rank, &mut q)?;
+        linear_w("wq_b", &qr, r, a.wq_b.view(), h * hd, &mut q)?;
         let mut kv = vec![0f32; r * KV_DIM];
-        linear("wkv", u, r, &a.wkv.data, KV_DIM, d, &mut kv)?;
+        linear_w("wkv", u, r, a.wkv.view(), KV_DIM, &mut kv)?;
         rms_rows(&mut kv, &a.kv_norm, eps);
         Ok((qr, q, kv))
     })?;
@@ -307,13 +307,12 @@ pub fn attention_sublayer(
                 xg[t * gw..(t + 1) * gw]
                     .copy_from_slice(&o[t * h * hd + gi * gw..t * h * hd + (gi + 1) * gw]);
             }
-            linear(
+            linear_w(
                 "wo_a",
                 &xg,
                 r,
-                &a.wo_a.data[gi * lr * gw..(gi + 1) * lr * gw],
+                a.wo_a.view().row_block(gi * lr, lr)?,
                 lr,
-                gw,
                 &mut zg,
             )?;
             for t in 0..r {
@@ -322,7 +321,7 @@ pub fn attention_sublayer(
             }
         }
         let mut y = vec![0f32; r * d];
-        linear("wo_b", &z, r, &a.wo_b.data, d, grp * lr, &mut y)?;
+        linear_w("wo_b", &z, r, a.wo_b.view(), d, &mut y)?;
         Ok(y)
     })
 }
@@ -356,7 +355,6 @@ fn compress_and_store(
 ) -> Result<()> {
     let lp = &g.layers[l];
     let m = lp.ratio;
-    let d = g.hidden_size;
     let cw = w.attn.compressor.as_ref().ok_or_else(|| {
         Error::NotFound(format!(
             "layer {l} is a Full layer but has no compressor weights"
@@ -375,24 +373,25 @@ fn compress_and_store(
     let rc = crow.len();
     let (kvc, score) = tm.time(Role::Full, Op::Projections, || -> Result<_> {
         let mut kvc = vec![0f32; rc * KV_DIM];
-        linear("compressor.wkv", cu, rc, &cw.wkv.data, KV_DIM, d, &mut kvc)?;
+        linear_w("compressor.wkv", cu, rc, cw.wkv.view(), KV_DIM, &mut kvc)?;
         let score = match &cw.wgate {
             Some(wg) if m > 1 => {
                 let mut s = vec![0f32; rc * KV_DIM];
-                linear("compressor.wgate", cu, rc, &wg.data, KV_DIM, d, &mut s)?;
+                linear_w("compressor.wgate", cu, rc, wg.view(), KV_DIM, &mut s)?;
                 Some(s)
             }
             _ => None,
         };
         Ok((kvc, score))
     })?;
+    let wk = ik.wk.f32_values();
     let comp = Compressor::new(
         m,
         g.rms_norm_eps,
         Rope::for_layer(lp),
         CompressorWeights {
             norm: &cw.norm,
-            wk: &ik.wk.data,
+            wk: &wk,
             k_norm: &ik.k_norm,
         },
     )?;
@@ -486,23 +485,21 @@ fn index_and_select(
     })?;
     let (qi, wts) = tm.time(role, Op::Projections, || -> Result<_> {
         let mut qi = vec![0f32; r * ih * INDEX_DIM];
-        linear(
+        linear_w(
             "indexer.wq_b",
             qr,
             r,
-            &iw.wq_b.data,
+            iw.wq_b.view(),
             ih * INDEX_DIM,
-            g.q_lora_rank,
             &mut qi,
         )?;
         let mut wts = vec![0f32; r * ih];
-        linear(
+        linear_w(
             "indexer.weights_proj",
             u,
             r,
-            &iw.weights_proj.data,
+            iw.weights_proj.view(),
             ih,
-            g.hidden_size,
             &mut wts,
         )?;
         let sc = (INDEX_DIM as f32).powf(-0.5) * (ih as f32).powf(-0.5);

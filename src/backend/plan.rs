@@ -47,7 +47,9 @@ pub struct SeqStep {
     /// 0 when none.
     pub replay_start: usize,
     /// Tokens below this position already have their global entries in the cache (a prefix hit):
-    /// entries whose last token is below it are read, never recomputed or overwritten.
+    /// entries whose last token is below it are read, never recomputed or overwritten. The same
+    /// value for every chunk of a prefill: it may lie past this chunk's rows (a replay chunk inside
+    /// the hit) but not past the prompt end; for a decode row, not past the row.
     pub cached_until: usize,
 }
 
@@ -110,8 +112,8 @@ impl StepPlan {
     /// Plans a step.
     ///
     /// Errors: [`Error::Invalid`] for an empty request, a decode step of more than one row, a request
-    /// listed twice, a prompt chunk that runs past its prompt end, or a replay start / cached prefix
-    /// that lies after the rows.
+    /// listed twice, a prompt chunk that runs past its prompt end, a replay start that lies after
+    /// the rows, or a cached prefix past the prompt end (prefill) or past the row (decode).
     pub fn new(g: &Geometry, seqs: &[SeqStep], decoder_replay: bool) -> Result<StepPlan> {
         let w = g.window;
         let cut_layer = g
@@ -141,14 +143,27 @@ impl StepPlan {
                     ),
                 ));
             }
-            if s.cached_until > s.first_pos + s.len {
+            // The cached prefix is a property of the request, not of the chunk: an encoder replay
+            // (SPEC §3) recomputes rows inside the hit, so a replay chunk shorter than the replayed
+            // window lies wholly below `cached_until`. Only the prompt (prefill) or the row itself
+            // (decode: its own entry cannot be cached yet) bounds it.
+            let cached_bound = match s.phase {
+                Phase::Prefill { prompt_end, .. } => prompt_end,
+                Phase::Decode => s.first_pos + s.len,
+            };
+            if s.cached_until > cached_bound {
                 return Err(Error::invalid(
                     name,
-                    format!(
-                        "cached prefix {} ends after its last row {}",
-                        s.cached_until,
-                        s.first_pos + s.len - 1
-                    ),
+                    match s.phase {
+                        Phase::Prefill { prompt_end, .. } => format!(
+                            "cached prefix {} ends after the prompt end {prompt_end}",
+                            s.cached_until
+                        ),
+                        Phase::Decode => format!(
+                            "cached prefix {} ends after its decode row {}",
+                            s.cached_until, s.first_pos
+                        ),
+                    },
                 ));
             }
             let kept_start = match s.phase {

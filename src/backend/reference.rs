@@ -19,6 +19,7 @@
 //! `pos` must be a multiple of every ratio; [`decode_step`] rejects other positions).
 
 use super::cache::Region;
+use super::gemm::WeightView;
 use super::stack::{embed, FfnPlaceholder, Model};
 use crate::error::{Error, Result};
 use crate::formats::{INDEX_DIM, KV_DIM};
@@ -79,14 +80,19 @@ fn dot64(w: &[f32], x: &[f64]) -> f64 {
     acc.iter().sum::<f64>() + wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b).sum::<f64>()
 }
 
-/// `W·x` in f64 for W `[out, cols]` row-major f32.
-fn gemv64(w: &[f32], cols: usize, x: &[f64]) -> Vec<f64> {
+/// `W·x` in f64 for W `[out, cols]` (any stored dtype), each weight the f32 value the fast kernel
+/// multiplies ([`WeightView::get`]: the dequantized weight), so both sides see the same weights.
+fn gemv64(w: WeightView<'_>, x: &[f64]) -> Vec<f64> {
+    let cols = w.cols();
     debug_assert_eq!(x.len(), cols);
-    w.par_chunks(cols).map(|row| dot64(row, x)).collect()
+    (0..w.rows())
+        .into_par_iter()
+        .map(|o| (0..cols).map(|k| w.get(o, k) as f64 * x[k]).sum())
+        .collect()
 }
 
 fn linear64(m: &Matrix, x: &[f64]) -> Result<Vec<f64>> {
-    if x.len() != m.cols || m.data.len() != m.rows * m.cols {
+    if x.len() != m.cols {
         return Err(Error::shape(
             "reference projection",
             format!(
@@ -96,7 +102,7 @@ fn linear64(m: &Matrix, x: &[f64]) -> Result<Vec<f64>> {
             x.len(),
         ));
     }
-    Ok(gemv64(&m.data, m.cols, x))
+    Ok(gemv64(m.view(), x))
 }
 
 fn rms64(x: &[f64], w: &[f32], eps: f64) -> Vec<f64> {
@@ -210,7 +216,7 @@ fn sublayer(
             &rope,
             &OpCompressorWeights {
                 norm: &cw.norm,
-                wk: &ik.wk.data,
+                wk: &ik.wk.f32_values(),
                 k_norm: &ik.k_norm,
             },
             &kvc,
@@ -277,8 +283,7 @@ fn sublayer(
     let mut z = Vec::with_capacity(grp * lr);
     for gi in 0..grp {
         z.extend(gemv64(
-            &a.wo_a.data[gi * lr * gw..(gi + 1) * lr * gw],
-            gw,
+            a.wo_a.view().row_block(gi * lr, lr)?,
             &o[gi * gw..(gi + 1) * gw],
         ));
     }

@@ -17,9 +17,11 @@ use super::plan::{RowSet, SeqStep, StepPlan};
 use super::timing::{Op, Timings};
 use super::BackendConfig;
 use crate::error::{Error, Result};
+use crate::formats::scalar::e8m0_decode;
 use crate::geometry::Geometry;
 use crate::ops::mhc::{boundary, one_hot_pre, BoundaryIn, MhcParams, PostUpdate, HC};
-use crate::weights::{layer_specs, synth::source_values, Checkpoint, LayerWeights, Matrix, Scale};
+use crate::weights::synth::{quantize_fp8_block, source_values};
+use crate::weights::{layer_specs, Checkpoint, LayerWeights, Matrix, Scale, Stored, TensorSpec};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::path::Path;
@@ -50,38 +52,76 @@ pub struct Model {
     pub shared: bool,
 }
 
-/// Builds one layer's weights in memory from the `make-checkpoint` generator (f32 source values,
-/// before the FP8 / bf16 rounding a written checkpoint applies).
+/// Builds one layer's weights in memory from the `make-checkpoint` generator, stored as a written
+/// checkpoint stores them (SPEC's release dtypes, `weights::layer_specs`): FP8 E4M3 linears with
+/// their UE8M0 32 × 32 block scales, bf16 linears and norms, f32 where the release keeps f32. The
+/// values are those `make-checkpoint` writes, so a synthetic model and the checkpoint it would
+/// write compute the same bits.
 pub fn synthetic_layer(g: &Geometry, layer: usize, seed: u64) -> Result<LayerWeights> {
     let specs = layer_specs(g, layer)?;
-    let values: HashMap<String, (Vec<usize>, Vec<f32>)> = {
+    let values: HashMap<String, (TensorSpec, Vec<f32>)> = {
         use rayon::prelude::*;
         specs
             .par_iter()
             .map(|s| {
                 (
                     s.name.clone(),
-                    (s.shape.clone(), source_values(s, g.hidden_size, seed)),
+                    (s.clone(), source_values(s, g.hidden_size, seed)),
                 )
             })
             .collect()
     };
-    let take = |suffix: &str| -> Result<(Vec<usize>, Vec<f32>)> {
+    let take = |suffix: &str| -> Result<&(TensorSpec, Vec<f32>)> {
         let name = format!("layers.{layer}.{suffix}");
         values
             .get(&name)
-            .cloned()
             .ok_or_else(|| Error::NotFound(format!("synthetic tensor {name}")))
     };
-    let get = |suffix: &str| take(suffix).map(|(_, v)| v);
-    let mat = |suffix: &str| {
-        take(suffix).map(|(sh, data)| Matrix {
-            rows: sh[0],
-            cols: sh[1],
-            data,
+    let get = |suffix: &str| {
+        take(suffix).map(|(spec, v)| match spec.stored {
+            Stored::Bf16 => v
+                .iter()
+                .map(|&x| half::bf16::from_f32(x).to_f32())
+                .collect(),
+            Stored::F32 => v.clone(),
+            Stored::Fp8Block => dequantize_fp8(v, spec.shape[0], spec.shape[1]),
         })
     };
+    let mat = |suffix: &str| -> Result<Matrix> {
+        let (spec, v) = take(suffix)?;
+        let (rows, cols) = (spec.shape[0], spec.shape[1]);
+        match spec.stored {
+            Stored::Fp8Block => {
+                let (codes, scales) = quantize_fp8_block(v, rows, cols);
+                Matrix::fp8_block(
+                    rows,
+                    cols,
+                    codes,
+                    scales.iter().map(|&b| e8m0_decode(b)).collect(),
+                )
+            }
+            Stored::Bf16 => Ok(Matrix::bf16_from_f32(rows, cols, v)),
+            Stored::F32 => Ok(Matrix::f32(rows, cols, v.clone())),
+        }
+    };
     crate::weights::assemble_layer(g, layer, get, mat)
+}
+
+/// The f32 values an FP8 block-quantized `[rows, cols]` tensor holds after quantization.
+fn dequantize_fp8(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let (codes, scales) = quantize_fp8_block(v, rows, cols);
+    let bc = cols.div_ceil(crate::weights::FP8_BLOCK);
+    codes
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| {
+            let (r, k) = (i / cols, i % cols);
+            crate::formats::scalar::e4m3_decode(c)
+                * e8m0_decode(
+                    scales[r / crate::weights::FP8_BLOCK * bc + k / crate::weights::FP8_BLOCK],
+                )
+        })
+        .collect()
 }
 
 impl Model {
@@ -111,6 +151,26 @@ impl Model {
             embed_seed: seed,
             shared: share,
         })
+    }
+
+    /// The same model with every matrix stored as its f32 values (the weights the kernels multiply
+    /// do not change, only their bytes in memory: 4 B per value instead of 1–2). The baseline of
+    /// `csa2 ab --f32-weights`.
+    pub fn with_f32_weights(&self) -> Model {
+        let mut seen: HashMap<*const LayerWeights, Arc<LayerWeights>> = HashMap::new();
+        let layers = self
+            .layers
+            .iter()
+            .map(|w| {
+                seen.entry(Arc::as_ptr(w))
+                    .or_insert_with(|| Arc::new(w.as_ref().clone().into_f32()))
+                    .clone()
+            })
+            .collect();
+        Model {
+            layers,
+            ..self.clone()
+        }
     }
 
     /// Loads a checkpoint directory (released naming; see `crate::weights`) for geometry `g`.

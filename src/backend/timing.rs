@@ -97,6 +97,11 @@ impl Timings {
     pub fn total(&self) -> f64 {
         self.secs.iter().flatten().sum()
     }
+    /// Everything but `op` (e.g. the step without its dense projections, which are the same work
+    /// in every backend and hide the attention-side differences an A/B is after).
+    pub fn total_without(&self, op: Op) -> f64 {
+        self.total() - self.op_total(op)
+    }
     /// Adds another accumulator.
     pub fn merge(&mut self, o: &Timings) {
         for (a, b) in self.secs.iter_mut().zip(&o.secs) {
@@ -111,7 +116,7 @@ impl Timings {
         t.secs.iter_mut().flatten().for_each(|v| *v *= f);
         t
     }
-    /// JSON object `{role: {op: seconds}}` plus totals.
+    /// JSON object `{role: {op: seconds}}` plus totals (`total`, and `total_without_projections`).
     pub fn to_json(&self) -> serde_json::Value {
         let mut by_role = serde_json::Map::new();
         for r in ROLES {
@@ -126,6 +131,11 @@ impl Timings {
         for op in Op::ALL {
             by_op.insert(op.as_str().into(), self.op_total(op).into());
         }
-        serde_json::json!({"by_role": by_role, "by_op": by_op, "total": self.total()})
+        serde_json::json!({
+            "by_role": by_role,
+            "by_op": by_op,
+            "total": self.total(),
+            "total_without_projections": self.total_without(Op::Projections),
+        })
     }
 }

@@ -147,7 +147,8 @@ impl Inner {
 }
 
 impl DramPool {
-    /// A pool with `cfg`, reading time from `clock`.
+    /// A pool with `cfg`, reading time from `clock` (its monotonic reading: a wall-clock jump
+    /// neither expires nor prolongs a snapshot).
     ///
     /// Errors: [`Error::Invalid`] when the capacity or the TTL is zero.
     pub fn new(cfg: DramConfig, clock: Arc<dyn Clock>) -> Result<DramPool> {
@@ -179,7 +180,7 @@ impl DramPool {
     ///
     /// Errors: [`Error::Refused`] when the snapshot is larger than the whole pool.
     pub fn put(&self, key: PrefixKey, snap: Snapshot) -> Result<()> {
-        let now = self.clock.now_ms();
+        let now = self.clock.monotonic_ms();
         let len = snap.len() as u64;
         let mut inner = self.inner.lock();
         if len > self.cfg.capacity_bytes {
@@ -221,7 +222,7 @@ impl DramPool {
     /// The snapshot under `key` if present and not expired. An expired one is removed and never
     /// returned.
     pub fn get(&self, key: &PrefixKey) -> Option<Snapshot> {
-        let now = self.clock.now_ms();
+        let now = self.clock.monotonic_ms();
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
         let expired = match inner.map.get(key) {
@@ -250,7 +251,7 @@ impl DramPool {
 
     /// Reclaims every expired snapshot now.
     pub fn sweep(&self) {
-        let now = self.clock.now_ms();
+        let now = self.clock.monotonic_ms();
         self.inner.lock().sweep(now);
     }
 

@@ -1,7 +1,9 @@
 //! Persistent tiers behind the HBM cache (docs/SPEC.md §0.5).
 //!
 //! - [`ssd`]: global KV on SSD, keyed by the chained prefix key; append-only segments, CRC32C per
-//!   record, index rebuilt on restart, 72-h minimum lifetime with admission control.
+//!   record and a checksummed state word, index rebuilt on restart (resynchronising past damage),
+//!   one writer per directory (lock), live-byte capacity with compaction, 72-h minimum lifetime in
+//!   store age (wall-clock jumps do not expire entries) with admission control.
 //! - [`dram`]: encoder SWA snapshots in host DRAM (10% of RAM, 5-minute TTL, LRU).
 //! - [`clock`]: injected time, so tests and the trace simulator drive the lifetimes.
 //!

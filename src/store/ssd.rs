@@ -1,66 +1,112 @@
 //! The SSD tier for global KV: append-only segment files keyed by the chained prefix key.
 //!
-//! # On-disk format
-//! A directory of segment files `seg-NNNNNNNN.log`, each a sequence of records:
+//! # Directory
+//! - `seg-NNNNNNNN.log`: segment files, each a sequence of records (below), appended in id order.
+//! - `LOCK`: held with an exclusive `flock(2)` by the one process that opened the directory for
+//!   writing; it holds that process's pid as decimal text (so a refused opener can name it).
+//! - `AGE`: the persisted store age (see "Store age"), 32 bytes: `CSA2AGE1`, the store age in ms
+//!   (u64 LE), the wall-clock ms when it was written (u64 LE), the CRC32C of bytes 0..24, 4 zero
+//!   bytes. Advisory: a missing or damaged `AGE` only loses the restart credit.
+//!
+//! # Record format (version 2)
 //!
 //! | bytes | field |
 //! |---|---|
 //! | 0..4 | magic `CSA2` |
-//! | 4 | format version (1) |
-//! | 5 | state: `0xA5` live, `0x00` evicted (the only byte ever rewritten; not covered by the CRC) |
-//! | 6..8 | zero |
+//! | 4 | format version (2) |
+//! | 5..8 | zero |
 //! | 8..40 | key (32 B) |
-//! | 40..48 | creation time, ms (u64 LE, from the injected [`Clock`]) |
+//! | 40..48 | creation time: store age in ms (u64 LE; see "Store age") |
 //! | 48..52 | payload length (u32 LE) |
 //! | 52..56 | CRC32C of the payload |
-//! | 56..60 | zero |
-//! | 60..64 | CRC32C of bytes 0..5 and 6..60 |
+//! | 56..60 | header CRC32C of bytes 0..56 |
+//! | 60..64 | state word: CRC32C of bytes 0..56 followed by ASCII `live` (live) or `dead` (evicted or removed); the only bytes ever rewritten |
 //! | 64.. | payload |
 //!
+//! The state word is bound to its header: any other value (a flipped bit, a zeroed sector, a word
+//! copied from another record) is "unknown state", reported as damage, and the record is not
+//! indexed. A corrupted state therefore never silently turns a live entry into an evicted one or
+//! back. Version 1 (state byte at offset 5, outside every checksum; wall-clock creation times) is
+//! refused on open with a clear error: its lifetimes cannot be converted.
+//!
 //! # Guarantees
-//! - **Checksums**: every read verifies the header CRC, the key and the payload CRC; a corrupt or
-//!   torn record is reported ([`Error::Corrupt`], counted) and dropped from the index, never returned.
-//! - **Recovery**: [`SsdStore::open`] rebuilds the index by scanning every segment in order (newest
-//!   record of a key wins) and verifies payload checksums; a torn tail (a record cut by a crash) is
-//!   truncated away. A restarted process serves every entry whose write was acknowledged. A new
-//!   process always appends to a fresh segment.
+//! - **One writer per directory**: [`SsdStore::open`] takes an exclusive lock on `LOCK`; a second
+//!   opener (another process, or the same one twice) gets [`Error::Io`] of kind `WouldBlock`
+//!   naming the holder's pid (a second open inside one process is caught by an in-process
+//!   registry; a lock found held is retried for up to 1 s, because a child process spawned by
+//!   another thread holds every descriptor of its parent until its `exec`, the lock's too).
+//!   [`SsdStore::open_read_only`] takes no lock and never writes, deletes
+//!   or truncates anything; its reads re-check the on-disk state, so an entry the writer evicted
+//!   or removed is not served. The lock goes with the process (a killed writer leaves no stale
+//!   lock).
+//! - **Checksums**: every read verifies the header CRC, the key, the state word and the payload
+//!   CRC; a damaged record is reported ([`Error::Corrupt`], counted) and dropped from the index,
+//!   never returned.
+//! - **Recovery**: opening rebuilds the index by scanning every segment in order; the newest record
+//!   of a key decides (a later `dead` record hides an earlier `live` copy). A record whose header
+//!   fails its checks is skipped by resynchronising on the next position that holds a whole valid
+//!   record (magic, version, header CRC, length inside the file, payload CRC), so one damaged
+//!   header loses only its own record. Only the tail of the *newest* segment, where a crash cuts
+//!   the record being written, is truncated; damage elsewhere is reported and left in place as
+//!   dead bytes, which compaction later reclaims.
 //! - **Readers never see a record being written**: a record enters the index only after its bytes
 //!   are written (and synced, per policy).
-//! - **Minimum lifetime**: an entry younger than `min_lifetime_ms` (default 72 h) is never evicted.
-//!   When the tier is full and nothing is old enough, a new write is refused
-//!   ([`Error::Refused`]) and counted — admission control, not early eviction. Among entries past
-//!   their lifetime, the least recently used goes first; eviction marks the record's state byte
-//!   (so a restart does not bring it back) and deletes a segment once all its records are evicted.
+//! - **Capacity** counts the bytes of *live* records (64-B header + payload): a write is admitted
+//!   when the live bytes plus the record fit `capacity_bytes`. Dead bytes (evicted, removed,
+//!   superseded or damaged records) are reclaimed by compaction: a segment whose dead share
+//!   reaches `compact_dead_percent` has its live records copied forward to the active segment,
+//!   synced, and only then is the old segment deleted (a crash in between leaves two identical
+//!   copies; the newer one wins on restart, nothing is lost). The active segment takes part once
+//!   its dead bytes pass a quarter of `min(segment_bytes, capacity_bytes)`. The files thus stay
+//!   below about `capacity_bytes × 100 / (100 − compact_dead_percent) + 2 × segment_bytes`.
+//! - **Minimum lifetime and admission**: an entry younger than `min_lifetime_ms` (default 72 h) is
+//!   never evicted. A write that does not fit evicts the least recently used entries past their
+//!   lifetime, and only as many as it needs; when even all of those would not make room, the
+//!   write is refused ([`Error::Refused`]) *before anything is evicted*, and counted.
+//! - **Store age** (lifetimes do not follow wall-clock jumps): creation times are in store age,
+//!   which advances with the monotonic clock while the store is open. On reopen it resumes from
+//!   the larger of the persisted `AGE` and the newest creation time on disk, plus the wall-clock
+//!   time since `AGE` was written, capped at `max_offline_credit_ms` (default 1 h; a clock set
+//!   backwards credits nothing). A clock that jumps 80 h between two runs thus ages entries by at
+//!   most the cap. The price: downtime beyond the cap does not count towards lifetimes, so
+//!   entries live longer than their minimum, never shorter.
 //! - **fsync policy** ([`FsyncPolicy`]): with `Always` (the default) a write is acknowledged only
-//!   after `fdatasync` of the segment (and of the directory when a segment is created), so an
-//!   acknowledged entry survives power loss. With `Never` an acknowledged entry survives a process
-//!   crash (the data is in the kernel page cache) but not a power loss; a torn record left by power
-//!   loss is still detected by its checksum. Eviction marks are not synced: losing one only brings
-//!   back an entry that was valid and past its lifetime.
-//! - **Capacity** counts the bytes of the segment files on disk (live and evicted records), so the
-//!   directory never grows past `capacity_bytes`.
+//!   after `fdatasync` of the segment (and of the directory when a segment is created or
+//!   deleted); state marks of the evictions a write caused are synced before the write is
+//!   acknowledged, and compaction syncs its copies before deleting the source. With `Never` an
+//!   acknowledged entry survives a process crash (the data is in the kernel page cache) but not a
+//!   power loss; a record torn by power loss is still detected by its checksum. See
+//!   docs/RELIABILITY.md for what was and was not tested.
 //!
-//! One process owns a directory at a time (not enforced). Thread safety: `SsdStore` is `Send +
-//! Sync`; metadata sits behind one mutex held for bookkeeping only, writers are serialized by a
-//! second mutex while they do I/O, and readers do their `pread` without holding either.
+//! Thread safety: `SsdStore` is `Send + Sync`; metadata sits behind one mutex held for bookkeeping
+//! only, writers (put, remove, compaction) are serialized by a second mutex while they do I/O, and
+//! readers do their `pread` without holding either.
 
 use super::clock::Clock;
 use crate::cache::PrefixKey;
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::io::ErrorKind;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 const MAGIC: &[u8; 4] = b"CSA2";
-const VERSION: u8 = 1;
-const LIVE: u8 = 0xA5;
-const DEAD: u8 = 0x00;
+/// On-disk record format version written and read by this build.
+pub const FORMAT_VERSION: u8 = 2;
+const V1: u8 = 1;
 /// Header bytes before the payload.
 pub const HEADER_BYTES: usize = 64;
+/// Offset of the state word inside a header.
+pub const STATE_OFFSET: usize = 60;
+const LOCK_NAME: &str = "LOCK";
+const AGE_NAME: &str = "AGE";
+const AGE_MAGIC: &[u8; 8] = b"CSA2AGE1";
+/// Bytes read per step while searching for the next valid record after damage.
+const RESYNC_CHUNK: usize = 1 << 20;
 
 /// When writes reach stable storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -75,11 +121,12 @@ pub enum FsyncPolicy {
 /// SSD-tier configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SsdConfig {
-    /// Directory of the segment files (created if absent).
+    /// Directory of the segment files (created if absent by [`SsdStore::open`]).
     pub dir: PathBuf,
-    /// Most bytes the segment files may occupy.
+    /// Most bytes of live records (headers included) the tier holds. Dead bytes awaiting
+    /// compaction come on top (module docs, "Capacity").
     pub capacity_bytes: u64,
-    /// Minimum lifetime of an entry, ms (default 72 h, docs/SPEC.md §0).
+    /// Minimum lifetime of an entry, ms of store age (default 72 h, docs/SPEC.md §0).
     pub min_lifetime_ms: u64,
     /// A segment is closed once it reaches this size (default 16 MiB).
     pub segment_bytes: u64,
@@ -89,10 +136,16 @@ pub struct SsdConfig {
     pub io_chunk_bytes: usize,
     /// Verify every payload checksum when opening (default true; headers are always verified).
     pub verify_on_open: bool,
+    /// A segment whose dead bytes reach this percentage of its size is compacted (1..=100,
+    /// default 50: each compacted byte reclaims at least one dead byte).
+    pub compact_dead_percent: u32,
+    /// Most wall-clock ms of downtime credited to the store age on reopen (default 1 h).
+    pub max_offline_credit_ms: u64,
 }
 
 impl SsdConfig {
-    /// Defaults: 72 h minimum lifetime, 16 MiB segments, `fsync` always, verification on open.
+    /// Defaults: 72 h minimum lifetime, 16 MiB segments, `fsync` always, verification on open,
+    /// compaction at 50 % dead, 1 h offline credit.
     pub fn new(dir: impl Into<PathBuf>, capacity_bytes: u64) -> SsdConfig {
         SsdConfig {
             dir: dir.into(),
@@ -102,6 +155,8 @@ impl SsdConfig {
             fsync: FsyncPolicy::Always,
             io_chunk_bytes: 1 << 20,
             verify_on_open: true,
+            compact_dead_percent: 50,
+            max_offline_credit_ms: super::clock::HOUR_MS,
         }
     }
 }
@@ -113,12 +168,21 @@ pub struct RecoveryReport {
     pub segments: usize,
     /// Live records indexed.
     pub records: usize,
-    /// Records marked evicted, or superseded by a newer record of the same key.
+    /// Records marked dead, or superseded by a newer record of the same key.
     pub dead_records: usize,
-    /// Bytes cut off the end of segments (torn tail records).
+    /// Of `dead_records`, live records superseded by a newer copy (a crash during compaction
+    /// leaves such pairs).
+    pub superseded_records: usize,
+    /// Bytes cut off the end of the newest segment (a record torn by a crash).
     pub torn_bytes_truncated: u64,
-    /// Records whose header or payload failed its checksum (not indexed).
+    /// Damaged records (header, state word or payload failed its check; not indexed).
     pub corrupt_records: usize,
+    /// Bytes skipped as damaged and left in place (reclaimed by compaction).
+    pub damaged_bytes: u64,
+    /// Store age when opened, ms.
+    pub age_ms: u64,
+    /// Wall-clock downtime credited to the store age, ms (≤ `max_offline_credit_ms`).
+    pub offline_credit_ms: u64,
     /// Human-readable findings (path, offset, what failed).
     pub notes: Vec<String>,
 }
@@ -138,6 +202,12 @@ pub struct SsdStats {
     pub refused_bytes: u64,
     /// Entries evicted (past their minimum lifetime).
     pub evicted: u64,
+    /// Entries removed by [`SsdStore::remove`].
+    pub removed: u64,
+    /// Segments compacted.
+    pub compactions: u64,
+    /// Bytes copied forward by compaction.
+    pub compacted_bytes: u64,
     /// Reads that returned data.
     pub hits: u64,
     /// Reads of absent keys.
@@ -161,11 +231,27 @@ struct Entry {
     tick: u64,
 }
 
+impl Entry {
+    fn rec_bytes(&self) -> u64 {
+        HEADER_BYTES as u64 + self.len as u64
+    }
+}
+
 struct Segment {
     file: Arc<File>,
     path: PathBuf,
+    /// Inode at open: a read-only store notices a segment the writer deleted or replaced.
+    ino: u64,
     size: u64,
-    live: u32,
+    live_bytes: u64,
+    /// Live records of this segment, by offset.
+    records: BTreeMap<u64, PrefixKey>,
+}
+
+impl Segment {
+    fn dead_bytes(&self) -> u64 {
+        self.size - self.live_bytes
+    }
 }
 
 struct Inner {
@@ -173,24 +259,74 @@ struct Inner {
     lru: BTreeMap<u64, PrefixKey>,
     by_created: BTreeSet<(u64, PrefixKey)>,
     segments: BTreeMap<u32, Segment>,
-    active: u32,
+    /// The segment appended to (`None` when read-only).
+    active: Option<u32>,
     disk_bytes: u64,
     live_bytes: u64,
     tick: u64,
     stats: SsdStats,
 }
 
+impl Inner {
+    fn insert_entry(&mut self, key: PrefixKey, e: Entry) {
+        self.lru.insert(e.tick, key);
+        self.by_created.insert((e.created, key));
+        self.live_bytes += e.rec_bytes();
+        if let Some(s) = self.segments.get_mut(&e.seg) {
+            s.live_bytes += e.rec_bytes();
+            s.records.insert(e.offset, key);
+        }
+        self.index.insert(key, e);
+    }
+
+    fn remove_entry(&mut self, key: &PrefixKey) -> Option<Entry> {
+        let e = self.index.remove(key)?;
+        self.lru.remove(&e.tick);
+        self.by_created.remove(&(e.created, *key));
+        self.live_bytes -= e.rec_bytes();
+        if let Some(s) = self.segments.get_mut(&e.seg) {
+            s.live_bytes -= e.rec_bytes();
+            s.records.remove(&e.offset);
+        }
+        Some(e)
+    }
+
+    fn touch(&mut self, key: &PrefixKey) {
+        if let Some(e) = self.index.get_mut(key) {
+            self.lru.remove(&e.tick);
+            self.tick += 1;
+            e.tick = self.tick;
+            self.lru.insert(self.tick, *key);
+        }
+    }
+
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+}
+
 /// The SSD tier. See the module docs for the format and the guarantees.
 pub struct SsdStore {
     cfg: SsdConfig,
     clock: Arc<dyn Clock>,
+    read_only: bool,
+    /// Store age at open and the monotonic reading then.
+    age_base: u64,
+    mono_base: u64,
+    /// The exclusive lock (writable stores); released when the store is dropped.
+    _lock: Option<DirLock>,
+    age_file: Option<File>,
     inner: Mutex<Inner>,
     writer: Mutex<()>,
 }
 
 impl std::fmt::Debug for SsdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SsdStore").field("cfg", &self.cfg).finish()
+        f.debug_struct("SsdStore")
+            .field("cfg", &self.cfg)
+            .field("read_only", &self.read_only)
+            .finish()
     }
 }
 
@@ -199,55 +335,88 @@ fn seg_name(id: u32) -> String {
 }
 
 fn header_crc(h: &[u8]) -> u32 {
-    let c = crc32c::crc32c(&h[..5]);
-    crc32c::crc32c_append(c, &h[6..60])
+    crc32c::crc32c(&h[..56])
+}
+
+fn state_word(hcrc: u32, live: bool) -> u32 {
+    crc32c::crc32c_append(hcrc, if live { b"live" } else { b"dead" })
 }
 
 fn encode_header(key: &PrefixKey, created: u64, payload: &[u8]) -> [u8; HEADER_BYTES] {
     let mut h = [0u8; HEADER_BYTES];
     h[..4].copy_from_slice(MAGIC);
-    h[4] = VERSION;
-    h[5] = LIVE;
+    h[4] = FORMAT_VERSION;
     h[8..40].copy_from_slice(&key.0);
     h[40..48].copy_from_slice(&created.to_le_bytes());
     h[48..52].copy_from_slice(&(payload.len() as u32).to_le_bytes());
     h[52..56].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
     let c = header_crc(&h);
-    h[60..64].copy_from_slice(&c.to_le_bytes());
+    h[56..60].copy_from_slice(&c.to_le_bytes());
+    h[60..64].copy_from_slice(&state_word(c, true).to_le_bytes());
     h
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Live,
+    Dead,
+    Unknown(u32),
+}
+
 struct Header {
-    live: bool,
+    state: State,
+    hcrc: u32,
     key: PrefixKey,
     created: u64,
     len: u32,
     payload_crc: u32,
 }
 
-fn decode_header(h: &[u8]) -> std::result::Result<Header, String> {
+enum BadHeader {
+    /// A whole, valid version-1 header: an old directory, not damage.
+    Version1,
+    Damaged(String),
+}
+
+fn u32_at(h: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(h[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn decode_header(h: &[u8]) -> std::result::Result<Header, BadHeader> {
     if &h[..4] != MAGIC {
-        return Err(format!("bad magic {:02x?}", &h[..4]));
+        return Err(BadHeader::Damaged(format!("bad magic {:02x?}", &h[..4])));
     }
-    if h[4] != VERSION {
-        return Err(format!("unknown version {}", h[4]));
+    if h[4] == V1 {
+        let c = crc32c::crc32c_append(crc32c::crc32c(&h[..5]), &h[6..60]);
+        if c == u32_at(h, 60) {
+            return Err(BadHeader::Version1);
+        }
     }
-    let want = u32::from_le_bytes(h[60..64].try_into().expect("4 bytes"));
+    if h[4] != FORMAT_VERSION {
+        return Err(BadHeader::Damaged(format!("unknown version {}", h[4])));
+    }
+    let want = u32_at(h, 56);
     let got = header_crc(h);
     if want != got {
-        return Err(format!("header CRC32C {got:08x} != stored {want:08x}"));
+        return Err(BadHeader::Damaged(format!(
+            "header CRC32C {got:08x} != stored {want:08x}"
+        )));
     }
-    let live = match h[5] {
-        LIVE => true,
-        DEAD => false,
-        s => return Err(format!("unknown state byte {s:#04x}")),
+    let sw = u32_at(h, STATE_OFFSET);
+    let state = if sw == state_word(got, true) {
+        State::Live
+    } else if sw == state_word(got, false) {
+        State::Dead
+    } else {
+        State::Unknown(sw)
     };
     Ok(Header {
-        live,
+        state,
+        hcrc: got,
         key: PrefixKey(h[8..40].try_into().expect("32 bytes")),
         created: u64::from_le_bytes(h[40..48].try_into().expect("8 bytes")),
-        len: u32::from_le_bytes(h[48..52].try_into().expect("4 bytes")),
-        payload_crc: u32::from_le_bytes(h[52..56].try_into().expect("4 bytes")),
+        len: u32_at(h, 48),
+        payload_crc: u32_at(h, 52),
     })
 }
 
@@ -257,13 +426,257 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::io(dir, e))
 }
 
+fn version1_error(path: &Path) -> Error {
+    Error::invalid(
+        "ssd tier",
+        format!(
+            "{} holds records of on-disk format version 1 (wall-clock lifetimes, unchecked \
+             state byte); this build reads version {FORMAT_VERSION} only. The tier is a cache: \
+             move the directory away (or delete it) and let it refill",
+            path.display()
+        ),
+    )
+}
+
+/// Whether a whole valid record starts at `p`: header checks, length inside `size`, payload CRC.
+fn valid_record_at(file: &File, p: u64, size: u64, buf: &mut Vec<u8>) -> std::io::Result<bool> {
+    if size - p < HEADER_BYTES as u64 {
+        return Ok(false);
+    }
+    let mut h = [0u8; HEADER_BYTES];
+    file.read_exact_at(&mut h, p)?;
+    let Ok(hd) = decode_header(&h) else {
+        return Ok(false);
+    };
+    if p + HEADER_BYTES as u64 + hd.len as u64 > size {
+        return Ok(false);
+    }
+    buf.resize(hd.len as usize, 0);
+    file.read_exact_at(buf, p + HEADER_BYTES as u64)?;
+    Ok(crc32c::crc32c(buf) == hd.payload_crc)
+}
+
+/// The first offset in `from..size` where a whole valid record starts.
+fn resync(file: &File, from: u64, size: u64) -> std::io::Result<Option<u64>> {
+    let mut chunk = vec![0u8; RESYNC_CHUNK + 3];
+    let mut payload = Vec::new();
+    let mut pos = from;
+    while pos + HEADER_BYTES as u64 <= size {
+        let n = ((size - pos) as usize).min(chunk.len());
+        file.read_exact_at(&mut chunk[..n], pos)?;
+        let mut i = 0;
+        while i + 4 <= n {
+            if &chunk[i..i + 4] == MAGIC
+                && valid_record_at(file, pos + i as u64, size, &mut payload)?
+            {
+                return Ok(Some(pos + i as u64));
+            }
+            i += 1;
+        }
+        // The last 3 bytes may begin a magic that continues in the next chunk.
+        pos += (n.saturating_sub(3)).max(1) as u64;
+    }
+    Ok(None)
+}
+
+fn read_age_file(dir: &Path) -> Option<(u64, u64)> {
+    let b = std::fs::read(dir.join(AGE_NAME)).ok()?;
+    if b.len() < 28 || &b[..8] != AGE_MAGIC || crc32c::crc32c(&b[..24]) != u32_at(&b, 24) {
+        return None;
+    }
+    let age = u64::from_le_bytes(b[8..16].try_into().ok()?);
+    let wall = u64::from_le_bytes(b[16..24].try_into().ok()?);
+    Some((age, wall))
+}
+
+fn encode_age(age: u64, wall: u64) -> [u8; 32] {
+    let mut b = [0u8; 32];
+    b[..8].copy_from_slice(AGE_MAGIC);
+    b[8..16].copy_from_slice(&age.to_le_bytes());
+    b[16..24].copy_from_slice(&wall.to_le_bytes());
+    let c = crc32c::crc32c(&b[..24]);
+    b[24..28].copy_from_slice(&c.to_le_bytes());
+    b
+}
+
+/// Directories this process has open for writing (canonical paths). `flock` alone cannot tell
+/// "open in this process" from "held by a child that inherited the descriptor for the moment
+/// between its `fork` and `exec`"; this registry answers the first at once.
+static OPEN_HERE: parking_lot::Mutex<Option<HashSet<PathBuf>>> = parking_lot::Mutex::new(None);
+
+/// How long a refused lock is retried: a thread of this process that spawns a child shares every
+/// open descriptor with it until the child's `exec` closes them, so a lock just released can look
+/// held for a moment.
+const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(1000);
+
+/// The exclusive lock of a writable store's directory, released (and unregistered) on drop.
+struct DirLock {
+    _file: File,
+    dir: PathBuf,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        if let Some(set) = OPEN_HERE.lock().as_mut() {
+            set.remove(&self.dir);
+        }
+    }
+}
+
+/// Takes the directory's exclusive lock and records this process's pid in it.
+fn lock_dir(dir: &Path) -> Result<DirLock> {
+    let canon = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
+    let path = dir.join(LOCK_NAME);
+    let busy = |who: String| {
+        Error::io(
+            &path,
+            std::io::Error::new(
+                ErrorKind::WouldBlock,
+                format!(
+                    "the SSD tier {} is open for writing by another owner ({who}); one writer \
+                     per directory — stop it, use another directory, or open this one with \
+                     SsdStore::open_read_only",
+                    dir.display()
+                ),
+            ),
+        )
+    };
+    {
+        let mut here = OPEN_HERE.lock();
+        // Reserve the directory in the registry; the reservation goes if locking fails.
+        if !here.get_or_insert_with(HashSet::new).insert(canon.clone()) {
+            return Err(busy(format!(
+                "pid {}, this process: the directory is already open here",
+                std::process::id()
+            )));
+        }
+    }
+    let unregister = || {
+        if let Some(set) = OPEN_HERE.lock().as_mut() {
+            set.remove(&canon);
+        }
+    };
+    match take_lock(&path, &busy) {
+        Ok(f) => Ok(DirLock {
+            _file: f,
+            dir: canon.clone(),
+        }),
+        Err(e) => {
+            unregister();
+            Err(e)
+        }
+    }
+}
+
+fn take_lock(path: &Path, busy: &dyn Fn(String) -> Error) -> Result<File> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let deadline = std::time::Instant::now() + LOCK_RETRY;
+    loop {
+        match f.try_lock() {
+            Ok(()) => break,
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(path)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u32>().ok());
+                return Err(busy(match holder {
+                    Some(pid) if pid == std::process::id() => format!(
+                        "pid {pid}, this process, whose earlier store on it is still held by a \
+                         child process that inherited the lock"
+                    ),
+                    Some(pid) => format!("pid {pid}"),
+                    None => "a process that has not written its pid yet".to_string(),
+                }));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(path, e)),
+        }
+    }
+    let pid = format!("{}\n", std::process::id());
+    f.set_len(0)
+        .and_then(|_| f.write_all_at(pid.as_bytes(), 0))
+        .map_err(|e| Error::io(path, e))?;
+    Ok(f)
+}
+
+/// Writes the dead state word of the record at `offset` (bound to its header CRC).
+fn mark_dead(file: &File, offset: u64) -> std::io::Result<()> {
+    let mut h = [0u8; HEADER_BYTES];
+    file.read_exact_at(&mut h, offset)?;
+    let hcrc = u32_at(&h, 56);
+    file.write_all_at(
+        &state_word(hcrc, false).to_le_bytes(),
+        offset + STATE_OFFSET as u64,
+    )
+}
+
+/// Writes `header` then `payload` at `offset` in `pwrite` calls of at most `chunk` bytes.
+fn write_record(
+    file: &File,
+    offset: u64,
+    header: &[u8],
+    payload: &[u8],
+    chunk: usize,
+) -> std::io::Result<()> {
+    let total = header.len() + payload.len();
+    let mut written = 0usize;
+    let mut buf = Vec::new();
+    while written < total {
+        let n = chunk.min(total - written);
+        if written < header.len() {
+            let h_end = (written + n).min(header.len());
+            buf.clear();
+            buf.extend_from_slice(&header[written..h_end]);
+            buf.extend_from_slice(&payload[..written + n - h_end]);
+            file.write_all_at(&buf, offset + written as u64)?;
+        } else {
+            let p = written - header.len();
+            file.write_all_at(&payload[p..p + n], offset + written as u64)?;
+        }
+        written += n;
+    }
+    Ok(())
+}
+
 impl SsdStore {
-    /// Opens (or creates) the tier in `cfg.dir`, rebuilding the index from the segments.
+    /// Opens (or creates) the tier in `cfg.dir` for reading and writing, rebuilding the index from
+    /// the segments. Takes the directory's exclusive lock for the life of the store.
     ///
-    /// Errors: [`Error::Invalid`] for a zero capacity or segment size; [`Error::Io`] when the
-    /// directory or a segment cannot be read. Corrupt records are not errors: they are reported in
-    /// the [`RecoveryReport`] and left out of the index.
+    /// Errors: [`Error::Invalid`] for a zero capacity, segment size or I/O chunk, a
+    /// `compact_dead_percent` outside 1..=100, or a directory of format version 1;
+    /// [`Error::Io`] of kind `WouldBlock` when another owner holds the lock (the message names its
+    /// pid); [`Error::Io`] when the directory or a segment cannot be read. Damaged records are not
+    /// errors: they are reported in the [`RecoveryReport`] and left out of the index.
     pub fn open(cfg: SsdConfig, clock: Arc<dyn Clock>) -> Result<(SsdStore, RecoveryReport)> {
+        Self::open_mode(cfg, clock, false)
+    }
+
+    /// Opens an existing tier without taking its lock, for inspection while a writer may be
+    /// running: nothing on disk is written, truncated or deleted. The index is the directory as it
+    /// was at open; every read re-checks that the record's segment still exists and that its
+    /// state word still says live. Records written after the open are not seen. Writes return
+    /// [`Error::Invalid`].
+    ///
+    /// Errors: as [`SsdStore::open`], except the lock; [`Error::Io`] when `cfg.dir` is absent.
+    pub fn open_read_only(
+        cfg: SsdConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<(SsdStore, RecoveryReport)> {
+        Self::open_mode(cfg, clock, true)
+    }
+
+    fn open_mode(
+        cfg: SsdConfig,
+        clock: Arc<dyn Clock>,
+        read_only: bool,
+    ) -> Result<(SsdStore, RecoveryReport)> {
         if cfg.capacity_bytes == 0 || cfg.segment_bytes == 0 || cfg.io_chunk_bytes == 0 {
             return Err(Error::invalid(
                 "ssd config",
@@ -273,7 +686,22 @@ impl SsdStore {
                 ),
             ));
         }
-        std::fs::create_dir_all(&cfg.dir).map_err(|e| Error::io(&cfg.dir, e))?;
+        if !(1..=100).contains(&cfg.compact_dead_percent) {
+            return Err(Error::invalid(
+                "ssd config",
+                format!(
+                    "compact_dead_percent must be in 1..=100, found {}",
+                    cfg.compact_dead_percent
+                ),
+            ));
+        }
+        let lock = if read_only {
+            std::fs::metadata(&cfg.dir).map_err(|e| Error::io(&cfg.dir, e))?;
+            None
+        } else {
+            std::fs::create_dir_all(&cfg.dir).map_err(|e| Error::io(&cfg.dir, e))?;
+            Some(lock_dir(&cfg.dir)?)
+        };
         let mut ids: Vec<u32> = std::fs::read_dir(&cfg.dir)
             .map_err(|e| Error::io(&cfg.dir, e))?
             .filter_map(|e| e.ok())
@@ -289,34 +717,89 @@ impl SsdStore {
             lru: BTreeMap::new(),
             by_created: BTreeSet::new(),
             segments: BTreeMap::new(),
-            active: 0,
+            active: None,
             disk_bytes: 0,
             live_bytes: 0,
             tick: 0,
             stats: SsdStats::default(),
         };
-        for &id in &ids {
-            Self::scan_segment(&cfg, id, &mut inner, &mut rep)?;
+        let mut newest_created = 0u64;
+        for (n, &id) in ids.iter().enumerate() {
+            let newest = n + 1 == ids.len();
+            let scanned = Self::scan_segment(
+                &cfg,
+                id,
+                newest,
+                read_only,
+                &mut inner,
+                &mut rep,
+                &mut newest_created,
+            );
+            match scanned {
+                // Beside a live writer a segment can go between the listing and the open: its
+                // records were evicted, or copied to the active segment (seen if it was listed,
+                // otherwise missed like any write after the open).
+                Err(Error::Io { source, .. })
+                    if read_only && source.kind() == ErrorKind::NotFound =>
+                {
+                    rep.notes.push(format!(
+                        "{}: deleted by the writer while opening",
+                        seg_name(id)
+                    ));
+                }
+                other => other?,
+            }
         }
         rep.segments = ids.len();
         rep.records = inner.index.len();
-        // Always append to a fresh segment: never write after bytes a previous process left.
-        let active = ids.last().map_or(1, |&l| l + 1);
-        Self::create_segment(&cfg, active, &mut inner)?;
-        // Delete segments whose records are all dead.
-        let empty: Vec<u32> = inner
-            .segments
-            .iter()
-            .filter(|(&id, s)| s.live == 0 && id != active)
-            .map(|(&id, _)| id)
-            .collect();
-        for id in empty {
-            Self::delete_segment(&mut inner, id)?;
+        // Store age: resume from what the directory proves, plus a bounded offline credit.
+        let wall = clock.now_ms();
+        let (persisted, credit) = match read_age_file(&cfg.dir) {
+            Some((age, at)) => (age, wall.saturating_sub(at).min(cfg.max_offline_credit_ms)),
+            None => (0, 0),
+        };
+        rep.offline_credit_ms = credit;
+        rep.age_ms = persisted.max(newest_created) + credit;
+        let mut age_file = None;
+        if !read_only {
+            // Always append to a fresh segment: never write after bytes a previous process left.
+            let active = ids.last().map_or(Ok(1), |&l| {
+                l.checked_add(1)
+                    .ok_or_else(|| Error::invalid("ssd tier", "segment ids exhausted"))
+            })?;
+            Self::create_segment(&cfg, active, &mut inner)?;
+            // Delete closed segments with no live record.
+            let empty: Vec<u32> = inner
+                .segments
+                .iter()
+                .filter(|(&id, s)| s.records.is_empty() && id != active)
+                .map(|(&id, _)| id)
+                .collect();
+            for id in empty {
+                Self::delete_segment(&cfg, &mut inner, id)?;
+            }
+            let path = cfg.dir.join(AGE_NAME);
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| Error::io(&path, e))?;
+            f.write_all_at(&encode_age(rep.age_ms, wall), 0)
+                .map_err(|e| Error::io(&path, e))?;
+            age_file = Some(f);
         }
         inner.stats.entries = inner.index.len() as u64;
+        let mono_base = clock.monotonic_ms();
         let store = SsdStore {
             cfg,
             clock,
+            read_only,
+            age_base: rep.age_ms,
+            mono_base,
+            _lock: lock,
+            age_file,
             inner: Mutex::new(inner),
             writer: Mutex::new(()),
         };
@@ -326,112 +809,204 @@ impl SsdStore {
     fn scan_segment(
         cfg: &SsdConfig,
         id: u32,
+        newest: bool,
+        read_only: bool,
         inner: &mut Inner,
         rep: &mut RecoveryReport,
+        newest_created: &mut u64,
     ) -> Result<()> {
         let path = cfg.dir.join(seg_name(id));
         let file = OpenOptions::new()
             .read(true)
-            .write(true)
+            .write(!read_only)
             .open(&path)
             .map_err(|e| Error::io(&path, e))?;
-        let mut size = file.metadata().map_err(|e| Error::io(&path, e))?.len();
+        let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
+        let mut size = meta.len();
+        let file = Arc::new(file);
+        inner.segments.insert(
+            id,
+            Segment {
+                file: file.clone(),
+                path: path.clone(),
+                ino: meta.ino(),
+                size,
+                live_bytes: 0,
+                records: BTreeMap::new(),
+            },
+        );
+        let io = |e| Error::io(&path, e);
         let mut off = 0u64;
         let mut h = [0u8; HEADER_BYTES];
-        let mut live = 0u32;
         let mut payload = Vec::new();
         while off < size {
             let bad = |why: String| format!("{} @ {off}: {why}", path.display());
-            if size - off < HEADER_BYTES as u64 {
-                rep.notes
-                    .push(bad(format!("torn header ({} bytes)", size - off)));
-                break;
-            }
-            file.read_exact_at(&mut h, off)
-                .map_err(|e| Error::io(&path, e))?;
-            let hd = match decode_header(&h) {
-                Ok(hd) => hd,
-                Err(why) => {
-                    // Lengths past a bad header cannot be trusted: the rest of the segment is lost.
-                    rep.notes.push(bad(why));
-                    rep.corrupt_records += 1;
-                    break;
+            let why = if size - off < HEADER_BYTES as u64 {
+                format!("torn header ({} bytes)", size - off)
+            } else {
+                file.read_exact_at(&mut h, off).map_err(io)?;
+                match decode_header(&h) {
+                    Err(BadHeader::Version1) => return Err(version1_error(&path)),
+                    Err(BadHeader::Damaged(why)) => why,
+                    Ok(hd) => {
+                        let end = off + HEADER_BYTES as u64 + hd.len as u64;
+                        if end > size {
+                            format!(
+                                "torn record: {} payload bytes of {} present",
+                                size - off - HEADER_BYTES as u64,
+                                hd.len
+                            )
+                        } else {
+                            Self::index_scanned(
+                                cfg,
+                                &file,
+                                id,
+                                off,
+                                &hd,
+                                read_only,
+                                inner,
+                                rep,
+                                &mut payload,
+                                newest_created,
+                            )
+                            .map_err(io)?;
+                            off = end;
+                            continue;
+                        }
+                    }
                 }
             };
-            let end = off + HEADER_BYTES as u64 + hd.len as u64;
-            if end > size {
-                rep.notes.push(bad(format!(
-                    "torn record: {} payload bytes of {} present",
-                    size - off - HEADER_BYTES as u64,
-                    hd.len
-                )));
-                break;
-            }
-            if cfg.verify_on_open && hd.live {
-                payload.resize(hd.len as usize, 0);
-                file.read_exact_at(&mut payload, off + HEADER_BYTES as u64)
-                    .map_err(|e| Error::io(&path, e))?;
-                let c = crc32c::crc32c(&payload);
-                if c != hd.payload_crc {
+            // A bad header, or a record running past the end of the file: its length cannot be
+            // trusted, so look for the next whole valid record.
+            match resync(&file, off + 1, size).map_err(io)? {
+                Some(next) => {
                     rep.notes.push(bad(format!(
-                        "payload CRC32C {c:08x} != stored {:08x}",
-                        hd.payload_crc
+                        "{why}; {} damaged bytes skipped to the next valid record at {next}",
+                        next - off
                     )));
                     rep.corrupt_records += 1;
-                    off = end;
+                    rep.damaged_bytes += next - off;
+                    off = next;
                     continue;
                 }
-            }
-            if hd.live {
-                // Log order: a later record of the same key supersedes the earlier one.
-                if let Some(old) = inner.index.remove(&hd.key) {
-                    inner.lru.remove(&old.tick);
-                    inner.by_created.remove(&(old.created, hd.key));
-                    inner.live_bytes -= HEADER_BYTES as u64 + old.len as u64;
-                    if old.seg == id {
-                        live -= 1;
-                    } else if let Some(s) = inner.segments.get_mut(&old.seg) {
-                        s.live -= 1;
+                None if newest && !read_only => {
+                    // The newest segment's tail: the record a crash cut. Cut it off.
+                    rep.notes.push(bad(format!(
+                        "{why}; torn tail of {} bytes truncated",
+                        size - off
+                    )));
+                    file.set_len(off).map_err(io)?;
+                    if cfg.fsync == FsyncPolicy::Always {
+                        file.sync_data().map_err(io)?;
                     }
+                    rep.torn_bytes_truncated += size - off;
+                    size = off;
+                }
+                None if newest => {
+                    rep.notes.push(bad(format!(
+                        "{why}; torn tail of {} bytes ignored (read-only)",
+                        size - off
+                    )));
+                }
+                None => {
+                    rep.notes.push(bad(format!(
+                        "{why}; damaged tail of {} bytes left in place (not the newest segment)",
+                        size - off
+                    )));
+                    rep.corrupt_records += 1;
+                    rep.damaged_bytes += size - off;
+                }
+            }
+            break;
+        }
+        if let Some(s) = inner.segments.get_mut(&id) {
+            s.size = size;
+        }
+        inner.disk_bytes += size;
+        Ok(())
+    }
+
+    /// Indexes one whole record found by the scan (the newest record of a key decides).
+    #[allow(clippy::too_many_arguments)]
+    fn index_scanned(
+        cfg: &SsdConfig,
+        file: &File,
+        id: u32,
+        off: u64,
+        hd: &Header,
+        read_only: bool,
+        inner: &mut Inner,
+        rep: &mut RecoveryReport,
+        payload: &mut Vec<u8>,
+        newest_created: &mut u64,
+    ) -> std::io::Result<()> {
+        let path = inner.segments[&id].path.clone();
+        let note = |why: String| format!("{} @ {off}: {why}", path.display());
+        *newest_created = (*newest_created).max(hd.created);
+        match hd.state {
+            State::Unknown(w) => {
+                let n = note(format!(
+                    "state word {w:08x} is neither live nor dead for this header (record not \
+                     indexed)"
+                ));
+                rep.notes.push(n);
+                rep.corrupt_records += 1;
+            }
+            State::Dead => {
+                if let Some(old) = inner.remove_entry(&hd.key) {
+                    Self::supersede(inner, &old, read_only)?;
+                    rep.superseded_records += 1;
                     rep.dead_records += 1;
                 }
-                inner.tick += 1;
-                inner.index.insert(
+                rep.dead_records += 1;
+            }
+            State::Live => {
+                if cfg.verify_on_open {
+                    payload.resize(hd.len as usize, 0);
+                    file.read_exact_at(payload, off + HEADER_BYTES as u64)?;
+                    let c = crc32c::crc32c(payload);
+                    if c != hd.payload_crc {
+                        let n = note(format!(
+                            "payload CRC32C {c:08x} != stored {:08x}",
+                            hd.payload_crc
+                        ));
+                        rep.notes.push(n);
+                        rep.corrupt_records += 1;
+                        return Ok(());
+                    }
+                }
+                if let Some(old) = inner.remove_entry(&hd.key) {
+                    Self::supersede(inner, &old, read_only)?;
+                    rep.superseded_records += 1;
+                    rep.dead_records += 1;
+                }
+                let tick = inner.next_tick();
+                inner.insert_entry(
                     hd.key,
                     Entry {
                         seg: id,
                         offset: off,
                         len: hd.len,
                         created: hd.created,
-                        tick: inner.tick,
+                        tick,
                     },
                 );
-                inner.lru.insert(inner.tick, hd.key);
-                inner.by_created.insert((hd.created, hd.key));
-                inner.live_bytes += HEADER_BYTES as u64 + hd.len as u64;
-                live += 1;
-            } else {
-                rep.dead_records += 1;
             }
-            off = end;
         }
-        if off < size {
-            // A torn or unreadable tail: cut it so the directory holds only whole records.
-            file.set_len(off).map_err(|e| Error::io(&path, e))?;
-            rep.torn_bytes_truncated += size - off;
-            size = off;
-        }
-        inner.disk_bytes += size;
-        inner.segments.insert(
-            id,
-            Segment {
-                file: Arc::new(file),
-                path,
-                size,
-                live,
-            },
-        );
         Ok(())
+    }
+
+    /// Marks an older record of a key dead on disk once a newer record of the key was found
+    /// (writable stores), so that deleting the newer one's segment later cannot bring the older
+    /// copy back.
+    fn supersede(inner: &Inner, old: &Entry, read_only: bool) -> std::io::Result<()> {
+        if read_only {
+            return Ok(());
+        }
+        match inner.segments.get(&old.seg) {
+            Some(s) => mark_dead(&s.file, old.offset),
+            None => Ok(()),
+        }
     }
 
     fn create_segment(cfg: &SsdConfig, id: u32, inner: &mut Inner) -> Result<()> {
@@ -445,92 +1020,275 @@ impl SsdStore {
         if cfg.fsync == FsyncPolicy::Always {
             sync_dir(&cfg.dir)?;
         }
+        let ino = file.metadata().map_err(|e| Error::io(&path, e))?.ino();
         inner.segments.insert(
             id,
             Segment {
                 file: Arc::new(file),
                 path,
+                ino,
                 size: 0,
-                live: 0,
+                live_bytes: 0,
+                records: BTreeMap::new(),
             },
         );
-        inner.active = id;
+        inner.active = Some(id);
         Ok(())
     }
 
-    fn delete_segment(inner: &mut Inner, id: u32) -> Result<()> {
+    fn delete_segment(cfg: &SsdConfig, inner: &mut Inner, id: u32) -> Result<()> {
         if let Some(s) = inner.segments.remove(&id) {
+            debug_assert!(s.records.is_empty(), "deleting a segment with live records");
             // Readers holding the file keep reading it; the name goes now.
             std::fs::remove_file(&s.path).map_err(|e| Error::io(&s.path, e))?;
             inner.disk_bytes -= s.size;
+            if cfg.fsync == FsyncPolicy::Always {
+                sync_dir(&cfg.dir)?;
+            }
         }
         Ok(())
     }
 
     /// Closes the active segment and opens the next one; a closed segment with no live record goes.
     fn roll_segment(&self, inner: &mut Inner) -> Result<()> {
-        let prev = inner.active;
-        Self::create_segment(&self.cfg, prev + 1, inner)?;
-        if inner.segments.get(&prev).is_some_and(|s| s.live == 0) {
-            Self::delete_segment(inner, prev)?;
+        let prev = inner.active.expect("writable store has an active segment");
+        let next = prev
+            .checked_add(1)
+            .ok_or_else(|| Error::invalid("ssd tier", "segment ids exhausted"))?;
+        Self::create_segment(&self.cfg, next, inner)?;
+        if inner
+            .segments
+            .get(&prev)
+            .is_some_and(|s| s.records.is_empty())
+        {
+            Self::delete_segment(&self.cfg, inner, prev)?;
         }
         Ok(())
     }
 
-    /// Removes `key` from the index and marks its record dead on disk.
-    fn drop_entry(inner: &mut Inner, key: &PrefixKey, mark: bool) -> Result<()> {
-        let Some(e) = inner.index.remove(key) else {
-            return Ok(());
+    /// Store age now, ms.
+    pub fn age_ms(&self) -> u64 {
+        self.age_base + self.clock.monotonic_ms().saturating_sub(self.mono_base)
+    }
+
+    fn persist_age(&self) {
+        if let Some(f) = &self.age_file {
+            // Advisory (module docs, "Store age"): a failed write only loses restart credit.
+            let _ = f.write_all_at(&encode_age(self.age_ms(), self.clock.now_ms()), 0);
+        }
+    }
+
+    /// Removes `key` from the index and, when `mark`, writes its record's dead state word.
+    /// Returns the file to sync when a mark was written. Deletes a closed segment left with no
+    /// live record.
+    fn drop_entry(&self, inner: &mut Inner, key: &PrefixKey, mark: bool) -> Result<Option<u32>> {
+        let Some(e) = inner.remove_entry(key) else {
+            return Ok(None);
         };
-        inner.lru.remove(&e.tick);
-        inner.by_created.remove(&(e.created, *key));
-        inner.live_bytes -= HEADER_BYTES as u64 + e.len as u64;
         inner.stats.entries = inner.index.len() as u64;
-        let active = inner.active;
-        let Some(seg) = inner.segments.get_mut(&e.seg) else {
-            return Ok(());
-        };
-        seg.live -= 1;
-        if mark {
-            seg.file
-                .write_all_at(&[DEAD], e.offset + 5)
-                .map_err(|err| Error::io(&seg.path, err))?;
+        if self.read_only {
+            return Ok(None);
         }
-        if seg.live == 0 && e.seg != active {
-            Self::delete_segment(inner, e.seg)?;
+        let Some(seg) = inner.segments.get(&e.seg) else {
+            return Ok(None);
+        };
+        let mut synced = None;
+        let empty = seg.records.is_empty();
+        if mark && !(empty && Some(e.seg) != inner.active) {
+            mark_dead(&seg.file, e.offset).map_err(|err| Error::io(&seg.path, err))?;
+            synced = Some(e.seg);
+        }
+        if empty && Some(e.seg) != inner.active {
+            // Deleting the file removes the record for good; no mark needed.
+            Self::delete_segment(&self.cfg, inner, e.seg)?;
+        }
+        Ok(synced)
+    }
+
+    fn sync_segments(&self, ids: &BTreeSet<u32>) -> Result<()> {
+        if self.cfg.fsync != FsyncPolicy::Always || ids.is_empty() {
+            return Ok(());
+        }
+        let files: Vec<(Arc<File>, PathBuf)> = {
+            let inner = self.inner.lock();
+            ids.iter()
+                .filter_map(|id| inner.segments.get(id))
+                .map(|s| (s.file.clone(), s.path.clone()))
+                .collect()
+        };
+        for (f, p) in files {
+            f.sync_data().map_err(|e| Error::io(&p, e))?;
         }
         Ok(())
     }
 
-    /// Evicts LRU entries past their minimum lifetime until `need` more bytes fit. Returns whether
-    /// they fit.
-    fn make_room(&self, inner: &mut Inner, need: u64) -> Result<bool> {
-        let now = self.clock.now_ms();
-        let old_enough = |created: u64| created.saturating_add(self.cfg.min_lifetime_ms) <= now;
-        while inner.disk_bytes + need > self.cfg.capacity_bytes {
-            // Fast refusal: nothing is old enough when the oldest entry is not.
-            match inner.by_created.first() {
-                Some(&(c, _)) if old_enough(c) => {}
-                _ => return Ok(false),
-            }
-            let victim = inner
-                .lru
-                .values()
-                .find(|k| old_enough(inner.index[*k].created))
-                .copied();
-            let Some(k) = victim else { return Ok(false) };
-            Self::drop_entry(inner, &k, true)?;
-            inner.stats.evicted += 1;
+    /// The least recently used entries past their minimum lifetime whose records free at least
+    /// `excess` bytes, or `None` when all of them together would not.
+    fn plan_eviction(&self, inner: &Inner, excess: u64) -> Option<Vec<PrefixKey>> {
+        if excess == 0 {
+            return Some(Vec::new());
         }
-        Ok(true)
+        let now = self.age_ms();
+        let old_enough = |created: u64| created.saturating_add(self.cfg.min_lifetime_ms) <= now;
+        // Fast refusal: nothing is old enough when the oldest entry is not.
+        match inner.by_created.first() {
+            Some(&(c, _)) if old_enough(c) => {}
+            _ => return None,
+        }
+        let mut victims = Vec::new();
+        let mut freed = 0u64;
+        for k in inner.lru.values() {
+            let e = &inner.index[k];
+            if old_enough(e.created) {
+                victims.push(*k);
+                freed += e.rec_bytes();
+                if freed >= excess {
+                    return Some(victims);
+                }
+            }
+        }
+        None
+    }
+
+    /// The segment most worth compacting now, if any.
+    fn compaction_candidate(&self, inner: &Inner) -> Option<u32> {
+        let pct = self.cfg.compact_dead_percent as u64;
+        let active_floor = self.cfg.segment_bytes.min(self.cfg.capacity_bytes) / 4;
+        inner
+            .segments
+            .iter()
+            .filter(|(&id, s)| {
+                s.size > 0
+                    && s.dead_bytes() * 100 >= pct * s.size
+                    && (Some(id) != inner.active || s.dead_bytes() >= active_floor.max(1))
+            })
+            .max_by_key(|(_, s)| s.dead_bytes())
+            .map(|(&id, _)| id)
+    }
+
+    /// Compacts segments past the dead-share threshold. Caller holds the writer lock.
+    fn compact_all(&self) -> Result<()> {
+        // Each round removes one segment; bounded by the number of segments now plus the ones
+        // the copies fill.
+        for _ in 0..1024 {
+            let Some(id) = self.compaction_candidate(&self.inner.lock()) else {
+                return Ok(());
+            };
+            self.compact_segment(id)?;
+        }
+        Ok(())
+    }
+
+    /// Copies the live records of segment `id` to the active segment, syncs them, repoints the
+    /// index and deletes `id`. A crash at any point leaves every live record in at least one
+    /// whole, valid copy (module docs, "Capacity").
+    fn compact_segment(&self, id: u32) -> Result<()> {
+        let (src, src_path, live) = {
+            let mut inner = self.inner.lock();
+            if inner.active == Some(id) {
+                self.roll_segment(&mut inner)?;
+            }
+            let Some(s) = inner.segments.get(&id) else {
+                return Ok(());
+            };
+            let live: Vec<(u64, PrefixKey)> = s.records.iter().map(|(&o, &k)| (o, k)).collect();
+            (s.file.clone(), s.path.clone(), live)
+        };
+        let mut moved: Vec<(PrefixKey, u64, u32, u64)> = Vec::new(); // key, old off, new seg, new off
+        let mut written = BTreeSet::new();
+        let mut buf = Vec::new();
+        let mut copied = 0u64;
+        for (off, key) in live {
+            let len = match self.inner.lock().index.get(&key) {
+                Some(e) if e.seg == id && e.offset == off => e.len,
+                _ => continue,
+            };
+            buf.resize(HEADER_BYTES + len as usize, 0);
+            src.read_exact_at(&mut buf, off)
+                .map_err(|e| Error::io(&src_path, e))?;
+            let ok = decode_header(&buf[..HEADER_BYTES]).is_ok_and(|h| {
+                h.state == State::Live
+                    && h.key == key
+                    && h.len == len
+                    && crc32c::crc32c(&buf[HEADER_BYTES..]) == h.payload_crc
+            });
+            if !ok {
+                // Never copy damage forward: the entry goes, as a read would drop it.
+                let mut inner = self.inner.lock();
+                inner.stats.corrupt += 1;
+                inner.remove_entry(&key);
+                inner.stats.entries = inner.index.len() as u64;
+                continue;
+            }
+            let (file, path, seg, at) = self.reserve(buf.len() as u64)?;
+            write_record(&file, at, &buf, &[], self.cfg.io_chunk_bytes)
+                .map_err(|e| Error::io(&path, e))?;
+            written.insert(seg);
+            copied += buf.len() as u64;
+            moved.push((key, off, seg, at));
+        }
+        self.sync_segments(&written)?;
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        for (key, old_off, seg, at) in moved {
+            let still = inner
+                .index
+                .get(&key)
+                .is_some_and(|e| e.seg == id && e.offset == old_off);
+            if still {
+                let mut e = inner.remove_entry(&key).expect("present");
+                e.seg = seg;
+                e.offset = at;
+                inner.insert_entry(key, e);
+            }
+        }
+        // Anything left (a concurrent read dropped an entry in between) is no longer indexed.
+        let left: Vec<PrefixKey> = inner.segments[&id].records.values().copied().collect();
+        for k in left {
+            inner.remove_entry(&k);
+        }
+        Self::delete_segment(&self.cfg, inner, id)?;
+        inner.stats.compactions += 1;
+        inner.stats.compacted_bytes += copied;
+        Ok(())
+    }
+
+    /// Reserves `rec` bytes at the end of the active segment (rolling it when full).
+    fn reserve(&self, rec: u64) -> Result<(Arc<File>, PathBuf, u32, u64)> {
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        let active = inner.active.expect("writable store has an active segment");
+        if inner.segments[&active].size >= self.cfg.segment_bytes {
+            self.roll_segment(inner)?;
+        }
+        let active = inner.active.expect("active segment");
+        let s = inner.segments.get_mut(&active).expect("active segment");
+        let offset = s.size;
+        s.size += rec;
+        inner.disk_bytes += rec;
+        Ok((s.file.clone(), s.path.clone(), active, offset))
+    }
+
+    fn refuse_read_only(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::invalid(
+                "ssd tier",
+                format!(
+                    "{} was opened read-only (SsdStore::open_read_only): writes are refused",
+                    self.cfg.dir.display()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Stores `payload` under `key`. Returns `true` when written, `false` when the key was already
     /// present (keys name content, so nothing is rewritten; the entry's recency is refreshed).
     ///
-    /// Errors: [`Error::Refused`] when the tier is full of entries younger than their minimum
-    /// lifetime (counted in [`SsdStats::refused`]); [`Error::Invalid`] for a payload over 4 GiB or
-    /// larger than a whole tier; [`Error::Io`].
+    /// Errors: [`Error::Refused`] when the live records plus this one exceed the capacity even
+    /// after evicting every entry past its minimum lifetime — nothing is evicted then (counted in
+    /// [`SsdStats::refused`]); [`Error::Invalid`] for a payload over 4 GiB or larger than the
+    /// whole tier, or on a read-only store; [`Error::Io`].
     pub fn put(&self, key: &PrefixKey, payload: &[u8]) -> Result<bool> {
         self.put_with(key, payload.len(), |buf| buf.extend_from_slice(payload))
     }
@@ -545,6 +1303,7 @@ impl SsdStore {
         len: usize,
         fill: impl FnOnce(&mut Vec<u8>),
     ) -> Result<bool> {
+        self.refuse_read_only()?;
         let rec = HEADER_BYTES as u64 + len as u64;
         if len > u32::MAX as usize || rec > self.cfg.capacity_bytes {
             return Err(Error::invalid(
@@ -556,29 +1315,38 @@ impl SsdStore {
             ));
         }
         let _w = self.writer.lock();
-        {
+        let marked = {
             let mut guard = self.inner.lock();
             let inner = &mut *guard;
-            if let Some(e) = inner.index.get_mut(key) {
-                inner.lru.remove(&e.tick);
-                inner.tick += 1;
-                e.tick = inner.tick;
-                inner.lru.insert(inner.tick, *key);
+            if inner.index.contains_key(key) {
+                inner.touch(key);
                 inner.stats.already_present += 1;
                 return Ok(false);
             }
-            if !self.make_room(inner, rec)? {
+            let excess = (inner.live_bytes + rec).saturating_sub(self.cfg.capacity_bytes);
+            let Some(victims) = self.plan_eviction(inner, excess) else {
                 inner.stats.refused += 1;
                 inner.stats.refused_bytes += rec;
                 return Err(Error::Refused(format!(
-                    "SSD tier full: {} of {} bytes used, {} needed, no entry past its {} h minimum lifetime",
-                    inner.disk_bytes,
+                    "SSD tier full: {} of {} live bytes used, {} needed, and the entries past \
+                     their {} h minimum lifetime would not free enough (nothing was evicted)",
+                    inner.live_bytes,
                     self.cfg.capacity_bytes,
                     rec,
                     self.cfg.min_lifetime_ms as f64 / 3.6e6
                 )));
+            };
+            let mut marked = BTreeSet::new();
+            for k in victims {
+                if let Some(seg) = self.drop_entry(inner, &k, true)? {
+                    marked.insert(seg);
+                }
+                inner.stats.evicted += 1;
             }
-        }
+            marked
+        };
+        self.sync_segments(&marked)?;
+        self.compact_all()?;
         // Admitted. Only this writer adds bytes, so the room made above stays available while the
         // payload is produced outside the metadata lock.
         let mut owned = Vec::with_capacity(len);
@@ -587,76 +1355,65 @@ impl SsdStore {
             return Err(Error::shape("payload from fill", len, owned.len()));
         }
         let payload = &owned[..];
-        let (file, path, offset, seg) = {
-            let mut guard = self.inner.lock();
-            let inner = &mut *guard;
-            if inner.segments[&inner.active].size >= self.cfg.segment_bytes {
-                self.roll_segment(inner)?;
-            }
-            let active = inner.active;
-            let s = inner.segments.get_mut(&active).expect("active segment");
-            let offset = s.size;
-            // Reserve the bytes now so capacity holds even if the write fails half way.
-            s.size += rec;
-            inner.disk_bytes += rec;
-            (s.file.clone(), s.path.clone(), offset, active)
-        };
-        let created = self.clock.now_ms();
+        let (file, path, seg, offset) = self.reserve(rec)?;
+        let created = self.age_ms();
         let header = encode_header(key, created, payload);
-        let mut written = 0usize;
-        let total = rec as usize;
-        let chunk = self.cfg.io_chunk_bytes;
         // Header and payload go out in bounded pwrite calls; the index learns of the record only
         // after the last byte (and the sync), so no reader can see it half written.
-        let mut res = Ok(());
-        while written < total && res.is_ok() {
-            let n = chunk.min(total - written);
-            res = if written < HEADER_BYTES {
-                let mut buf = Vec::with_capacity(n);
-                let h_end = (written + n).min(HEADER_BYTES);
-                buf.extend_from_slice(&header[written..h_end]);
-                buf.extend_from_slice(&payload[..written + n - h_end]);
-                file.write_all_at(&buf, offset + written as u64)
-            } else {
-                let p = written - HEADER_BYTES;
-                file.write_all_at(&payload[p..p + n], offset + written as u64)
-            };
-            written += n;
-        }
+        let mut res = write_record(&file, offset, &header, payload, self.cfg.io_chunk_bytes);
         if res.is_ok() && self.cfg.fsync == FsyncPolicy::Always {
             res = file.sync_data();
         }
         if let Err(e) = res {
-            // A failed record leaves a gap no scan can cross: later records go to a new segment.
+            // Later records go to a new segment; the recovery scan resynchronises past the gap.
             let mut inner = self.inner.lock();
-            if inner.active == seg {
+            if inner.active == Some(seg) {
                 self.roll_segment(&mut inner)?;
             }
             return Err(Error::io(&path, e));
         }
-        let mut guard = self.inner.lock();
-        let inner = &mut *guard;
-        inner.tick += 1;
-        inner.index.insert(
-            *key,
-            Entry {
-                seg,
-                offset,
-                len: payload.len() as u32,
-                created,
-                tick: inner.tick,
-            },
-        );
-        inner.lru.insert(inner.tick, *key);
-        inner.by_created.insert((created, *key));
-        if let Some(s) = inner.segments.get_mut(&seg) {
-            s.live += 1;
+        {
+            let mut guard = self.inner.lock();
+            let inner = &mut *guard;
+            let tick = inner.next_tick();
+            inner.insert_entry(
+                *key,
+                Entry {
+                    seg,
+                    offset,
+                    len: len as u32,
+                    created,
+                    tick,
+                },
+            );
+            inner.stats.puts += 1;
+            inner.stats.put_bytes += rec;
+            inner.stats.entries = inner.index.len() as u64;
         }
-        inner.live_bytes += rec;
-        inner.stats.puts += 1;
-        inner.stats.put_bytes += rec;
-        inner.stats.entries = inner.index.len() as u64;
+        self.persist_age();
         Ok(true)
+    }
+
+    /// Removes `key` (its record is marked dead on disk, synced under [`FsyncPolicy::Always`]).
+    /// Returns whether it was present. Segments left mostly dead are compacted.
+    ///
+    /// Errors: [`Error::Invalid`] on a read-only store; [`Error::Io`].
+    pub fn remove(&self, key: &PrefixKey) -> Result<bool> {
+        self.refuse_read_only()?;
+        let _w = self.writer.lock();
+        let (present, marked) = {
+            let mut inner = self.inner.lock();
+            let present = inner.index.contains_key(key);
+            let seg = self.drop_entry(&mut inner, key, true)?;
+            if present {
+                inner.stats.removed += 1;
+            }
+            (present, seg.into_iter().collect::<BTreeSet<u32>>())
+        };
+        self.sync_segments(&marked)?;
+        self.compact_all()?;
+        self.persist_age();
+        Ok(present)
     }
 
     /// Whether `key` is indexed (no I/O, no recency change).
@@ -664,59 +1421,74 @@ impl SsdStore {
         self.inner.lock().index.contains_key(key)
     }
 
-    /// Reads the payload of `key`. `Ok(None)` when absent.
+    /// Whether the file at `path` is still the segment opened as inode `ino`.
+    fn still_linked(path: &Path, ino: u64) -> bool {
+        std::fs::metadata(path).is_ok_and(|m| m.ino() == ino)
+    }
+
+    /// Reads the payload of `key`. `Ok(None)` when absent (or, read-only, when the writer has
+    /// since evicted, removed or compacted it away).
     ///
-    /// Errors: [`Error::Corrupt`] when the record fails a check (bad header, another key, payload
-    /// CRC mismatch, short read); the entry is then dropped, so the next read is a miss.
-    /// [`Error::Io`] for other I/O failures.
+    /// Errors: [`Error::Corrupt`] when the record fails a check (bad header, another key, unknown
+    /// state word, payload CRC mismatch, short read); the entry is then dropped, so the next read
+    /// is a miss. [`Error::Io`] for other I/O failures.
     pub fn get(&self, key: &PrefixKey) -> Result<Option<Vec<u8>>> {
-        let (file, path, e) = {
+        let (file, path, ino, e) = {
             let mut guard = self.inner.lock();
             let inner = &mut *guard;
-            let Some(e) = inner.index.get_mut(key) else {
+            let Some(e) = inner.index.get(key).cloned() else {
                 inner.stats.misses += 1;
                 return Ok(None);
             };
-            inner.lru.remove(&e.tick);
-            inner.tick += 1;
-            e.tick = inner.tick;
-            inner.lru.insert(inner.tick, *key);
-            let e = e.clone();
+            inner.touch(key);
             let s = &inner.segments[&e.seg];
-            (s.file.clone(), s.path.clone(), e)
+            (s.file.clone(), s.path.clone(), s.ino, e)
         };
+        if self.read_only && !Self::still_linked(&path, ino) {
+            return Ok(self.forget(key, &e));
+        }
         let mut buf = vec![0u8; HEADER_BYTES + e.len as usize];
         let check = match file.read_exact_at(&mut buf, e.offset) {
-            Ok(()) => decode_header(&buf[..HEADER_BYTES]).and_then(|h| {
-                if h.key != *key {
-                    Err(format!("record holds key {:?}, not {key:?}", h.key))
-                } else if h.len != e.len {
-                    Err(format!("length {} != indexed {}", h.len, e.len))
-                } else {
-                    let c = crc32c::crc32c(&buf[HEADER_BYTES..]);
-                    if c != h.payload_crc {
-                        Err(format!(
-                            "payload CRC32C {c:08x} != stored {:08x}",
-                            h.payload_crc
-                        ))
-                    } else {
-                        Ok(())
+            Ok(()) => match decode_header(&buf[..HEADER_BYTES]) {
+                Err(BadHeader::Damaged(why)) => Err(why),
+                Err(BadHeader::Version1) => Err("a version-1 header".to_string()),
+                Ok(h) if h.key != *key => Err(format!("record holds key {:?}, not {key:?}", h.key)),
+                Ok(h) if h.len != e.len => Err(format!("length {} != indexed {}", h.len, e.len)),
+                Ok(h) => match h.state {
+                    State::Dead => Ok(false),
+                    State::Unknown(w) => Err(format!(
+                        "state word {w:08x} is neither live nor dead (header CRC {:08x})",
+                        h.hcrc
+                    )),
+                    State::Live => {
+                        let c = crc32c::crc32c(&buf[HEADER_BYTES..]);
+                        if c != h.payload_crc {
+                            Err(format!(
+                                "payload CRC32C {c:08x} != stored {:08x}",
+                                h.payload_crc
+                            ))
+                        } else {
+                            Ok(true)
+                        }
                     }
-                }
-            }),
-            Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => {
+                },
+            },
+            Err(err) if err.kind() == ErrorKind::UnexpectedEof => {
                 Err("short read: record truncated".to_string())
             }
             Err(err) => return Err(Error::io(&path, err)),
         };
-        let mut inner = self.inner.lock();
         match check {
-            Ok(()) => {
-                inner.stats.hits += 1;
+            Ok(true) if !self.read_only || Self::still_linked(&path, ino) => {
+                self.inner.lock().stats.hits += 1;
                 buf.drain(..HEADER_BYTES);
                 Ok(Some(buf))
             }
+            // Marked dead on disk (by this store's concurrent remove, or by the writer while this
+            // store is read-only), or its segment went while we read: not served.
+            Ok(_) => Ok(self.forget(key, &e)),
             Err(reason) => {
+                let mut inner = self.inner.lock();
                 inner.stats.corrupt += 1;
                 // Drop the entry only if it still points at the record we read.
                 if inner
@@ -724,7 +1496,7 @@ impl SsdStore {
                     .get(key)
                     .is_some_and(|cur| cur.seg == e.seg && cur.offset == e.offset)
                 {
-                    Self::drop_entry(&mut inner, key, false)?;
+                    self.drop_entry(&mut inner, key, false)?;
                 }
                 Err(Error::Corrupt {
                     path,
@@ -732,6 +1504,22 @@ impl SsdStore {
                 })
             }
         }
+    }
+
+    /// Drops `key` from the index if it still points at `e` (the record is gone or dead on disk);
+    /// counts a miss.
+    fn forget(&self, key: &PrefixKey, e: &Entry) -> Option<Vec<u8>> {
+        let mut inner = self.inner.lock();
+        inner.stats.misses += 1;
+        if inner
+            .index
+            .get(key)
+            .is_some_and(|cur| cur.seg == e.seg && cur.offset == e.offset)
+        {
+            inner.remove_entry(key);
+            inner.stats.entries = inner.index.len() as u64;
+        }
+        None
     }
 
     /// All live keys (unordered).
@@ -753,6 +1541,17 @@ impl SsdStore {
     /// The configuration.
     pub fn config(&self) -> &SsdConfig {
         &self.cfg
+    }
+
+    /// Whether the store was opened with [`SsdStore::open_read_only`].
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+}
+
+impl Drop for SsdStore {
+    fn drop(&mut self) {
+        self.persist_age();
     }
 }
 

@@ -63,26 +63,34 @@ pub fn source_values(spec: &TensorSpec, hidden: usize, seed: u64) -> Vec<f32> {
 /// `scale = 2^ceil(log2(amax/448))` (amax floored at 2^-126 so all-zero blocks stay finite),
 /// `q = E4M3(w / scale)`. Returns (codes `[rows·cols]`, scale bytes `[⌈rows/32⌉·⌈cols/32⌉]`).
 pub fn quantize_fp8_block(w: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
+    use rayon::prelude::*;
     let (br, bc) = (rows.div_ceil(FP8_BLOCK), cols.div_ceil(FP8_BLOCK));
     let mut scales = vec![0u8; br * bc];
-    for bi in 0..br {
-        for bj in 0..bc {
-            let mut amax = 0.0f32;
-            for r in bi * FP8_BLOCK..((bi + 1) * FP8_BLOCK).min(rows) {
-                for c in bj * FP8_BLOCK..((bj + 1) * FP8_BLOCK).min(cols) {
-                    amax = amax.max(w[r * cols + c].abs());
+    let mut q = vec![0u8; rows * cols];
+    // One task per 32-row block: its scales, then its codes (blocks are independent).
+    scales
+        .par_chunks_mut(bc.max(1))
+        .zip(q.par_chunks_mut((FP8_BLOCK * cols).max(1)))
+        .enumerate()
+        .for_each(|(bi, (srow, qblk))| {
+            let r0 = bi * FP8_BLOCK;
+            let r1 = (r0 + FP8_BLOCK).min(rows);
+            for (bj, sc) in srow.iter_mut().enumerate() {
+                let mut amax = 0.0f32;
+                for r in r0..r1 {
+                    for c in bj * FP8_BLOCK..((bj + 1) * FP8_BLOCK).min(cols) {
+                        amax = amax.max(w[r * cols + c].abs());
+                    }
+                }
+                *sc = e8m0_encode_ceil(amax.max(f32::MIN_POSITIVE) / E4M3_MAX);
+            }
+            for r in r0..r1 {
+                for c in 0..cols {
+                    let s = e8m0_decode(srow[c / FP8_BLOCK]);
+                    qblk[(r - r0) * cols + c] = e4m3_encode(w[r * cols + c] / s);
                 }
             }
-            scales[bi * bc + bj] = e8m0_encode_ceil(amax.max(f32::MIN_POSITIVE) / E4M3_MAX);
-        }
-    }
-    let mut q = vec![0u8; rows * cols];
-    for r in 0..rows {
-        for c in 0..cols {
-            let s = e8m0_decode(scales[(r / FP8_BLOCK) * bc + c / FP8_BLOCK]);
-            q[r * cols + c] = e4m3_encode(w[r * cols + c] / s);
-        }
-    }
+        });
     (q, scales)
 }
 

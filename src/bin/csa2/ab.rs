@@ -62,6 +62,10 @@ pub struct Args {
     /// Worker threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Keep the synthetic weights as f32 instead of the checkpoint's FP8 / bf16 (same values,
+    /// 2–4× the bytes the projections stream): the baseline of the projection figures.
+    #[arg(long)]
+    f32_weights: bool,
     /// Write every number as JSON to PATH (`-` = stdout; the tables then go to stderr).
     #[arg(long, value_name = "PATH")]
     json: Option<JsonOut>,
@@ -537,7 +541,14 @@ fn run_in_pool(a: Args) -> Result<()> {
     );
     bar.set_message(format!("synthetic weights ({} scale)", scale.as_str()));
     let t0 = Instant::now();
-    let model = Arc::new(Model::synthetic(scale, 1, scale == Scale::Full)?);
+    let model = Model::synthetic(scale, 1, scale == Scale::Full)?;
+    let model = Arc::new(if a.f32_weights {
+        let f = model.with_f32_weights();
+        drop(model);
+        f
+    } else {
+        model
+    });
     let weights_secs = t0.elapsed().as_secs_f64();
     bar.inc(1);
     let backends = [
@@ -799,6 +810,8 @@ fn run_in_pool(a: Args) -> Result<()> {
         "prefill_reps": a.prefill_reps,
         "reference_seconds": reference_secs,
         "weights_seconds": weights_secs,
+        "weights_dtype": if a.f32_weights { "f32" } else { "checkpoint (fp8_e4m3 / bf16 / f32)" },
+        "weight_bytes_per_layer": model.layers.iter().map(|l| l.matrix_bytes()).collect::<Vec<_>>(),
         "contexts": rows.iter().zip(&accs).map(|((ctx, p), acc)| json!({
             "context": ctx,
             "backends": backends.iter().zip(p).map(|(b, d)| json!({

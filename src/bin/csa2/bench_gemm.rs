@@ -1,33 +1,39 @@
-//! `csa2 bench gemm`: the dense projections through the `gemm` crate (the hot path) against a plain
-//! cache-blocked rayon GEMM with the same contract, on the stack's real shapes.
+//! `csa2 bench gemm`: the dense projections on the stack's real shapes, side by side in one run:
+//! the previous path (f32 weights; a GEMV for ≤ 4 rows, the `gemm` crate's packed kernels above —
+//! not batch-invariant) against the batch-invariant kernel on f32, bf16 and FP8 E4M3 weights.
+//! Each figure is the median of `--reps` timed calls after one warm-up call.
 
 use crate::out::JsonOut;
-use csa2::backend::gemm::{linear, linear_blocked};
+use csa2::backend::gemm::{linear_previous, linear_w, WeightView, E4M3_FOLD};
+use csa2::formats::scalar::e8m0_decode;
+use csa2::weights::synth::quantize_fp8_block;
 use csa2::{Error, Result};
 use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Row counts (tokens) to time.
-    #[arg(long, default_value = "1,16,128,512")]
+    #[arg(long, default_value = "1,4,16,128,512")]
     rows: String,
-    /// Repetitions per figure (the best is reported).
-    #[arg(long, default_value_t = 3)]
+    /// Timed repetitions per figure (the median is reported).
+    #[arg(long, default_value_t = 7)]
     reps: usize,
     /// Write every figure as JSON to PATH (`-` = stdout; the table then goes to stderr).
     #[arg(long, value_name = "PATH")]
     json: Option<JsonOut>,
 }
 
-fn best(reps: usize, mut f: impl FnMut()) -> f64 {
+fn median(reps: usize, mut f: impl FnMut()) -> f64 {
     f();
-    (0..reps.max(1))
+    let mut t: Vec<f64> = (0..reps.max(1))
         .map(|_| {
             let t = Instant::now();
             f();
             t.elapsed().as_secs_f64()
         })
-        .fold(f64::INFINITY, f64::min)
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -45,53 +51,88 @@ pub fn run(a: Args) -> Result<()> {
         return Err(Error::invalid("rows", "row counts must be ≥ 1"));
     }
     let mut figures = vec![];
-    say!("threads: {}", rayon::current_num_threads());
     say!(
-        "{:<22} {:>5} | {:>11} {:>9} | {:>11} {:>9} | {:>6}",
+        "threads: {}; median of {} calls, µs",
+        rayon::current_num_threads(),
+        a.reps.max(1)
+    );
+    say!(
+        "{:<22} {:>5} | {:>10} | {:>10} {:>6} | {:>10} {:>6} | {:>10} {:>6}",
         "projection [out, in]",
         "rows",
-        "gemm µs",
-        "GFLOP/s",
-        "blocked µs",
-        "GFLOP/s",
+        "previous",
+        "f32",
+        "ratio",
+        "bf16",
+        "ratio",
+        "fp8",
         "ratio"
     );
     for (name, out, inp) in [
-        ("wq_a [1280, 5120]", 1280, 5120),
+        ("wq_a [1024, 5120]", 1024, 5120),
+        ("wq_b [32768, 1024]", 32768, 1024),
         ("wkv [512, 5120]", 512, 5120),
         ("wo_b [5120, 8192]", 5120, 8192),
     ] {
         let w: Vec<f32> = (0..out * inp)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) * 1e-3)
             .collect();
+        let bf: Vec<u16> = w
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect();
+        let (codes, sc) = quantize_fp8_block(&w, out, inp);
+        let folded: Vec<f32> = sc.iter().map(|&b| e8m0_decode(b) * E4M3_FOLD).collect();
+        let views = [
+            WeightView::F32 {
+                data: &w,
+                cols: inp,
+            },
+            WeightView::Bf16 {
+                data: &bf,
+                cols: inp,
+            },
+            WeightView::Fp8 {
+                codes: &codes,
+                folded: &folded,
+                cols: inp,
+                row0: 0,
+            },
+        ];
         for &r in &rows {
             let x: Vec<f32> = (0..r * inp)
                 .map(|i| ((i * 13 % 97) as f32 - 48.0) * 1e-2)
                 .collect();
             let mut y = vec![0f32; r * out];
-            let t_gemm = best(a.reps, || {
-                linear("bench", &x, r, &w, out, inp, &mut y).expect("shapes")
-            });
-            let t_blk = best(a.reps, || linear_blocked(&x, r, &w, out, inp, &mut y));
-            let fl = 2.0 * (r * out * inp) as f64;
+            let t_prev = median(a.reps, || linear_previous(&x, r, &w, out, inp, &mut y));
+            let t: Vec<f64> = views
+                .iter()
+                .map(|v| {
+                    median(a.reps, || {
+                        linear_w("bench", &x, r, *v, out, &mut y).expect("shapes")
+                    })
+                })
+                .collect();
             figures.push(serde_json::json!({
                 "projection": name, "out": out, "in": inp, "rows": r,
-                "gemm_us": t_gemm * 1e6, "gemm_gflops": fl / t_gemm / 1e9,
-                "blocked_us": t_blk * 1e6, "blocked_gflops": fl / t_blk / 1e9,
-                "ratio_blocked_to_gemm": t_blk / t_gemm,
+                "previous_us": t_prev * 1e6, "f32_us": t[0] * 1e6, "bf16_us": t[1] * 1e6,
+                "fp8_us": t[2] * 1e6, "gflop": 2.0 * (r * out * inp) as f64 / 1e9,
             }));
             say!(
-                "{:<22} {:>5} | {:>11.1} {:>9.2} | {:>11.1} {:>9.2} | {:>6.2}",
+                "{:<22} {:>5} | {:>10.1} | {:>10.1} {:>6.2} | {:>10.1} {:>6.2} | {:>10.1} {:>6.2}",
                 name,
                 r,
-                t_gemm * 1e6,
-                fl / t_gemm / 1e9,
-                t_blk * 1e6,
-                fl / t_blk / 1e9,
-                t_blk / t_gemm
+                t_prev * 1e6,
+                t[0] * 1e6,
+                t_prev / t[0],
+                t[1] * 1e6,
+                t_prev / t[1],
+                t[2] * 1e6,
+                t_prev / t[2]
             );
         }
     }
+    say!("ratio = previous / this (> 1: faster than the previous path).");
     crate::out::write_json(
         &a.json,
         &serde_json::json!({

@@ -100,7 +100,7 @@ pub fn run(a: Args) -> Result<()> {
         peak1 * threads as f64
     );
     let (vnni_peak, bf16_peak) = simd::dot_peak_gmacs(300);
-    println!(
+    say!(
         "dot units (one thread, GMAC/s): f32 FMA {:.1}, int8 vpdpbusd {}, bf16 vdpbf16ps {}",
         peak1 / 2.0,
         vnni_peak.map_or("off".into(), |v| format!("{v:.1}")),
@@ -200,7 +200,7 @@ pub fn run(a: Args) -> Result<()> {
         let pr = match Prepared::with_kernel(&pq, &qs, vec![n], kernel) {
             Ok(pr) => pr,
             Err(e) => {
-                println!(
+                say!(
                     "decode indexer, q {qq:?}, {} kernel: skipped ({e})",
                     kernel.name()
                 );
@@ -295,7 +295,7 @@ pub fn run(a: Args) -> Result<()> {
             );
         }
         if meds.len() == 2 {
-            println!(
+            say!(
                 "reindex {n} / {} entries, q {:?}: median ratio {:.2}, minimum ratio {:.2}",
                 65536.min(n),
                 pq.query_quant,
@@ -368,7 +368,7 @@ pub fn run(a: Args) -> Result<()> {
             &format!("{:.2}× the f32-dot time", t_att.median / t_b.median),
         );
     } else {
-        println!("decode attention, bf16 dots: skipped (no AVX-512 BF16, or CSA2_ISA caps it)");
+        say!("decode attention, bf16 dots: skipped (no AVX-512 BF16, or CSA2_ISA caps it)");
     }
 
     // Prefill indexer: a chunk of T tokens over its own T / ratio entries, causal.
