@@ -117,12 +117,42 @@ const PACK_LANES: usize = 16;
 /// one sequential 384-byte read per step. Build it at parameter load ([`crate::weights::HcSite`])
 /// and pass it as [`MixWeights::packed`]; it changes only where values are read from, not the
 /// arithmetic, so results are bit-identical with or without it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct PackedHcFn {
     d: usize,
     buf: Vec<f32>,
-    /// Start of the 64-byte-aligned data inside `buf`.
+    /// Start of the 64-byte-aligned data inside `buf` (depends on where the allocator put `buf`).
     off: usize,
+    /// Packed values from `off`.
+    len: usize,
+}
+
+impl PackedHcFn {
+    fn data(&self) -> &[f32] {
+        &self.buf[self.off..self.off + self.len]
+    }
+}
+
+/// Equal tables hold the same values for the same d, wherever their buffers were allocated.
+impl PartialEq for PackedHcFn {
+    fn eq(&self, other: &PackedHcFn) -> bool {
+        self.d == other.d && self.data() == other.data()
+    }
+}
+
+/// A clone re-aligns its own buffer (a plain copy of `buf` may land at another alignment).
+impl Clone for PackedHcFn {
+    fn clone(&self) -> PackedHcFn {
+        let mut buf = vec![0.0f32; self.len + PACK_LANES];
+        let off = buf.as_ptr().align_offset(64).min(PACK_LANES);
+        buf[off..off + self.len].copy_from_slice(self.data());
+        PackedHcFn {
+            d: self.d,
+            buf,
+            off,
+            len: self.len,
+        }
+    }
 }
 
 impl PackedHcFn {
@@ -167,7 +197,7 @@ impl PackedHcFn {
                 }
             }
         }
-        Ok(PackedHcFn { d, buf, off })
+        Ok(PackedHcFn { d, buf, off, len })
     }
 
     /// Stream width d the table was packed for.
@@ -1186,6 +1216,32 @@ mod tests {
             assert!(pk.chunk(d, 1.min(d - 1), d).is_none() || d == 1);
             assert!(pk.chunk(d + 1, 0, (d + 1).min(CHUNK)).is_none());
         }
+    }
+
+    /// Finding: the derived equality compared the raw buffer and the alignment offset, so two
+    /// packs of the same `hc_fn` (a loaded and a synthetic layer) compared unequal whenever the
+    /// allocator aligned their buffers differently.
+    #[test]
+    fn packed_tables_of_the_same_hc_fn_are_equal_wherever_allocated() {
+        let d = 40;
+        let hc_fn: Vec<f32> = (0..MIX * HC * d).map(|i| i as f32).collect();
+        let a = PackedHcFn::new(d, &hc_fn).unwrap();
+        // The same values at another offset inside a differently placed buffer.
+        let off = if a.off == 3 { 5 } else { 3 };
+        let mut buf = vec![-1.0f32; a.len + PACK_LANES];
+        buf[off..off + a.len].copy_from_slice(a.data());
+        let b = PackedHcFn {
+            d,
+            buf,
+            off,
+            len: a.len,
+        };
+        assert_eq!(a, b);
+        let c = b.clone();
+        assert_eq!(c, a);
+        assert_eq!(c.data().as_ptr() as usize % 64, 0, "a clone is re-aligned");
+        let other: Vec<f32> = hc_fn.iter().map(|v| v + 1.0).collect();
+        assert_ne!(a, PackedHcFn::new(d, &other).unwrap());
     }
 
     #[test]
