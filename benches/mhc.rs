@@ -1,7 +1,7 @@
 //! mHC boundary: fused single pass vs the four unfused passes, beside a memcpy and an FMA-peak probe
 //! measured in the same run. Prints `T | µs | GB/s` per path; bytes are the modeled activation
 //! traffic ((2n+2)·d f32 per token fused, (4n+4)·d unfused) plus one read of `hc_fn` per call. The
-//! two paths are timed alternately (best of each) so a load change on a shared machine hits both.
+//! variants are timed round-robin (medians) so a load change on a shared machine hits all alike.
 //! The `GEMV` columns time the coefficient pass alone (`cpu::coefficients`: 24·4d FMAs per token)
 //! against the measured peak.
 //!
@@ -46,24 +46,35 @@ fn now() -> Duration {
 
 /// Best wall time of `f` over repeated runs for about `budget` (at least 3 runs).
 fn best<F: FnMut()>(budget: Duration, mut f: F) -> Duration {
-    best_of::<1, _>(budget, |_| f())[0]
-}
-
-/// Best wall time of each of `n` = N variants, run round-robin for about `budget` (≥ 3 rounds).
-fn best_of<const N: usize, F: FnMut(usize)>(budget: Duration, mut f: F) -> [Duration; N] {
-    (0..N).for_each(&mut f);
     let start = Instant::now();
-    let mut best = [Duration::MAX; N];
-    let mut runs = 0;
+    f();
+    let (mut b, mut runs) = (Duration::MAX, 0);
     while runs < 3 || start.elapsed() < budget {
-        for (i, b) in best.iter_mut().enumerate() {
-            let t = now();
-            f(i);
-            *b = (*b).min(now() - t);
-        }
+        let t = now();
+        f();
+        b = b.min(now() - t);
         runs += 1;
     }
-    best
+    b
+}
+
+/// Median time of each of the N variants, run round-robin (one warm-up round, then ≥ 5 rounds, for
+/// about `budget`), so a load change on a shared machine hits every variant alike.
+fn medians<const N: usize, F: FnMut(usize)>(budget: Duration, mut f: F) -> [Duration; N] {
+    (0..N).for_each(&mut f);
+    let start = Instant::now();
+    let mut runs: [Vec<Duration>; N] = std::array::from_fn(|_| vec![]);
+    while runs[0].len() < 5 || start.elapsed() < budget {
+        for (i, r) in runs.iter_mut().enumerate() {
+            let t = now();
+            f(i);
+            r.push(now() - t);
+        }
+    }
+    runs.map(|mut r| {
+        r.sort();
+        r[r.len() / 2]
+    })
 }
 
 fn main() {
@@ -106,18 +117,27 @@ fn main() {
         "FMA peak (all threads, ISA {:?}): {peak:.1} GFLOP/s",
         csa2::ops::simd::isa()
     );
+    let packed = cpu::PackedHcFn::new(d, &hc_fn).unwrap();
     println!(
-        "{:>6} | {:>11} {:>8} | {:>11} {:>8} | {:>7} | {:>9} | {:>9} {:>8} {:>6}",
+        "medians; 'packed' = hc_fn packed at load (MixWeights::packed), 'row-major' = the same \
+         kernels reading hc_fn [24, 4d] directly"
+    );
+    println!(
+        "{:>6} | {:>10} {:>7} {:>10} {:>7} {:>8} | {:>10} {:>10} {:>8} | {:>9} {:>7} {:>6} | {:>9} {:>7}",
         "T",
         "fused µs",
         "GB/s",
         "unfused µs",
         "GB/s",
-        "speedup",
-        "fused/memcpy",
+        "unf/fus",
+        "fused rm",
+        "unfused rm",
+        "unf/fus",
         "GEMV µs",
         "GFLOP/s",
-        "%peak"
+        "%peak",
+        "GEMV rm",
+        "GFLOP/s"
     );
     for &t in &tokens {
         let x = fill(&mut rng, t * HC * d, -1.0, 1.0);
@@ -125,7 +145,13 @@ fn main() {
         let post = fill(&mut rng, t * HC, 0.0, 2.0);
         let comb = fill(&mut rng, t * HC * HC, 0.0, 0.5);
         let pre = fill(&mut rng, t * HC, 0.0, 1.0);
-        let inp = BoundaryIn {
+        let w = |pk: bool| MixWeights {
+            hc_fn: &hc_fn,
+            base: &base,
+            scale: &scale,
+            packed: pk.then_some(&packed),
+        };
+        let inp = |pk: bool| BoundaryIn {
             x: &x,
             update: Some(PostUpdate {
                 y: &y,
@@ -133,49 +159,52 @@ fn main() {
                 comb: &comb,
             }),
             pre_prev: &pre,
-            next: Some(MixWeights {
-                hc_fn: &hc_fn,
-                base: &base,
-                scale: &scale,
-            }),
+            next: Some(w(pk)),
             norm: &norm,
         };
         let mut x_new = vec![1.0f32; t * HC * d];
         let mut layer_in = vec![1.0f32; t * d];
         let mut co = Coeffs::zeros(t);
-        let mut run = |fused: bool| {
+        // 0 fused, 1 unfused, 2 fused row-major, 3 unfused row-major, 4 GEMV, 5 GEMV row-major.
+        let m = medians::<6, _>(budget, |i| {
+            if i >= 4 {
+                cpu::coefficients(&p, &w(i == 4), &x, &mut co.as_mut());
+                return;
+            }
             let mut out = BoundaryOut {
                 x_new: &mut x_new,
                 layer_in: &mut layer_in,
                 coeffs: Some(co.as_mut()),
             };
-            if fused {
-                cpu::fused_boundary(&p, &inp, &mut out).unwrap()
+            let pk = i == 0 || i == 1;
+            if i % 2 == 0 {
+                cpu::fused_boundary(&p, &inp(pk), &mut out).unwrap()
             } else {
-                cpu::unfused_boundary(&p, &inp, &mut out).unwrap()
+                cpu::unfused_boundary(&p, &inp(pk), &mut out).unwrap()
             }
-        };
-        let [tf, tu] = best_of(budget, |i| run(i == 0));
-        let tg = best(budget, || {
-            cpu::coefficients(&p, &inp.next.unwrap(), &x, &mut co.as_mut())
         });
-        let gflops = (2 * MIX * HC * d * t) as f64 / tg.as_secs_f64() / 1e9;
+        let gflops = |dt: Duration| (2 * MIX * HC * d * t) as f64 / dt.as_secs_f64() / 1e9;
         let act = (t * d * 4) as f64;
         let fused_bytes = (2 * HC + 2) as f64 * act + fn_bytes;
         let unfused_bytes = (4 * HC + 4) as f64 * act + fn_bytes;
         let gbs = |b: f64, dt: Duration| b / dt.as_secs_f64() / 1e9;
+        let us = |dt: Duration| dt.as_secs_f64() * 1e6;
         println!(
-            "{:>6} | {:>11.1} {:>8.1} | {:>11.1} {:>8.1} | {:>6.2}x | {:>8.2} | {:>9.1} {:>8.1} {:>5.0}%",
+            "{:>6} | {:>10.1} {:>7.1} {:>10.1} {:>7.1} {:>7.2}x | {:>10.1} {:>10.1} {:>7.2}x | {:>9.1} {:>7.1} {:>5.0}% | {:>9.1} {:>7.1}",
             t,
-            tf.as_secs_f64() * 1e6,
-            gbs(fused_bytes, tf),
-            tu.as_secs_f64() * 1e6,
-            gbs(unfused_bytes, tu),
-            tu.as_secs_f64() / tf.as_secs_f64(),
-            gbs(fused_bytes, tf) / memcpy_gbs,
-            tg.as_secs_f64() * 1e6,
-            gflops,
-            100.0 * gflops / peak,
+            us(m[0]),
+            gbs(fused_bytes, m[0]),
+            us(m[1]),
+            gbs(unfused_bytes, m[1]),
+            m[1].as_secs_f64() / m[0].as_secs_f64(),
+            us(m[2]),
+            us(m[3]),
+            m[3].as_secs_f64() / m[2].as_secs_f64(),
+            us(m[4]),
+            gflops(m[4]),
+            100.0 * gflops(m[4]) / peak,
+            us(m[5]),
+            gflops(m[5]),
         );
     }
 }

@@ -19,7 +19,7 @@ use crate::backend::gemm::WeightView;
 use crate::error::{Error, Result};
 use crate::formats::scalar::{e4m3_decode, e8m0_decode};
 use crate::geometry::{Geometry, Role};
-use crate::ops::mhc::{MixWeights, HC, MIX};
+use crate::ops::mhc::{cpu::PackedHcFn, MixWeights, HC, MIX};
 use memmap2::Mmap;
 use rayon::prelude::*;
 use safetensors::{tensor::Metadata, Dtype, SafeTensors};
@@ -352,15 +352,30 @@ pub struct HcSite {
     pub base: Vec<f32>,
     /// `hc_scale [3]`.
     pub scale: Vec<f32>,
+    /// `hc_fn` packed for the CPU mix kernel at load ([`PackedHcFn`]).
+    pub packed: PackedHcFn,
 }
 
 impl HcSite {
+    /// Packs `hc_fn [24, 4·hidden]` for the mix kernel. Errors: [`crate::Error::Shape`] on a
+    /// wrong `hc_fn` length.
+    pub fn new(hidden: usize, hc_fn: Vec<f32>, base: Vec<f32>, scale: Vec<f32>) -> Result<HcSite> {
+        let packed = PackedHcFn::new(hidden, &hc_fn)?;
+        Ok(HcSite {
+            hc_fn,
+            base,
+            scale,
+            packed,
+        })
+    }
+
     /// Borrowed view for [`crate::ops::mhc`].
     pub fn mix(&self) -> MixWeights<'_> {
         MixWeights {
             hc_fn: &self.hc_fn,
             base: &self.base,
             scale: &self.scale,
+            packed: Some(&self.packed),
         }
     }
 }
@@ -847,11 +862,12 @@ pub fn assemble_layer(
         None
     };
     let site = |s: &str| -> Result<HcSite> {
-        Ok(HcSite {
-            hc_fn: get(&format!("hc_{s}_fn"))?,
-            base: get(&format!("hc_{s}_base"))?,
-            scale: get(&format!("hc_{s}_scale"))?,
-        })
+        HcSite::new(
+            g.hidden_size,
+            get(&format!("hc_{s}_fn"))?,
+            get(&format!("hc_{s}_base"))?,
+            get(&format!("hc_{s}_scale"))?,
+        )
     };
     Ok(LayerWeights {
         id: layer,

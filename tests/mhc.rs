@@ -55,6 +55,7 @@ impl Case {
             hc_fn: &self.hc_fn,
             base: &self.base,
             scale: &self.scale,
+            packed: None,
         }
     }
     fn input(&self) -> BoundaryIn<'_> {
@@ -139,6 +140,122 @@ fn fused_matches_unfused() {
         check("pre", &fc.pre, &as64(&uc.pre), &F32_VS_F64);
         check("post", &fc.post, &as64(&uc.post), &F32_VS_F64);
         check("comb", &fc.comb, &as64(&uc.comb), &F32_VS_F64);
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The two paths run the same kernels with the same chunk-wise sums, and the packed `hc_fn` only
+/// changes where values are read from: all four combinations give the same bits, at the first
+/// site (no update) too, and on widths that are not multiples of the 512-dim chunk or of 16.
+#[test]
+fn fused_unfused_packed_and_row_major_give_the_same_bits() {
+    for &(t, d) in &[(1usize, 5120usize), (9, 640), (17, 1033), (33, 264)] {
+        let c = Case::new(t, d, 7 + d as u64);
+        let p = c.params();
+        let pk = cpu::PackedHcFn::new(d, &c.hc_fn).unwrap();
+        let first_pre = one_hot_pre(t);
+        for first in [false, true] {
+            let mut outs = vec![];
+            for packed in [None, Some(&pk)] {
+                for path in [Path::Fused, Path::Unfused] {
+                    let mut inp = BoundaryIn {
+                        next: Some(MixWeights {
+                            packed,
+                            ..c.weights()
+                        }),
+                        ..c.input()
+                    };
+                    if first {
+                        inp.update = None;
+                        inp.pre_prev = &first_pre;
+                    }
+                    let o = boundary(&p, &inp, path).unwrap();
+                    let co = o.coeffs.unwrap();
+                    let tag = format!(
+                        "T={t} d={d} first={first} packed={} {path:?}",
+                        packed.is_some()
+                    );
+                    outs.push((
+                        tag,
+                        bits(&o.x_new),
+                        bits(&o.layer_in),
+                        bits(&co.pre),
+                        bits(&co.post),
+                        bits(&co.comb),
+                    ));
+                }
+            }
+            for o in &outs[1..] {
+                assert!(o.1 == outs[0].1, "x_new: {} vs {}", o.0, outs[0].0);
+                assert!(o.2 == outs[0].2, "layer_in: {} vs {}", o.0, outs[0].0);
+                assert!(
+                    o.3 == outs[0].3 && o.4 == outs[0].4 && o.5 == outs[0].5,
+                    "coeffs: {} vs {}",
+                    o.0,
+                    outs[0].0
+                );
+            }
+        }
+    }
+}
+
+/// A token's rows do not depend on how many tokens share the call (tile size, 4-token GEMV
+/// groups and thread split all change with T): the first 5 tokens of a 33-token call equal a
+/// 5-token call and 5 one-token calls, bit for bit.
+#[test]
+fn fused_rows_do_not_depend_on_the_batch() {
+    let d = 600;
+    let c = Case::new(33, d, 41);
+    let p = c.params();
+    let pk = cpu::PackedHcFn::new(d, &c.hc_fn).unwrap();
+    let run = |t0: usize, t: usize| {
+        let sub = BoundaryIn {
+            x: &c.x[t0 * HC * d..(t0 + t) * HC * d],
+            update: Some(PostUpdate {
+                y: &c.y[t0 * d..(t0 + t) * d],
+                post: &c.post[t0 * HC..(t0 + t) * HC],
+                comb: &c.comb[t0 * HC * HC..(t0 + t) * HC * HC],
+            }),
+            pre_prev: &c.pre_prev[t0 * HC..(t0 + t) * HC],
+            next: Some(MixWeights {
+                packed: Some(&pk),
+                ..c.weights()
+            }),
+            norm: &c.norm,
+        };
+        let o = boundary(&p, &sub, Path::Fused).unwrap();
+        let co = o.coeffs.unwrap();
+        (o.x_new, o.layer_in, co.pre, co.post, co.comb)
+    };
+    let all = run(0, 33);
+    let five = run(0, 5);
+    assert_eq!(bits(&five.1), bits(&all.1[..5 * d]));
+    assert_eq!(bits(&five.4), bits(&all.4[..5 * HC * HC]));
+    for tok in 0..5 {
+        let one = run(tok, 1);
+        assert_eq!(
+            bits(&one.0),
+            bits(&all.0[tok * HC * d..(tok + 1) * HC * d]),
+            "x_new {tok}"
+        );
+        assert_eq!(
+            bits(&one.1),
+            bits(&all.1[tok * d..(tok + 1) * d]),
+            "layer_in {tok}"
+        );
+        assert_eq!(
+            bits(&one.2),
+            bits(&all.2[tok * HC..(tok + 1) * HC]),
+            "pre {tok}"
+        );
+        assert_eq!(
+            bits(&one.4),
+            bits(&all.4[tok * HC * HC..(tok + 1) * HC * HC]),
+            "comb {tok}"
+        );
     }
 }
 
@@ -404,6 +521,17 @@ fn shape_errors_name_the_argument() {
     };
     let e = boundary(&p, &inp, Path::Unfused).unwrap_err().to_string();
     assert!(e.contains("hc_fn"), "{e}");
+    // A packed table of another width is refused, not silently used.
+    let other = cpu::PackedHcFn::new(8, &vec![0.0; MIX * HC * 8]).unwrap();
+    let inp = BoundaryIn {
+        next: Some(MixWeights {
+            packed: Some(&other),
+            ..c.weights()
+        }),
+        ..c.input()
+    };
+    let e = boundary(&p, &inp, Path::Fused).unwrap_err().to_string();
+    assert!(e.contains("packed hc_fn") && e.contains("d = 8"), "{e}");
     let x_odd = &c.x[..c.x.len() - 3];
     let inp = BoundaryIn {
         x: x_odd,

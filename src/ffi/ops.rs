@@ -1084,6 +1084,7 @@ pub unsafe extern "C" fn csa2_mhc(
                 hc_fn: a,
                 base: b,
                 scale: c,
+                packed: None,
             }),
             norm: &nf,
         };

@@ -5,10 +5,11 @@
 //! through memory:
 //! - [`unfused_boundary`]: post update (read X, y; write X'), coefficient pass (read X'), collapse
 //!   (read X', write u), RMSNorm (read u, write the sublayer input): (4n+4)·d values per token.
-//! - [`fused_boundary`]: per token tile, one pass over each token computes X' (written once), the
-//!   shifted collapse u and its sum of squares; the `hc_fn · vec(X')` GEMV plus the mix statistic
-//!   then reads the tile's X' back from cache (a tile is ≤ 16 tokens × 4d f32) and the norm scales u
-//!   while the tile's rows are still in L2: (2n+2)·d values per token through memory.
+//! - [`fused_boundary`]: per token tile and per d-chunk, one pass computes X' (written once), the
+//!   shifted collapse u and its sum of squares, then the `hc_fn · vec(X')` GEMV plus the mix
+//!   statistic reads that chunk of the tile's X' back from L1/L2 (≤ 16 tokens × 4 × 2 KiB), and at
+//!   the end the norm scales u while the tile's rows are still in L2: (2n+2)·d values per token
+//!   through memory. Both paths give the same bits (same kernels, same chunk-wise sums).
 //!
 //! The coefficient GEMV (`hc_fn [24, 4d] · vec(X')`, 24·4d FMAs per token, ≈ 80 % of the arithmetic)
 //! is one kernel, [`mix_block`], called by both paths on the same token tiles and d-chunks: it
@@ -99,6 +100,122 @@ fn collapse(d: usize, xt: &[f32], pre: &[f32; HC], c0: usize, c1: usize, u: &mut
 
 // ---- the mix GEMV: hc_fn [24, 4d] · vec(X') for a block of tokens ---------------------------------
 
+/// Rows per group and lanes per vector of the packed layout (those of the AVX-512 kernel).
+#[cfg(target_arch = "x86_64")]
+const PACK_RG: usize = avx512::RG;
+#[cfg(not(target_arch = "x86_64"))]
+const PACK_RG: usize = 6;
+const PACK_LANES: usize = 16;
+
+/// `hc_fn [24, 4d]` (f32) rearranged once, in the order the AVX-512 mix kernel reads it: per
+/// [`CHUNK`] of d, per group g of 6 rows, per stream j, per 16-dim block kb, the 6 rows' 16 values
+/// (`[chunk][g][j][kb][q][16]`, the last block of a ragged chunk zero-padded; 64-byte aligned).
+///
+/// Why: in row-major `hc_fn` the 6 rows of a group are 4·d·4 B = 80 KiB apart and the streams
+/// d·4 B = 20 KiB apart (multiples of 4 KiB at d = 5120), so every vector the kernel loads in one
+/// step maps to the same L1 sets and they evict each other and the X' rows; packed, the 6 rows are
+/// one sequential 384-byte read per step. Build it at parameter load ([`crate::weights::HcSite`])
+/// and pass it as [`MixWeights::packed`]; it changes only where values are read from, not the
+/// arithmetic, so results are bit-identical with or without it.
+#[derive(Debug)]
+pub struct PackedHcFn {
+    d: usize,
+    buf: Vec<f32>,
+    /// Start of the 64-byte-aligned data inside `buf` (depends on where the allocator put `buf`).
+    off: usize,
+    /// Packed values from `off`.
+    len: usize,
+}
+
+impl PackedHcFn {
+    fn data(&self) -> &[f32] {
+        &self.buf[self.off..self.off + self.len]
+    }
+}
+
+/// Equal tables hold the same values for the same d, wherever their buffers were allocated.
+impl PartialEq for PackedHcFn {
+    fn eq(&self, other: &PackedHcFn) -> bool {
+        self.d == other.d && self.data() == other.data()
+    }
+}
+
+/// A clone re-aligns its own buffer (a plain copy of `buf` may land at another alignment).
+impl Clone for PackedHcFn {
+    fn clone(&self) -> PackedHcFn {
+        let mut buf = vec![0.0f32; self.len + PACK_LANES];
+        let off = buf.as_ptr().align_offset(64).min(PACK_LANES);
+        buf[off..off + self.len].copy_from_slice(self.data());
+        PackedHcFn {
+            d: self.d,
+            buf,
+            off,
+            len: self.len,
+        }
+    }
+}
+
+impl PackedHcFn {
+    /// Packs `hc_fn [24, 4·hidden]` row-major f32.
+    ///
+    /// Errors: [`crate::Error::Shape`] when `hc_fn.len()` ≠ 24·4·hidden or hidden = 0.
+    pub fn new(hidden: usize, hc_fn: &[f32]) -> Result<PackedHcFn> {
+        let d = hidden;
+        if d == 0 || hc_fn.len() != MIX * HC * d {
+            return Err(crate::Error::shape(
+                "hc_fn",
+                format!(
+                    "[{MIX}, {}] = {} f32 (hidden = {d} > 0)",
+                    HC * d,
+                    MIX * HC * d
+                ),
+                format!("{} f32", hc_fn.len()),
+            ));
+        }
+        let chunks = d.div_ceil(CHUNK);
+        let len = (chunks - 1) * MIX * HC * CHUNK
+            + MIX * HC * (d - (chunks - 1) * CHUNK).div_ceil(PACK_LANES) * PACK_LANES;
+        let mut buf = vec![0.0f32; len + PACK_LANES];
+        let off = buf.as_ptr().align_offset(64).min(PACK_LANES);
+        let out = &mut buf[off..off + len];
+        for ci in 0..chunks {
+            let c0 = ci * CHUNK;
+            let c1 = (c0 + CHUNK).min(d);
+            let nkb = (c1 - c0).div_ceil(PACK_LANES);
+            let base = ci * MIX * HC * CHUNK;
+            for g in 0..MIX / PACK_RG {
+                for j in 0..HC {
+                    for kb in 0..nkb {
+                        for q in 0..PACK_RG {
+                            let o = base + (((g * HC + j) * nkb + kb) * PACK_RG + q) * PACK_LANES;
+                            let r = &hc_fn[(g * PACK_RG + q) * HC * d + j * d..][..d];
+                            let k0 = c0 + kb * PACK_LANES;
+                            let k1 = (k0 + PACK_LANES).min(c1);
+                            out[o..o + (k1 - k0)].copy_from_slice(&r[k0..k1]);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(PackedHcFn { d, buf, off, len })
+    }
+
+    /// Stream width d the table was packed for.
+    pub fn hidden(&self) -> usize {
+        self.d
+    }
+
+    /// The packed values of dims c0..c1 when that is a chunk of the packing grid of width `d`.
+    fn chunk(&self, d: usize, c0: usize, c1: usize) -> Option<&[f32]> {
+        if d != self.d || !c0.is_multiple_of(CHUNK) || c1 != (c0 + CHUNK).min(d) || c0 >= d {
+            return None;
+        }
+        let len = MIX * HC * (c1 - c0).div_ceil(PACK_LANES) * PACK_LANES;
+        let start = self.off + c0 / CHUNK * MIX * HC * CHUNK;
+        Some(&self.buf[start..start + len])
+    }
+}
+
 /// For every token `tt` of the contiguous block `xs [nt, 4, d]`:
 /// `acc[tt·25 + r] += Σ_j Σ_{k∈c0..c1} hc_fn[r, j·d + k]·X[tt][j][k]` (r < 24) and
 /// `acc[tt·25 + 24] += Σ_j Σ_k X[tt][j][k]²`.
@@ -106,13 +223,30 @@ fn collapse(d: usize, xt: &[f32], pre: &[f32; HC], c0: usize, c1: usize, u: &mut
 /// The kernels register-block over tokens: each `hc_fn` vector load feeds one FMA per token of a
 /// group (4 tokens × 6 rows = 24 accumulators with AVX-512, 3 × 4 with AVX2), so `hc_fn` travels
 /// through L1 once per token group instead of once per token.
+///
+/// With `packed` (the prepared form of the same `hc_fn`) and a chunk of the packing grid
+/// (c0 = i·[`CHUNK`], c1 = min(c0 + [`CHUNK`], d)), the AVX-512 kernel reads the packed chunk:
+/// same result bits, sequential `hc_fn` loads.
 #[inline]
-fn mix_block(d: usize, hc_fn: &[f32], xs: &[f32], c0: usize, c1: usize, acc: &mut [f32]) {
+fn mix_block(
+    d: usize,
+    hc_fn: &[f32],
+    packed: Option<&PackedHcFn>,
+    xs: &[f32],
+    c0: usize,
+    c1: usize,
+    acc: &mut [f32],
+) {
     assert!(hc_fn.len() == MIX * HC * d && xs.len().is_multiple_of(HC * d));
     assert!(acc.len() == xs.len() / (HC * d) * MIX_ACC && c0 <= c1 && c1 <= d);
     match isa() {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
+            if let Some(chunk) = packed.and_then(|pk| pk.chunk(d, c0, c1)) {
+                // SAFETY: `isa()` reported AVX-512F; `chunk` is the packed c0..c1 of a table of
+                // this d (24·4·⌈(c1−c0)/16⌉·16 values, checked by `chunk`); lengths asserted above.
+                return unsafe { avx512::mix_block_packed(d, chunk, xs, c0, c1, acc) };
+            }
             // SAFETY: `isa()` reported AVX-512F at run time; lengths asserted above.
             unsafe { avx512::mix_block(d, hc_fn, xs, c0, c1, acc) }
         }
@@ -483,7 +617,7 @@ mod avx512 {
 
     /// Rows per accumulator group and tokens per group: 6 × 4 accumulators + 4 X vectors + 1
     /// `hc_fn` vector = 29 of the 32 zmm registers; 10 loads feed 24 FMAs.
-    const RG: usize = 6;
+    pub(super) const RG: usize = 6;
     const TB: usize = 4;
 
     /// SAFETY (callers): AVX-512F present; `hc_fn` holds 24·4·d, `xs` nt·4·d, `acc` nt·25,
@@ -497,17 +631,72 @@ mod avx512 {
         c1: usize,
         acc: &mut [f32],
     ) {
+        blocks::<false>(d, hc_fn.as_ptr(), xs, c0, c1, acc)
+    }
+
+    /// [`mix_block`] reading `hc_fn` from one chunk of a [`super::PackedHcFn`] (`chunk` = the
+    /// packed values of c0..c1, laid out `[g][j][kb][q][16]`): the same FMAs in the same order, so
+    /// the same bits, but the 6 rows of a group arrive as one sequential stream.
+    ///
+    /// SAFETY (callers): AVX-512F present; `chunk` holds 24·4·⌈(c1−c0)/16⌉·16 values, `xs` nt·4·d,
+    /// `acc` nt·25, c0 ≤ c1 ≤ d.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn mix_block_packed(
+        d: usize,
+        chunk: &[f32],
+        xs: &[f32],
+        c0: usize,
+        c1: usize,
+        acc: &mut [f32],
+    ) {
+        blocks::<true>(d, chunk.as_ptr(), xs, c0, c1, acc)
+    }
+
+    /// One 4-token group's X' chunk copied contiguously (`[token][stream][CHUNK]`, 32 KiB).
+    #[repr(align(64))]
+    struct XChunk([f32; TB * HC * super::CHUNK]);
+
+    #[inline(always)]
+    unsafe fn blocks<const P: bool>(
+        d: usize,
+        fp: *const f32,
+        xs: &[f32],
+        c0: usize,
+        c1: usize,
+        acc: &mut [f32],
+    ) {
         let nt = xs.len() / (HC * d);
+        let row = HC * d;
+        let w = c1 - c0;
+        // With the packed table (chunks ≤ CHUNK wide) the group's 16 X' row segments are copied
+        // into one contiguous 32 KiB block first: in place they are 20/80 KiB apart, all in the
+        // same L1 sets, and the 4 row groups re-read them 4 times. Same values, same FMAs.
+        let mut scratch = if P && w <= super::CHUNK {
+            Some(XChunk([0.0; TB * HC * super::CHUNK]))
+        } else {
+            None
+        };
         let mut t = 0;
         while t < nt {
             let b = (nt - t).min(TB);
-            let x = &xs[t * HC * d..(t + b) * HC * d];
             let a = &mut acc[t * MIX_ACC..(t + b) * MIX_ACC];
+            let (xp, ts, js, xc0) = match scratch.as_mut() {
+                Some(sc) => {
+                    for bb in 0..b {
+                        for j in 0..HC {
+                            let src = &xs[(t + bb) * row + j * d + c0..][..w];
+                            sc.0[(bb * HC + j) * super::CHUNK..][..w].copy_from_slice(src);
+                        }
+                    }
+                    (sc.0.as_ptr(), HC * super::CHUNK, super::CHUNK, 0)
+                }
+                None => (xs.as_ptr().add(t * row), row, d, c0),
+            };
             match b {
-                4 => group::<4>(d, hc_fn, x, c0, c1, a),
-                3 => group::<3>(d, hc_fn, x, c0, c1, a),
-                2 => group::<2>(d, hc_fn, x, c0, c1, a),
-                _ => group::<1>(d, hc_fn, x, c0, c1, a),
+                4 => group::<4, P>(d, fp, xp, ts, js, xc0, c0, c1, a),
+                3 => group::<3, P>(d, fp, xp, ts, js, xc0, c0, c1, a),
+                2 => group::<2, P>(d, fp, xp, ts, js, xc0, c0, c1, a),
+                _ => group::<1, P>(d, fp, xp, ts, js, xc0, c0, c1, a),
             }
             t += b;
         }
@@ -515,49 +704,67 @@ mod avx512 {
 
     /// One group of B ≤ 4 tokens over the chunk c0..c1 of each of the 4 streams; the ragged end of
     /// the chunk (< 16 dims) runs through masked loads, whose zero lanes add nothing.
+    ///
+    /// `fp` is `hc_fn [24, 4d]` (P = false: row q of group g at `(6g+q)·4d`, stream j at `j·d`) or
+    /// one packed chunk (P = true: `[g][j][kb][q][16]`, zero-padded to whole 16-lane blocks). The
+    /// X' value of token bb, stream j, dim c0 + i is at `xp + bb·ts + j·js + xc0 + i` (in place or
+    /// a contiguous copy). Only addresses differ between the variants; the arithmetic is the same.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    unsafe fn group<const B: usize>(
+    unsafe fn group<const B: usize, const P: bool>(
         d: usize,
-        hc_fn: &[f32],
-        xs: &[f32],
+        fp: *const f32,
+        xp: *const f32,
+        ts: usize,
+        js: usize,
+        xc0: usize,
         c0: usize,
         c1: usize,
         acc: &mut [f32],
     ) {
         let row = HC * d;
-        let cv = c0 + (c1 - c0) / 16 * 16;
-        let mask: __mmask16 = ((1u32 << (c1 - cv)) - 1) as __mmask16;
-        let fp = hc_fn.as_ptr();
-        let xp = xs.as_ptr();
+        let nfull = (c1 - c0) / 16;
+        let rem = (c1 - c0) - nfull * 16;
+        let mask: __mmask16 = ((1u32 << rem) - 1) as __mmask16;
+        let nkb = (c1 - c0).div_ceil(16);
+        // Address of the `hc_fn` vector of row q (of group g), stream j, dims c0 + 16·kb...
+        let fv = |g: usize, j: usize, kb: usize, q: usize| {
+            if P {
+                fp.add((((g * HC + j) * nkb + kb) * RG + q) * 16)
+            } else {
+                fp.add((g * RG + q) * row + j * d + c0 + kb * 16)
+            }
+        };
+        // ... and of the X' vector of token bb, stream j, dims c0 + 16·kb...
+        let xv = |bb: usize, j: usize, kb: usize| xp.add(bb * ts + j * js + xc0 + kb * 16);
         for g in 0..MIX / RG {
-            let fg = fp.add(g * RG * row);
             let mut a = [[_mm512_setzero_ps(); B]; RG];
             for j in 0..HC {
-                let mut k = j * d + c0;
-                while k < j * d + cv {
-                    // SAFETY: k + 16 ≤ j·d + c1 ≤ 4·d: inside each token's and each row's 4·d.
+                for kb in 0..nfull {
+                    // SAFETY: 16·(kb + 1) ≤ c1 − c0: inside each token's stream segment and each
+                    // `hc_fn` row; the packed vector (g, j, kb, q) lies inside the chunk.
                     let mut x = [_mm512_setzero_ps(); B];
-                    for (bb, xv) in x.iter_mut().enumerate() {
-                        *xv = _mm512_loadu_ps(xp.add(bb * row + k));
+                    for (bb, x) in x.iter_mut().enumerate() {
+                        *x = _mm512_loadu_ps(xv(bb, j, kb));
                     }
                     for (q, aq) in a.iter_mut().enumerate() {
-                        let f = _mm512_loadu_ps(fg.add(q * row + k));
-                        for (ab, xv) in aq.iter_mut().zip(&x) {
-                            *ab = _mm512_fmadd_ps(f, *xv, *ab);
+                        let f = _mm512_loadu_ps(fv(g, j, kb, q));
+                        for (ab, x) in aq.iter_mut().zip(&x) {
+                            *ab = _mm512_fmadd_ps(f, *x, *ab);
                         }
                     }
-                    k += 16;
                 }
                 if mask != 0 {
-                    // SAFETY: masked lanes are not read; the unmasked ones end at j·d + c1.
+                    // SAFETY: masked lanes are not read; the unmasked ones end at dim c1 (the
+                    // packed block kb = nkb − 1 is whole, its padding lanes zero and unread).
                     let mut x = [_mm512_setzero_ps(); B];
-                    for (bb, xv) in x.iter_mut().enumerate() {
-                        *xv = _mm512_maskz_loadu_ps(mask, xp.add(bb * row + k));
+                    for (bb, x) in x.iter_mut().enumerate() {
+                        *x = _mm512_maskz_loadu_ps(mask, xv(bb, j, nfull));
                     }
                     for (q, aq) in a.iter_mut().enumerate() {
-                        let f = _mm512_maskz_loadu_ps(mask, fg.add(q * row + k));
-                        for (ab, xv) in aq.iter_mut().zip(&x) {
-                            *ab = _mm512_fmadd_ps(f, *xv, *ab);
+                        let f = _mm512_maskz_loadu_ps(mask, fv(g, j, nfull, q));
+                        for (ab, x) in aq.iter_mut().zip(&x) {
+                            *ab = _mm512_fmadd_ps(f, *x, *ab);
                         }
                     }
                 }
@@ -570,19 +777,17 @@ mod avx512 {
         }
         let mut s = [_mm512_setzero_ps(); B];
         for j in 0..HC {
-            let mut k = j * d + c0;
-            while k < j * d + cv {
+            for kb in 0..nfull {
                 for (bb, sb) in s.iter_mut().enumerate() {
                     // SAFETY: as in the GEMV loop.
-                    let x = _mm512_loadu_ps(xp.add(bb * row + k));
+                    let x = _mm512_loadu_ps(xv(bb, j, kb));
                     *sb = _mm512_fmadd_ps(x, x, *sb);
                 }
-                k += 16;
             }
             if mask != 0 {
                 for (bb, sb) in s.iter_mut().enumerate() {
                     // SAFETY: as in the masked GEMV tail.
-                    let x = _mm512_maskz_loadu_ps(mask, xp.add(bb * row + k));
+                    let x = _mm512_maskz_loadu_ps(mask, xv(bb, j, nfull));
                     *sb = _mm512_fmadd_ps(x, x, *sb);
                 }
             }
@@ -723,8 +928,8 @@ fn pre_of(pre: &[f32], t: usize) -> [f32; HC] {
 // ---- the fused single pass -----------------------------------------------------------------------
 
 /// One boundary in a single pass over the streams (Mega-mHC order, docs/SPEC.md §4): reads X and y once,
-/// writes X' and the new site input once; the coefficient GEMV runs on X' chunks while they are in
-/// L1. See the module docs of [`super`] for the math and shapes.
+/// writes X' and the new site input once; the coefficient GEMV runs on each X' chunk right after it
+/// is written, while it is in L1/L2. See the module docs of [`super`] for the math and shapes.
 ///
 /// Errors: [`crate::Error::Shape`] / [`crate::Error::Invalid`] for bad shapes or parameters.
 pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) -> Result<()> {
@@ -744,33 +949,39 @@ pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) ->
         let t0 = ti * tile;
         let nt = u_tile.len() / d;
         let mut su = vec![0.0f32; nt];
-        // Token-major update: long sequential streams for the prefetchers; the tile's X' (≤ 16 ×
-        // 80 KiB at d = 5120) is still in L2 (at worst L3) when the GEMV reads it back chunk by chunk.
-        for tt in 0..nt {
-            let tok = t0 + tt;
-            let xt = &inp.x[tok * HC * d..(tok + 1) * HC * d];
-            let xn = &mut xn_tile[tt * HC * d..(tt + 1) * HC * d];
-            let u = &mut u_tile[tt * d..(tt + 1) * d];
-            let pre = pre_of(inp.pre_prev, tok);
-            su[tt] = match &inp.update {
-                Some(upd) => {
-                    let m = token_mix(&inp.update, tok);
-                    let y = &upd.y[tok * d..(tok + 1) * d];
-                    update_collapse(d, xt, y, &m, Some(&pre), 0, d, xn, Some(u))
-                }
-                None => {
-                    xn.copy_from_slice(xt);
-                    collapse(d, xn, &pre, 0, d, u)
-                }
-            };
-        }
-        if let Some(w) = &inp.next {
-            let mut c0 = 0;
-            while c0 < d {
-                let c1 = (c0 + CHUNK).min(d);
-                mix_block(d, w.hc_fn, xn_tile, c0, c1, acc_tile);
-                c0 = c1;
+        // Chunk-major: the update of one CHUNK of every token of the tile (X' chunk: ≤ 16 × 4 ×
+        // 2 KiB = 128 KiB) is followed at once by the GEMV on that chunk, so the GEMV reads X' from
+        // L1/L2 instead of L3 (the whole tile's X', 16 × 80 KiB at d = 5120, exceeds a 1 MiB L2),
+        // and the memory-bound update of the next chunk alternates with the compute-bound GEMV.
+        // Σu² is summed per chunk in the order of the unfused RMSNorm pass, so both paths give
+        // the same bits; the chunk grid depends on d only (batch invariance).
+        let mut c0 = 0;
+        while c0 < d {
+            let c1 = (c0 + CHUNK).min(d);
+            for tt in 0..nt {
+                let tok = t0 + tt;
+                let xt = &inp.x[tok * HC * d..(tok + 1) * HC * d];
+                let xn = &mut xn_tile[tt * HC * d..(tt + 1) * HC * d];
+                let u = &mut u_tile[tt * d..(tt + 1) * d];
+                let pre = pre_of(inp.pre_prev, tok);
+                su[tt] += match &inp.update {
+                    Some(upd) => {
+                        let m = token_mix(&inp.update, tok);
+                        let y = &upd.y[tok * d..(tok + 1) * d];
+                        update_collapse(d, xt, y, &m, Some(&pre), c0, c1, xn, Some(u))
+                    }
+                    None => {
+                        for j in 0..HC {
+                            xn[j * d + c0..j * d + c1].copy_from_slice(&xt[j * d + c0..j * d + c1]);
+                        }
+                        collapse(d, xn, &pre, c0, c1, u)
+                    }
+                };
             }
+            if let Some(w) = &inp.next {
+                mix_block(d, w.hc_fn, w.packed, xn_tile, c0, c1, acc_tile);
+            }
+            c0 = c1;
         }
         for (tt, &s) in su.iter().enumerate().take(nt) {
             let r = 1.0 / (s / d as f32 + p.rms_eps).sqrt();
@@ -818,7 +1029,7 @@ pub fn coefficients(p: &MhcParams, w: &MixWeights, x: &[f32], out: &mut CoeffsMu
             let mut c0 = 0;
             while c0 < d {
                 let c1 = (c0 + CHUNK).min(d);
-                mix_block(d, w.hc_fn, xs, c0, c1, a);
+                mix_block(d, w.hc_fn, w.packed, xs, c0, c1, a);
                 c0 = c1;
             }
         });
@@ -955,6 +1166,89 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The packed table changes where `hc_fn` is read from, never the arithmetic: the packed
+    /// kernel gives the same bits as the row-major one on every chunk of the grid, including a
+    /// ragged last chunk and a chunk width that is not a multiple of 16, and for every remainder
+    /// of the 4-token group.
+    #[test]
+    fn packed_hc_fn_gives_the_row_major_bits_on_every_chunk() {
+        let mut rng = StdRng::seed_from_u64(11);
+        for d in [1, 16, 37, CHUNK, CHUNK + 9, 2 * CHUNK + 16] {
+            let hc_fn: Vec<f32> = (0..MIX * HC * d)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let pk = PackedHcFn::new(d, &hc_fn).unwrap();
+            for nt in 1..=9 {
+                let xs: Vec<f32> = (0..nt * HC * d)
+                    .map(|_| rng.random_range(-1.0..1.0))
+                    .collect();
+                let (mut a, mut b) = (vec![0.25f32; nt * MIX_ACC], vec![0.25f32; nt * MIX_ACC]);
+                let mut c0 = 0;
+                while c0 < d {
+                    let c1 = (c0 + CHUNK).min(d);
+                    assert!(
+                        pk.chunk(d, c0, c1).is_some(),
+                        "d={d} {c0}..{c1} is on the grid"
+                    );
+                    mix_block(d, &hc_fn, None, &xs, c0, c1, &mut a);
+                    mix_block(d, &hc_fn, Some(&pk), &xs, c0, c1, &mut b);
+                    #[cfg(target_arch = "x86_64")]
+                    if is_x86_feature_detected!("avx512f") {
+                        let mut r = vec![0.25f32; nt * MIX_ACC];
+                        let mut q = vec![0.25f32; nt * MIX_ACC];
+                        let ch = pk.chunk(d, c0, c1).unwrap();
+                        // SAFETY: AVX-512F detected just above; `ch` is the packed c0..c1.
+                        unsafe {
+                            avx512::mix_block(d, &hc_fn, &xs, c0, c1, &mut r);
+                            avx512::mix_block_packed(d, ch, &xs, c0, c1, &mut q);
+                        }
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&r), bits(&q), "avx512 d={d} nt={nt} {c0}..{c1}");
+                    }
+                    c0 = c1;
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "dispatch d={d} nt={nt}");
+            }
+            // Off the grid (and for another d) the packed table is not used.
+            assert!(pk.chunk(d, 1.min(d - 1), d).is_none() || d == 1);
+            assert!(pk.chunk(d + 1, 0, (d + 1).min(CHUNK)).is_none());
+        }
+    }
+
+    /// Finding: the derived equality compared the raw buffer and the alignment offset, so two
+    /// packs of the same `hc_fn` (a loaded and a synthetic layer) compared unequal whenever the
+    /// allocator aligned their buffers differently.
+    #[test]
+    fn packed_tables_of_the_same_hc_fn_are_equal_wherever_allocated() {
+        let d = 40;
+        let hc_fn: Vec<f32> = (0..MIX * HC * d).map(|i| i as f32).collect();
+        let a = PackedHcFn::new(d, &hc_fn).unwrap();
+        // The same values at another offset inside a differently placed buffer.
+        let off = if a.off == 3 { 5 } else { 3 };
+        let mut buf = vec![-1.0f32; a.len + PACK_LANES];
+        buf[off..off + a.len].copy_from_slice(a.data());
+        let b = PackedHcFn {
+            d,
+            buf,
+            off,
+            len: a.len,
+        };
+        assert_eq!(a, b);
+        let c = b.clone();
+        assert_eq!(c, a);
+        assert_eq!(c.data().as_ptr() as usize % 64, 0, "a clone is re-aligned");
+        let other: Vec<f32> = hc_fn.iter().map(|v| v + 1.0).collect();
+        assert_ne!(a, PackedHcFn::new(d, &other).unwrap());
+    }
+
+    #[test]
+    fn packed_hc_fn_of_the_wrong_length_is_a_shape_error() {
+        let e = PackedHcFn::new(8, &[0.0; MIX * HC * 8 - 1]).unwrap_err();
+        assert!(matches!(e, crate::Error::Shape { .. }), "{e}");
+        assert!(PackedHcFn::new(0, &[]).is_err());
     }
 
     #[test]

@@ -121,6 +121,10 @@ pub struct MixWeights<'a> {
     pub base: &'a [f32],
     /// `hc_scale [3]`: multipliers of the pre, post and comb mixes.
     pub scale: &'a [f32],
+    /// The same `hc_fn` prepared once for the CPU kernel ([`cpu::PackedHcFn::new`]); `None`
+    /// reads `hc_fn` directly (same results; slower GEMV). It must be packed from this `hc_fn`;
+    /// one packed for another d is an error ([`MixWeights::validate`]).
+    pub packed: Option<&'a cpu::PackedHcFn>,
 }
 
 /// The post update of the previous sublayer: its output and its (post, comb).
@@ -272,7 +276,15 @@ impl MixWeights<'_> {
             self.hc_fn.len(),
         )?;
         check_len("hc_base", &format!("[{MIX}]"), MIX, self.base.len())?;
-        check_len("hc_scale", "[3]", 3, self.scale.len())
+        check_len("hc_scale", "[3]", 3, self.scale.len())?;
+        match self.packed {
+            Some(pk) if pk.hidden() != p.hidden => Err(Error::shape(
+                "packed hc_fn",
+                format!("packed for d = {}", p.hidden),
+                format!("packed for d = {}", pk.hidden()),
+            )),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -128,6 +128,7 @@ pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> csa2::Result<()> {
             hc_fn: &hc_fn.data,
             base: &base.data,
             scale: &scale.data,
+            packed: None,
         }),
         norm: &norm.data,
     };
