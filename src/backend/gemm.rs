@@ -300,6 +300,9 @@ fn run(x: &[f32], rows: usize, w: WeightView<'_>, out: usize, inp: usize, y: &mu
         let r1 = (r0 + ROW_BLOCK).min(rows);
         let o0 = bo * ob;
         let o1 = (o0 + ob).min(out);
+        // Rebinding makes the closure capture the whole `OutPtr` (which is Send), not its raw
+        // pointer field alone (edition 2021 captures disjoint fields).
+        #[allow(clippy::redundant_locals)]
         let yp = yp;
         // SAFETY: every task owns rows r0..r1 × outputs o0..o1 of y ([rows, out], row stride
         // `out`); the rectangles of distinct tasks are disjoint and inside y.
