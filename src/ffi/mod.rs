@@ -135,20 +135,7 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 /// [`Error`] into its status plus the last-error text `"<function>: <message>"`.
 pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> Result<()>) -> Csa2Status {
     clear_last_error();
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => Csa2Status::Csa2Ok,
-        Ok(Err(e)) => {
-            set_last_error(format!("{name}: {e}"));
-            Csa2Status::of(&e)
-        }
-        Err(p) => {
-            set_last_error(format!(
-                "{name}: panic (a csa2 bug): {}",
-                panic_message(&*p)
-            ));
-            Csa2Status::Csa2ErrPanic
-        }
-    }
+    boundary_free(name, body)
 }
 
 /// [`boundary`] for the `_free` functions: a successful free leaves the last error alone (as it
