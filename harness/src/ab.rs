@@ -296,7 +296,7 @@ fn exact_window(window: usize, ctx: usize) -> Vec<f32> {
 /// Fills `cache` for request 1 as if `ctx` tokens had been prefilled: every Full layer's entries
 /// and every layer's SWA window (synthetic values with unit RMS, like normed latents), encoded in
 /// parallel by the cache's own record formats.
-pub fn synthesize(b: &Backend, cache: &mut ContiguousCache, ctx: usize) -> Result<()> {
+fn synthesize(b: &Backend, cache: &mut ContiguousCache, ctx: usize) -> Result<()> {
     let g = b.geometry();
     cache.open(1)?;
     for lp in g.layers_with(Role::Full) {
@@ -317,7 +317,7 @@ pub fn synthesize(b: &Backend, cache: &mut ContiguousCache, ctx: usize) -> Resul
 
 /// The f64 reference of the first decode step at `ctx` (token 7, as in [`decode_on`]) over the
 /// exact synthetic cache; with `forced`, on a backend's traced layer inputs.
-pub fn reference_step(model: &Model, ctx: usize, forced: Option<&[Vec<f32>]>) -> Result<RefStep> {
+fn reference_step(model: &Model, ctx: usize, forced: Option<&[Vec<f32>]>) -> Result<RefStep> {
     let rows = exact_window(model.geometry.window, ctx);
     let window = |_l: usize| rows.clone();
     let exact = ExactCache {
@@ -339,7 +339,7 @@ pub struct Agreement {
 
 /// [`Agreement`] of `a` with `r`; a non-finite `a` gives cosine NaN and max_rel ∞ (never a
 /// silent pass). Errors: [`Error::Shape`] when the lengths differ.
-pub fn agreement(a: &[f32], r: &[f64]) -> Result<Agreement> {
+fn agreement(a: &[f32], r: &[f64]) -> Result<Agreement> {
     if a.len() != r.len() {
         return Err(Error::shape("accuracy comparison", r.len(), a.len()));
     }
@@ -384,7 +384,7 @@ pub struct Accuracy {
 }
 
 /// |selected ∩ reference| / |reference| over the valid (≥ 0) ids of one top-k row.
-pub fn overlap(sel: &[i32], reference: &[i32]) -> f64 {
+fn overlap(sel: &[i32], reference: &[i32]) -> f64 {
     let want: std::collections::HashSet<i32> =
         reference.iter().copied().filter(|&j| j >= 0).collect();
     if want.is_empty() {
@@ -402,7 +402,7 @@ pub fn overlap(sel: &[i32], reference: &[i32]) -> f64 {
 
 /// A backend's traced first decode step at `ctx` against the f64 reference: `e2e` end to end,
 /// and per layer on the backend's own layer inputs. Errors: [`Error::Internal`] without a trace.
-pub fn accuracy(model: &Model, ctx: usize, d: &Decoded, e2e: &RefStep) -> Result<Accuracy> {
+fn accuracy(model: &Model, ctx: usize, d: &Decoded, e2e: &RefStep) -> Result<Accuracy> {
     let g = &model.geometry;
     let tr = d
         .trace
@@ -542,7 +542,7 @@ impl<'a> DecodeRun<'a> {
 /// Decode steps of both backends at `ctx` on caches synthesized once: `warmup` untimed steps, then
 /// `steps` timed ones, the backends interleaved step by step (A B A B ...) so a slow spell of the
 /// machine lands on both. Returns one [`Decoded`] per backend.
-pub fn decode_pair(
+fn decode_pair(
     backends: &[&Backend],
     ctx: usize,
     warmup: usize,
@@ -563,8 +563,9 @@ pub fn decode_pair(
     Ok(runs.into_iter().map(|r| r.finish(trace)).collect())
 }
 
-/// One backend alone: as [`decode_pair`].
-pub fn decode_run(
+/// One backend alone (the unit test's path): as [`decode_pair`].
+#[cfg(test)]
+fn decode_run(
     b: &Backend,
     ctx: usize,
     warmup: usize,
@@ -574,8 +575,10 @@ pub fn decode_run(
     Ok(decode_pair(&[b], ctx, warmup, steps, trace, |_| {})?.remove(0))
 }
 
-/// Decode steps on a cache already holding `ctx` tokens of request 1 (e.g. a corrupted one).
-pub fn decode_on(
+/// Decode steps on a cache already holding `ctx` tokens of request 1 (the unit test's
+/// corrupted-cache path).
+#[cfg(test)]
+fn decode_on(
     b: &Backend,
     cache: ContiguousCache,
     ctx: usize,
@@ -598,7 +601,7 @@ pub fn decode_on(
 }
 
 /// One prefill of `tokens` from an empty cache: wall seconds and the split.
-pub fn prefill_run(b: &Backend, tokens: &[u32]) -> Result<(f64, Timings)> {
+fn prefill_run(b: &Backend, tokens: &[u32]) -> Result<(f64, Timings)> {
     let mut cache = ContiguousCache::new(b.geometry(), b.cfg.formats);
     let n = tokens.len();
     let s = SeqStep {
