@@ -87,6 +87,17 @@ impl PageLayout {
         Ok(pool_len / pb)
     }
 
+    /// Checks a slot mapping against a pool of `pool_len` bytes: whole pages, every entry −1 or a
+    /// slot of the pool. What a caller of the CUDA codecs (which do not check) runs first.
+    ///
+    /// Errors: [`Error::Shape`] for a pool that is not whole pages, [`Error::Invalid`] naming
+    /// `slot_mapping` for an entry outside −1 or `0..pages·slots`.
+    pub fn check_slot_mapping(&self, slot_mapping: &[i64], pool_len: usize) -> Result<()> {
+        let pages = self.pages_in(pool_len)?;
+        self.mapped_slots(slot_mapping, pages, "slot_mapping")
+            .map(|_| ())
+    }
+
     /// Checks a slot mapping against a pool of `pages` pages and returns its `(slot, row)` pairs
     /// sorted by slot, −1 entries left out.
     fn mapped_slots(
@@ -228,6 +239,17 @@ impl PageLayout {
         }
         Ok(())
     }
+}
+
+/// The global slot (page · `page_slots` + offset) of logical row `j` through one block-table row,
+/// as every paged kernel addresses it (vLLM's block tables): `table_row[j / page_slots] ·
+/// page_slots + j % page_slots`. `None` when `j < 0`, past the row, or in an unmapped block (−1).
+pub fn block_table_slot(table_row: &[i32], j: i64, page_slots: usize) -> Option<usize> {
+    if j < 0 || page_slots == 0 {
+        return None;
+    }
+    let blk = *table_row.get(j as usize / page_slots)?;
+    (blk >= 0).then(|| blk as usize * page_slots + j as usize % page_slots)
 }
 
 #[cfg(test)]
