@@ -156,6 +156,60 @@ fn unsupported_codec_is_a_typed_error() {
     assert!(matches!(r, Err(csa2::Error::Invalid { .. })), "{r:?}");
 }
 
+/// The device-dispatching codec entry (`PageLayout::encode_into_pages_view`) on CUDA tensor views
+/// (the memory a framework hands over through DLPack) writes the CPU codec's bytes.
+#[test]
+fn codec_dispatch_on_cuda_views_matches_cpu() {
+    use csa2::formats::page::PageLayout;
+    use csa2::tensor::{DType, Device as Place, TensorView, TensorViewMut};
+    use cudarc::driver::DevicePtr;
+    let Some(dev) = device() else { return };
+    let layout = PageLayout {
+        format: RecordFormat::Nvfp4Ds,
+        slots: 4,
+    };
+    let x: Vec<f32> = (0..5 * 512)
+        .map(|i| (i as f32 * 0.731).sin() * 3.0)
+        .collect();
+    let map = vec![7i64, -1, 0, 3, 6];
+    let mut want = vec![9u8; 2 * layout.page_bytes()];
+    layout.encode_into_pages(&x, &map, &mut want).unwrap();
+    let dx = dev.upload(&x).unwrap();
+    let dm = dev.upload(&map).unwrap();
+    let dp = dev.upload(&vec![9u8; want.len()]).unwrap();
+    {
+        let s = dev.stream();
+        let (px, _gx) = dx.device_ptr(s);
+        let (pm, _gm) = dm.device_ptr(s);
+        let (pp, _gp) = dp.device_ptr(s);
+        // SAFETY: live allocations of the device's primary context for the whole block.
+        let (xv, mv, mut pv) = unsafe {
+            (
+                TensorView::from_raw_parts(
+                    px as *const u8,
+                    &[5, 512],
+                    &[512, 1],
+                    DType::F32,
+                    Place::Cuda(0),
+                ),
+                TensorView::from_raw_parts(pm as *const u8, &[5], &[1], DType::I64, Place::Cuda(0)),
+                TensorViewMut::from_raw_parts(
+                    pp as *mut u8,
+                    &[want.len()],
+                    &[1],
+                    DType::U8,
+                    Place::Cuda(0),
+                ),
+            )
+        };
+        layout
+            .encode_into_pages_view(&xv.unwrap(), &mv.unwrap(), pv.as_mut().unwrap())
+            .unwrap();
+    }
+    let got = dev.download(&dp).unwrap();
+    assert_eq!(&got[..want.len()], &want[..]);
+}
+
 #[test]
 fn compressor_ratio1_matches_cpu() {
     let Some(dev) = device() else { return };

@@ -138,3 +138,39 @@ pub fn decode_from_pages(
     );
     Ok(())
 }
+
+/// The CUDA branch of [`PageLayout::encode_into_pages_view`] (signature and devices already
+/// checked there): borrows the caller's device memory, waits for the context (the framework may
+/// have written the inputs on its own stream), launches, and waits for the kernel.
+///
+/// Errors: those of [`Device::shared`] and [`encode_into_pages`].
+pub fn encode_into_pages_view(
+    layout: &PageLayout,
+    x: &crate::tensor::TensorView<'_>,
+    slot_mapping: &crate::tensor::TensorView<'_>,
+    pool: &mut crate::tensor::TensorViewMut<'_>,
+) -> Result<()> {
+    let crate::tensor::Device::Cuda(ordinal) = x.device() else {
+        return Err(Error::Internal(
+            "CUDA branch called with host tensors".into(),
+        ));
+    };
+    let ordinal = usize::try_from(ordinal)
+        .map_err(|_| Error::invalid("x", format!("CUDA device {ordinal} does not exist")))?;
+    let n = slot_mapping.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let dev = Device::shared(ordinal)?;
+    // SAFETY: the views' contract: live device memory of this context for the call.
+    let (dx, ds, mut dp) = unsafe {
+        (
+            dev.borrow::<f32>(x, "x")?,
+            dev.borrow::<i64>(slot_mapping, "slot_mapping")?,
+            dev.borrow::<u8>(&pool.as_view(), "pool")?,
+        )
+    };
+    dev.synchronize_context()?;
+    encode_into_pages(&dev, layout, &dx, &ds, &mut dp, n)?;
+    dev.synchronize()
+}
