@@ -20,6 +20,7 @@ pub mod geometry;
 pub mod npy;
 pub mod ops;
 pub mod replay;
+pub mod shape;
 pub mod sim;
 pub mod store;
 pub mod tensor;

@@ -3,6 +3,7 @@
 //! Every read checks dtype and shape and names the file, the expected and the found value.
 
 use crate::error::{Error, Result};
+pub use crate::shape::{Dim, Dims};
 use npyz::WriterBuilder;
 use std::path::{Path, PathBuf};
 
@@ -33,17 +34,6 @@ impl Element for i64 {
 }
 impl Element for u8 {
     const NAME: &'static str = "uint8";
-}
-
-// The shape signatures live with the tensor view (one definition for the C ABI, the CLI and the
-// ops); re-exported so `.npy` readers keep checking with them.
-pub use crate::tensor::{Dim, Dims};
-
-impl<T: Element + crate::tensor::Element> Tensor<T> {
-    /// A borrowed [`crate::tensor::TensorView`] of this host tensor (dense row-major).
-    pub fn view(&self) -> Result<crate::tensor::TensorView<'_>> {
-        crate::tensor::TensorView::from_host_slice(&self.data, &self.shape)
-    }
 }
 
 fn parse_err(path: &Path, reason: impl Into<String>) -> Error {

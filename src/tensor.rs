@@ -15,10 +15,11 @@
 //!   [`Device::Cpu`]; memory only a GPU can read is [`Device::Cuda`] with its ordinal. An op taking
 //!   views dispatches on it (Cpu → `ops/<family>/cpu.rs`, Cuda → `ops/<family>/cuda.rs` with the
 //!   `cuda` feature, [`Error::NoCudaBuild`] without it).
-//! - [`Dim`] / [`Dims`]: an op's shape signature (`[T, 64, 512]` with T bound across arguments),
-//!   declared once beside the op and checked by the C ABI, the CLI and the Rust entry points.
+//! - [`TensorView::expect`] checks a view against an op's signature ([`crate::shape::Dim`] /
+//!   [`crate::shape::Dims`]: `[T, 64, 512]` with T bound across arguments).
 
 use crate::error::{Error, Result};
+use crate::shape::{Dim, Dims};
 use half::{bf16, f16};
 use std::marker::PhantomData;
 
@@ -459,62 +460,6 @@ impl<'a> TensorViewMut<'a> {
         }
         // SAFETY: as in `as_slice`, plus exclusivity from the constructor's contract and `&mut self`.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.p.ptr as *mut T, self.p.numel) })
-    }
-}
-
-/// One dimension of an expected shape: a fixed size, or a named free size bound on first use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dim {
-    /// Must equal this size.
-    Fixed(usize),
-    /// Any size; every `Any` with the same name must agree (checked by [`Dims`]).
-    Any(&'static str),
-}
-
-/// Binds free dimension names across several tensors (e.g. T in q [T,64,512] and positions [T]).
-#[derive(Debug, Default)]
-pub struct Dims(std::collections::BTreeMap<&'static str, usize>);
-
-impl Dims {
-    /// The size bound to `name`, if any tensor bound it.
-    pub fn get(&self, name: &str) -> Option<usize> {
-        self.0.get(name).copied()
-    }
-    /// Binds `name` to `size` explicitly.
-    pub fn bind(&mut self, name: &'static str, size: usize) {
-        self.0.insert(name, size);
-    }
-    fn fmt_expected(&self, spec: &[Dim]) -> String {
-        let parts: Vec<String> = spec
-            .iter()
-            .map(|d| match d {
-                Dim::Fixed(n) => n.to_string(),
-                Dim::Any(s) => self.get(s).map_or(s.to_string(), |v| format!("{s}={v}")),
-            })
-            .collect();
-        format!("[{}]", parts.join(", "))
-    }
-    /// Checks `shape` against `spec`, binding free names; errors name `what`.
-    pub fn check(&mut self, what: &str, spec: &[Dim], shape: &[usize]) -> Result<()> {
-        let expected = self.fmt_expected(spec);
-        let bad = || Error::shape(what.to_string(), expected.clone(), format!("{shape:?}"));
-        if spec.len() != shape.len() {
-            return Err(bad());
-        }
-        for (d, &s) in spec.iter().zip(shape) {
-            match *d {
-                Dim::Fixed(n) if n != s => return Err(bad()),
-                Dim::Any(name) => match self.get(name) {
-                    Some(v) if v != s => return Err(bad()),
-                    Some(_) => {}
-                    None => {
-                        self.0.insert(name, s);
-                    }
-                },
-                _ => {}
-            }
-        }
-        Ok(())
     }
 }
 

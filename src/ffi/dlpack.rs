@@ -11,8 +11,9 @@
 //! (and the memory it points to) for the duration of the call only; nothing is retained.
 
 use crate::error::{Error, Result};
+use crate::shape::{Dim, Dims};
 pub use crate::tensor::{DType, Device};
-use crate::tensor::{Dim, Dims, TensorView, TensorViewMut};
+use crate::tensor::{TensorView, TensorViewMut};
 use half::{bf16, f16};
 use std::ffi::c_void;
 

@@ -4,7 +4,8 @@
 
 use super::RecordFormat;
 use crate::error::{Error, Result};
-use crate::tensor::{DType, Device, Dim, Dims, TensorView, TensorViewMut};
+use crate::shape::{Dim, Dims};
+use crate::tensor::{DType, Device, TensorView, TensorViewMut};
 use rayon::prelude::*;
 
 /// One touched page of a pool and the `(slot, row)` pairs that go into it.
