@@ -22,6 +22,7 @@ pub mod ops;
 pub mod replay;
 pub mod shape;
 pub mod store;
+pub mod tensor;
 pub mod tolerance;
 pub mod weights;
 

@@ -102,7 +102,7 @@ impl Csa2Status {
             Error::Refused(_) => Csa2Status::Csa2ErrRefused,
             Error::Io { .. } => Csa2Status::Csa2ErrIo,
             Error::Parse { .. } => Csa2Status::Csa2ErrParse,
-            Error::Unsupported(_) => Csa2Status::Csa2ErrUnsupported,
+            Error::Unsupported(_) | Error::NoCudaBuild(_) => Csa2Status::Csa2ErrUnsupported,
             Error::OutOfMemory { .. } => Csa2Status::Csa2ErrOutOfMemory,
             Error::Cuda { .. } => Csa2Status::Csa2ErrCuda,
             Error::Internal(_) => Csa2Status::Csa2ErrInternal,

@@ -6,6 +6,8 @@
 //!   scalar reference, used by every bulk entry point.
 //! - [`page`]: block-planar cache pages (all slots' data, then all slots' scales).
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod fast;
 pub mod page;
 pub mod records;
