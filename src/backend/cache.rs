@@ -13,6 +13,7 @@
 //!   be snapshotted to the DRAM tier ([`KvCache::swa_snapshot`]), decoder windows never are;
 //! - per Full layer of ratio > 1 the pending token of an unfinished group (kv and score, f32).
 
+use crate::cache::RequestId;
 use crate::error::{Error, Result};
 use crate::formats::{decode_rows, encode_rows, RecordFormat};
 use crate::geometry::{Geometry, Role};
@@ -20,9 +21,6 @@ use crate::ops::compressor::CompressorState;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
-
-/// A request (sequence) handle.
-pub type ReqId = u64;
 
 /// Which global cache region of a KV-source layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -118,13 +116,13 @@ pub trait KvCache: Send + Sync {
     /// Record formats of this cache.
     fn formats(&self) -> CacheFormats;
     /// Registers a request. Errors if it already exists.
-    fn open(&mut self, req: ReqId) -> Result<()>;
+    fn open(&mut self, req: RequestId) -> Result<()>;
     /// Whether a request is registered.
-    fn contains(&self, req: ReqId) -> bool;
+    fn contains(&self, req: RequestId) -> bool;
     /// Frees everything a request holds (global KV, SWA windows, carries).
-    fn close(&mut self, req: ReqId) -> Result<()>;
+    fn close(&mut self, req: RequestId) -> Result<()>;
     /// Compressed entries stored for `req` in KV-source `layer`.
-    fn entries(&self, req: ReqId, layer: usize) -> Result<usize>;
+    fn entries(&self, req: RequestId, layer: usize) -> Result<usize>;
     /// Encodes `rows` (n × dim of the region's format) into entries `first .. first + n`. Entries must
     /// be written in order: `first` ≤ the current count (rewriting the tail is allowed).
     ///
@@ -132,7 +130,7 @@ pub trait KvCache: Send + Sync {
     /// bounded implementation.
     fn write_entries(
         &mut self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
         region: Region,
         first: usize,
@@ -142,7 +140,7 @@ pub trait KvCache: Send + Sync {
     /// bytes) and in entry order: borrowed when the storage is contiguous, gathered otherwise.
     fn records(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
         region: Region,
         range: Range<usize>,
@@ -150,28 +148,29 @@ pub trait KvCache: Send + Sync {
     /// Stores SWA rows (n × 512, already RoPE'd) of `layer` for positions `first .. first + n`. A
     /// write that does not continue the window (`first` ≠ the end held) restarts it at `first`.
     /// Only the last `window` positions are kept.
-    fn swa_write(&mut self, req: ReqId, layer: usize, first: usize, rows: &[f32]) -> Result<()>;
+    fn swa_write(&mut self, req: RequestId, layer: usize, first: usize, rows: &[f32])
+        -> Result<()>;
     /// Positions whose SWA rows `layer` holds for `req` (empty range when none).
-    fn swa_held(&self, req: ReqId, layer: usize) -> Result<Range<usize>>;
+    fn swa_held(&self, req: RequestId, layer: usize) -> Result<Range<usize>>;
     /// Decodes the SWA rows of positions `range` (must be held) into `out` (len × 512).
     fn swa_read(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
         range: Range<usize>,
         out: &mut [f32],
     ) -> Result<()>;
     /// Copies the SWA windows of `layers` (the DRAM snapshot of docs/SPEC.md §0).
-    fn swa_snapshot(&self, req: ReqId, layers: &[usize]) -> Result<SwaSnapshot>;
+    fn swa_snapshot(&self, req: RequestId, layers: &[usize]) -> Result<SwaSnapshot>;
     /// Restores windows from a snapshot (replacing what those layers hold).
-    fn swa_restore(&mut self, req: ReqId, snap: &SwaSnapshot) -> Result<()>;
+    fn swa_restore(&mut self, req: RequestId, snap: &SwaSnapshot) -> Result<()>;
     /// Drops the SWA windows of `layers` (a snapshot miss / a finished turn's decoder state).
-    fn swa_drop(&mut self, req: ReqId, layers: &[usize]) -> Result<()>;
+    fn swa_drop(&mut self, req: RequestId, layers: &[usize]) -> Result<()>;
     /// The compressor state of a KV-source layer (the half-finished group carried between steps),
     /// `None` until first set.
-    fn carry(&mut self, req: ReqId, layer: usize) -> Result<&mut Option<CompressorState>>;
+    fn carry(&mut self, req: RequestId, layer: usize) -> Result<&mut Option<CompressorState>>;
     /// Drops every compressor carry of a request (a snapshot miss: the carry is not persisted).
-    fn carry_drop(&mut self, req: ReqId) -> Result<()>;
+    fn carry_drop(&mut self, req: RequestId) -> Result<()>;
     /// Measured bytes.
     fn usage(&self) -> CacheUsage;
 }
@@ -206,7 +205,7 @@ pub struct ContiguousCache {
     window: usize,
     num_layers: usize,
     kv_layers: Vec<usize>,
-    reqs: HashMap<ReqId, ReqState>,
+    reqs: HashMap<RequestId, ReqState>,
 }
 
 impl ContiguousCache {
@@ -221,12 +220,12 @@ impl ContiguousCache {
         }
     }
 
-    fn req(&self, req: ReqId) -> Result<&ReqState> {
+    fn req(&self, req: RequestId) -> Result<&ReqState> {
         self.reqs
             .get(&req)
             .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
     }
-    fn req_mut(&mut self, req: ReqId) -> Result<&mut ReqState> {
+    fn req_mut(&mut self, req: RequestId) -> Result<&mut ReqState> {
         self.reqs
             .get_mut(&req)
             .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
@@ -259,7 +258,7 @@ impl ContiguousCache {
     /// contexts in benchmarks without prefilling them: `make(i, row)` fills entry i's f32 row.
     pub fn synthesize_entries(
         &mut self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
         region: Region,
         n: usize,
@@ -370,7 +369,7 @@ impl KvCache for ContiguousCache {
         self.formats
     }
 
-    fn open(&mut self, req: ReqId) -> Result<()> {
+    fn open(&mut self, req: RequestId) -> Result<()> {
         if self.reqs.contains_key(&req) {
             return Err(Error::invalid(
                 "request",
@@ -388,18 +387,18 @@ impl KvCache for ContiguousCache {
         Ok(())
     }
 
-    fn contains(&self, req: ReqId) -> bool {
+    fn contains(&self, req: RequestId) -> bool {
         self.reqs.contains_key(&req)
     }
 
-    fn close(&mut self, req: ReqId) -> Result<()> {
+    fn close(&mut self, req: RequestId) -> Result<()> {
         self.reqs
             .remove(&req)
             .map(|_| ())
             .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
     }
 
-    fn entries(&self, req: ReqId, layer: usize) -> Result<usize> {
+    fn entries(&self, req: RequestId, layer: usize) -> Result<usize> {
         self.check_kv_layer(layer)?;
         let st = self.req(req)?;
         Ok(st.global.get(&(layer, Region::Main)).map_or(0, |p| p.count))
@@ -407,7 +406,7 @@ impl KvCache for ContiguousCache {
 
     fn write_entries(
         &mut self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
         region: Region,
         first: usize,
@@ -429,7 +428,7 @@ impl KvCache for ContiguousCache {
 
     fn records(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
         region: Region,
         range: Range<usize>,
@@ -446,7 +445,13 @@ impl KvCache for ContiguousCache {
         Ok(Cow::Borrowed(&p.bytes[range.start * rb..range.end * rb]))
     }
 
-    fn swa_write(&mut self, req: ReqId, layer: usize, first: usize, rows: &[f32]) -> Result<()> {
+    fn swa_write(
+        &mut self,
+        req: RequestId,
+        layer: usize,
+        first: usize,
+        rows: &[f32],
+    ) -> Result<()> {
         self.check_layer(layer)?;
         let fmt = self.formats.swa;
         let n = checks::row_count(&format!("layer {layer} SWA rows"), fmt, rows)?;
@@ -472,7 +477,7 @@ impl KvCache for ContiguousCache {
         Ok(())
     }
 
-    fn swa_held(&self, req: ReqId, layer: usize) -> Result<Range<usize>> {
+    fn swa_held(&self, req: RequestId, layer: usize) -> Result<Range<usize>> {
         self.check_layer(layer)?;
         Ok(self.req(req)?.swa[layer]
             .as_ref()
@@ -481,7 +486,7 @@ impl KvCache for ContiguousCache {
 
     fn swa_read(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
         range: Range<usize>,
         out: &mut [f32],
@@ -501,7 +506,7 @@ impl KvCache for ContiguousCache {
         decode_rows(fmt, &recs, out)
     }
 
-    fn swa_snapshot(&self, req: ReqId, layers: &[usize]) -> Result<SwaSnapshot> {
+    fn swa_snapshot(&self, req: RequestId, layers: &[usize]) -> Result<SwaSnapshot> {
         let st = self.req(req)?;
         let rb = self.formats.swa.record_bytes();
         let mut out = SwaSnapshot {
@@ -522,7 +527,7 @@ impl KvCache for ContiguousCache {
         Ok(out)
     }
 
-    fn swa_restore(&mut self, req: ReqId, snap: &SwaSnapshot) -> Result<()> {
+    fn swa_restore(&mut self, req: RequestId, snap: &SwaSnapshot) -> Result<()> {
         let (w, rb) = (self.window, self.formats.swa.record_bytes());
         for (l, _, recs) in &snap.layers {
             self.check_layer(*l)?;
@@ -550,7 +555,7 @@ impl KvCache for ContiguousCache {
         Ok(())
     }
 
-    fn swa_drop(&mut self, req: ReqId, layers: &[usize]) -> Result<()> {
+    fn swa_drop(&mut self, req: RequestId, layers: &[usize]) -> Result<()> {
         for &l in layers {
             self.check_layer(l)?;
         }
@@ -561,12 +566,12 @@ impl KvCache for ContiguousCache {
         Ok(())
     }
 
-    fn carry(&mut self, req: ReqId, layer: usize) -> Result<&mut Option<CompressorState>> {
+    fn carry(&mut self, req: RequestId, layer: usize) -> Result<&mut Option<CompressorState>> {
         self.check_kv_layer(layer)?;
         Ok(self.req_mut(req)?.carry.entry(layer).or_default())
     }
 
-    fn carry_drop(&mut self, req: ReqId) -> Result<()> {
+    fn carry_drop(&mut self, req: RequestId) -> Result<()> {
         self.req_mut(req)?.carry.clear();
         Ok(())
     }

@@ -18,7 +18,6 @@
 
 use super::cache::{KvCache, Region};
 use super::gemm::linear_w;
-use super::plan::{RowSet, StepPlan};
 use super::timing::{Op, Timings};
 use super::BackendConfig;
 use crate::error::{Error, Result};
@@ -32,6 +31,7 @@ use crate::ops::indexer::{
 };
 use crate::ops::rope::{Direction, Rope};
 use crate::ops::topk::select_rows;
+use crate::replay::{RowSet, StepPlan};
 use crate::weights::LayerWeights;
 use rayon::prelude::*;
 use std::collections::HashMap;

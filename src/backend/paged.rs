@@ -17,8 +17,8 @@
 //! must not reuse them. Prefix publishing and adoption stay with the manager's callers: this
 //! adapter never seals a block.
 
-use super::cache::{checks, CacheFormats, CacheUsage, KvCache, Region, ReqId, SwaSnapshot};
-use crate::cache::{CacheConfig, CacheManager, CacheSpec, RecordKind};
+use super::cache::{checks, CacheFormats, CacheUsage, KvCache, Region, SwaSnapshot};
+use crate::cache::{CacheConfig, CacheManager, CacheSpec, RecordKind, RequestId};
 use crate::error::{Error, Result};
 use crate::formats::{decode_rows, encode_rows, KV_DIM};
 use crate::geometry::{Geometry, KvLayout};
@@ -52,7 +52,7 @@ pub struct PagedCache {
     pools: Vec<Pool>,
     num_layers: usize,
     window: usize,
-    reqs: HashMap<ReqId, ReqState>,
+    reqs: HashMap<RequestId, ReqState>,
 }
 
 fn kind(region: Region) -> RecordKind {
@@ -170,19 +170,25 @@ impl PagedCache {
             ))
         }
     }
-    fn req(&self, req: ReqId) -> Result<&ReqState> {
+    fn req(&self, req: RequestId) -> Result<&ReqState> {
         self.reqs
             .get(&req)
             .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
     }
-    fn req_mut(&mut self, req: ReqId) -> Result<&mut ReqState> {
+    fn req_mut(&mut self, req: RequestId) -> Result<&mut ReqState> {
         self.reqs
             .get_mut(&req)
             .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
     }
 
     /// Points `layer`'s ring at `start` with `records` (oldest first), replacing what it held.
-    fn swa_reset(&mut self, req: ReqId, layer: usize, start: usize, records: &[u8]) -> Result<()> {
+    fn swa_reset(
+        &mut self,
+        req: RequestId,
+        layer: usize,
+        start: usize,
+        records: &[u8],
+    ) -> Result<()> {
         self.manager.swa_clear(req, layer)?;
         self.manager.swa_write_rows(req, layer, start, records)?;
         let n = records.len() / self.formats.swa.record_bytes();
@@ -196,7 +202,7 @@ impl KvCache for PagedCache {
         self.formats
     }
 
-    fn open(&mut self, req: ReqId) -> Result<()> {
+    fn open(&mut self, req: RequestId) -> Result<()> {
         if self.reqs.contains_key(&req) {
             return Err(Error::invalid(
                 "request",
@@ -215,25 +221,25 @@ impl KvCache for PagedCache {
         Ok(())
     }
 
-    fn contains(&self, req: ReqId) -> bool {
+    fn contains(&self, req: RequestId) -> bool {
         self.reqs.contains_key(&req)
     }
 
-    fn close(&mut self, req: ReqId) -> Result<()> {
+    fn close(&mut self, req: RequestId) -> Result<()> {
         self.req(req)?;
         self.manager.free_request(req)?;
         self.reqs.remove(&req);
         Ok(())
     }
 
-    fn entries(&self, req: ReqId, layer: usize) -> Result<usize> {
+    fn entries(&self, req: RequestId, layer: usize) -> Result<usize> {
         let p = self.pool(layer)?;
         Ok(self.req(req)?.entries[p][0])
     }
 
     fn write_entries(
         &mut self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
         region: Region,
         first: usize,
@@ -268,7 +274,7 @@ impl KvCache for PagedCache {
 
     fn records(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
         region: Region,
         range: Range<usize>,
@@ -311,7 +317,13 @@ impl KvCache for PagedCache {
         Ok(Cow::Owned(out))
     }
 
-    fn swa_write(&mut self, req: ReqId, layer: usize, first: usize, rows: &[f32]) -> Result<()> {
+    fn swa_write(
+        &mut self,
+        req: RequestId,
+        layer: usize,
+        first: usize,
+        rows: &[f32],
+    ) -> Result<()> {
         self.check_layer(layer)?;
         let fmt = self.formats.swa;
         let n = checks::row_count(&format!("layer {layer} SWA rows"), fmt, rows)?;
@@ -336,14 +348,14 @@ impl KvCache for PagedCache {
         Ok(())
     }
 
-    fn swa_held(&self, req: ReqId, layer: usize) -> Result<Range<usize>> {
+    fn swa_held(&self, req: RequestId, layer: usize) -> Result<Range<usize>> {
         self.check_layer(layer)?;
         Ok(self.req(req)?.swa[layer].clone().unwrap_or(0..0))
     }
 
     fn swa_read(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
         range: Range<usize>,
         out: &mut [f32],
@@ -360,7 +372,7 @@ impl KvCache for PagedCache {
         decode_rows(fmt, &recs, out)
     }
 
-    fn swa_snapshot(&self, req: ReqId, layers: &[usize]) -> Result<SwaSnapshot> {
+    fn swa_snapshot(&self, req: RequestId, layers: &[usize]) -> Result<SwaSnapshot> {
         let st = self.req(req)?;
         let rb = self.formats.swa.record_bytes();
         let mut out = SwaSnapshot {
@@ -382,7 +394,7 @@ impl KvCache for PagedCache {
         Ok(out)
     }
 
-    fn swa_restore(&mut self, req: ReqId, snap: &SwaSnapshot) -> Result<()> {
+    fn swa_restore(&mut self, req: RequestId, snap: &SwaSnapshot) -> Result<()> {
         let (w, rb) = (self.window, self.formats.swa.record_bytes());
         for (l, _, recs) in &snap.layers {
             self.check_layer(*l)?;
@@ -401,7 +413,7 @@ impl KvCache for PagedCache {
         Ok(())
     }
 
-    fn swa_drop(&mut self, req: ReqId, layers: &[usize]) -> Result<()> {
+    fn swa_drop(&mut self, req: RequestId, layers: &[usize]) -> Result<()> {
         for &l in layers {
             self.check_layer(l)?;
         }
@@ -413,12 +425,12 @@ impl KvCache for PagedCache {
         Ok(())
     }
 
-    fn carry(&mut self, req: ReqId, layer: usize) -> Result<&mut Option<CompressorState>> {
+    fn carry(&mut self, req: RequestId, layer: usize) -> Result<&mut Option<CompressorState>> {
         self.pool(layer)?;
         Ok(self.req_mut(req)?.carry.entry(layer).or_default())
     }
 
-    fn carry_drop(&mut self, req: ReqId) -> Result<()> {
+    fn carry_drop(&mut self, req: RequestId) -> Result<()> {
         self.req_mut(req)?.carry.clear();
         Ok(())
     }
@@ -466,7 +478,7 @@ mod tests {
     }
 
     /// Every window the two caches hold agrees, range and rows.
-    fn same_windows(c: &ContiguousCache, p: &PagedCache, req: ReqId, layers: &[usize]) {
+    fn same_windows(c: &ContiguousCache, p: &PagedCache, req: RequestId, layers: &[usize]) {
         for &l in layers {
             let h = c.swa_held(req, l).unwrap();
             assert_eq!(p.swa_held(req, l).unwrap(), h, "layer {l}");

@@ -19,10 +19,11 @@
 //!
 //! Placeholders (as in `csa2 run`): synthetic token ids, the stack's embedding and identity FFN.
 
-use super::cache::{ReqId, SwaSnapshot};
+use super::cache::SwaSnapshot;
 use super::stack::{LayerView, StepOutput};
 use super::timing::Timings;
 use super::{Backend, ContiguousCache, KvCache, Phase, SeqStep};
+use crate::cache::RequestId;
 use crate::error::{Error, Result};
 use crate::geometry::Role;
 use crate::ops::compressor::CompressorState;
@@ -352,7 +353,7 @@ struct Runner {
     backend: Backend,
     cache: ContiguousCache,
     saved: Option<Saved>,
-    req: ReqId,
+    req: RequestId,
 }
 
 /// One layer's reference rows: position → (input `u`, streams).

@@ -1390,38 +1390,5 @@ impl CacheManager {
     }
 }
 
-/// The small surface the attention backend uses to reach the cache (implemented by
-/// [`CacheManager`]); all positions are absolute token positions, all entries compressed indices.
-pub trait KvCacheAccess: Send + Sync {
-    /// Physical slots of compressed entries `entries` of KV-source `layer` for request `id`.
-    fn slot_mapping(&self, id: RequestId, layer: usize, entries: Range<usize>) -> Result<Vec<u64>>;
-    /// Writes one standalone record (data then scales) into a slot.
-    fn write_record(&self, layer: usize, kind: RecordKind, slot: u64, record: &[u8]) -> Result<()>;
-    /// Reads one slot as a standalone record.
-    fn read_record(&self, layer: usize, kind: RecordKind, slot: u64, out: &mut [u8]) -> Result<()>;
-    /// Writes token `pos`'s SWA record of `layer`.
-    fn swa_write(&self, id: RequestId, layer: usize, pos: usize, record: &[u8]) -> Result<()>;
-    /// Reads token `pos`'s SWA record of `layer` (inside the window only).
-    fn swa_read(&self, id: RequestId, layer: usize, pos: usize, out: &mut [u8]) -> Result<()>;
-}
-
-impl KvCacheAccess for CacheManager {
-    fn slot_mapping(&self, id: RequestId, layer: usize, entries: Range<usize>) -> Result<Vec<u64>> {
-        CacheManager::slot_mapping(self, id, layer, entries)
-    }
-    fn write_record(&self, layer: usize, kind: RecordKind, slot: u64, record: &[u8]) -> Result<()> {
-        CacheManager::write_record(self, layer, kind, slot, record)
-    }
-    fn read_record(&self, layer: usize, kind: RecordKind, slot: u64, out: &mut [u8]) -> Result<()> {
-        CacheManager::read_record(self, layer, kind, slot, out)
-    }
-    fn swa_write(&self, id: RequestId, layer: usize, pos: usize, record: &[u8]) -> Result<()> {
-        CacheManager::swa_write(self, id, layer, pos, record)
-    }
-    fn swa_read(&self, id: RequestId, layer: usize, pos: usize, out: &mut [u8]) -> Result<()> {
-        CacheManager::swa_read(self, id, layer, pos, out)
-    }
-}
-
 #[cfg(test)]
 mod tests;

@@ -638,7 +638,7 @@ fn run_in_pool(a: Args) -> Result<()> {
         })
         .collect();
     // Decoder replay keeps the last `window` prompt rows; below that both csa2 plans are the same.
-    let trims = csa2::backend::plan::StepPlan::new(
+    let trims = csa2::replay::StepPlan::new(
         &model.geometry,
         &[SeqStep {
             req: 1,
@@ -1252,7 +1252,7 @@ mod tests {
     /// is noise, not an overhead of the replay path; at 256 rows the replay trims.
     #[test]
     fn decoder_replay_plans_equal_the_full_plan_below_the_window() {
-        use csa2::backend::plan::StepPlan;
+        use csa2::replay::StepPlan;
         let g = Geometry::embedded();
         let plan = |n: usize, on: bool| {
             StepPlan::new(
