@@ -13,7 +13,7 @@
 //!   be snapshotted to the DRAM tier ([`KvCache::swa_snapshot`]), decoder windows never are;
 //! - per Full layer of ratio > 1 the pending token of an unfinished group (kv and score, f32).
 
-use crate::cache::RequestId;
+use crate::cache::{RecordKind, RequestId};
 use crate::error::{Error, Result};
 use crate::formats::{decode_rows, encode_rows, RecordFormat};
 use crate::geometry::{Geometry, Role};
@@ -21,15 +21,6 @@ use crate::ops::compressor::CompressorState;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
-
-/// Which global cache region of a KV-source layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Region {
-    /// Main KV: the attended 512-d latent after RoPE (NVFP4-DS, or the V4 record on launch day).
-    Main,
-    /// Index K: the 128-d indexer key (MXFP4, or the FP8 record on launch day).
-    Index,
-}
 
 /// The record formats of one cache (docs/SPEC.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,11 +47,11 @@ impl CacheFormats {
         index: RecordFormat::Fp8Index,
         swa: RecordFormat::V4Record,
     };
-    /// The format of a region.
-    pub fn of(&self, region: Region) -> RecordFormat {
-        match region {
-            Region::Main => self.main,
-            Region::Index => self.index,
+    /// The record format of a KV-source layer's `kind` cache.
+    pub fn of(&self, kind: RecordKind) -> RecordFormat {
+        match kind {
+            RecordKind::Main => self.main,
+            RecordKind::Index => self.index,
         }
     }
 }
@@ -132,7 +123,7 @@ pub trait KvCache: Send + Sync {
         &mut self,
         req: RequestId,
         layer: usize,
-        region: Region,
+        region: RecordKind,
         first: usize,
         rows: &[f32],
     ) -> Result<()>;
@@ -142,7 +133,7 @@ pub trait KvCache: Send + Sync {
         &self,
         req: RequestId,
         layer: usize,
-        region: Region,
+        region: RecordKind,
         range: Range<usize>,
     ) -> Result<Cow<'_, [u8]>>;
     /// Stores SWA rows (n × 512, already RoPE'd) of `layer` for positions `first .. first + n`. A
@@ -190,7 +181,7 @@ struct Ring {
 
 #[derive(Debug)]
 struct ReqState {
-    global: HashMap<(usize, Region), Records>,
+    global: HashMap<(usize, RecordKind), Records>,
     swa: Vec<Option<Ring>>,
     carry: HashMap<usize, Option<CompressorState>>,
 }
@@ -260,7 +251,7 @@ impl ContiguousCache {
         &mut self,
         req: RequestId,
         layer: usize,
-        region: Region,
+        region: RecordKind,
         n: usize,
         make: impl Fn(usize, &mut [f32]) + Sync,
     ) -> Result<()> {
@@ -293,7 +284,7 @@ impl ContiguousCache {
 /// Argument checks every [`KvCache`] implementation applies, so the contiguous and the paged cache
 /// refuse the same inputs with the same errors.
 pub(crate) mod checks {
-    use super::Region;
+    use crate::cache::RecordKind;
     use crate::error::{Error, Result};
     use crate::formats::RecordFormat;
     use std::ops::Range;
@@ -311,7 +302,12 @@ pub(crate) mod checks {
     }
 
     /// Entries are written in order: `first` may rewrite the tail but not leave a gap.
-    pub(crate) fn no_gap(layer: usize, region: Region, first: usize, count: usize) -> Result<()> {
+    pub(crate) fn no_gap(
+        layer: usize,
+        region: RecordKind,
+        first: usize,
+        count: usize,
+    ) -> Result<()> {
         if first > count {
             return Err(Error::invalid(
                 "first",
@@ -326,7 +322,7 @@ pub(crate) mod checks {
     /// `range` lies within the `count` stored entries.
     pub(crate) fn stored(
         layer: usize,
-        region: Region,
+        region: RecordKind,
         range: &Range<usize>,
         count: usize,
     ) -> Result<()> {
@@ -401,14 +397,17 @@ impl KvCache for ContiguousCache {
     fn entries(&self, req: RequestId, layer: usize) -> Result<usize> {
         self.check_kv_layer(layer)?;
         let st = self.req(req)?;
-        Ok(st.global.get(&(layer, Region::Main)).map_or(0, |p| p.count))
+        Ok(st
+            .global
+            .get(&(layer, RecordKind::Main))
+            .map_or(0, |p| p.count))
     }
 
     fn write_entries(
         &mut self,
         req: RequestId,
         layer: usize,
-        region: Region,
+        region: RecordKind,
         first: usize,
         rows: &[f32],
     ) -> Result<()> {
@@ -430,7 +429,7 @@ impl KvCache for ContiguousCache {
         &self,
         req: RequestId,
         layer: usize,
-        region: Region,
+        region: RecordKind,
         range: Range<usize>,
     ) -> Result<Cow<'_, [u8]>> {
         self.check_kv_layer(layer)?;
@@ -585,8 +584,8 @@ impl KvCache for ContiguousCache {
             for ((_, region), p) in &st.global {
                 let used = p.bytes.len();
                 match region {
-                    Region::Main => u.main_bytes += used,
-                    Region::Index => u.index_bytes += used,
+                    RecordKind::Main => u.main_bytes += used,
+                    RecordKind::Index => u.index_bytes += used,
                 }
                 u.global_allocated += p.bytes.capacity();
             }
@@ -625,16 +624,16 @@ mod tests {
             let mut c = ContiguousCache::new(&g, f);
             c.open(1).unwrap();
             let x = rows(5, 512, 0.3);
-            c.write_entries(1, 2, Region::Main, 0, &x[..3 * 512])
+            c.write_entries(1, 2, RecordKind::Main, 0, &x[..3 * 512])
                 .unwrap();
-            c.write_entries(1, 2, Region::Main, 3, &x[3 * 512..])
+            c.write_entries(1, 2, RecordKind::Main, 3, &x[3 * 512..])
                 .unwrap();
             assert_eq!(c.entries(1, 2).unwrap(), 5);
             let mut rec = vec![0u8; 5 * f.main.record_bytes()];
             encode_rows(f.main, &x, &mut rec).unwrap();
             let mut want = vec![0f32; 5 * 512];
             decode_rows(f.main, &rec, &mut want).unwrap();
-            let recs = c.records(1, 2, Region::Main, 1..5).unwrap();
+            let recs = c.records(1, 2, RecordKind::Main, 1..5).unwrap();
             assert_eq!(&recs[..], &rec[f.main.record_bytes()..]);
             let mut got = vec![0f32; 4 * 512];
             decode_rows(f.main, &recs, &mut got).unwrap();
@@ -650,18 +649,18 @@ mod tests {
         c.open(9).unwrap();
         assert!(c.open(9).is_err());
         let e = c
-            .write_entries(9, 3, Region::Main, 0, &[0.0; 512])
+            .write_entries(9, 3, RecordKind::Main, 0, &[0.0; 512])
             .unwrap_err();
         assert!(e.to_string().contains("layer 3 owns no global KV"), "{e}");
         let e = c
-            .write_entries(9, 2, Region::Main, 1, &[0.0; 512])
+            .write_entries(9, 2, RecordKind::Main, 1, &[0.0; 512])
             .unwrap_err();
         assert!(e.to_string().contains("gap"), "{e}");
         let e = c
-            .write_entries(9, 2, Region::Index, 0, &[0.0; 100])
+            .write_entries(9, 2, RecordKind::Index, 0, &[0.0; 100])
             .unwrap_err();
         assert!(e.to_string().contains("multiple of 128"), "{e}");
-        assert!(c.records(9, 2, Region::Main, 0..1).is_err());
+        assert!(c.records(9, 2, RecordKind::Main, 0..1).is_err());
         let mut out = vec![0f32; 512];
         assert!(c.swa_read(9, 0, 0..1, &mut out).is_err());
     }
@@ -707,10 +706,12 @@ mod tests {
         let tokens = 4096;
         for l in g.layers_with(Role::Full) {
             let n = tokens / l.ratio;
-            c.synthesize_entries(1, l.id, Region::Main, n, |i, r| r.fill(i as f32 * 1e-3))
+            c.synthesize_entries(1, l.id, RecordKind::Main, n, |i, r| r.fill(i as f32 * 1e-3))
                 .unwrap();
-            c.synthesize_entries(1, l.id, Region::Index, n, |i, r| r.fill(i as f32 * 1e-3))
-                .unwrap();
+            c.synthesize_entries(1, l.id, RecordKind::Index, n, |i, r| {
+                r.fill(i as f32 * 1e-3)
+            })
+            .unwrap();
         }
         let u = c.usage();
         assert_eq!(u.global_bytes() as f64 / tokens as f64, 890.0);

@@ -24,7 +24,7 @@
 //! must not reuse them. Prefix publishing and adoption stay with the manager's callers: this
 //! adapter never seals a block.
 
-use super::cache::{checks, CacheFormats, CacheUsage, KvCache, Region, SwaSnapshot};
+use super::cache::{checks, CacheFormats, CacheUsage, KvCache, SwaSnapshot};
 use crate::cache::{CacheConfig, CacheManager, CacheSpec, RecordKind, RequestId};
 use crate::error::{Error, Result};
 use crate::formats::{decode_rows, encode_rows, KV_DIM};
@@ -52,13 +52,6 @@ pub struct PagedCache {
     num_layers: usize,
     window: usize,
     reqs: HashMap<RequestId, ReqState>,
-}
-
-fn kind(region: Region) -> RecordKind {
-    match region {
-        Region::Main => RecordKind::Main,
-        Region::Index => RecordKind::Index,
-    }
 }
 
 impl PagedCache {
@@ -210,42 +203,40 @@ impl KvCache for PagedCache {
         &mut self,
         req: RequestId,
         layer: usize,
-        region: Region,
+        kind: RecordKind,
         first: usize,
         rows: &[f32],
     ) -> Result<()> {
         self.check_kv_layer(layer)?;
-        let fmt = self.formats.of(region);
-        let n = checks::row_count(&format!("layer {layer} {region:?} rows"), fmt, rows)?;
+        let fmt = self.formats.of(kind);
+        let n = checks::row_count(&format!("layer {layer} {kind:?} rows"), fmt, rows)?;
         self.req(req)?;
-        let k = kind(region);
-        let count = self.manager.stored_entries(req, layer, k)?;
-        checks::no_gap(layer, region, first, count)?;
+        let count = self.manager.stored_entries(req, layer, kind)?;
+        checks::no_gap(layer, kind, first, count)?;
         if n == 0 {
             return Ok(());
         }
         let mut recs = vec![0u8; n * fmt.record_bytes()];
         encode_rows(fmt, rows, &mut recs)?;
-        self.manager.append_entries(req, layer, k, first, &recs)
+        self.manager.append_entries(req, layer, kind, first, &recs)
     }
 
     fn records(
         &self,
         req: RequestId,
         layer: usize,
-        region: Region,
+        kind: RecordKind,
         range: Range<usize>,
     ) -> Result<Cow<'_, [u8]>> {
         self.check_kv_layer(layer)?;
         self.req(req)?;
-        let k = kind(region);
-        let count = self.manager.stored_entries(req, layer, k)?;
-        checks::stored(layer, region, &range, count)?;
+        let count = self.manager.stored_entries(req, layer, kind)?;
+        checks::stored(layer, kind, &range, count)?;
         if range.is_empty() {
             return Ok(Cow::Borrowed(&[]));
         }
         Ok(Cow::Owned(
-            self.manager.gather_entries(req, layer, k, range)?,
+            self.manager.gather_entries(req, layer, kind, range)?,
         ))
     }
 
@@ -501,18 +492,20 @@ mod tests {
                 cache.open(1).unwrap();
                 // Layer 2 (ratio 2): 128 entries per 256-token block; 300 entries span 3 blocks.
                 cache
-                    .write_entries(1, 2, Region::Main, 0, &x[..127 * 512])
+                    .write_entries(1, 2, RecordKind::Main, 0, &x[..127 * 512])
                     .unwrap();
                 cache
-                    .write_entries(1, 2, Region::Main, 127, &x[127 * 512..])
+                    .write_entries(1, 2, RecordKind::Main, 127, &x[127 * 512..])
                     .unwrap();
                 // Rewrite entries 255 and 256 (across a block boundary).
-                cache.write_entries(1, 2, Region::Main, 255, &y).unwrap();
+                cache
+                    .write_entries(1, 2, RecordKind::Main, 255, &y)
+                    .unwrap();
                 assert_eq!(cache.entries(1, 2).unwrap(), 300);
             }
             for range in [0..300, 1..2, 127..129, 250..300, 5..5] {
-                let a = c.records(1, 2, Region::Main, range.clone()).unwrap();
-                let b = p.records(1, 2, Region::Main, range.clone()).unwrap();
+                let a = c.records(1, 2, RecordKind::Main, range.clone()).unwrap();
+                let b = p.records(1, 2, RecordKind::Main, range.clone()).unwrap();
                 assert!(a[..] == b[..], "{f:?} {range:?}");
             }
             assert_eq!(p.manager().block_table(1).unwrap().len(), 3);
@@ -526,7 +519,7 @@ mod tests {
             let mut rec = vec![0u8; rb];
             m.read_record(2, RecordKind::Main, slots[1], &mut rec)
                 .unwrap();
-            let want = c.records(1, 2, Region::Main, 256..257).unwrap();
+            let want = c.records(1, 2, RecordKind::Main, 256..257).unwrap();
             assert_eq!(&rec[..], &want[..]);
             // A gap is refused by the manager as by the adapter, and changes nothing.
             let e = m
