@@ -9,9 +9,9 @@
 
 use crate::reference::{self, ExactCache, RefStep};
 use crate::sim::trace::TraceRequest;
-use csa2::backend::cache::Region;
+use csa2::cache::RecordKind;
 use csa2::backend::launch_day::LAUNCH_DAY;
-use csa2::backend::plan::StepPlan;
+use csa2::replay::StepPlan;
 use csa2::backend::stack::FfnPlaceholder;
 use csa2::backend::timing::{Op, Timings, ROLES};
 use csa2::backend::{Backend, BackendConfig, ContiguousCache, KvCache, Model, Phase, SeqStep};
@@ -279,7 +279,7 @@ fn synth_value(seed: usize, i: usize, k: usize) -> f32 {
 
 /// The exact value row of entry `i` of Full layer `layer` (main KV: 512 values; index K: the
 /// first 128 of the same row) — what [`synthesize`] encodes and the f64 reference reads.
-fn exact_entry(layer: usize, _region: Region, i: usize, row: &mut [f32]) {
+fn exact_entry(layer: usize, _region: RecordKind, i: usize, row: &mut [f32]) {
     for (k, v) in row.iter_mut().enumerate() {
         *v = synth_value(layer, i, k);
     }
@@ -301,7 +301,7 @@ fn synthesize(b: &Backend, cache: &mut ContiguousCache, ctx: usize) -> Result<()
     cache.open(1)?;
     for lp in g.layers_with(Role::Full) {
         let n = ctx / lp.ratio;
-        for region in [Region::Main, Region::Index] {
+        for region in [RecordKind::Main, RecordKind::Index] {
             cache
                 .synthesize_entries(1, lp.id, region, n, |i, r| exact_entry(lp.id, region, i, r))?;
         }
@@ -809,7 +809,7 @@ mod tests {
         let mut cache = ContiguousCache::new(b.geometry(), b.cfg.formats);
         synthesize(b, &mut cache, ctx).unwrap();
         cache
-            .write_entries(1, 2, Region::Main, 0, &[40.0f32; 512])
+            .write_entries(1, 2, RecordKind::Main, 0, &[40.0f32; 512])
             .unwrap();
         let d = decode_on(b, cache, ctx, 0, 1, true).unwrap();
         let bad = accuracy(&model, ctx, &d, &e2e).unwrap();

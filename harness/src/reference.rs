@@ -18,9 +18,9 @@
 //! Full layers hold `pos / ratio` entries and whose compressors start a new group at `pos` (so
 //! `pos` must be a multiple of every ratio; [`decode_step`] rejects other positions).
 
-use csa2::backend::cache::Region;
 use csa2::backend::gemm::WeightView;
 use csa2::backend::stack::{embed, FfnPlaceholder, Model};
+use csa2::cache::RecordKind;
 use csa2::error::{Error, Result};
 use csa2::formats::{INDEX_DIM, KV_DIM};
 use csa2::geometry::{CandidateUse, Geometry, Role};
@@ -36,7 +36,7 @@ use rayon::prelude::*;
 use std::collections::HashMap;
 
 /// `(layer, region, entry, out row)`: writes the exact values of one entry.
-pub type EntryFn<'a> = dyn Fn(usize, Region, usize, &mut [f32]) + Sync + 'a;
+pub type EntryFn<'a> = dyn Fn(usize, RecordKind, usize, &mut [f32]) + Sync + 'a;
 
 /// `layer → (n, 512)` exact SWA rows before the step.
 pub type WindowFn<'a> = dyn Fn(usize) -> Vec<f32> + Sync + 'a;
@@ -44,7 +44,7 @@ pub type WindowFn<'a> = dyn Fn(usize) -> Vec<f32> + Sync + 'a;
 /// Exact contents of one request's cache before the step.
 pub struct ExactCache<'a> {
     /// Exact value row of entry `i` of KV-source layer `layer` in `region` (512 values for
-    /// [`Region::Main`], 128 for [`Region::Index`]); called for `i < pos / ratio` only.
+    /// [`RecordKind::Main`], 128 for [`RecordKind::Index`]); called for `i < pos / ratio` only.
     pub entry: &'a EntryFn<'a>,
     /// Exact SWA rows of `layer` for the positions just before the step, oldest first,
     /// `(n, 512)` f32 (RoPE applied, as stored); `n ≥ min(pos, window − 1)`, extra older rows are
@@ -148,14 +148,14 @@ impl Ctx<'_> {
     fn entries(&self, layer: usize, b: &RefBuffers) -> usize {
         self.stored(layer) + usize::from(b.new_entry.contains_key(&layer))
     }
-    fn entry(&self, layer: usize, region: Region, i: usize, b: &RefBuffers, out: &mut [f32]) {
+    fn entry(&self, layer: usize, region: RecordKind, i: usize, b: &RefBuffers, out: &mut [f32]) {
         if i < self.stored(layer) {
             (self.cache.entry)(layer, region, i, out);
         } else {
             let (m, k) = &b.new_entry[&layer];
             out.copy_from_slice(match region {
-                Region::Main => m,
-                Region::Index => k,
+                RecordKind::Main => m,
+                RecordKind::Index => k,
             });
         }
     }
@@ -251,7 +251,7 @@ fn sublayer(
     if let (Some(src), Some(sel)) = (lp.kv_source, &sel) {
         let mut row = vec![0f32; KV_DIM];
         for (c, &j) in sel.iter().filter(|&&j| j >= 0).enumerate() {
-            cx.entry(src, Region::Main, j as usize, b, &mut row);
+            cx.entry(src, RecordKind::Main, j as usize, b, &mut row);
             main.extend_from_slice(&row);
             compact[c] = c as i32;
         }
@@ -358,7 +358,7 @@ fn index_select(
                 if allowed.as_ref().is_some_and(|a| !a[j]) {
                     return f32::NEG_INFINITY;
                 }
-                cx.entry(src, Region::Index, j, bs, key);
+                cx.entry(src, RecordKind::Index, j, bs, key);
                 let mut s = 0f64;
                 for (hh, qh) in qi.chunks_exact(INDEX_DIM).enumerate() {
                     s += wts[hh] * dot64(key, qh).max(0.0);

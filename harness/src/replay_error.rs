@@ -20,10 +20,11 @@
 //! Placeholders (as in `csa2 run`): synthetic token ids, the stack's embedding and identity FFN.
 
 use crate::session::token_at;
-use csa2::backend::cache::{ReqId, SwaSnapshot};
+use csa2::backend::cache::SwaSnapshot;
 use csa2::backend::stack::{LayerView, StepOutput};
 use csa2::backend::timing::Timings;
 use csa2::backend::{Backend, ContiguousCache, KvCache, Phase, SeqStep};
+use csa2::cache::RequestId;
 use csa2::error::{Error, Result};
 use csa2::geometry::Role;
 use csa2::ops::compressor::CompressorState;
@@ -345,7 +346,7 @@ struct Runner {
     backend: Backend,
     cache: ContiguousCache,
     saved: Option<Saved>,
-    req: ReqId,
+    req: RequestId,
 }
 
 /// One layer's reference rows: position → (input `u`, streams).

@@ -18,7 +18,8 @@ use csa2::backend::{Backend, KvCache, Phase, SeqStep};
 use csa2::cache::prefix::PrefixKey;
 use csa2::geometry::Role;
 use csa2::ops::compressor::CompressorState;
-use csa2::replay::{plan as replay_plan, ReplayConfig, ReplayMode};
+use csa2::replay::ReplayMode;
+use csa2::store::TierPolicy;
 use csa2::store::clock::{Clock, ManualClock};
 use csa2::store::dram::{DramConfig, DramPool, Snapshot};
 use csa2::{Error, Result};
@@ -145,8 +146,10 @@ pub fn run(
         clock.clone(),
     )?;
     let mut saved: HashMap<[u8; 32], Saved> = HashMap::new();
-    let rcfg = ReplayConfig::from_geometry(&g, ReplayMode::Bounded);
-    let encoder: Vec<usize> = (0..g.first_decoder_layer).collect();
+    // The store's tier policy says what the end of a turn keeps (the encoder windows, to DRAM)
+    // and what a hit replays; the trace simulation follows the same policy.
+    let policy = TierPolicy::v41(&g, ReplayMode::Bounded);
+    let encoder = &policy.snapshot_layers;
     let all_layers: Vec<usize> = (0..g.num_layers).collect();
     let kv_layers: Vec<usize> = g.layers_with(Role::Full).map(|l| l.id).collect();
     let mut ctx = 0usize;
@@ -164,7 +167,7 @@ pub fn run(
         let prompt = ctx + new;
         let k = key(sid, ctx);
         let snap = if ctx > 0 { pool.get(&k) } else { None };
-        let p = replay_plan(&rcfg, prompt, ctx, snap.is_some())?;
+        let p = policy.plan(prompt, ctx, snap.is_some())?;
         let enc = &p.layers[0];
         if !cache.contains(sid) || p.hit_used == 0 {
             // Nothing usable: start the request from scratch.
@@ -229,7 +232,7 @@ pub fn run(
         let decode_s = t1.elapsed().as_secs_f64();
         ctx = prompt + gen;
         // ---- end of turn: snapshot encoder windows + carries, drop live SWA state
-        let snap = cache.swa_snapshot(sid, &encoder)?;
+        let snap = cache.swa_snapshot(sid, encoder)?;
         let mut carries = vec![];
         for &l in &kv_layers {
             carries.push((l, cache.carry(sid, l)?.take()));

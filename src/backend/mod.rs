@@ -5,8 +5,6 @@
 //!   contiguous per-request implementation;
 //! - [`paged`]: the same trait over the paged block manager of `crate::cache` (block tables, slot
 //!   mapping, block-planar pages);
-//! - [`plan`]: the rows of one step (prefill chunks and decode tokens of many requests), decoder
-//!   bounded replay (docs/SPEC.md §3) and window floors;
 //! - [`layer`]: one attention sublayer in its role (Full / Reindex / Reuse / SWA-only);
 //! - [`stack`]: the layers with mHC at both sites, embedding and FFN placeholders;
 //! - [`launch_day`]: the configuration vLLM first shipped (docs/SPEC.md §5);
@@ -21,14 +19,14 @@ pub mod gemm;
 pub mod launch_day;
 pub mod layer;
 pub mod paged;
-pub mod plan;
 pub mod stack;
 pub mod timing;
 
 pub use cache::{CacheFormats, ContiguousCache, KvCache};
 pub use layer::ReindexMode;
 pub use paged::PagedCache;
-pub use plan::{Phase, SeqStep, StepPlan};
+// The engine takes its steps as the replay planner lays them out (`crate::replay::step`).
+pub use crate::replay::{Phase, SeqStep, StepPlan};
 pub use stack::{Backend, Model};
 
 use crate::ops::indexer::QueryQuant;

@@ -24,9 +24,10 @@ pub mod trace;
 use csa2::cache::{Backing, CacheConfig, CacheManager, CacheSpec, PrefixKey, RequestId};
 use csa2::error::{Error, Result};
 use csa2::geometry::{Geometry, KvLayout};
-use csa2::replay::{self, ReplayConfig, ReplayMode, SnapshotScope};
+use csa2::replay::ReplayMode;
 use csa2::store::{
-    Clock, DramConfig, DramPool, FsyncPolicy, ManualClock, Snapshot, SsdConfig, SsdStore,
+    Clock, DramConfig, DramPool, FsyncPolicy, ManualClock, Snapshot, SsdConfig, SsdStore, Tier,
+    TierPolicy,
 };
 use serde::Serialize;
 use std::cmp::Reverse;
@@ -276,24 +277,19 @@ impl Tiers {
 /// ratio, or an HBM too small for one block; I/O errors of the SSD tier.
 pub fn run(trace: &[TraceRequest], cfg: &SimConfig, progress: &dyn Fn(usize)) -> Result<SimReport> {
     let g = Geometry::embedded();
-    let (spec, rcfg) = match cfg.design {
-        Design::V41 => {
-            let spec = CacheSpec::from_geometry(&g, KvLayout::Nvfp4);
-            (spec, ReplayConfig::from_geometry(&g, cfg.replay))
-        }
+    // What goes where (and what a miss replays) is the store's tier policy for the design.
+    let (spec, policy) = match cfg.design {
+        Design::V41 => (
+            CacheSpec::from_geometry(&g, KvLayout::Nvfp4),
+            TierPolicy::v41(&g, cfg.replay),
+        ),
         Design::V4 => {
             let spec = CacheSpec::v4_flash();
-            let rcfg = ReplayConfig {
-                mode: ReplayMode::Exact,
-                window: spec.window,
-                num_layers: spec.num_layers,
-                first_decoder_layer: spec.num_layers,
-                snapshot_scope: SnapshotScope::AllLayers,
-                kv_sources: spec.pools.iter().map(|p| (p.layer, p.ratio)).collect(),
-            };
-            (spec, rcfg)
+            let policy = TierPolicy::v4_flash(&spec);
+            (spec, policy)
         }
     };
+    let rcfg = &policy.replay;
     if cfg.block_tokens <= spec.window {
         return Err(Error::invalid(
             "block_tokens",
@@ -360,7 +356,7 @@ pub fn run(trace: &[TraceRequest], cfg: &SimConfig, progress: &dyn Fn(usize)) ->
     let mut pending: Vec<Option<Pending>> = (0..trace.len()).map(|_| None).collect();
     let mut next_sample = 0u64;
     let hasher = t.hbm.hasher().clone();
-    let snapshot_key = |k: &PrefixKey| hasher.derived_key(k, "swa-snapshot");
+    let snapshot_key = |k: &PrefixKey| TierPolicy::snapshot_key(&hasher, k);
     let fd = rcfg.first_decoder_layer;
     let nl = rcfg.num_layers;
 
@@ -397,7 +393,7 @@ pub fn run(trace: &[TraceRequest], cfg: &SimConfig, progress: &dyn Fn(usize)) ->
                 t.persist(k, slab)?;
             }
             let snap_at = *keys.last().expect("non-empty");
-            store_snapshot(t, cfg.design, &snapshot_key(&snap_at), snap_bytes)?;
+            store_snapshot(t, policy.snapshot_tier, &snapshot_key(&snap_at), snap_bytes)?;
         }
         t.hbm.free_request(p.id)?;
         Ok(())
@@ -455,9 +451,9 @@ pub fn run(trace: &[TraceRequest], cfg: &SimConfig, progress: &dyn Fn(usize)) ->
         if hit > spec.window {
             rep.snapshot_lookups += 1;
             let sk = snapshot_key(&keys[n_hbm + n_ssd - 1]);
-            snapshot = match cfg.design {
-                Design::V41 => t.dram.get(&sk).is_some(),
-                Design::V4 => match t.ssd.get(&sk) {
+            snapshot = match policy.snapshot_tier {
+                Tier::Dram => t.dram.get(&sk).is_some(),
+                Tier::Ssd => match t.ssd.get(&sk) {
                     Ok(Some(_)) => true,
                     Ok(None) => false,
                     Err(Error::Corrupt { .. }) => {
@@ -472,7 +468,7 @@ pub fn run(trace: &[TraceRequest], cfg: &SimConfig, progress: &dyn Fn(usize)) ->
             }
         }
         // 4. Plan.
-        let plan = replay::plan(&rcfg, i_len, hit, snapshot)?;
+        let plan = policy.plan(i_len, hit, snapshot)?;
         // 5. Allocate prompt + output; promote SSD blocks; publish; persist the prompt end.
         let total = i_len + r.output_length;
         if let Err(e) = t.hbm.allocate(id, total) {
@@ -522,7 +518,12 @@ pub fn run(trace: &[TraceRequest], cfg: &SimConfig, progress: &dyn Fn(usize)) ->
             t.persist(k, slab)?;
         }
         if let Some(last) = keys.last() {
-            store_snapshot(&mut t, cfg.design, &snapshot_key(last), snap_bytes)?;
+            store_snapshot(
+                &mut t,
+                policy.snapshot_tier,
+                &snapshot_key(last),
+                snap_bytes,
+            )?;
         }
         // 6. Completion event.
         let busy_ms = plan.layers[0].rows.len() as f64 / cfg.prefill_tokens_per_s * 1000.0
@@ -588,9 +589,9 @@ fn ratio(a: u64, b: u64) -> f64 {
     }
 }
 
-fn store_snapshot(t: &mut Tiers, design: Design, key: &PrefixKey, bytes: usize) -> Result<()> {
-    match design {
-        Design::V41 => {
+fn store_snapshot(t: &mut Tiers, tier: Tier, key: &PrefixKey, bytes: usize) -> Result<()> {
+    match tier {
+        Tier::Dram => {
             // DRAM pool, TTL; the demand ledger is the same logic without a capacity.
             t.demand_dram.put(*key, Snapshot::Sized(bytes))?;
             match t.dram.put(*key, Snapshot::Sized(bytes)) {
@@ -598,6 +599,6 @@ fn store_snapshot(t: &mut Tiers, design: Design, key: &PrefixKey, bytes: usize) 
                 Err(e) => Err(e),
             }
         }
-        Design::V4 => t.persist(key, bytes),
+        Tier::Ssd => t.persist(key, bytes),
     }
 }

@@ -12,7 +12,7 @@
 //! The cut is derived from the geometry: the first decoder layer (CED split), moved up to the last
 //! Full layer if one sits after it (that layer must see every row to write its global KV).
 
-use super::cache::ReqId;
+use crate::cache::RequestId;
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, Role};
 use std::ops::Range;
@@ -36,7 +36,7 @@ pub enum Phase {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqStep {
     /// Request.
-    pub req: ReqId,
+    pub req: RequestId,
     /// Absolute position of the first row.
     pub first_pos: usize,
     /// Rows (tokens) in this step (1 for decode).
@@ -332,7 +332,7 @@ impl StepPlan {
 mod tests {
     use super::*;
 
-    fn prefill(req: ReqId, first: usize, len: usize, end: usize) -> SeqStep {
+    fn prefill(req: RequestId, first: usize, len: usize, end: usize) -> SeqStep {
         SeqStep {
             req,
             first_pos: first,
