@@ -1,9 +1,9 @@
 //! Geometry handle: the per-layer CSA2 plan and byte accounting over the C ABI.
 
 use super::handle::{self, Handle, Registry};
-use super::{arg_out, arg_slice, boundary, boundary_free, Csa2Status};
+use super::{arg_out, arg_slice, guarded, guarded_free, Csa2Status};
 use crate::error::{Error, Result};
-use crate::geometry::{Geometry, KvLayout, Role};
+use crate::geometry::{Geometry, KvLayout, LayerPlan, Role};
 use std::ffi::c_char;
 
 /// Opaque geometry handle (a parsed `config.json`). Free with [`csa2_geometry_free`]. A checked
@@ -103,7 +103,7 @@ pub unsafe extern "C" fn csa2_geometry_from_json(
     len: usize,
     out: *mut *mut Csa2Geometry,
 ) -> Csa2Status {
-    boundary("csa2_geometry_from_json", || {
+    guarded("csa2_geometry_from_json", || {
         if json.is_null() {
             return Err(Error::NullPointer("json"));
         }
@@ -121,7 +121,7 @@ pub unsafe extern "C" fn csa2_geometry_from_json(
 /// `out` must point to a writable pointer slot.
 #[no_mangle]
 pub unsafe extern "C" fn csa2_geometry_embedded(out: *mut *mut Csa2Geometry) -> Csa2Status {
-    boundary("csa2_geometry_embedded", || {
+    guarded("csa2_geometry_embedded", || {
         publish(out, Geometry::embedded())
     })
 }
@@ -136,7 +136,7 @@ pub unsafe extern "C" fn csa2_geometry_embedded(out: *mut *mut Csa2Geometry) -> 
 /// None beyond the C ABI's: any value of `g` is checked (kept `unsafe` for source compatibility).
 #[no_mangle]
 pub unsafe extern "C" fn csa2_geometry_free(g: *mut Csa2Geometry) -> Csa2Status {
-    boundary_free("csa2_geometry_free", || handle::free(g, "geometry"))
+    guarded_free("csa2_geometry_free", || handle::free(g, "geometry"))
 }
 
 /// Writes the number of backbone layers to `*out`.
@@ -148,7 +148,7 @@ pub unsafe extern "C" fn csa2_geometry_num_layers(
     g: *const Csa2Geometry,
     out: *mut usize,
 ) -> Csa2Status {
-    boundary("csa2_geometry_num_layers", || {
+    guarded("csa2_geometry_num_layers", || {
         // SAFETY: pointer validity is the caller's contract; null is checked.
         let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
         *out = g.g.num_layers;
@@ -168,7 +168,7 @@ pub unsafe extern "C" fn csa2_geometry_layer(
     layer: usize,
     out: *mut Csa2LayerInfo,
 ) -> Csa2Status {
-    boundary("csa2_geometry_layer", || {
+    guarded("csa2_geometry_layer", || {
         // SAFETY: pointer validity is the caller's contract; null is checked.
         let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
         let l = g.g.layers.get(layer).ok_or_else(|| {
@@ -205,7 +205,7 @@ pub unsafe extern "C" fn csa2_geometry_global_kv_bytes_per_token(
     layout_id: i32,
     out: *mut f64,
 ) -> Csa2Status {
-    boundary("csa2_geometry_global_kv_bytes_per_token", || {
+    guarded("csa2_geometry_global_kv_bytes_per_token", || {
         // SAFETY: pointer validity is the caller's contract; null is checked.
         let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
         *out = g.g.global_kv_bytes_per_token(layout(layout_id)?);
@@ -224,10 +224,42 @@ pub unsafe extern "C" fn csa2_geometry_swa_bytes_per_request(
     layout_id: i32,
     out: *mut u64,
 ) -> Csa2Status {
-    boundary("csa2_geometry_swa_bytes_per_request", || {
+    guarded("csa2_geometry_swa_bytes_per_request", || {
         // SAFETY: pointer validity is the caller's contract; null is checked.
         let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
         *out = g.g.swa_bytes_per_request(layout(layout_id)?) as u64;
         Ok(())
+    })
+}
+
+/// A checked geometry handle and one of its layers.
+pub(super) struct GeoLayer {
+    g: std::sync::Arc<Csa2Geometry>,
+    layer: usize,
+}
+
+impl GeoLayer {
+    /// The layer's plan.
+    pub(super) fn plan(&self) -> &LayerPlan {
+        &self.g.g.layers[self.layer]
+    }
+    /// The model's RMSNorm epsilon.
+    pub(super) fn eps(&self) -> f64 {
+        self.g.g.rms_norm_eps
+    }
+}
+
+pub(super) fn layer_plan(g: *const Csa2Geometry, layer: u32) -> Result<GeoLayer> {
+    let g = geometry(g)?;
+    let n = g.g.layers.len();
+    if layer as usize >= n {
+        return Err(Error::invalid(
+            "layer",
+            format!("{layer} is past the {n} backbone layers"),
+        ));
+    }
+    Ok(GeoLayer {
+        g,
+        layer: layer as usize,
     })
 }

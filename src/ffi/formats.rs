@@ -1,6 +1,6 @@
 //! Row codecs and page writes over caller-owned buffers.
 
-use super::{arg_out, arg_slice, arg_slice_mut, boundary, Csa2Status};
+use super::{arg_out, arg_slice, arg_slice_mut, guarded, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::page::PageLayout;
 use crate::formats::{decode_rows, encode_rows, RecordFormat};
@@ -53,7 +53,7 @@ fn format(v: i32) -> Result<RecordFormat> {
 /// `out` must be writable.
 #[no_mangle]
 pub unsafe extern "C" fn csa2_format_info(format_id: i32, out: *mut Csa2FormatInfo) -> Csa2Status {
-    boundary("csa2_format_info", || {
+    guarded("csa2_format_info", || {
         let f = format(format_id)?;
         // SAFETY: validity is the caller's contract; null is checked.
         let out = unsafe { arg_out(out, "out") }?;
@@ -83,7 +83,7 @@ pub unsafe extern "C" fn csa2_encode_rows(
     out: *mut u8,
     out_len: usize,
 ) -> Csa2Status {
-    boundary("csa2_encode_rows", || {
+    guarded("csa2_encode_rows", || {
         let f = format(format_id)?;
         // SAFETY: buffer validity is the caller's contract; null and alignment are checked.
         let (x, out) = unsafe {
@@ -110,7 +110,7 @@ pub unsafe extern "C" fn csa2_decode_rows(
     out: *mut f32,
     n_values: usize,
 ) -> Csa2Status {
-    boundary("csa2_decode_rows", || {
+    guarded("csa2_decode_rows", || {
         let f = format(format_id)?;
         // SAFETY: buffer validity is the caller's contract; null and alignment are checked.
         let (r, out) = unsafe {
@@ -142,7 +142,7 @@ pub unsafe extern "C" fn csa2_encode_into_pages(
     pool: *mut u8,
     pool_len: usize,
 ) -> Csa2Status {
-    boundary("csa2_encode_into_pages", || {
+    guarded("csa2_encode_into_pages", || {
         let f = format(format_id)?;
         if slots_per_page == 0 {
             return Err(Error::invalid("slots_per_page", "must be > 0, found 0"));
