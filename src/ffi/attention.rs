@@ -11,10 +11,10 @@ use crate::npy::{Dim, Dims};
 use crate::ops::attention::{AttentionInputs, AttentionParams, IndexedInputs, KvRows};
 use std::borrow::Cow;
 
+/// A 512-value record format (main KV or SWA) from its `Csa2Format` id.
 fn record_format(v: i32, what: &'static str) -> Result<RecordFormat> {
-    usize::try_from(v)
+    RecordFormat::from_abi_id(v, what)
         .ok()
-        .and_then(|i| RecordFormat::ALL.get(i).copied())
         .filter(|f| f.dim() == KV_DIM)
         .ok_or_else(|| {
             Error::invalid(
@@ -22,6 +22,58 @@ fn record_format(v: i32, what: &'static str) -> Result<RecordFormat> {
                 format!("{v} is not a 512-value Csa2Format (0 nvfp4, 2 mxfp8, 3 v4)"),
             )
         })
+}
+
+/// Arguments of [`csa2_attention`] (shapes there).
+/// Set `struct_size` to `sizeof(Csa2AttentionArgs)` (rules: "Args structs", header top).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Csa2AttentionArgs {
+    /// `sizeof(Csa2AttentionArgs)` as the caller was compiled.
+    pub struct_size: usize,
+    /// `(T, H, 512)` float queries.
+    pub q: *const DLTensor,
+    /// `(N, 512)` float or `(N, record bytes)` uint8 main-KV rows in `main_format`.
+    pub main_kv: *const DLTensor,
+    /// `Csa2Format` of `main_kv` records (0 NVFP4-DS, 2 MXFP8, 3 V4; ignored for float).
+    pub main_format: i32,
+    /// `(S, 512)` float or uint8 SWA rows in `swa_format`, row s = token s.
+    pub swa: *const DLTensor,
+    /// `Csa2Format` of `swa` records.
+    pub swa_format: i32,
+    /// `(T, K)` int32 selected entries (−1 = none).
+    pub topk: *const DLTensor,
+    /// Optional `(T)` int32 valid length per row (null: whole rows).
+    pub topk_len: *const DLTensor,
+    /// `(T)` int token positions.
+    pub positions: *const DLTensor,
+    /// Optional `(1)` or `(T)` int SWA window floor (null: none).
+    pub replay_start: *const DLTensor,
+    /// `(H)` float attention sink per head.
+    pub sink: *const DLTensor,
+    /// SWA window in tokens (128).
+    pub window: u32,
+    /// 0 = no visibility guard, else a selected entry must be `< (p + 1) div ratio`.
+    pub ratio: u32,
+    /// Softmax scale; not positive and finite → 512^-0.5.
+    pub scale: f32,
+    /// Output `(T, H, 512)` float.
+    pub out: *const DLTensor,
+    /// Output `(T, H)` float log-sum-exp (−∞ for a row that attends nothing).
+    pub lse: *const DLTensor,
+}
+
+// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
+unsafe impl super::ArgsStruct for Csa2AttentionArgs {
+    const NAME: &'static str = "Csa2AttentionArgs";
+    const V1_SIZE: usize = std::mem::size_of::<Csa2AttentionArgs>();
+}
+
+impl Default for Csa2AttentionArgs {
+    /// All members zero, `struct_size` set (the C recipe).
+    fn default() -> Self {
+        super::zeroed_args()
+    }
 }
 
 /// Sparse + sliding-window attention with a sink (docs/SPEC.md §2 "Attention"): per token and head, one
@@ -44,26 +96,30 @@ fn record_format(v: i32, what: &'static str) -> Result<RecordFormat> {
 /// result (a NaN/Inf KV row or an f32 overflow; `out` is then not valid), plus the common ones.
 ///
 /// # Safety
+/// `args`: `struct_size` readable bytes of a `Csa2AttentionArgs`. Its members:
 /// As [`csa2_indexer_logits`].
 #[no_mangle]
-pub unsafe extern "C" fn csa2_attention(
-    q: *const DLTensor,
-    main_kv: *const DLTensor,
-    main_format: i32,
-    swa: *const DLTensor,
-    swa_format: i32,
-    topk: *const DLTensor,
-    topk_len: *const DLTensor,
-    positions: *const DLTensor,
-    replay_start: *const DLTensor,
-    sink: *const DLTensor,
-    window: u32,
-    ratio: u32,
-    scale: f32,
-    out: *const DLTensor,
-    lse: *const DLTensor,
-) -> Csa2Status {
+pub unsafe extern "C" fn csa2_attention(args: *const Csa2AttentionArgs) -> Csa2Status {
     guarded("csa2_attention", || {
+        // SAFETY: `args` is the caller's (null, alignment and `struct_size` are checked).
+        let Csa2AttentionArgs {
+            struct_size: _,
+            q,
+            main_kv,
+            main_format,
+            swa,
+            swa_format,
+            topk,
+            topk_len,
+            positions,
+            replay_start,
+            sink,
+            window,
+            ratio,
+            scale,
+            out,
+            lse,
+        } = unsafe { super::read_args(args) }?;
         // SAFETY: caller's contract (see above).
         let (qv, mv, sv, tv, lv, pv, rv, sinkv, mut ov, mut ev) = unsafe {
             (
@@ -235,6 +291,54 @@ fn kv_rows<'b, 'a: 'b>(
     })
 }
 
+/// Arguments of [`csa2_attention_indexed`] (shapes there).
+/// Set `struct_size` to `sizeof(Csa2AttentionIndexedArgs)` (rules: "Args structs", header top).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Csa2AttentionIndexedArgs {
+    /// `sizeof(Csa2AttentionIndexedArgs)` as the caller was compiled.
+    pub struct_size: usize,
+    /// `(T, H, 512)` float queries.
+    pub q: *const DLTensor,
+    /// `(N, 512)` float or `(N, record bytes)` uint8 main-KV pool in `main_format`.
+    pub main_kv: *const DLTensor,
+    /// `Csa2Format` of `main_kv` records.
+    pub main_format: i32,
+    /// `(T, K)` int32 rows of `main_kv` per token (−1 skipped).
+    pub main_idx: *const DLTensor,
+    /// Optional `(T)` int32 valid length of each `main_idx` row (null: whole rows).
+    pub main_len: *const DLTensor,
+    /// `(S, 512)` float or `(S, record bytes)` uint8 SWA pool in `swa_format`.
+    pub swa_kv: *const DLTensor,
+    /// `Csa2Format` of `swa_kv` records.
+    pub swa_format: i32,
+    /// `(T, W)` int32 rows of `swa_kv` per token (−1 skipped).
+    pub swa_idx: *const DLTensor,
+    /// Optional `(T)` int32 valid length of each `swa_idx` row (null: whole rows).
+    pub swa_len: *const DLTensor,
+    /// `(H)` float attention sink per head.
+    pub sink: *const DLTensor,
+    /// Softmax scale; not positive and finite → 512^-0.5.
+    pub scale: f32,
+    /// Output `(T, H, 512)` float.
+    pub out: *const DLTensor,
+    /// Output `(T, H)` float log-sum-exp.
+    pub lse: *const DLTensor,
+}
+
+// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
+unsafe impl super::ArgsStruct for Csa2AttentionIndexedArgs {
+    const NAME: &'static str = "Csa2AttentionIndexedArgs";
+    const V1_SIZE: usize = std::mem::size_of::<Csa2AttentionIndexedArgs>();
+}
+
+impl Default for Csa2AttentionIndexedArgs {
+    /// All members zero, `struct_size` set (the C recipe).
+    fn default() -> Self {
+        super::zeroed_args()
+    }
+}
+
 /// Sparse attention over explicit slot lists with a sink — the contract of FlashMLA's sparse
 /// `flash_mla_with_kvcache(q, k_cache=swa, indices=swa_idx, topk_length=swa_len,
 /// extra_k_cache=main, extra_indices_in_kvcache=main_idx, extra_topk_length=main_len, attn_sink,
@@ -262,24 +366,30 @@ fn kv_rows<'b, 'a: 'b>(
 /// or an f32 overflow; `out` is then not valid); `CSA2_ERR_SHAPE` for T / H / length mismatches; plus the common ones.
 ///
 /// # Safety
+/// `args`: `struct_size` readable bytes of a `Csa2AttentionIndexedArgs`. Its members:
 /// As [`csa2_indexer_logits`].
 #[no_mangle]
 pub unsafe extern "C" fn csa2_attention_indexed(
-    q: *const DLTensor,
-    main_kv: *const DLTensor,
-    main_format: i32,
-    main_idx: *const DLTensor,
-    main_len: *const DLTensor,
-    swa_kv: *const DLTensor,
-    swa_format: i32,
-    swa_idx: *const DLTensor,
-    swa_len: *const DLTensor,
-    sink: *const DLTensor,
-    scale: f32,
-    out: *const DLTensor,
-    lse: *const DLTensor,
+    args: *const Csa2AttentionIndexedArgs,
 ) -> Csa2Status {
     guarded("csa2_attention_indexed", || {
+        // SAFETY: `args` is the caller's (null, alignment and `struct_size` are checked).
+        let Csa2AttentionIndexedArgs {
+            struct_size: _,
+            q,
+            main_kv,
+            main_format,
+            main_idx,
+            main_len,
+            swa_kv,
+            swa_format,
+            swa_idx,
+            swa_len,
+            sink,
+            scale,
+            out,
+            lse,
+        } = unsafe { super::read_args(args) }?;
         // SAFETY: caller's contract (see above).
         let (qv, mv, miv, mlv, sv, siv, slv, sinkv, mut ov, mut ev) = unsafe {
             (

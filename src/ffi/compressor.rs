@@ -166,6 +166,50 @@ pub unsafe extern "C" fn csa2_compressor_state_query(
     })
 }
 
+/// Arguments of [`csa2_compress_step`] (shapes there).
+/// Set `struct_size` to `sizeof(Csa2CompressStepArgs)` (rules: "Args structs", header top).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Csa2CompressStepArgs {
+    /// `sizeof(Csa2CompressStepArgs)` as the caller was compiled.
+    pub struct_size: usize,
+    /// Live geometry handle (the state's own).
+    pub geometry: *const Csa2Geometry,
+    /// The state's layer.
+    pub layer: u32,
+    /// Live compressor state of the request.
+    pub state: *const Csa2CompressorState,
+    /// `(T, 512)` float KV projections of the next T tokens.
+    pub kv: *const DLTensor,
+    /// `(T, 512)` float gate for ratio 2; null for ratio 1.
+    pub score: *const DLTensor,
+    /// `(512)` float KV RMSNorm weight.
+    pub norm: *const DLTensor,
+    /// `(128, 512)` float index-K projection.
+    pub wk: *const DLTensor,
+    /// `(128)` float index-K RMSNorm weight.
+    pub k_norm: *const DLTensor,
+    /// Output `(E, 288)` uint8 NVFP4-DS main-KV records.
+    pub main_kv_out: *const DLTensor,
+    /// Output `(E, 68)` uint8 MXFP4 index-K records.
+    pub index_k_out: *const DLTensor,
+    /// Output: the id of the first entry written.
+    pub first_entry: *mut u64,
+}
+
+// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
+unsafe impl super::ArgsStruct for Csa2CompressStepArgs {
+    const NAME: &'static str = "Csa2CompressStepArgs";
+    const V1_SIZE: usize = std::mem::size_of::<Csa2CompressStepArgs>();
+}
+
+impl Default for Csa2CompressStepArgs {
+    /// All members zero, `struct_size` set (the C recipe).
+    fn default() -> Self {
+        super::zeroed_args()
+    }
+}
+
 /// Feeds the next `T` tokens of a request to the compressor of the state's layer: `kv` `(T, 512)`
 /// float (and, for ratio 2, `score` `(T, 512)` float; null for ratio 1), tokens
 /// `next_pos .. next_pos + T`. The groups these tokens complete — together with the group carried
@@ -182,23 +226,27 @@ pub unsafe extern "C" fn csa2_compressor_state_query(
 /// the common errors of `csa2_compress`. On error the state and the outputs are unchanged.
 ///
 /// # Safety
-/// `geometry` and `s` must be live handles; each tensor pointer null or a readable `DLTensor`
+/// `args`: `struct_size` readable bytes of a `Csa2CompressStepArgs`. Its members:
+/// `geometry` and `state` must be live handles; each tensor pointer null or a readable `DLTensor`
 /// whose memory stays valid and unused by other threads for the call.
 #[no_mangle]
-pub unsafe extern "C" fn csa2_compress_step(
-    geometry: *const Csa2Geometry,
-    layer: u32,
-    s: *const Csa2CompressorState,
-    kv: *const DLTensor,
-    score: *const DLTensor,
-    norm: *const DLTensor,
-    wk: *const DLTensor,
-    k_norm: *const DLTensor,
-    main_kv_out: *const DLTensor,
-    index_k_out: *const DLTensor,
-    first_entry: *mut u64,
-) -> Csa2Status {
+pub unsafe extern "C" fn csa2_compress_step(args: *const Csa2CompressStepArgs) -> Csa2Status {
     guarded("csa2_compress_step", || {
+        // SAFETY: `args` is the caller's (null, alignment and `struct_size` are checked).
+        let Csa2CompressStepArgs {
+            struct_size: _,
+            geometry,
+            layer,
+            state: s,
+            kv,
+            score,
+            norm,
+            wk,
+            k_norm,
+            main_kv_out,
+            index_k_out,
+            first_entry,
+        } = unsafe { super::read_args(args) }?;
         let gl = layer_plan(geometry, layer)?;
         let (plan, eps) = (gl.plan(), gl.eps());
         // SAFETY: the caller's contract.
@@ -406,6 +454,48 @@ pub(super) unsafe fn compress_views<'a>(
     Ok((kv, score, norm, wk, k_norm, main_out, index_out))
 }
 
+/// Arguments of [`csa2_compress`] (shapes there).
+/// Set `struct_size` to `sizeof(Csa2CompressArgs)` (rules: "Args structs", header top).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Csa2CompressArgs {
+    /// `sizeof(Csa2CompressArgs)` as the caller was compiled.
+    pub struct_size: usize,
+    /// Live geometry handle.
+    pub geometry: *const Csa2Geometry,
+    /// A Full layer of `geometry`.
+    pub layer: u32,
+    /// `(T, 512)` float KV projections.
+    pub kv: *const DLTensor,
+    /// `(T, 512)` float gate for ratio 2; null for ratio 1.
+    pub score: *const DLTensor,
+    /// `(512)` float KV RMSNorm weight.
+    pub norm: *const DLTensor,
+    /// `(128, 512)` float index-K projection.
+    pub wk: *const DLTensor,
+    /// `(128)` float index-K RMSNorm weight.
+    pub k_norm: *const DLTensor,
+    /// Position of the first token, a multiple of the ratio.
+    pub start_pos: i64,
+    /// Output `(E, 288)` uint8 NVFP4-DS main-KV records.
+    pub main_kv_out: *const DLTensor,
+    /// Output `(E, 68)` uint8 MXFP4 index-K records.
+    pub index_k_out: *const DLTensor,
+}
+
+// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
+unsafe impl super::ArgsStruct for Csa2CompressArgs {
+    const NAME: &'static str = "Csa2CompressArgs";
+    const V1_SIZE: usize = std::mem::size_of::<Csa2CompressArgs>();
+}
+
+impl Default for Csa2CompressArgs {
+    /// All members zero, `struct_size` set (the C recipe).
+    fn default() -> Self {
+        super::zeroed_args()
+    }
+}
+
 /// KV compressor of Full layer `layer` (docs/SPEC.md §2 "Compressor"): turns `kv` `(T, 512)` float (and, for
 /// ratio 2, the gate `score` `(T, 512)` float; null for ratio 1) of tokens `start_pos ..
 /// start_pos + T` into `E = T / ratio` compressed entries, written as NVFP4-DS main-KV records
@@ -418,21 +508,25 @@ pub(super) unsafe fn compress_views<'a>(
 /// `score` given or missing, non-finite values), plus the common ones.
 ///
 /// # Safety
+/// `args`: `struct_size` readable bytes of a `Csa2CompressArgs`. Its members:
 /// As [`csa2_rope`].
 #[no_mangle]
-pub unsafe extern "C" fn csa2_compress(
-    geometry: *const Csa2Geometry,
-    layer: u32,
-    kv: *const DLTensor,
-    score: *const DLTensor,
-    norm: *const DLTensor,
-    wk: *const DLTensor,
-    k_norm: *const DLTensor,
-    start_pos: i64,
-    main_kv_out: *const DLTensor,
-    index_k_out: *const DLTensor,
-) -> Csa2Status {
+pub unsafe extern "C" fn csa2_compress(args: *const Csa2CompressArgs) -> Csa2Status {
     guarded("csa2_compress", || {
+        // SAFETY: `args` is the caller's (null, alignment and `struct_size` are checked).
+        let Csa2CompressArgs {
+            struct_size: _,
+            geometry,
+            layer,
+            kv,
+            score,
+            norm,
+            wk,
+            k_norm,
+            start_pos,
+            main_kv_out,
+            index_k_out,
+        } = unsafe { super::read_args(args) }?;
         let gl = layer_plan(geometry, layer)?;
         let (plan, eps) = (gl.plan(), gl.eps());
         let m = plan.ratio;

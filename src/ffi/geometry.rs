@@ -3,7 +3,8 @@
 use super::handle::{self, Handle, Registry};
 use super::{arg_out, arg_slice, guarded, guarded_free, Csa2Status};
 use crate::error::{Error, Result};
-use crate::geometry::{Geometry, KvLayout, LayerPlan, Role};
+use crate::formats::KvScheme;
+use crate::geometry::{Geometry, LayerPlan, Role};
 use std::ffi::c_char;
 
 /// Opaque geometry handle (a parsed `config.json`). Free with [`csa2_geometry_free`]. A checked
@@ -68,18 +69,6 @@ pub struct Csa2LayerInfo {
     pub index_source: i32,
     /// 1 for an encoder layer of the CED split, 0 for a decoder layer.
     pub encoder: u8,
-}
-
-pub(super) fn layout(v: i32) -> Result<KvLayout> {
-    match v {
-        0 => Ok(KvLayout::Nvfp4),
-        1 => Ok(KvLayout::Mxfp8),
-        2 => Ok(KvLayout::V4),
-        _ => Err(Error::invalid(
-            "layout",
-            format!("{v} is not a Csa2KvLayout (0 nvfp4, 1 mxfp8, 2 v4)"),
-        )),
-    }
 }
 
 fn publish(out: *mut *mut Csa2Geometry, g: Geometry) -> Result<()> {
@@ -208,7 +197,8 @@ pub unsafe extern "C" fn csa2_geometry_global_kv_bytes_per_token(
     guarded("csa2_geometry_global_kv_bytes_per_token", || {
         // SAFETY: pointer validity is the caller's contract; null is checked.
         let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
-        *out = g.g.global_kv_bytes_per_token(layout(layout_id)?);
+        *out =
+            g.g.global_kv_bytes_per_token(KvScheme::from_abi_id(layout_id)?);
         Ok(())
     })
 }
@@ -227,7 +217,7 @@ pub unsafe extern "C" fn csa2_geometry_swa_bytes_per_request(
     guarded("csa2_geometry_swa_bytes_per_request", || {
         // SAFETY: pointer validity is the caller's contract; null is checked.
         let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
-        *out = g.g.swa_bytes_per_request(layout(layout_id)?) as u64;
+        *out = g.g.swa_bytes_per_request(KvScheme::from_abi_id(layout_id)?) as u64;
         Ok(())
     })
 }

@@ -9,6 +9,42 @@ use crate::npy::{Dim, Dims};
 use crate::ops::candidates::CandidateParams;
 use crate::ops::indexer::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
 
+/// Arguments of [`csa2_indexer_logits`] (shapes there).
+/// Set `struct_size` to `sizeof(Csa2IndexerLogitsArgs)` (rules: "Args structs", header top).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Csa2IndexerLogitsArgs {
+    /// `sizeof(Csa2IndexerLogitsArgs)` as the caller was compiled.
+    pub struct_size: usize,
+    /// `(T, H, 128)` float RoPE'd index Q.
+    pub q: *const DLTensor,
+    /// `(T, H)` float head weights (already scaled).
+    pub w: *const DLTensor,
+    /// `(T)` int token positions.
+    pub positions: *const DLTensor,
+    /// `(N, 128)` float or `(N, 68)` uint8 MXFP4 index-K records.
+    pub keys: *const DLTensor,
+    /// Compression ratio (≥ 1).
+    pub ratio: u32,
+    /// Fake quantisation of Q: 0 none, 1 MXFP4 (V4.1), 2 FP8 E4M3 (launch day).
+    pub q_quant: i32,
+    /// Output `(T, N)` float.
+    pub logits_out: *const DLTensor,
+}
+
+// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
+unsafe impl super::ArgsStruct for Csa2IndexerLogitsArgs {
+    const NAME: &'static str = "Csa2IndexerLogitsArgs";
+    const V1_SIZE: usize = std::mem::size_of::<Csa2IndexerLogitsArgs>();
+}
+
+impl Default for Csa2IndexerLogitsArgs {
+    /// All members zero, `struct_size` set (the C recipe).
+    fn default() -> Self {
+        super::zeroed_args()
+    }
+}
+
 /// Lightning-indexer logits (docs/SPEC.md §2 "Indexer"): `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)`
 /// for the visible entries `j < (positions[t] + 1) div ratio`, −∞ elsewhere.
 ///
@@ -19,22 +55,66 @@ use crate::ops::indexer::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
 /// `CSA2_ERR_SHAPE` (too few keys for a position), plus the common ones.
 ///
 /// # Safety
+/// `args`: `struct_size` readable bytes of a `Csa2IndexerLogitsArgs`. Its members:
 /// Each tensor pointer null or a readable `DLTensor` whose memory stays valid and unused by other
 /// threads for the call.
 #[no_mangle]
-pub unsafe extern "C" fn csa2_indexer_logits(
-    q: *const DLTensor,
-    w: *const DLTensor,
-    positions: *const DLTensor,
-    keys: *const DLTensor,
-    ratio: u32,
-    q_quant: i32,
-    logits_out: *const DLTensor,
-) -> Csa2Status {
+pub unsafe extern "C" fn csa2_indexer_logits(args: *const Csa2IndexerLogitsArgs) -> Csa2Status {
     guarded("csa2_indexer_logits", || {
+        // SAFETY: `args` is the caller's (null, alignment and `struct_size` are checked).
+        let Csa2IndexerLogitsArgs {
+            struct_size: _,
+            q,
+            w,
+            positions,
+            keys,
+            ratio,
+            q_quant,
+            logits_out,
+        } = unsafe { super::read_args(args) }?;
         // SAFETY: caller's contract (see above).
         unsafe { indexer(q, w, positions, keys, None, ratio, q_quant, logits_out) }
     })
+}
+
+/// Arguments of [`csa2_indexer_logits_in_blocks`] (shapes there).
+/// Set `struct_size` to `sizeof(Csa2IndexerLogitsInBlocksArgs)` (rules: "Args structs", header top).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Csa2IndexerLogitsInBlocksArgs {
+    /// `sizeof(Csa2IndexerLogitsInBlocksArgs)` as the caller was compiled.
+    pub struct_size: usize,
+    /// `(T, H, 128)` float RoPE'd index Q.
+    pub q: *const DLTensor,
+    /// `(T, H)` float head weights (already scaled).
+    pub w: *const DLTensor,
+    /// `(T)` int token positions.
+    pub positions: *const DLTensor,
+    /// `(N, 128)` float or `(N, 68)` uint8 MXFP4 index-K records.
+    pub keys: *const DLTensor,
+    /// `(T, B)` int32 candidate blocks per row (−1 ends the list), from `csa2_candidates`.
+    pub blocks: *const DLTensor,
+    /// Compression ratio (≥ 1).
+    pub ratio: u32,
+    /// Entries per candidate block (≥ 1; 8 in V4.1).
+    pub block_size: u32,
+    /// Fake quantisation of Q: 0 none, 1 MXFP4, 2 FP8 E4M3.
+    pub q_quant: i32,
+    /// Output `(T, N)` float.
+    pub logits_out: *const DLTensor,
+}
+
+// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
+unsafe impl super::ArgsStruct for Csa2IndexerLogitsInBlocksArgs {
+    const NAME: &'static str = "Csa2IndexerLogitsInBlocksArgs";
+    const V1_SIZE: usize = std::mem::size_of::<Csa2IndexerLogitsInBlocksArgs>();
+}
+
+impl Default for Csa2IndexerLogitsInBlocksArgs {
+    /// All members zero, `struct_size` set (the C recipe).
+    fn default() -> Self {
+        super::zeroed_args()
+    }
 }
 
 /// Candidate-restricted lightning-indexer logits (docs/SPEC.md §2 "Indexer", the Reindex path): as
@@ -47,20 +127,26 @@ pub unsafe extern "C" fn csa2_indexer_logits(
 /// `block_size` 0, plus those of [`csa2_indexer_logits`].
 ///
 /// # Safety
+/// `args`: `struct_size` readable bytes of a `Csa2IndexerLogitsInBlocksArgs`. Its members:
 /// As [`csa2_indexer_logits`].
 #[no_mangle]
 pub unsafe extern "C" fn csa2_indexer_logits_in_blocks(
-    q: *const DLTensor,
-    w: *const DLTensor,
-    positions: *const DLTensor,
-    keys: *const DLTensor,
-    blocks: *const DLTensor,
-    ratio: u32,
-    block_size: u32,
-    q_quant: i32,
-    logits_out: *const DLTensor,
+    args: *const Csa2IndexerLogitsInBlocksArgs,
 ) -> Csa2Status {
     guarded("csa2_indexer_logits_in_blocks", || {
+        // SAFETY: `args` is the caller's (null, alignment and `struct_size` are checked).
+        let Csa2IndexerLogitsInBlocksArgs {
+            struct_size: _,
+            q,
+            w,
+            positions,
+            keys,
+            blocks,
+            ratio,
+            block_size,
+            q_quant,
+            logits_out,
+        } = unsafe { super::read_args(args) }?;
         // SAFETY: a null `blocks` is refused here; the rest is the caller's contract.
         unsafe {
             if blocks.is_null() {

@@ -21,6 +21,58 @@ pub struct Csa2MhcParams {
     pub rms_eps: f32,
 }
 
+/// Arguments of [`csa2_mhc`] (shapes there; d = stream width).
+/// Set `struct_size` to `sizeof(Csa2MhcArgs)` (rules: "Args structs", header top).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Csa2MhcArgs {
+    /// `sizeof(Csa2MhcArgs)` as the caller was compiled.
+    pub struct_size: usize,
+    /// Scalars, or null for the V4.1 values.
+    pub params: *const Csa2MhcParams,
+    /// `(T, 4, d)` float residual streams.
+    pub x: *const DLTensor,
+    /// Optional `(T, d)` float sublayer output (with `post`, `comb`).
+    pub y: *const DLTensor,
+    /// Optional `(T, 4)` float post coefficients.
+    pub post: *const DLTensor,
+    /// Optional `(T, 4, 4)` float combination matrix.
+    pub comb: *const DLTensor,
+    /// `(T, 4)` float pre coefficients of the previous site.
+    pub pre_prev: *const DLTensor,
+    /// Optional `(24, 4d)` float coefficient projection (with `hc_base`, `hc_scale`).
+    pub hc_fn: *const DLTensor,
+    /// Optional `(24)` float.
+    pub hc_base: *const DLTensor,
+    /// Optional `(3)` float.
+    pub hc_scale: *const DLTensor,
+    /// `(d)` float RMSNorm weight.
+    pub norm: *const DLTensor,
+    /// Output `(T, 4, d)` float updated streams.
+    pub x_new: *const DLTensor,
+    /// Output `(T, d)` float next sublayer input.
+    pub layer_in: *const DLTensor,
+    /// Output `(T, 4)` float (required with `hc_fn`).
+    pub pre_out: *const DLTensor,
+    /// Output `(T, 4)` float (required with `hc_fn`).
+    pub post_out: *const DLTensor,
+    /// Output `(T, 4, 4)` float (required with `hc_fn`).
+    pub comb_out: *const DLTensor,
+}
+
+// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
+unsafe impl super::ArgsStruct for Csa2MhcArgs {
+    const NAME: &'static str = "Csa2MhcArgs";
+    const V1_SIZE: usize = std::mem::size_of::<Csa2MhcArgs>();
+}
+
+impl Default for Csa2MhcArgs {
+    /// All members zero, `struct_size` set (the C recipe).
+    fn default() -> Self {
+        super::zeroed_args()
+    }
+}
+
 /// One mHC boundary between two sublayer sites (docs/SPEC.md §4, V4.1 single-pass shift; fused CPU path):
 ///
 /// ```text
@@ -39,26 +91,30 @@ pub struct Csa2MhcParams {
 /// Errors: a partial group, bad params (`CSA2_ERR_INVALID_ARGUMENT`), plus the common ones.
 ///
 /// # Safety
+/// `args`: `struct_size` readable bytes of a `Csa2MhcArgs`. Its members:
 /// `params` null or readable; tensors as in [`csa2_indexer_logits`].
 #[no_mangle]
-pub unsafe extern "C" fn csa2_mhc(
-    params: *const Csa2MhcParams,
-    x: *const DLTensor,
-    y: *const DLTensor,
-    post: *const DLTensor,
-    comb: *const DLTensor,
-    pre_prev: *const DLTensor,
-    hc_fn: *const DLTensor,
-    hc_base: *const DLTensor,
-    hc_scale: *const DLTensor,
-    norm: *const DLTensor,
-    x_new: *const DLTensor,
-    layer_in: *const DLTensor,
-    pre_out: *const DLTensor,
-    post_out: *const DLTensor,
-    comb_out: *const DLTensor,
-) -> Csa2Status {
+pub unsafe extern "C" fn csa2_mhc(args: *const Csa2MhcArgs) -> Csa2Status {
     guarded("csa2_mhc", || {
+        // SAFETY: `args` is the caller's (null, alignment and `struct_size` are checked).
+        let Csa2MhcArgs {
+            struct_size: _,
+            params,
+            x,
+            y,
+            post,
+            comb,
+            pre_prev,
+            hc_fn,
+            hc_base,
+            hc_scale,
+            norm,
+            x_new,
+            layer_in,
+            pre_out,
+            post_out,
+            comb_out,
+        } = unsafe { super::read_args(args) }?;
         // SAFETY: caller's contract (see above).
         let (xv, yv, postv, combv, prev, fnv, basev, scalev, normv) = unsafe {
             (

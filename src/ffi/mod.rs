@@ -324,6 +324,19 @@ pub(crate) unsafe trait ArgsStruct: Copy {
     const V1_SIZE: usize;
 }
 
+/// The C recipe for an args struct: every member zero (null, 0), `struct_size` set to this
+/// version's size. Rust callers start from it (`..Default::default()`).
+pub(crate) fn zeroed_args<T: ArgsStruct>() -> T {
+    let mut v = std::mem::MaybeUninit::<T>::zeroed();
+    // SAFETY: all-zero bytes are a valid `T` and its first field is a `usize` (trait contract).
+    unsafe {
+        v.as_mut_ptr()
+            .cast::<usize>()
+            .write(std::mem::size_of::<T>());
+        v.assume_init()
+    }
+}
+
 /// Reads the args struct at `p` under the [`ArgsStruct`] rules: null is
 /// [`Error::NullPointer`], a misaligned pointer or a `struct_size` below the first version
 /// [`Error::Invalid`] naming the struct.

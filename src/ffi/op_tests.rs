@@ -130,18 +130,19 @@ fn compress_export_equals_direct_call_and_refuses_a_split_pair() {
         desc(&mut index, s6, DType::U8),
     ];
     let call = |start: i64| unsafe {
-        csa2_compress(
-            g.p,
-            layer as u32,
-            &d[0],
-            &d[1],
-            &d[2],
-            &d[3],
-            &d[4],
-            start,
-            &d[5],
-            &d[6],
-        )
+        csa2_compress(&crate::ffi::Csa2CompressArgs {
+            geometry: g.p,
+            layer: layer as u32,
+            kv: &d[0],
+            score: &d[1],
+            norm: &d[2],
+            wk: &d[3],
+            k_norm: &d[4],
+            start_pos: start,
+            main_kv_out: &d[5],
+            index_k_out: &d[6],
+            ..Default::default()
+        })
     };
     assert_eq!(call(6), Csa2Status::Csa2Ok);
     assert_eq!(main, want.main_kv_nvfp4);
@@ -266,21 +267,22 @@ fn attention_indexed_export_equals_direct_call_and_checks_ids() {
         desc(&mut lse, s8, DType::F32),
     ];
     let call = |d: &[DLTensor; 9]| unsafe {
-        csa2_attention_indexed(
-            &d[0],
-            &d[1],
-            0,
-            &d[2],
-            std::ptr::null(),
-            &d[3],
-            2,
-            &d[4],
-            &d[5],
-            &d[6],
-            0.0,
-            &d[7],
-            &d[8],
-        )
+        csa2_attention_indexed(&crate::ffi::Csa2AttentionIndexedArgs {
+            q: &d[0],
+            main_kv: &d[1],
+            main_format: 0,
+            main_idx: &d[2],
+            main_len: std::ptr::null(),
+            swa_kv: &d[3],
+            swa_format: 2,
+            swa_idx: &d[4],
+            swa_len: &d[5],
+            sink: &d[6],
+            scale: 0.0,
+            out: &d[7],
+            lse: &d[8],
+            ..Default::default()
+        })
     };
     assert_eq!(call(&d), Csa2Status::Csa2Ok);
     assert_eq!(out, want);
@@ -290,21 +292,22 @@ fn attention_indexed_export_equals_direct_call_and_checks_ids() {
     // nothing written.
     out.fill(7.0);
     let st = unsafe {
-        csa2_attention_indexed(
-            &d[0],
-            &d[1],
-            0,
-            &d[2],
-            std::ptr::null(),
-            &d[3],
-            2,
-            &d[4],
-            std::ptr::null(),
-            &d[6],
-            0.0,
-            &d[7],
-            &d[8],
-        )
+        csa2_attention_indexed(&crate::ffi::Csa2AttentionIndexedArgs {
+            q: &d[0],
+            main_kv: &d[1],
+            main_format: 0,
+            main_idx: &d[2],
+            main_len: std::ptr::null(),
+            swa_kv: &d[3],
+            swa_format: 2,
+            swa_idx: &d[4],
+            swa_len: std::ptr::null(),
+            sink: &d[6],
+            scale: 0.0,
+            out: &d[7],
+            lse: &d[8],
+            ..Default::default()
+        })
     };
     assert_eq!(st, Csa2Status::Csa2ErrInvalidArgument);
     let n = unsafe { crate::ffi::csa2_last_error_message(std::ptr::null_mut(), 0) };
@@ -336,4 +339,55 @@ fn attention_indexed_export_equals_direct_call_and_checks_ids() {
     unsafe { crate::ffi::csa2_last_error_message(buf.as_mut_ptr(), n) };
     let msg = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
     assert!(msg.contains("non-finite result at token 0"), "{msg}");
+}
+
+/// Every args-struct export refuses a null `args` and a `struct_size` below its first version,
+/// naming the struct, before it looks at any member (all members here are null or zero).
+#[test]
+fn every_args_struct_export_checks_null_and_struct_size() {
+    use crate::ffi::*;
+    fn last() -> String {
+        let n = unsafe { csa2_last_error_message(std::ptr::null_mut(), 0) };
+        let mut buf = vec![0 as std::ffi::c_char; n.max(1)];
+        unsafe { csa2_last_error_message(buf.as_mut_ptr(), buf.len()) };
+        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+    macro_rules! check {
+        ($f:ident, $T:ident $(, $extra:expr)?) => {{
+            let name = stringify!($T);
+            let st = unsafe { $f(std::ptr::null() $(, $extra)?) };
+            assert_eq!(st, Csa2Status::Csa2ErrNullPointer, "{name}");
+            assert!(last().contains(name), "{name}: {}", last());
+            for size in [0, 8, std::mem::size_of::<$T>() - 1] {
+                let a = $T {
+                    struct_size: size,
+                    ..Default::default()
+                };
+                let st = unsafe { $f(&a $(, $extra)?) };
+                assert_eq!(st, Csa2Status::Csa2ErrInvalidArgument, "{name} size {size}");
+                let msg = last();
+                assert!(
+                    msg.contains(name) && msg.contains(&format!("struct_size is {size}")),
+                    "{msg}"
+                );
+            }
+            // The full size passes the size check and fails on the (null) members instead.
+            let st = unsafe { $f(&$T::default() $(, $extra)?) };
+            assert_ne!(st, Csa2Status::Csa2Ok, "{name}");
+            assert!(!last().contains("struct_size"), "{name}: {}", last());
+        }};
+    }
+    check!(csa2_attention, Csa2AttentionArgs);
+    check!(csa2_attention_indexed, Csa2AttentionIndexedArgs);
+    check!(csa2_mhc, Csa2MhcArgs);
+    check!(csa2_compress, Csa2CompressArgs);
+    check!(csa2_compress_step, Csa2CompressStepArgs);
+    check!(csa2_indexer_logits, Csa2IndexerLogitsArgs);
+    check!(csa2_indexer_logits_in_blocks, Csa2IndexerLogitsInBlocksArgs);
+    check!(csa2_encode_into_pages, Csa2EncodeIntoPagesArgs);
+    let mut cache = std::ptr::null_mut();
+    check!(csa2_cache_create, Csa2CacheCreateArgs, &mut cache);
+    assert!(cache.is_null());
 }

@@ -23,7 +23,8 @@ pub mod trace;
 
 use crate::cache::{Backing, CacheConfig, CacheManager, CacheSpec, PrefixKey, RequestId};
 use crate::error::{Error, Result};
-use crate::geometry::{Geometry, KvLayout};
+use crate::formats::KvScheme;
+use crate::geometry::Geometry;
 use crate::replay::{self, ReplayConfig, ReplayMode, SnapshotScope};
 use crate::store::{
     Clock, DramConfig, DramPool, FsyncPolicy, ManualClock, Snapshot, SsdConfig, SsdStore,
@@ -278,7 +279,7 @@ pub fn run(trace: &[TraceRequest], cfg: &SimConfig, progress: &dyn Fn(usize)) ->
     let g = Geometry::embedded();
     let (spec, rcfg) = match cfg.design {
         Design::V41 => {
-            let spec = CacheSpec::from_geometry(&g, KvLayout::Nvfp4);
+            let spec = CacheSpec::from_geometry(&g, KvScheme::CSA2);
             (spec, ReplayConfig::from_geometry(&g, cfg.replay))
         }
         Design::V4 => {

@@ -25,12 +25,12 @@ pub use records::*;
 use crate::cache::{Backing, CacheConfig, CacheManager, CacheSpec, PrefixKey, RequestId};
 use crate::error::{Error, Result};
 use crate::ffi::geometry::geometry;
-use crate::ffi::geometry::layout;
 use crate::ffi::handle::{self, Handle, Registry};
 use crate::ffi::Csa2Status;
 use crate::ffi::{
     arg_out, arg_slice, arg_slice_mut, guarded, guarded_free, sized_out, Csa2Geometry,
 };
+use crate::formats::KvScheme;
 use std::sync::Arc;
 
 /// Bytes of one prefix key (SHA-256).
@@ -141,6 +141,40 @@ pub(super) unsafe fn cache(c: *const Csa2Cache) -> Result<Arc<Csa2Cache>> {
     handle::get(c, "cache")
 }
 
+/// Arguments of [`csa2_cache_create`].
+/// Set `struct_size` to `sizeof(Csa2CacheCreateArgs)` (rules: "Args structs", header top).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Csa2CacheCreateArgs {
+    /// `sizeof(Csa2CacheCreateArgs)` as the caller was compiled.
+    pub struct_size: usize,
+    /// Live geometry handle (may be freed after the call).
+    pub geometry: *const Csa2Geometry,
+    /// `Csa2KvLayout` of the records.
+    pub layout: i32,
+    /// Blocks in the pool (1 ..= 2^24).
+    pub num_blocks: usize,
+    /// Tokens per block (1 ..= 2^16, a multiple of every KV-source ratio).
+    pub block_tokens: usize,
+    /// Extra prefix-key fingerprint (`model_len` bytes), or null with length 0.
+    pub model: *const u8,
+    /// Bytes at `model`.
+    pub model_len: usize,
+}
+
+// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
+unsafe impl crate::ffi::ArgsStruct for Csa2CacheCreateArgs {
+    const NAME: &'static str = "Csa2CacheCreateArgs";
+    const V1_SIZE: usize = std::mem::size_of::<Csa2CacheCreateArgs>();
+}
+
+impl Default for Csa2CacheCreateArgs {
+    /// All members zero, `struct_size` set (the C recipe).
+    fn default() -> Self {
+        crate::ffi::zeroed_args()
+    }
+}
+
 /// Creates a KV cache manager for geometry `g` with KV layout `layout` (a `Csa2KvLayout`),
 /// `num_blocks` blocks of `block_tokens` tokens, backed by host memory (slabs are allocated the
 /// first time a block is handed out). The prefix keys are always salted with the whole geometry
@@ -157,19 +191,25 @@ pub(super) unsafe fn cache(c: *const Csa2Cache) -> Result<Arc<Csa2Cache>> {
 /// bytes). `*out` is untouched on error.
 ///
 /// # Safety
+/// `args`: `struct_size` readable bytes of a `Csa2CacheCreateArgs`. Its members:
 /// `g` must be a live geometry handle; `model` must cover `model_len` bytes; `out` must be a
 /// writable pointer slot.
 #[no_mangle]
 pub unsafe extern "C" fn csa2_cache_create(
-    g: *const Csa2Geometry,
-    layout_: i32,
-    num_blocks: usize,
-    block_tokens: usize,
-    model: *const u8,
-    model_len: usize,
+    args: *const Csa2CacheCreateArgs,
     out: *mut *mut Csa2Cache,
 ) -> Csa2Status {
     guarded("csa2_cache_create", || {
+        // SAFETY: `args` is the caller's (null, alignment and `struct_size` are checked).
+        let Csa2CacheCreateArgs {
+            struct_size: _,
+            geometry: g,
+            layout: layout_,
+            num_blocks,
+            block_tokens,
+            model,
+            model_len,
+        } = unsafe { crate::ffi::read_args(args) }?;
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (g, model, out) = unsafe {
             (
@@ -178,7 +218,7 @@ pub unsafe extern "C" fn csa2_cache_create(
                 arg_out(out, "out")?,
             )
         };
-        let spec = CacheSpec::from_geometry(&g.g, layout(layout_)?);
+        let spec = CacheSpec::from_geometry(&g.g, KvScheme::from_abi_id(layout_)?);
         // The whole geometry (not only what the cache stores of it: RoPE, norms and widths change
         // the records too) always salts the keys; the caller's fingerprint is added to it.
         let geo = serde_json::to_vec(&g.g)
@@ -542,7 +582,20 @@ mod tests {
     fn new_cache(num_blocks: usize) -> *mut Csa2Cache {
         let g = geometry();
         let mut c = null_mut();
-        let s = unsafe { csa2_cache_create(g, 0, num_blocks, 256, null(), 0, &mut c) };
+        let s = unsafe {
+            csa2_cache_create(
+                &crate::ffi::Csa2CacheCreateArgs {
+                    geometry: g,
+                    layout: 0,
+                    num_blocks,
+                    block_tokens: 256,
+                    model: null(),
+                    model_len: 0,
+                    ..Default::default()
+                },
+                &mut c,
+            )
+        };
         unsafe { csa2_geometry_free(g) };
         assert_eq!(s, Csa2Status::Csa2Ok, "{}", last_error());
         c
@@ -560,17 +613,69 @@ mod tests {
             (0, 4, 3, Csa2Status::Csa2ErrInvalidArgument, "block"),
         ];
         for (lay, nb, bt, want, needle) in cases {
-            let s = unsafe { csa2_cache_create(g, lay, nb, bt, null(), 0, &mut c) };
+            let s = unsafe {
+                csa2_cache_create(
+                    &crate::ffi::Csa2CacheCreateArgs {
+                        geometry: g,
+                        layout: lay,
+                        num_blocks: nb,
+                        block_tokens: bt,
+                        model: null(),
+                        model_len: 0,
+                        ..Default::default()
+                    },
+                    &mut c,
+                )
+            };
             assert_eq!(s, want, "{lay} {nb} {bt}: {}", last_error());
             assert!(last_error().contains(needle), "{}", last_error());
             assert_eq!(c, sentinel);
         }
-        let s = unsafe { csa2_cache_create(null(), 0, 4, 256, null(), 0, &mut c) };
+        let s = unsafe {
+            csa2_cache_create(
+                &crate::ffi::Csa2CacheCreateArgs {
+                    geometry: null(),
+                    layout: 0,
+                    num_blocks: 4,
+                    block_tokens: 256,
+                    model: null(),
+                    model_len: 0,
+                    ..Default::default()
+                },
+                &mut c,
+            )
+        };
         assert_eq!(s, Csa2Status::Csa2ErrNullPointer);
-        let s = unsafe { csa2_cache_create(g, 0, 4, 256, null(), 3, &mut c) };
+        let s = unsafe {
+            csa2_cache_create(
+                &crate::ffi::Csa2CacheCreateArgs {
+                    geometry: g,
+                    layout: 0,
+                    num_blocks: 4,
+                    block_tokens: 256,
+                    model: null(),
+                    model_len: 3,
+                    ..Default::default()
+                },
+                &mut c,
+            )
+        };
         assert_eq!(s, Csa2Status::Csa2ErrNullPointer);
         assert!(last_error().contains("model"));
-        let s = unsafe { csa2_cache_create(g, 0, 4, 256, null(), 0, null_mut()) };
+        let s = unsafe {
+            csa2_cache_create(
+                &crate::ffi::Csa2CacheCreateArgs {
+                    geometry: g,
+                    layout: 0,
+                    num_blocks: 4,
+                    block_tokens: 256,
+                    model: null(),
+                    model_len: 0,
+                    ..Default::default()
+                },
+                null_mut(),
+            )
+        };
         assert_eq!(s, Csa2Status::Csa2ErrNullPointer);
         unsafe { csa2_geometry_free(g) };
     }

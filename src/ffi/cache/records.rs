@@ -87,13 +87,6 @@ fn kind(v: i32) -> Result<RecordKind> {
     }
 }
 
-fn format_id(f: RecordFormat) -> i32 {
-    RecordFormat::ALL
-        .iter()
-        .position(|&x| x == f)
-        .map_or(-1, |i| i as i32)
-}
-
 fn kv_format(m: &CacheManager, layer: usize, k: RecordKind) -> Result<RecordFormat> {
     m.block_layout()
         .place(layer, k)
@@ -226,7 +219,7 @@ pub unsafe extern "C" fn csa2_cache_layer_info(
         let mut info = Csa2CacheLayerInfo {
             main_format: -1,
             index_format: -1,
-            swa_format: format_id(swa),
+            swa_format: swa.abi_id(),
             swa_record_bytes: swa.record_bytes() as u64,
             window: spec.window as u64,
             ..Default::default()
@@ -234,10 +227,10 @@ pub unsafe extern "C" fn csa2_cache_layer_info(
         if let Some(p) = spec.pools.iter().find(|p| p.layer == l) {
             info.kv_source = 1;
             info.ratio = p.ratio as u32;
-            info.main_format = format_id(p.main);
+            info.main_format = p.main.abi_id();
             info.main_record_bytes = p.main.record_bytes() as u64;
             if let Some(f) = p.index {
-                info.index_format = format_id(f);
+                info.index_format = f.abi_id();
                 info.index_record_bytes = f.record_bytes() as u64;
             }
             info.entries_per_block = (m.config().block_tokens / p.ratio) as u64;
