@@ -27,4 +27,5 @@ pub mod tolerance;
 pub mod weights;
 
 pub use error::{Error, Result};
-pub use geometry::{Geometry, KvLayout, LayerPlan, Role};
+pub use formats::KvScheme;
+pub use geometry::{Geometry, LayerPlan, Role};

@@ -11,9 +11,10 @@ use csa2::backend::{
 };
 use csa2::cache::RecordKind;
 use csa2::cache::{CacheConfig, CacheManager, CacheSpec};
-use csa2::geometry::{KvLayout, Role};
+use csa2::geometry::Role;
 use csa2::weights::Scale;
 use csa2::Error;
+use csa2::KvScheme;
 use std::sync::{Arc, OnceLock};
 
 fn model() -> Arc<Model> {
@@ -57,7 +58,7 @@ fn decode(req: u64, pos: usize) -> SeqStep {
 /// A paged cache with `block_tokens`-token blocks (small blocks put many page boundaries inside a
 /// short prompt).
 fn paged(b: &Backend, block_tokens: usize, num_blocks: usize) -> PagedCache {
-    let spec = CacheSpec::from_geometry(b.geometry(), KvLayout::Nvfp4);
+    let spec = CacheSpec::from_geometry(b.geometry(), KvScheme::CSA2);
     let cfg = CacheConfig {
         block_tokens,
         ..CacheConfig::host(num_blocks)

@@ -1,6 +1,7 @@
 use crate::out::JsonOut;
 use csa2::cache::spec::CacheSpec;
-use csa2::geometry::{CandidateUse, KvLayout};
+use csa2::geometry::CandidateUse;
+use csa2::KvScheme;
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -113,7 +114,7 @@ pub fn run(a: Args) -> csa2::Result<()> {
         }
     }
     let free = d.kv_gib * (1u64 << 30) as f64;
-    let bytes: serde_json::Map<String, serde_json::Value> = KvLayout::ALL
+    let bytes: serde_json::Map<String, serde_json::Value> = KvScheme::ALL
         .iter()
         .map(|l| {
             (
@@ -122,11 +123,11 @@ pub fn run(a: Args) -> csa2::Result<()> {
             )
         })
         .collect();
-    let swa: serde_json::Map<String, serde_json::Value> = KvLayout::ALL
+    let swa: serde_json::Map<String, serde_json::Value> = KvScheme::ALL
         .iter()
         .map(|l| (l.as_str().to_string(), json!(g.swa_bytes_per_request(*l))))
         .collect();
-    let fit: serde_json::Map<String, serde_json::Value> = KvLayout::ALL
+    let fit: serde_json::Map<String, serde_json::Value> = KvScheme::ALL
         .iter()
         .map(|l| {
             (
@@ -151,7 +152,7 @@ pub fn run(a: Args) -> csa2::Result<()> {
             "num_layers": g.num_layers,
             "layers": layers,
             "global_kv_bytes_per_token": bytes,
-            "swa_bytes_per_request": g.swa_bytes_per_request(KvLayout::Nvfp4),
+            "swa_bytes_per_request": g.swa_bytes_per_request(KvScheme::CSA2),
             "swa_bytes_per_request_by_layout": swa,
             "launch_day_note": LAUNCH_DAY_NOTE,
             "v4_flash_global_kv_bytes_per_token": CacheSpec::v4_flash().global_bytes_per_token(),
@@ -203,8 +204,8 @@ pub fn run(a: Args) -> csa2::Result<()> {
     );
     say!(
         "SWA state per live request: {:.2} MB (nvfp4/mxfp8 layouts), {:.2} MB (v4)",
-        g.swa_bytes_per_request(KvLayout::Nvfp4) as f64 / 1e6,
-        g.swa_bytes_per_request(KvLayout::V4) as f64 / 1e6
+        g.swa_bytes_per_request(KvScheme::CSA2) as f64 / 1e6,
+        g.swa_bytes_per_request(KvScheme::LAUNCH_DAY) as f64 / 1e6
     );
     say!(
         "capacity plan `{}`: {} GiB per GPU = {:.1} weights + {:.1} KV ({})",

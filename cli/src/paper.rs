@@ -14,7 +14,8 @@
 use crate::out::JsonOut;
 use csa2::cache::spec::CacheSpec;
 use csa2::formats::{MXFP4_INDEX_BYTES, NVFP4_DS_BYTES, V4_RECORD_BYTES};
-use csa2::geometry::{Geometry, KvLayout, Role};
+use csa2::geometry::{Geometry, Role};
+use csa2::KvScheme;
 use csa2::{Error, Result};
 use serde::Serialize;
 use serde_json::Value;
@@ -185,7 +186,7 @@ pub fn figures(g: &Geometry, text: &Value) -> Result<Vec<Figure>> {
     let part = |ls: &[&&csa2::geometry::LayerPlan], rec: f64| -> f64 {
         ls.iter().map(|l| rec / l.ratio as f64).sum()
     };
-    let total = g.global_kv_bytes_per_token(KvLayout::Nvfp4);
+    let total = g.global_kv_bytes_per_token(KvScheme::CSA2);
     let ids = |ls: &[&&csa2::geometry::LayerPlan]| {
         ls.iter()
             .map(|l| l.id.to_string())

@@ -15,46 +15,12 @@
 
 use crate::cache::{RecordKind, RequestId};
 use crate::error::{Error, Result};
-use crate::formats::{decode_rows, encode_rows, RecordFormat};
+use crate::formats::{decode_rows, encode_rows, KvScheme};
 use crate::geometry::{Geometry, Role};
 use crate::ops::compressor::CompressorState;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
-
-/// The record formats of one cache (docs/SPEC.md §1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CacheFormats {
-    /// Main-KV record format (512 values).
-    pub main: RecordFormat,
-    /// Index-K record format (128 values).
-    pub index: RecordFormat,
-    /// SWA window record format (512 values).
-    pub swa: RecordFormat,
-}
-
-impl CacheFormats {
-    /// V4.1: NVFP4-DS main KV (288 B), MXFP4 index K (68 B), MXFP8 SWA (528 B).
-    pub const CSA2: CacheFormats = CacheFormats {
-        main: RecordFormat::Nvfp4Ds,
-        index: RecordFormat::Mxfp4Index,
-        swa: RecordFormat::Mxfp8,
-    };
-    /// What vLLM first shipped for V4.1 (docs/SPEC.md §5): V4 record (584 B) for main KV and SWA, FP8 index
-    /// K (132 B).
-    pub const LAUNCH_DAY: CacheFormats = CacheFormats {
-        main: RecordFormat::V4Record,
-        index: RecordFormat::Fp8Index,
-        swa: RecordFormat::V4Record,
-    };
-    /// The record format of a KV-source layer's `kind` cache.
-    pub fn of(&self, kind: RecordKind) -> RecordFormat {
-        match kind {
-            RecordKind::Main => self.main,
-            RecordKind::Index => self.index,
-        }
-    }
-}
 
 /// A saved SWA window of several layers (the DRAM-tier snapshot payload).
 #[derive(Debug, Clone, PartialEq)]
@@ -105,7 +71,7 @@ impl CacheUsage {
 /// at once, so implementations must be `Sync`.
 pub trait KvCache: Send + Sync {
     /// Record formats of this cache.
-    fn formats(&self) -> CacheFormats;
+    fn formats(&self) -> KvScheme;
     /// Registers a request. Errors if it already exists.
     fn open(&mut self, req: RequestId) -> Result<()>;
     /// Whether a request is registered.
@@ -192,7 +158,7 @@ struct ReqState {
 /// the paged manager.
 #[derive(Debug)]
 pub struct ContiguousCache {
-    formats: CacheFormats,
+    formats: KvScheme,
     window: usize,
     num_layers: usize,
     kv_layers: Vec<usize>,
@@ -201,7 +167,7 @@ pub struct ContiguousCache {
 
 impl ContiguousCache {
     /// An empty cache for a geometry's KV-source layers and windows.
-    pub fn new(g: &Geometry, formats: CacheFormats) -> ContiguousCache {
+    pub fn new(g: &Geometry, formats: KvScheme) -> ContiguousCache {
         ContiguousCache {
             formats,
             window: g.window,
@@ -257,7 +223,7 @@ impl ContiguousCache {
     ) -> Result<()> {
         use rayon::prelude::*;
         self.check_kv_layer(layer)?;
-        let fmt = self.formats.of(region);
+        let fmt = region.format(&self.formats);
         let st = self.req_mut(req)?;
         let p = st.global.entry((layer, region)).or_default();
         let rb = fmt.record_bytes();
@@ -361,7 +327,7 @@ pub(crate) mod checks {
 }
 
 impl KvCache for ContiguousCache {
-    fn formats(&self) -> CacheFormats {
+    fn formats(&self) -> KvScheme {
         self.formats
     }
 
@@ -412,7 +378,7 @@ impl KvCache for ContiguousCache {
         rows: &[f32],
     ) -> Result<()> {
         self.check_kv_layer(layer)?;
-        let fmt = self.formats.of(region);
+        let fmt = region.format(&self.formats);
         let n = checks::row_count(&format!("layer {layer} {region:?} rows"), fmt, rows)?;
         let st = self.req_mut(req)?;
         let p = st.global.entry((layer, region)).or_default();
@@ -433,7 +399,7 @@ impl KvCache for ContiguousCache {
         range: Range<usize>,
     ) -> Result<Cow<'_, [u8]>> {
         self.check_kv_layer(layer)?;
-        let rb = self.formats.of(region).record_bytes();
+        let rb = region.format(&self.formats).record_bytes();
         let st = self.req(req)?;
         let count = st.global.get(&(layer, region)).map_or(0, |p| p.count);
         checks::stored(layer, region, &range, count)?;
@@ -609,6 +575,7 @@ impl KvCache for ContiguousCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::formats::RecordFormat;
     use crate::formats::{decode_rows, encode_rows};
 
     fn rows(n: usize, dim: usize, seed: f32) -> Vec<f32> {
@@ -620,7 +587,7 @@ mod tests {
     #[test]
     fn entries_round_trip_like_the_standalone_codec() {
         let g = Geometry::embedded();
-        for f in [CacheFormats::CSA2, CacheFormats::LAUNCH_DAY] {
+        for f in [KvScheme::CSA2, KvScheme::LAUNCH_DAY] {
             let mut c = ContiguousCache::new(&g, f);
             c.open(1).unwrap();
             let x = rows(5, 512, 0.3);
@@ -644,7 +611,7 @@ mod tests {
     #[test]
     fn bad_calls_are_typed_errors() {
         let g = Geometry::embedded();
-        let mut c = ContiguousCache::new(&g, CacheFormats::CSA2);
+        let mut c = ContiguousCache::new(&g, KvScheme::CSA2);
         assert!(matches!(c.entries(9, 2), Err(Error::NotFound(_))));
         c.open(9).unwrap();
         assert!(c.open(9).is_err());
@@ -669,7 +636,7 @@ mod tests {
     fn swa_ring_keeps_the_last_window_and_restarts_on_a_jump() {
         let g = Geometry::embedded();
         let w = g.window;
-        let mut c = ContiguousCache::new(&g, CacheFormats::CSA2);
+        let mut c = ContiguousCache::new(&g, KvScheme::CSA2);
         c.open(1).unwrap();
         let x = rows(300, 512, 1.0);
         // 127, then 2 more (crosses the window), then 171 more.
@@ -701,7 +668,7 @@ mod tests {
     #[test]
     fn usage_is_measured_per_token() {
         let g = Geometry::embedded();
-        let mut c = ContiguousCache::new(&g, CacheFormats::CSA2);
+        let mut c = ContiguousCache::new(&g, KvScheme::CSA2);
         c.open(1).unwrap();
         let tokens = 4096;
         for l in g.layers_with(Role::Full) {

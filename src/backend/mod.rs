@@ -22,13 +22,14 @@ pub mod paged;
 pub mod stack;
 pub mod timing;
 
-pub use cache::{CacheFormats, ContiguousCache, KvCache};
+pub use cache::{ContiguousCache, KvCache};
 pub use layer::ReindexMode;
 pub use paged::PagedCache;
 // The engine takes its steps as the replay planner lays them out (`crate::replay::step`).
 pub use crate::replay::{Phase, SeqStep, StepPlan};
 pub use stack::{Backend, Model};
 
+use crate::formats::KvScheme;
 use crate::ops::indexer::QueryQuant;
 use crate::ops::mhc::Path as MhcPath;
 
@@ -39,7 +40,7 @@ pub struct BackendConfig {
     /// Short name for reports (`csa2`, `launch_day`).
     pub name: &'static str,
     /// Cache record formats.
-    pub formats: CacheFormats,
+    pub formats: KvScheme,
     /// Reindex scoring.
     pub reindex: ReindexMode,
     /// mHC: fused single pass (Mega-mHC order) or four passes.
@@ -55,7 +56,7 @@ impl BackendConfig {
     /// scoring, fused mHC, decoder bounded replay on.
     pub const CSA2: BackendConfig = BackendConfig {
         name: "csa2",
-        formats: CacheFormats::CSA2,
+        formats: KvScheme::CSA2,
         reindex: ReindexMode::Pooled,
         mhc: MhcPath::Fused,
         decoder_replay: true,

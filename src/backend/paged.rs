@@ -24,11 +24,12 @@
 //! must not reuse them. Prefix publishing and adoption stay with the manager's callers: this
 //! adapter never seals a block.
 
-use super::cache::{checks, CacheFormats, CacheUsage, KvCache, SwaSnapshot};
+use super::cache::{checks, CacheUsage, KvCache, SwaSnapshot};
 use crate::cache::{CacheConfig, CacheManager, CacheSpec, RecordKind, RequestId};
 use crate::error::{Error, Result};
+use crate::formats::KvScheme;
 use crate::formats::{decode_rows, encode_rows, KV_DIM};
-use crate::geometry::{Geometry, KvLayout};
+use crate::geometry::Geometry;
 use crate::ops::compressor::CompressorState;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -46,7 +47,7 @@ struct ReqState {
 #[derive(Debug)]
 pub struct PagedCache {
     manager: Arc<CacheManager>,
-    formats: CacheFormats,
+    formats: KvScheme,
     /// KV-source layers, in layer order.
     kv_layers: Vec<usize>,
     num_layers: usize,
@@ -55,29 +56,38 @@ pub struct PagedCache {
 }
 
 impl PagedCache {
-    /// The adapter over `manager`. Its spec must give every KV-source layer the same main and
-    /// index formats (one [`CacheFormats`]), as [`CacheSpec::from_geometry`] does.
+    /// The adapter over `manager`. Its spec must be one [`KvScheme`]'s (its `layout` names the
+    /// scheme and every KV-source layer stores that scheme's main and index formats), as
+    /// [`CacheSpec::from_geometry`] makes it.
     ///
-    /// Errors: [`Error::Invalid`] for a spec without KV-source layers, a pool without index K, or
-    /// pools of different formats.
+    /// Errors: [`Error::Invalid`] for a spec without KV-source layers, of no named scheme (e.g.
+    /// V4-Flash, whose HCA layers have no index K), or whose pools disagree with its scheme.
     pub fn new(manager: Arc<CacheManager>) -> Result<PagedCache> {
         let spec = manager.spec();
-        let first = spec.pools.first().ok_or_else(|| {
-            Error::invalid(
+        if spec.pools.is_empty() {
+            return Err(Error::invalid(
                 "cache spec",
                 format!("{} has no KV-source layer", spec.name),
+            ));
+        }
+        let formats = KvScheme::from_name(&spec.layout).map_err(|_| {
+            Error::invalid(
+                "cache spec",
+                format!(
+                    "{} is in layout `{}`, not one of the KV schemes (nvfp4, mxfp8, v4)",
+                    spec.name, spec.layout
+                ),
             )
         })?;
-        let formats = CacheFormats {
-            main: first.main,
-            index: first.index.ok_or_else(|| {
-                Error::invalid(
-                    "cache spec",
-                    format!("layer {} has no index K (CSA2 needs one)", first.layer),
-                )
-            })?,
-            swa: spec.swa_format,
-        };
+        if spec.swa_format != formats.swa {
+            return Err(Error::invalid(
+                "cache spec",
+                format!(
+                    "SWA records are {:?}, scheme {} stores {:?}",
+                    spec.swa_format, formats.name, formats.swa
+                ),
+            ));
+        }
         if let Some(p) = spec
             .pools
             .iter()
@@ -86,8 +96,8 @@ impl PagedCache {
             return Err(Error::invalid(
                 "cache spec",
                 format!(
-                    "layer {} stores {:?}/{:?}, layer {} {:?}/{:?}: one format per region expected",
-                    p.layer, p.main, p.index, first.layer, formats.main, formats.index
+                    "layer {} stores {:?}/{:?}, scheme {} stores {:?}/{:?}",
+                    p.layer, p.main, p.index, formats.name, formats.main, formats.index
                 ),
             ));
         }
@@ -101,27 +111,13 @@ impl PagedCache {
         })
     }
 
-    /// A fresh host-memory manager of `num_blocks` blocks of 256 tokens for geometry `g` in the
-    /// KV layout whose record formats are `formats` (CSA2 → NVFP4, launch day → V4 record), and the
-    /// adapter over it.
+    /// A fresh host-memory manager of `num_blocks` blocks of 256 tokens for geometry `g` in
+    /// `scheme` (the cache spec is the scheme's: [`CacheSpec::from_geometry`]), and the adapter
+    /// over it.
     ///
-    /// Errors: [`Error::Invalid`] when no [`KvLayout`] has `formats`, or from [`CacheManager::new`].
-    pub fn host(g: &Geometry, formats: CacheFormats, num_blocks: usize) -> Result<PagedCache> {
-        let spec = KvLayout::ALL
-            .iter()
-            .map(|&l| CacheSpec::from_geometry(g, l))
-            .find(|s| {
-                s.swa_format == formats.swa
-                    && s.pools
-                        .iter()
-                        .all(|p| p.main == formats.main && p.index == Some(formats.index))
-            })
-            .ok_or_else(|| {
-                Error::invalid(
-                    "formats",
-                    format!("{formats:?} is not one of the KV layouts (nvfp4, mxfp8, v4)"),
-                )
-            })?;
+    /// Errors: from [`CacheManager::new`].
+    pub fn host(g: &Geometry, scheme: KvScheme, num_blocks: usize) -> Result<PagedCache> {
+        let spec = CacheSpec::from_geometry(g, scheme);
         let m = CacheManager::new(spec, CacheConfig::host(num_blocks), b"csa2 backend paged")?;
         PagedCache::new(Arc::new(m))
     }
@@ -166,7 +162,7 @@ impl PagedCache {
 }
 
 impl KvCache for PagedCache {
-    fn formats(&self) -> CacheFormats {
+    fn formats(&self) -> KvScheme {
         self.formats
     }
 
@@ -208,7 +204,7 @@ impl KvCache for PagedCache {
         rows: &[f32],
     ) -> Result<()> {
         self.check_kv_layer(layer)?;
-        let fmt = self.formats.of(kind);
+        let fmt = kind.format(&self.formats);
         let n = checks::row_count(&format!("layer {layer} {kind:?} rows"), fmt, rows)?;
         self.req(req)?;
         let count = self.manager.stored_entries(req, layer, kind)?;
@@ -422,8 +418,8 @@ mod tests {
     fn swa_windows_follow_the_contiguous_rules_step_by_step() {
         let g = Geometry::embedded();
         let w = g.window;
-        let mut c = ContiguousCache::new(&g, CacheFormats::CSA2);
-        let mut p = PagedCache::host(&g, CacheFormats::CSA2, 4).unwrap();
+        let mut c = ContiguousCache::new(&g, KvScheme::CSA2);
+        let mut p = PagedCache::host(&g, KvScheme::CSA2, 4).unwrap();
         let x = rows(400, 512, 1.0);
         let r = |a: usize, b: usize| &x[a * 512..b * 512];
         // (first, rows): within the window, across it, more than a window at once, an empty
@@ -483,7 +479,7 @@ mod tests {
     #[test]
     fn entries_round_trip_and_the_tail_can_be_rewritten() {
         let g = Geometry::embedded();
-        for f in [CacheFormats::CSA2, CacheFormats::LAUNCH_DAY] {
+        for f in [KvScheme::CSA2, KvScheme::LAUNCH_DAY] {
             let mut c = ContiguousCache::new(&g, f);
             let mut p = PagedCache::host(&g, f, 4).unwrap();
             let x = rows(300, 512, 0.3);

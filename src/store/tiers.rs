@@ -110,7 +110,7 @@ mod tests {
         );
         assert_eq!(
             p.snapshot_layers,
-            CacheSpec::from_geometry(&g, crate::geometry::KvLayout::Nvfp4).snapshot_layers
+            CacheSpec::from_geometry(&g, crate::formats::KvScheme::CSA2).snapshot_layers
         );
         assert_eq!(p.replay.snapshot_scope, SnapshotScope::Encoder);
         assert_eq!(p.replay.kv_sources.len(), g.layers_with(Role::Full).count());

@@ -23,7 +23,8 @@ pub mod trace;
 
 use csa2::cache::{Backing, CacheConfig, CacheManager, CacheSpec, PrefixKey, RequestId};
 use csa2::error::{Error, Result};
-use csa2::geometry::{Geometry, KvLayout};
+use csa2::formats::KvScheme;
+use csa2::geometry::Geometry;
 use csa2::replay::ReplayMode;
 use csa2::store::{
     Clock, DramConfig, DramPool, FsyncPolicy, ManualClock, Snapshot, SsdConfig, SsdStore, Tier,
@@ -280,7 +281,7 @@ pub fn run(trace: &[TraceRequest], cfg: &SimConfig, progress: &dyn Fn(usize)) ->
     // What goes where (and what a miss replays) is the store's tier policy for the design.
     let (spec, policy) = match cfg.design {
         Design::V41 => (
-            CacheSpec::from_geometry(&g, KvLayout::Nvfp4),
+            CacheSpec::from_geometry(&g, KvScheme::CSA2),
             TierPolicy::v41(&g, cfg.replay),
         ),
         Design::V4 => {

@@ -29,12 +29,11 @@
 //! not race `csa2_cache_publish` of the same blocks (the read-only check precedes the copy) nor
 //! `csa2_cache_free_request` of its request.
 
-use super::cache::{cache, Csa2Cache};
-use super::dlpack::{check_disjoint, DLTensor, DType, View};
-use super::ops::{host, host_opt, FLOATS, INTS};
-use super::{arg_out, boundary, Csa2Status};
+use super::{cache, Csa2Cache};
 use crate::cache::{CacheManager, RecordKind};
 use crate::error::{Error, Result};
+use crate::ffi::dlpack::{check_disjoint, host, host_opt, DLTensor, DType, View, FLOATS, INTS};
+use crate::ffi::{arg_out, guarded, Csa2Status};
 use crate::formats::{decode_rows, encode_rows, RecordFormat};
 use crate::shape::{Dim, Dims};
 
@@ -86,13 +85,6 @@ fn kind(v: i32) -> Result<RecordKind> {
             format!("{v} is not a Csa2RecordKind (0 main, 1 index)"),
         )),
     }
-}
-
-fn format_id(f: RecordFormat) -> i32 {
-    RecordFormat::ALL
-        .iter()
-        .position(|&x| x == f)
-        .map_or(-1, |i| i as i32)
 }
 
 fn kv_format(m: &CacheManager, layer: usize, k: RecordKind) -> Result<RecordFormat> {
@@ -218,7 +210,7 @@ pub unsafe extern "C" fn csa2_cache_layer_info(
     layer: u32,
     out: *mut Csa2CacheLayerInfo,
 ) -> Csa2Status {
-    boundary("csa2_cache_layer_info", || {
+    guarded("csa2_cache_layer_info", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, out) = unsafe { (cache(c)?, arg_out(out, "out")?) };
         let l = layer_arg(layer, &m)?;
@@ -227,7 +219,7 @@ pub unsafe extern "C" fn csa2_cache_layer_info(
         let mut info = Csa2CacheLayerInfo {
             main_format: -1,
             index_format: -1,
-            swa_format: format_id(swa),
+            swa_format: swa.abi_id(),
             swa_record_bytes: swa.record_bytes() as u64,
             window: spec.window as u64,
             ..Default::default()
@@ -235,10 +227,10 @@ pub unsafe extern "C" fn csa2_cache_layer_info(
         if let Some(p) = spec.pools.iter().find(|p| p.layer == l) {
             info.kv_source = 1;
             info.ratio = p.ratio as u32;
-            info.main_format = format_id(p.main);
+            info.main_format = p.main.abi_id();
             info.main_record_bytes = p.main.record_bytes() as u64;
             if let Some(f) = p.index {
-                info.index_format = format_id(f);
+                info.index_format = f.abi_id();
                 info.index_record_bytes = f.record_bytes() as u64;
             }
             info.entries_per_block = (m.config().block_tokens / p.ratio) as u64;
@@ -275,7 +267,7 @@ pub unsafe extern "C" fn csa2_cache_write_entries(
     entries: *const DLTensor,
     src: *const DLTensor,
 ) -> Csa2Status {
-    boundary("csa2_cache_write_entries", || {
+    guarded("csa2_cache_write_entries", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, ev, sv) = unsafe { (cache(c)?, host(entries, "entries")?, host(src, "src")?) };
         let (k, l) = (kind(kind_)?, layer_arg(layer, &m)?);
@@ -315,7 +307,7 @@ pub unsafe extern "C" fn csa2_cache_read_entries(
     entries: *const DLTensor,
     dst: *const DLTensor,
 ) -> Csa2Status {
-    boundary("csa2_cache_read_entries", || {
+    guarded("csa2_cache_read_entries", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, ev, mut dv) = unsafe { (cache(c)?, host(entries, "entries")?, host(dst, "dst")?) };
         let (k, l) = (kind(kind_)?, layer_arg(layer, &m)?);
@@ -376,7 +368,7 @@ pub unsafe extern "C" fn csa2_cache_swa_write(
     pos_start: u64,
     src: *const DLTensor,
 ) -> Csa2Status {
-    boundary("csa2_cache_swa_write", || {
+    guarded("csa2_cache_swa_write", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, sv) = unsafe { (cache(c)?, host(src, "src")?) };
         let l = layer_arg(layer, &m)?;
@@ -406,7 +398,7 @@ pub unsafe extern "C" fn csa2_cache_swa_read(
     pos_start: u64,
     dst: *const DLTensor,
 ) -> Csa2Status {
-    boundary("csa2_cache_swa_read", || {
+    guarded("csa2_cache_swa_read", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, mut dv) = unsafe { (cache(c)?, host(dst, "dst")?) };
         let l = layer_arg(layer, &m)?;
@@ -434,7 +426,7 @@ pub unsafe extern "C" fn csa2_cache_swa_newest(
     layer: u32,
     out: *mut i64,
 ) -> Csa2Status {
-    boundary("csa2_cache_swa_newest", || {
+    guarded("csa2_cache_swa_newest", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, out) = unsafe { (cache(c)?, arg_out(out, "out")?) };
         let l = layer_arg(layer, &m)?;
@@ -460,7 +452,7 @@ pub unsafe extern "C" fn csa2_cache_set_compressor_state(
     layer: u32,
     state: *const DLTensor,
 ) -> Csa2Status {
-    boundary("csa2_cache_set_compressor_state", || {
+    guarded("csa2_cache_set_compressor_state", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, sv) = unsafe { (cache(c)?, host_opt(state, "state")?) };
         let vals = match &sv {
@@ -497,7 +489,7 @@ pub unsafe extern "C" fn csa2_cache_get_compressor_state(
     out: *const DLTensor,
     present: *mut i32,
 ) -> Csa2Status {
-    boundary("csa2_cache_get_compressor_state", || {
+    guarded("csa2_cache_get_compressor_state", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, ov, present) = unsafe {
             (

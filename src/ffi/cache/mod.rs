@@ -1,9 +1,10 @@
-//! KV cache manager and SWA bounded replay planner over the C ABI.
+//! KV cache manager over the C ABI: the C face of [`crate::cache`] (handle lifecycle, requests,
+//! block tables, prefix keys and stats here; record-level access in [`records`]).
 //!
 //! # Ownership and lifetimes
-//! [`csa2_cache_create`] and [`csa2_replay_plan`] return handles owned by the caller; free each once
-//! with [`csa2_cache_free`] / [`csa2_replay_plan_free`]. A handle does not borrow the geometry it
-//! was built from: the geometry may be freed right after the call.
+//! [`csa2_cache_create`] returns a handle owned by the caller; free it once with
+//! [`csa2_cache_free`]. A handle does not borrow the geometry it was built from: the geometry may be
+//! freed right after the call.
 //!
 //! # Thread safety
 //! A `Csa2Cache` is internally locked (block metadata behind one mutex, each block's slab behind
@@ -12,25 +13,24 @@
 //! flight finish on the live cache, later ones get `CSA2_ERR_INVALID_HANDLE` (handles are checked
 //! tokens, `super::handle`). A block handed to a request is in its table only once its slab is
 //! allocated and zeroed, so record calls racing `csa2_cache_allocate` on the same request see
-//! either no block or a ready one. A `Csa2ReplayPlan` is immutable: its accessors may run
-//! concurrently.
+//! either no block or a ready one.
 //!
 //! # Output buffers
 //! Functions that return a variable-length array (`csa2_cache_prefix_keys`,
-//! `csa2_cache_block_table`, `csa2_replay_plan_protected_entries`) take `out` and its capacity
-//! `cap` (in elements) and write the element count to `*n_out`. Call with `out = NULL, cap = 0` to
-//! learn the count (status `CSA2_OK`, nothing else written). A non-zero `cap` smaller than the count
-//! is `CSA2_ERR_INVALID_ARGUMENT`, whose message gives the count needed; then nothing is written
-//! (not even `*n_out`).
+//! `csa2_cache_block_table`) follow [`super::sized_out`]'s convention.
 
-use super::geometry::geometry;
-use super::geometry::layout;
-use super::handle::{self, Handle, Registry};
-use super::Csa2Status;
-use super::{arg_out, arg_slice, arg_slice_mut, boundary, boundary_free, Csa2Geometry};
+mod records;
+pub use records::*;
+
 use crate::cache::{Backing, CacheConfig, CacheManager, CacheSpec, PrefixKey, RequestId};
 use crate::error::{Error, Result};
-use crate::replay::{plan, ReplayConfig, ReplayMode, ReplayPlan};
+use crate::ffi::geometry::geometry;
+use crate::ffi::handle::{self, Handle, Registry};
+use crate::ffi::Csa2Status;
+use crate::ffi::{
+    arg_out, arg_slice, arg_slice_mut, guarded, guarded_free, sized_out, Csa2Geometry,
+};
+use crate::formats::KvScheme;
 use std::sync::Arc;
 
 /// Bytes of one prefix key (SHA-256).
@@ -59,11 +59,6 @@ impl std::ops::Deref for Csa2Cache {
     }
 }
 
-/// Opaque replay plan handle (one prefill step). Free with [`csa2_replay_plan_free`]. Immutable.
-pub struct Csa2ReplayPlan {
-    p: ReplayPlan,
-}
-
 static CACHES: Registry<Csa2Cache> = Registry::new();
 impl Handle for Csa2Cache {
     const NAME: &'static str = "Csa2Cache";
@@ -72,32 +67,6 @@ impl Handle for Csa2Cache {
         &CACHES
     }
 }
-
-static PLANS: Registry<Csa2ReplayPlan> = Registry::new();
-impl Handle for Csa2ReplayPlan {
-    const NAME: &'static str = "Csa2ReplayPlan";
-    const TAG: u8 = 0xC3;
-    fn registry() -> &'static Registry<Self> {
-        &PLANS
-    }
-}
-
-fn replay_plan(p: *const Csa2ReplayPlan) -> Result<Arc<Csa2ReplayPlan>> {
-    handle::get(p, "plan")
-}
-
-/// Replay mode (pass as `int32_t`; docs/SPEC.md §3).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Csa2ReplayMode {
-    /// SWA bounded replay (the default).
-    Csa2ReplayBounded = 0,
-    /// The exact `L × window` staircase.
-    Csa2ReplayExact = 1,
-    /// Encoder as bounded, no decoder trimming.
-    Csa2ReplayOff = 2,
-}
-
 /// Cache-wide block and byte counts, measured from the allocator (see `CacheStats`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -147,94 +116,6 @@ pub struct Csa2RequestBytes {
     /// `slab_bytes / tokens` (0 with no tokens).
     pub bytes_per_token: f64,
 }
-
-/// Rows one layer runs in a replay step and its window floor.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Csa2LayerRun {
-    /// First row (absolute token position) the layer runs.
-    pub row_start: u64,
-    /// One past the last row.
-    pub row_end: u64,
-    /// The SWA window of row `p` starts at `max(p − (window − 1), window_floor)`.
-    pub window_floor: u64,
-}
-
-/// Summary of a replay plan (ranges are half-open token positions).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Csa2ReplaySummary {
-    /// Prompt tokens.
-    pub prompt_len: u64,
-    /// Prefix tokens adopted from the cache (0 when the hit is too short to use).
-    pub hit_used: u64,
-    /// 1 when the SWA snapshot was used.
-    pub snapshot_used: u8,
-    /// 1 when the compressor group at `hit_used` must come from saved state.
-    pub needs_compressor_state: u8,
-    /// Rows the first layer recomputes inside the hit.
-    pub replayed_tokens: u64,
-    /// Layers in the plan.
-    pub num_layers: u64,
-    /// Tokens whose global KV is computed and written: `[kv_write_start, kv_write_end)`.
-    pub kv_write_start: u64,
-    /// End of the written range.
-    pub kv_write_end: u64,
-    /// Tokens recomputed whose cached global entries must not be rewritten.
-    pub protected_start: u64,
-    /// End of the protected range.
-    pub protected_end: u64,
-}
-
-/// Cached compressed entries of one KV source that a replay must not rewrite.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Csa2ProtectedEntries {
-    /// KV-source layer.
-    pub layer: u64,
-    /// First protected compressed entry.
-    pub entry_start: u64,
-    /// One past the last.
-    pub entry_end: u64,
-}
-
-fn replay_mode(v: i32) -> Result<ReplayMode> {
-    match v {
-        0 => Ok(ReplayMode::Bounded),
-        1 => Ok(ReplayMode::Exact),
-        2 => Ok(ReplayMode::Off),
-        _ => Err(Error::invalid(
-            "mode",
-            format!("{v} is not a Csa2ReplayMode (0 bounded, 1 exact, 2 off)"),
-        )),
-    }
-}
-
-/// Checks `cap` against `need` (see the module docs) and returns the output slice, or `None` in
-/// count-only mode.
-///
-/// # Safety
-/// A non-null `out` must have room for `cap` `T`s.
-unsafe fn sized_out<'a, T>(
-    out: *mut T,
-    cap: usize,
-    need: usize,
-    what: &'static str,
-) -> Result<Option<&'a mut [T]>> {
-    if out.is_null() && cap == 0 {
-        return Ok(None);
-    }
-    if cap < need {
-        return Err(Error::invalid(
-            "cap",
-            format!("{what} needs {need} elements, cap is {cap}"),
-        ));
-    }
-    // SAFETY: room for `cap` elements is the caller's contract; null with cap > 0 is rejected.
-    let s = unsafe { arg_slice_mut(out, cap, what) }?;
-    Ok(Some(&mut s[..need]))
-}
-
 /// Prefix keys from `n` × 32 bytes.
 ///
 /// # Safety
@@ -260,6 +141,40 @@ pub(super) unsafe fn cache(c: *const Csa2Cache) -> Result<Arc<Csa2Cache>> {
     handle::get(c, "cache")
 }
 
+/// Arguments of [`csa2_cache_create`].
+/// Set `struct_size` to `sizeof(Csa2CacheCreateArgs)` (rules: "Args structs", header top).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Csa2CacheCreateArgs {
+    /// `sizeof(Csa2CacheCreateArgs)` as the caller was compiled.
+    pub struct_size: usize,
+    /// Live geometry handle (may be freed after the call).
+    pub geometry: *const Csa2Geometry,
+    /// `Csa2KvLayout` of the records.
+    pub layout: i32,
+    /// Blocks in the pool (1 ..= 2^24).
+    pub num_blocks: usize,
+    /// Tokens per block (1 ..= 2^16, a multiple of every KV-source ratio).
+    pub block_tokens: usize,
+    /// Extra prefix-key fingerprint (`model_len` bytes), or null with length 0.
+    pub model: *const u8,
+    /// Bytes at `model`.
+    pub model_len: usize,
+}
+
+// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
+unsafe impl crate::ffi::ArgsStruct for Csa2CacheCreateArgs {
+    const NAME: &'static str = "Csa2CacheCreateArgs";
+    const V1_SIZE: usize = std::mem::size_of::<Csa2CacheCreateArgs>();
+}
+
+impl Default for Csa2CacheCreateArgs {
+    /// All members zero, `struct_size` set (the C recipe).
+    fn default() -> Self {
+        crate::ffi::zeroed_args()
+    }
+}
+
 /// Creates a KV cache manager for geometry `g` with KV layout `layout` (a `Csa2KvLayout`),
 /// `num_blocks` blocks of `block_tokens` tokens, backed by host memory (slabs are allocated the
 /// first time a block is handed out). The prefix keys are always salted with the whole geometry
@@ -276,19 +191,25 @@ pub(super) unsafe fn cache(c: *const Csa2Cache) -> Result<Arc<Csa2Cache>> {
 /// bytes). `*out` is untouched on error.
 ///
 /// # Safety
+/// `args`: `struct_size` readable bytes of a `Csa2CacheCreateArgs`. Its members:
 /// `g` must be a live geometry handle; `model` must cover `model_len` bytes; `out` must be a
 /// writable pointer slot.
 #[no_mangle]
 pub unsafe extern "C" fn csa2_cache_create(
-    g: *const Csa2Geometry,
-    layout_: i32,
-    num_blocks: usize,
-    block_tokens: usize,
-    model: *const u8,
-    model_len: usize,
+    args: *const Csa2CacheCreateArgs,
     out: *mut *mut Csa2Cache,
 ) -> Csa2Status {
-    boundary("csa2_cache_create", || {
+    guarded("csa2_cache_create", || {
+        // SAFETY: `args` is the caller's (null, alignment and `struct_size` are checked).
+        let Csa2CacheCreateArgs {
+            struct_size: _,
+            geometry: g,
+            layout: layout_,
+            num_blocks,
+            block_tokens,
+            model,
+            model_len,
+        } = unsafe { crate::ffi::read_args(args) }?;
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (g, model, out) = unsafe {
             (
@@ -297,7 +218,7 @@ pub unsafe extern "C" fn csa2_cache_create(
                 arg_out(out, "out")?,
             )
         };
-        let spec = CacheSpec::from_geometry(&g.g, layout(layout_)?);
+        let spec = CacheSpec::from_geometry(&g.g, KvScheme::from_abi_id(layout_)?);
         // The whole geometry (not only what the cache stores of it: RoPE, norms and widths change
         // the records too) always salts the keys; the caller's fingerprint is added to it.
         let geo = serde_json::to_vec(&g.g)
@@ -335,7 +256,7 @@ pub unsafe extern "C" fn csa2_cache_create(
 /// None beyond the C ABI's: any value of `c` is checked (kept `unsafe` for source compatibility).
 #[no_mangle]
 pub unsafe extern "C" fn csa2_cache_free(c: *mut Csa2Cache) -> Csa2Status {
-    boundary_free("csa2_cache_free", || handle::free(c, "cache"))
+    guarded_free("csa2_cache_free", || handle::free(c, "cache"))
 }
 
 /// Registers request `id` with an empty block table.
@@ -347,7 +268,7 @@ pub unsafe extern "C" fn csa2_cache_free(c: *mut Csa2Cache) -> Csa2Status {
 #[no_mangle]
 pub unsafe extern "C" fn csa2_cache_add_request(c: *const Csa2Cache, id: u64) -> Csa2Status {
     // SAFETY: the caller's contract.
-    boundary("csa2_cache_add_request", || {
+    guarded("csa2_cache_add_request", || {
         unsafe { cache(c) }?.add_request(id as RequestId)
     })
 }
@@ -367,7 +288,7 @@ pub unsafe extern "C" fn csa2_cache_allocate(
     tokens: usize,
 ) -> Csa2Status {
     // SAFETY: the caller's contract.
-    boundary("csa2_cache_allocate", || {
+    guarded("csa2_cache_allocate", || {
         unsafe { cache(c) }?.allocate(id, tokens)
     })
 }
@@ -382,7 +303,7 @@ pub unsafe extern "C" fn csa2_cache_allocate(
 #[no_mangle]
 pub unsafe extern "C" fn csa2_cache_free_request(c: *const Csa2Cache, id: u64) -> Csa2Status {
     // SAFETY: the caller's contract.
-    boundary("csa2_cache_free_request", || {
+    guarded("csa2_cache_free_request", || {
         unsafe { cache(c) }?.free_request(id)
     })
 }
@@ -406,7 +327,7 @@ pub unsafe extern "C" fn csa2_cache_prefix_keys(
     cap: usize,
     n_out: *mut usize,
 ) -> Csa2Status {
-    boundary("csa2_cache_prefix_keys", || {
+    guarded("csa2_cache_prefix_keys", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, tokens, n_out) = unsafe {
             (
@@ -454,7 +375,7 @@ pub unsafe extern "C" fn csa2_cache_lookup_prefix(
     n_keys: usize,
     n_out: *mut usize,
 ) -> Csa2Status {
-    boundary("csa2_cache_lookup_prefix", || {
+    guarded("csa2_cache_lookup_prefix", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, keys, n_out) =
             unsafe { (cache(c)?, keys_arg(keys, n_keys)?, arg_out(n_out, "n_out")?) };
@@ -478,7 +399,7 @@ pub unsafe extern "C" fn csa2_cache_adopt_prefix(
     n_keys: usize,
     n_out: *mut usize,
 ) -> Csa2Status {
-    boundary("csa2_cache_adopt_prefix", || {
+    guarded("csa2_cache_adopt_prefix", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, keys, n_out) =
             unsafe { (cache(c)?, keys_arg(keys, n_keys)?, arg_out(n_out, "n_out")?) };
@@ -503,7 +424,7 @@ pub unsafe extern "C" fn csa2_cache_publish(
     n_keys: usize,
     n_out: *mut usize,
 ) -> Csa2Status {
-    boundary("csa2_cache_publish", || {
+    guarded("csa2_cache_publish", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, keys, n_out) =
             unsafe { (cache(c)?, keys_arg(keys, n_keys)?, arg_out(n_out, "n_out")?) };
@@ -528,7 +449,7 @@ pub unsafe extern "C" fn csa2_cache_block_table(
     cap: usize,
     n_out: *mut usize,
 ) -> Csa2Status {
-    boundary("csa2_cache_block_table", || {
+    guarded("csa2_cache_block_table", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, n_out) = unsafe { (cache(c)?, arg_out(n_out, "n_out")?) };
         let table = m.block_table(id)?;
@@ -559,7 +480,7 @@ pub unsafe extern "C" fn csa2_cache_slot_mapping(
     count: usize,
     out: *mut i64,
 ) -> Csa2Status {
-    boundary("csa2_cache_slot_mapping", || {
+    guarded("csa2_cache_slot_mapping", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, out) = unsafe { (cache(c)?, arg_slice_mut(out, count, "out")?) };
         let end = start.checked_add(count).ok_or_else(|| {
@@ -583,7 +504,7 @@ pub unsafe extern "C" fn csa2_cache_stats(
     c: *const Csa2Cache,
     out: *mut Csa2CacheStats,
 ) -> Csa2Status {
-    boundary("csa2_cache_stats", || {
+    guarded("csa2_cache_stats", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, out) = unsafe { (cache(c)?, arg_out(out, "out")?) };
         let s = m.stats();
@@ -618,7 +539,7 @@ pub unsafe extern "C" fn csa2_cache_request_bytes(
     id: u64,
     out: *mut Csa2RequestBytes,
 ) -> Csa2Status {
-    boundary("csa2_cache_request_bytes", || {
+    guarded("csa2_cache_request_bytes", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
         let (m, out) = unsafe { (cache(c)?, arg_out(out, "out")?) };
         let b = m.request_bytes(id)?;
@@ -634,146 +555,10 @@ pub unsafe extern "C" fn csa2_cache_request_bytes(
     })
 }
 
-/// Plans one prefill step for geometry `g` (docs/SPEC.md §3): `prompt_len` tokens whose first
-/// `hit_tokens` hit the prefix cache, with the SWA snapshot at the hit present (`snapshot_present`
-/// ≠ 0) or not. `mode` is a `Csa2ReplayMode`. The plan is a new handle in `*out`.
-///
-/// Errors: `CSA2_ERR_INVALID_ARGUMENT` (unknown mode, `prompt_len` 0, `hit_tokens > prompt_len`).
-///
-/// # Safety
-/// `g` must be a live geometry handle; `out` a writable pointer slot.
-#[no_mangle]
-pub unsafe extern "C" fn csa2_replay_plan(
-    g: *const Csa2Geometry,
-    mode: i32,
-    prompt_len: usize,
-    hit_tokens: usize,
-    snapshot_present: u8,
-    out: *mut *mut Csa2ReplayPlan,
-) -> Csa2Status {
-    boundary("csa2_replay_plan", || {
-        // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
-        let cfg = ReplayConfig::from_geometry(&g.g, replay_mode(mode)?);
-        let p = plan(&cfg, prompt_len, hit_tokens, snapshot_present != 0)?;
-        *out = handle::register(Csa2ReplayPlan { p })?;
-        Ok(())
-    })
-}
-
-/// Frees a replay plan. Null is a no-op (`CSA2_OK`).
-///
-/// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type). A successful
-/// free leaves the thread's last error alone.
-///
-/// # Safety
-/// None beyond the C ABI's: any value of `p` is checked (kept `unsafe` for source compatibility).
-#[no_mangle]
-pub unsafe extern "C" fn csa2_replay_plan_free(p: *mut Csa2ReplayPlan) -> Csa2Status {
-    boundary_free("csa2_replay_plan_free", || handle::free(p, "plan"))
-}
-
-/// Writes the plan's summary (hit used, replayed tokens, written and protected ranges) to `*out`.
-///
-/// # Safety
-/// `p` must be a live plan; `out` writable.
-#[no_mangle]
-pub unsafe extern "C" fn csa2_replay_plan_summary(
-    p: *const Csa2ReplayPlan,
-    out: *mut Csa2ReplaySummary,
-) -> Csa2Status {
-    boundary("csa2_replay_plan_summary", || {
-        // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (plan, out) = (replay_plan(p)?, unsafe { arg_out(out, "out") }?);
-        let p = &plan.p;
-        *out = Csa2ReplaySummary {
-            prompt_len: p.prompt_len as u64,
-            hit_used: p.hit_used as u64,
-            snapshot_used: p.snapshot_used as u8,
-            needs_compressor_state: p.needs_compressor_state as u8,
-            replayed_tokens: p.replayed_tokens() as u64,
-            num_layers: p.layers.len() as u64,
-            kv_write_start: p.kv_write.start as u64,
-            kv_write_end: p.kv_write.end as u64,
-            protected_start: p.protected.start as u64,
-            protected_end: p.protected.end as u64,
-        };
-        Ok(())
-    })
-}
-
-/// Writes what layer `layer` runs (row range and window floor) to `*out`.
-///
-/// Errors: `CSA2_ERR_INVALID_ARGUMENT` when `layer` ≥ the plan's layers.
-///
-/// # Safety
-/// `p` must be a live plan; `out` writable.
-#[no_mangle]
-pub unsafe extern "C" fn csa2_replay_plan_layer(
-    p: *const Csa2ReplayPlan,
-    layer: usize,
-    out: *mut Csa2LayerRun,
-) -> Csa2Status {
-    boundary("csa2_replay_plan_layer", || {
-        // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (plan, out) = (replay_plan(p)?, unsafe { arg_out(out, "out") }?);
-        let p = &plan.p;
-        let l = p.layers.get(layer).ok_or_else(|| {
-            Error::invalid(
-                "layer",
-                format!(
-                    "{layer} is out of range (plan has {} layers)",
-                    p.layers.len()
-                ),
-            )
-        })?;
-        *out = Csa2LayerRun {
-            row_start: l.rows.start as u64,
-            row_end: l.rows.end as u64,
-            window_floor: l.window_floor as u64,
-        };
-        Ok(())
-    })
-}
-
-/// Copies the per-KV-source protected entry ranges to `out` (`cap` entries) and their count to
-/// `*n_out`; see the module docs for `out = NULL, cap = 0`.
-///
-/// Errors: `CSA2_ERR_INVALID_ARGUMENT` (`cap` too small; the message gives the count needed).
-///
-/// # Safety
-/// `p` must be a live plan; `out` must have room for `cap` entries; `n_out` writable.
-#[no_mangle]
-pub unsafe extern "C" fn csa2_replay_plan_protected_entries(
-    p: *const Csa2ReplayPlan,
-    out: *mut Csa2ProtectedEntries,
-    cap: usize,
-    n_out: *mut usize,
-) -> Csa2Status {
-    boundary("csa2_replay_plan_protected_entries", || {
-        // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (plan, n_out) = (replay_plan(p)?, unsafe { arg_out(n_out, "n_out") }?);
-        let p = &plan.p;
-        let e = &p.protected_entries;
-        // SAFETY: room for `cap` entries is the caller's contract.
-        if let Some(dst) = unsafe { sized_out(out, cap, e.len(), "protected entries") }? {
-            for (d, (layer, r)) in dst.iter_mut().zip(e) {
-                *d = Csa2ProtectedEntries {
-                    layer: *layer as u64,
-                    entry_start: r.start as u64,
-                    entry_end: r.end as u64,
-                };
-            }
-        }
-        *n_out = e.len();
-        Ok(())
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::{csa2_geometry_embedded, csa2_geometry_free, csa2_last_error_message};
     use super::*;
+    use crate::ffi::{csa2_geometry_embedded, csa2_geometry_free, csa2_last_error_message};
     use std::ptr::{null, null_mut};
 
     fn last_error() -> String {
@@ -797,7 +582,20 @@ mod tests {
     fn new_cache(num_blocks: usize) -> *mut Csa2Cache {
         let g = geometry();
         let mut c = null_mut();
-        let s = unsafe { csa2_cache_create(g, 0, num_blocks, 256, null(), 0, &mut c) };
+        let s = unsafe {
+            csa2_cache_create(
+                &crate::ffi::Csa2CacheCreateArgs {
+                    geometry: g,
+                    layout: 0,
+                    num_blocks,
+                    block_tokens: 256,
+                    model: null(),
+                    model_len: 0,
+                    ..Default::default()
+                },
+                &mut c,
+            )
+        };
         unsafe { csa2_geometry_free(g) };
         assert_eq!(s, Csa2Status::Csa2Ok, "{}", last_error());
         c
@@ -815,17 +613,69 @@ mod tests {
             (0, 4, 3, Csa2Status::Csa2ErrInvalidArgument, "block"),
         ];
         for (lay, nb, bt, want, needle) in cases {
-            let s = unsafe { csa2_cache_create(g, lay, nb, bt, null(), 0, &mut c) };
+            let s = unsafe {
+                csa2_cache_create(
+                    &crate::ffi::Csa2CacheCreateArgs {
+                        geometry: g,
+                        layout: lay,
+                        num_blocks: nb,
+                        block_tokens: bt,
+                        model: null(),
+                        model_len: 0,
+                        ..Default::default()
+                    },
+                    &mut c,
+                )
+            };
             assert_eq!(s, want, "{lay} {nb} {bt}: {}", last_error());
             assert!(last_error().contains(needle), "{}", last_error());
             assert_eq!(c, sentinel);
         }
-        let s = unsafe { csa2_cache_create(null(), 0, 4, 256, null(), 0, &mut c) };
+        let s = unsafe {
+            csa2_cache_create(
+                &crate::ffi::Csa2CacheCreateArgs {
+                    geometry: null(),
+                    layout: 0,
+                    num_blocks: 4,
+                    block_tokens: 256,
+                    model: null(),
+                    model_len: 0,
+                    ..Default::default()
+                },
+                &mut c,
+            )
+        };
         assert_eq!(s, Csa2Status::Csa2ErrNullPointer);
-        let s = unsafe { csa2_cache_create(g, 0, 4, 256, null(), 3, &mut c) };
+        let s = unsafe {
+            csa2_cache_create(
+                &crate::ffi::Csa2CacheCreateArgs {
+                    geometry: g,
+                    layout: 0,
+                    num_blocks: 4,
+                    block_tokens: 256,
+                    model: null(),
+                    model_len: 3,
+                    ..Default::default()
+                },
+                &mut c,
+            )
+        };
         assert_eq!(s, Csa2Status::Csa2ErrNullPointer);
         assert!(last_error().contains("model"));
-        let s = unsafe { csa2_cache_create(g, 0, 4, 256, null(), 0, null_mut()) };
+        let s = unsafe {
+            csa2_cache_create(
+                &crate::ffi::Csa2CacheCreateArgs {
+                    geometry: g,
+                    layout: 0,
+                    num_blocks: 4,
+                    block_tokens: 256,
+                    model: null(),
+                    model_len: 0,
+                    ..Default::default()
+                },
+                null_mut(),
+            )
+        };
         assert_eq!(s, Csa2Status::Csa2ErrNullPointer);
         unsafe { csa2_geometry_free(g) };
     }
@@ -1009,75 +859,6 @@ mod tests {
             );
             cache(c).unwrap().check_invariants().unwrap();
             csa2_cache_free(c);
-        }
-    }
-
-    #[test]
-    fn replay_plan_matches_the_planner_and_rejects_bad_input() {
-        let g = geometry();
-        unsafe {
-            let mut p = null_mut();
-            assert_eq!(
-                csa2_replay_plan(g, 3, 1000, 512, 0, &mut p),
-                Csa2Status::Csa2ErrInvalidArgument
-            );
-            assert!(last_error().contains("mode"));
-            assert_eq!(
-                csa2_replay_plan(g, 0, 100, 512, 0, &mut p),
-                Csa2Status::Csa2ErrInvalidArgument
-            );
-            assert!(p.is_null());
-            assert_eq!(
-                csa2_replay_plan(g, 0, 1000, 512, 0, &mut p),
-                Csa2Status::Csa2Ok
-            );
-            let cfg =
-                ReplayConfig::from_geometry(&super::geometry(g).unwrap().g, ReplayMode::Bounded);
-            let want = plan(&cfg, 1000, 512, false).unwrap();
-            let mut s = Csa2ReplaySummary::default();
-            assert_eq!(csa2_replay_plan_summary(p, &mut s), Csa2Status::Csa2Ok);
-            assert_eq!(s.hit_used as usize, want.hit_used);
-            assert_eq!(s.replayed_tokens as usize, want.replayed_tokens());
-            assert_eq!(s.num_layers as usize, want.layers.len());
-            assert_eq!(
-                (s.protected_start as usize)..(s.protected_end as usize),
-                want.protected
-            );
-            for (i, l) in want.layers.iter().enumerate() {
-                let mut r = Csa2LayerRun::default();
-                assert_eq!(csa2_replay_plan_layer(p, i, &mut r), Csa2Status::Csa2Ok);
-                assert_eq!((r.row_start as usize)..(r.row_end as usize), l.rows);
-                assert_eq!(r.window_floor as usize, l.window_floor);
-            }
-            let mut r = Csa2LayerRun::default();
-            assert_eq!(
-                csa2_replay_plan_layer(p, want.layers.len(), &mut r),
-                Csa2Status::Csa2ErrInvalidArgument
-            );
-            let mut n = 0usize;
-            assert_eq!(
-                csa2_replay_plan_protected_entries(p, null_mut(), 0, &mut n),
-                Csa2Status::Csa2Ok
-            );
-            assert_eq!(n, want.protected_entries.len());
-            let mut e = vec![Csa2ProtectedEntries::default(); n];
-            assert_eq!(
-                csa2_replay_plan_protected_entries(p, e.as_mut_ptr(), n, &mut n),
-                Csa2Status::Csa2Ok
-            );
-            for (got, (layer, r)) in e.iter().zip(&want.protected_entries) {
-                assert_eq!(got.layer as usize, *layer);
-                assert_eq!((got.entry_start as usize)..(got.entry_end as usize), *r);
-            }
-            if n > 0 {
-                assert_eq!(
-                    csa2_replay_plan_protected_entries(p, e.as_mut_ptr(), n - 1, &mut n),
-                    Csa2Status::Csa2ErrInvalidArgument
-                );
-            }
-            csa2_replay_plan_free(p);
-            csa2_replay_plan_free(null_mut());
-            csa2_geometry_free(g);
         }
     }
 }
