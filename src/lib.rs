@@ -17,6 +17,7 @@ pub mod error;
 pub mod ffi;
 pub mod formats;
 pub mod geometry;
+pub mod isa;
 pub mod npy;
 pub mod ops;
 pub mod replay;

@@ -96,7 +96,8 @@ pub fn run(a: Args) -> Result<()> {
     let threads = rayon::current_num_threads();
     let peak1 = simd::fma_peak_gflops(300);
     say!(
-        "threads {threads}; FMA peak one thread {peak1:.1} GFLOP/s (×{threads} = {:.1})",
+        "threads {threads}; ISA {}; FMA peak one thread {peak1:.1} GFLOP/s (×{threads} = {:.1})",
+        csa2::isa::describe(),
         peak1 * threads as f64
     );
     let (vnni_peak, bf16_peak) = simd::dot_peak_gmacs(300);

@@ -10,7 +10,7 @@
 //!
 //! Every query quantisation (`none`, `mxfp4`, `fp8`, `bf16`) can run this f32 path on the exact
 //! (de)quantised values: the results agree with the f64 reference within the tolerance table.
-//! Where the CPU has them (see [`crate::ops::simd::dot_units`]), MXFP4 queries against MXFP4 keys
+//! Where the CPU has them (see [`crate::isa::dot_units`]), MXFP4 queries against MXFP4 keys
 //! run the integer kernel and bf16 queries against MXFP4 keys the bf16 kernel ([`super::dot`]);
 //! [`DotKernel`] names the three, and [`Prepared::with_kernel`] picks one explicitly.
 
@@ -18,7 +18,8 @@ use super::dot::{self, Bf16Queries, Bf16Row, IntKeys, IntQueries};
 use super::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant, INDEX_DIM};
 use crate::error::{Error, Result};
 use crate::formats::{fast, RecordFormat, MXFP4_INDEX_BYTES};
-use crate::ops::simd::{codec_isa, dot_units, multiversion, Vf32};
+use crate::isa::{dot_units, level};
+use crate::ops::simd::{multiversion, Vf32};
 use rayon::prelude::*;
 
 /// Heads are padded to a multiple of this: two 16-lane vectors (or four 8-lane ones).
@@ -242,7 +243,7 @@ pub fn score_ids(pr: &Prepared, t0: usize, keys: &IndexKeys, ids: &[u32], outs: 
         (DotKernel::Bf16, IndexKeys::Mxfp4(k)) => return score_ids_bf16(pr, t0, k, ids, outs),
         _ => {}
     }
-    let isa = codec_isa();
+    let isa = level();
     let mut kbuf = [[0f32; INDEX_DIM]; KB];
     let mut next = ids.chunks(KB).skip(1);
     for (ci, chunk) in ids.chunks(KB).enumerate() {

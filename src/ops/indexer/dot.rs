@@ -146,26 +146,12 @@ impl Bf16Queries {
 
 /// Whether this CPU runs the integer kernel (AVX-512F/BW + VNNI).
 pub(super) fn int8_supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    crate::isa::cpu().dots.vnni
 }
 
 /// Whether this CPU runs the bf16 kernel (AVX-512F/BW + BF16).
 pub(super) fn bf16_supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    crate::isa::cpu().dots.bf16
 }
 
 /// MXFP4 key records unpacked for the integer kernel: kernel-order signed bytes `2k`, block
