@@ -18,6 +18,7 @@ pub mod error;
 pub mod ffi;
 pub mod formats;
 pub mod geometry;
+pub mod isa;
 pub mod ops;
 pub mod replay;
 pub mod shape;

@@ -96,7 +96,8 @@ pub fn run(a: Args) -> Result<()> {
     let threads = rayon::current_num_threads();
     let peak1 = simd::fma_peak_gflops(300);
     say!(
-        "threads {threads}; FMA peak one thread {peak1:.1} GFLOP/s (×{threads} = {:.1})",
+        "threads {threads}; ISA {}; FMA peak one thread {peak1:.1} GFLOP/s (×{threads} = {:.1})",
+        csa2::isa::describe(),
         peak1 * threads as f64
     );
     let (vnni_peak, bf16_peak) = simd::dot_peak_gmacs(300);
@@ -221,6 +222,18 @@ pub fn run(a: Args) -> Result<()> {
                 t_idx.median / t.median
             ),
         );
+        if let Some(b) = indexer::cpu::int8_breakdown(&pr, &km, n.min(1 << 18), 5) {
+            // One thread; 64 vpdpbusd per key at 32 heads × 128 dims.
+            let ideal = 32.0 * 128.0 / vnni_peak.unwrap_or(f64::NAN);
+            say!(
+                "  int8 breakdown, one thread, CPU time, ns/key: unpack {:.2}, scoring hot keys {:.2}, whole loop {:.2}; vpdpbusd-only bound {:.2} (hot scoring at {:.0}% of it)",
+                b.unpack_ns,
+                b.score_hot_ns,
+                b.total_ns,
+                ideal,
+                100.0 * ideal / b.score_hot_ns
+            );
+        }
     }
     let t_full = time(a.reps, || {
         indexer::logits(&p1, &qs, IndexKeys::Mxfp4(&km), &mut out).expect("valid");

@@ -158,7 +158,7 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn csa2_isa() -> String {
-    std::env::var("CSA2_ISA").unwrap_or_else(|_| "auto".into())
+    csa2::isa::describe()
 }
 
 fn check_rope(r: &mut Report, rng: &mut Rng, g: &Geometry) -> Result<()> {

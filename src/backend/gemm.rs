@@ -10,7 +10,7 @@
 //! sum of the 16 lanes. A prefill of any chunking, a decode row, or a row batched beside other
 //! requests' rows therefore gets the same bits (the reduction order is per row, as in
 //! batch-invariant inference kernels). The instruction set is chosen once per process
-//! ([`crate::ops::simd::isa`], `CSA2_ISA` caps it), never by the row count.
+//! ([`crate::isa::level`], `CSA2_ISA` caps it), never by the row count.
 //!
 //! **Fused dequantization.** Weights stay bf16 or FP8 E4M3 in memory and are widened to f32 inside
 //! the kernel, 16 at a time, right before their FMA; accumulation is f32. The widened value is
@@ -23,7 +23,7 @@
 //! output block). Tiles only share loads; they never change an element's arithmetic.
 
 use crate::error::{Error, Result};
-use crate::ops::simd::{isa, Isa};
+use crate::isa::{level, Isa};
 use rayon::prelude::*;
 
 /// FP8 weight block edge (`weight_block_size = [32, 32]`).
@@ -293,7 +293,7 @@ fn run(x: &[f32], rows: usize, w: WeightView<'_>, out: usize, inp: usize, y: &mu
         .min(out.div_ceil(8) * 8);
     let nob = out.div_ceil(ob);
     let yp = OutPtr(y.as_mut_ptr());
-    let isa = isa();
+    let isa = level();
     (0..rb * nob).into_par_iter().for_each(|t| {
         let (bi, bo) = (t / nob, t % nob);
         let r0 = bi * ROW_BLOCK;
