@@ -24,6 +24,7 @@ mod geometry;
 mod handle;
 mod ops;
 mod records;
+mod store;
 
 pub use cache::*;
 pub use codec::*;
@@ -32,6 +33,7 @@ pub use geometry::*;
 pub use handle::live_handles;
 pub use ops::*;
 pub use records::*;
+pub use store::*;
 
 use crate::error::{Error, Result};
 use std::cell::RefCell;
