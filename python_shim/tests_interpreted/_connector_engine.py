@@ -56,16 +56,22 @@ def _asset(name: str) -> str:
     return os.path.join(here, "..", "..", "assets", name)
 
 
-def _specs(tc: dict) -> dict:
-    """Each layer's KV cache spec, as V4.1's layers build them on SM90 (V4 584-B records)."""
+def _specs(tc: dict, ratios=None, kv_sources=None, sm100: bool = False) -> dict:
+    """Each layer's KV cache spec, as V4.1's layers build them: on SM90 (V4 584-B records, FP8
+    indexer K), or with ``sm100`` the V4.1 records (528-B MXFP8 SWA, 288-B NVFP4 compressed,
+    68-B MXFP4 indexer K)."""
+    ratios = RATIOS if ratios is None else ratios
+    kv_sources = KV_SOURCES if kv_sources is None else kv_sources
+    if sm100:
+        return _specs_sm100(tc, ratios, kv_sources)
     specs = {}
-    for layer, r in enumerate(RATIOS):
+    for layer, r in enumerate(ratios):
         specs[f"model.layers.{layer}.attn.swa_cache"] = SlidingWindowMLASpec(
             bounded_replay=True, block_size=32, num_kv_heads=1, max_tp_shards=1, head_size=512,
             dtype=torch.uint8, sliding_window=tc["sliding_window"], cache_dtype_str="fp8_ds_mla",
             state_content_bytes=584, alignment=576, block_stride_alignment=None,
             model_version="deepseek_v4", kv_quant_mode=None)
-        if layer in KV_SOURCES:
+        if layer in kv_sources:
             specs[f"model.layers.{layer}.attn"] = MLAAttentionSpec(
                 block_size=BLOCK, num_kv_heads=1, head_size=512, dtype=torch.uint8,
                 tokens_per_state=r, cache_dtype_str="fp8_ds_mla", alignment=576,
@@ -80,27 +86,60 @@ def _specs(tc: dict) -> dict:
     return specs
 
 
+def _specs_sm100(tc: dict, ratios, kv_sources) -> dict:
+    specs = {}
+    for layer, r in enumerate(ratios):
+        specs[f"model.layers.{layer}.attn.swa_cache"] = SlidingWindowMLASpec(
+            bounded_replay=True, block_size=32, num_kv_heads=1, max_tp_shards=1, head_size=512,
+            dtype=torch.uint8, sliding_window=tc["sliding_window"], cache_dtype_str="nvfp4_ds_mla",
+            state_content_bytes=528, alignment=512, block_stride_alignment=6336,
+            model_version="deepseek_v4", kv_quant_mode=None)
+        if layer in kv_sources:
+            specs[f"model.layers.{layer}.attn"] = MLAAttentionSpec(
+                block_size=BLOCK, num_kv_heads=1, head_size=512, dtype=torch.uint8,
+                tokens_per_state=r, cache_dtype_str="nvfp4_ds_mla", alignment=512,
+                model_version="deepseek_v4", kv_quant_mode=None, state_content_bytes=288)
+            specs[f"model.layers.{layer}.attn.indexer.k_cache"] = MLAAttentionSpec(
+                block_size=BLOCK, num_kv_heads=1, head_size=68, dtype=torch.uint8,
+                tokens_per_state=r, alignment=512, block_stride_alignment=None)
+            if r > 1:
+                specs[f"model.layers.{layer}.attn.compressor.state_cache"] = CircularBufferSpec(
+                    block_size=8, num_kv_heads=1, head_size=1024, head_size_v=0,
+                    dtype=torch.float32)
+    return specs
+
+
 class Tiny:
     """The config and KV cache config, built once per process (ModelConfig's inspection of the
     architecture takes about a minute here) and picklable for a second process."""
 
-    def __init__(self, model_dir: str):
+    def __init__(self, model_dir: str, *, full: bool = False, hbm_bytes: int | None = None,
+                 max_num_seqs: int = 16, max_num_batched_tokens: int = 8192):
+        """``full``: DeepSeek-V4.1-Flash's own 40 backbone layers with the SM100 records (for
+        the trace run; no slab is allocated), KV cache sized to ``hbm_bytes``."""
         src = json.load(open(_asset("deepseek_v41_flash_config.json")))
         tc = src["text_config"]
-        tc.update(num_hidden_layers=len(RATIOS), num_nextn_predict_layers=0,
-                  compress_ratios=RATIOS, kv_source_layer_ids=KV_SOURCES,
-                  index_source_layer_ids=KV_SOURCES, candidate_source_layer_id=KV_SOURCES[-1],
-                  engram_layer_ids=[], dspark_target_layer_ids=[])
+        if full:
+            n = tc["num_hidden_layers"]
+            ratios, sources, sm100 = tc["compress_ratios"][:n], tc["kv_source_layer_ids"], True
+            tc.update(num_nextn_predict_layers=0, dspark_target_layer_ids=[])
+        else:
+            ratios, sources, sm100 = RATIOS, KV_SOURCES, False
+            tc.update(num_hidden_layers=len(RATIOS), num_nextn_predict_layers=0,
+                      compress_ratios=RATIOS, kv_source_layer_ids=KV_SOURCES,
+                      index_source_layer_ids=KV_SOURCES, candidate_source_layer_id=KV_SOURCES[-1],
+                      engram_layer_ids=[], dspark_target_layer_ids=[])
         os.makedirs(model_dir, exist_ok=True)
         with open(os.path.join(model_dir, "config.json"), "w") as f:
             json.dump(src, f)
         mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, language_model_only=True,
-                         max_model_len=8192)
+                         max_model_len=8192 * 4)
         vc = VllmConfig(
             model_config=mc, device_config=DeviceConfig(device="cpu"),
             cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
-            scheduler_config=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=16,
-                                             max_model_len=8192, is_encoder_decoder=False),
+            scheduler_config=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
+                                             max_num_seqs=max_num_seqs, max_model_len=8192 * 4,
+                                             is_encoder_decoder=False),
             kv_transfer_config=KVTransferConfig(
                 kv_connector=conn.CONNECTOR_NAME, kv_role="kv_both",
                 kv_load_failure_policy="recompute",
@@ -110,11 +149,11 @@ class Tiny:
         vc.cache_config.kv_cache_layout = "BLHNC"
         vc.scheduler_config.disable_hybrid_kv_cache_manager = False
         with set_current_vllm_config(vc):
-            groups = kv_cache_planning.get_kv_cache_groups(vc, _specs(tc))
+            groups = kv_cache_planning.get_kv_cache_groups(vc, _specs(tc, ratios, sources, sm100))
             probe = kv_cache_planning.get_kv_cache_config_from_groups(vc, groups, 1 << 40)
             per_block = probe.kv_cache_tensors[0].block_stride
-            cfg = kv_cache_planning.get_kv_cache_config_from_groups(
-                vc, groups, NUM_BLOCKS * per_block)
+            budget = hbm_bytes if hbm_bytes is not None else NUM_BLOCKS * per_block
+            cfg = kv_cache_planning.get_kv_cache_config_from_groups(vc, groups, budget)
         vc.cache_config.num_gpu_blocks = cfg.num_blocks
         self.vllm_config = vc
         self.kv_cache_config = cfg
@@ -145,10 +184,11 @@ class Engine:
                                        block_size=BLOCK)
         self.sched_conn = self.scheduler.connector
         assert isinstance(self.sched_conn, conn.Csa2Connector)
-        self.kv = allocate_kv_cache(tiny.kv_cache_config, torch.device("cpu"),
-                                    vc.cache_config.get_resolved_kv_cache_layout())
+        self.kv = None
         self.worker = None
         if worker:
+            self.kv = allocate_kv_cache(tiny.kv_cache_config, torch.device("cpu"),
+                                        vc.cache_config.get_resolved_kv_cache_layout())
             self.worker = conn.Csa2Connector(vc, KVConnectorRole.WORKER, tiny.kv_cache_config)
             self.worker.register_kv_caches(self.kv)
         self.hasher = get_request_block_hasher(BLOCK, sha256)
@@ -211,12 +251,13 @@ class Engine:
                 kv_connector_stats=w.get_kv_connector_stats(),
                 kv_connector_worker_meta=w.build_connector_worker_meta(),
                 invalid_block_ids=w.get_block_ids_with_load_errors())
+            w.clear_connector_metadata()
         elif self.sched_conn is not None:
             # No worker: report every load as finished, so parked requests move on.
             meta = so.kv_connector_metadata
             done = {ld.req_id for ld in getattr(meta, "loads", [])}
-            kco = KVConnectorOutput(finished_recving=done or None)
-            w.clear_connector_metadata()
+            sent = {sv.req_id for sv in getattr(meta, "saves", []) if sv.finishes}
+            kco = KVConnectorOutput(finished_recving=done or None, finished_sending=sent or None)
         ids = list(sampled)
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                 sampled_token_ids=[sampled[r] for r in ids],
@@ -247,7 +288,8 @@ class Engine:
             start, hit = starts[rid]
             req = self.requests[rid]
             toks = req.all_token_ids[start:start + n]
-            self._write(rid, list(range(start, start + n)), toks, hit)
+            if self.kv is not None:
+                self._write(rid, list(range(start, start + n)), toks, hit)
             if start + n >= req.num_tokens:
                 sampled[rid] = [self.sampled(rid, req.num_output_tokens)]
             else:
