@@ -42,6 +42,8 @@ mod dlpack_layout;
 mod ffi_fuzz;
 #[path = "ffi_records.rs"]
 mod ffi_records;
+#[path = "ffi_store.rs"]
+mod ffi_store;
 #[path = "header.rs"]
 mod header;
 #[path = "mhc.rs"]

@@ -54,6 +54,7 @@ mod mhc;
 mod op_tests;
 mod replay;
 mod rope;
+mod store;
 mod topk;
 
 pub use attention::*;
@@ -67,6 +68,7 @@ pub use indexer::*;
 pub use mhc::*;
 pub use replay::*;
 pub use rope::*;
+pub use store::*;
 pub use topk::*;
 
 use crate::error::{Error, Result};
