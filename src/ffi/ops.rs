@@ -1107,7 +1107,7 @@ mod tests {
     use super::super::dlpack::{DLDataType, DLDevice, K_DL_CPU};
     use super::*;
     use crate::geometry::Geometry;
-    use csa2_harness::gen::{rand_normal, NewRng, Rng};
+    use csa2_rng::{rand_normal, NewRng, Rng};
 
     /// A float32/int/uint8 host descriptor over `data` with `shape` (kept alive by the caller).
     fn desc<T>(data: &mut [T], shape: &mut [i64], dtype: DType) -> DLTensor {
