@@ -62,6 +62,8 @@ mod store_findings;
 mod store_reliability;
 #[path = "weights.rs"]
 mod weights;
+#[path = "workspace.rs"]
+mod workspace;
 
 #[test]
 fn every_test_file_is_a_module_of_the_suite() {

@@ -12,7 +12,7 @@ use csa2::ops::indexer::{self, IndexKeys, IndexerParams, IndexerQueries, QueryQu
 use csa2::ops::simd;
 use csa2::ops::topk;
 use csa2::{Error, Result};
-use csa2_harness::gen::{rand_normal, NewRng, Rng};
+use csa2_harness::rng::{rand_normal, NewRng, Rng};
 use std::time::Instant;
 
 #[derive(clap::Args)]

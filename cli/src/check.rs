@@ -13,7 +13,7 @@ use csa2::ops::rope::{self, Direction, Rope};
 use csa2::ops::topk;
 use csa2::tolerance::{compare, Stats, Tolerance, BF16_ROUNDED, F32_VS_F64, QUANT_VS_EXACT};
 use csa2::{Error, Geometry, Result};
-use csa2_harness::gen::{rand_normal, NewRng, Rng};
+use csa2_harness::rng::{rand_normal, NewRng, Rng};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -5,7 +5,7 @@
 //! no measurement or CLI dependencies:
 //!
 //! - [`ab`]: the A/B driver (CSA2 vs launch day: bytes, decode, accuracy, prefill);
-//! - [`gen`]: the seeded generators every op test, `csa2 check` and the benchmarks draw inputs from;
+//! - [`rng`]: the seeded generators every op test, `csa2 check` and the benchmarks draw inputs from;
 //! - [`npy`]: NumPy `.npy` I/O for `csa2 op` (shape rules from [`csa2::shape`]);
 //! - [`reference`]: the f64 reference of a decode step (what `csa2 ab` measures accuracy against);
 //! - [`replay_error`]: exact vs bounded replay, measured per layer and per turn;
@@ -15,7 +15,8 @@
 #![deny(missing_docs)]
 
 pub mod ab;
-pub mod gen;
+/// The seeded generators (the `csa2-rng` crate, shared with the core's unit tests).
+pub use csa2_rng as rng;
 pub mod npy;
 pub mod reference;
 pub mod replay_error;
