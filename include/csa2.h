@@ -126,13 +126,23 @@ typedef enum {
   CSA2_REPLAY_OFF = 2,
 } Csa2ReplayMode;
 
+// A parsed `CSA2_ISA` value: the highest vector level, and whether the dot units may be used.
+typedef struct Cap Cap;
+
 // Opaque KV cache manager handle (paged block pool, block tables, prefix index). Free with
 // [`csa2_cache_free`]. Internally locked: see the module docs for what may run concurrently.
 typedef struct Csa2Cache Csa2Cache;
 
+// Opaque manual clock handle (milliseconds; never goes backwards). Free with
+// [`csa2_manual_clock_free`]; the tiers built on it keep their own reference.
+typedef struct Csa2Clock Csa2Clock;
+
 // Opaque compressor state of one request and one Full layer: the next token position and the
 // open group's carried rows. Free with [`csa2_compressor_state_free`]. Internally locked.
 typedef struct Csa2CompressorState Csa2CompressorState;
+
+// Opaque DRAM snapshot pool handle. Free with [`csa2_dram_pool_free`].
+typedef struct Csa2DramPool Csa2DramPool;
 
 // Opaque geometry handle (a parsed `config.json`). Free with [`csa2_geometry_free`]. A checked
 // token, not an address (see the header's "Handles" section). Immutable: calls may run
@@ -142,7 +152,13 @@ typedef struct Csa2Geometry Csa2Geometry;
 // Opaque replay plan handle (one prefill step). Free with [`csa2_replay_plan_free`]. Immutable.
 typedef struct Csa2ReplayPlan Csa2ReplayPlan;
 
-// An instruction-set level of the row codecs.
+// Opaque SSD-tier handle. Free with [`csa2_ssd_free`] (this releases the directory's lock).
+typedef struct Csa2SsdStore Csa2SsdStore;
+
+// The element types csa2 reads or writes.
+typedef struct DType DType;
+
+// A vector level of the kernels, slowest first (the order is the cap order).
 typedef struct Isa Isa;
 
 // How a module was loaded on a device.
@@ -561,6 +577,106 @@ typedef struct {
   // One past the last.
   uint64_t entry_end;
 } Csa2ProtectedEntries;
+
+// Arguments of [`csa2_ssd_open`]. Set `struct_size = sizeof(Csa2SsdOpenArgs)`: a caller built
+// against an older, shorter version of this struct is read up to its own size (later fields take
+// their defaults); a larger size than this build knows is refused.
+typedef struct {
+  // `sizeof(Csa2SsdOpenArgs)` as the caller compiled it.
+  size_t struct_size;
+  // The directory, a NUL-terminated UTF-8 path (created if absent, unless read-only).
+  const char *dir;
+  // Most bytes of live records (64-B headers included), > 0.
+  uint64_t capacity_bytes;
+  // Minimum lifetime of an entry in ms of store age; 0 means the default, 72 h.
+  uint64_t min_lifetime_ms;
+  // Segment file size in bytes; 0 means the default, 16 MiB.
+  uint64_t segment_bytes;
+  // A `Csa2Fsync` value.
+  int32_t fsync;
+  // 1: verify every payload checksum on open (the default behaviour); 0: headers only.
+  uint8_t verify_on_open;
+  // 1: open without the lock, never writing (puts are refused); 0: the one writer.
+  uint8_t read_only;
+  // Time source, or null for the system clock.
+  const Csa2Clock *clock;
+} Csa2SsdOpenArgs;
+
+// What opening an SSD tier found (see `RecoveryReport`).
+typedef struct {
+  // Segment files scanned.
+  uint64_t segments;
+  // Live records indexed.
+  uint64_t records;
+  // Records marked dead or superseded.
+  uint64_t dead_records;
+  // Damaged records (not indexed).
+  uint64_t corrupt_records;
+  // Bytes cut off the newest segment (a record torn by a crash).
+  uint64_t torn_bytes_truncated;
+  // Damaged bytes left in place for compaction.
+  uint64_t damaged_bytes;
+  // Store age at open, ms.
+  uint64_t age_ms;
+  // Downtime credited to the store age, ms.
+  uint64_t offline_credit_ms;
+} Csa2SsdRecovery;
+
+// Counters (monotonic since open) and sizes of an SSD tier (see `SsdStats`).
+typedef struct {
+  // Records written.
+  uint64_t puts;
+  // Bytes written (headers included).
+  uint64_t put_bytes;
+  // Puts of a key already present (nothing written).
+  uint64_t already_present;
+  // Writes refused by admission control (every entry still inside its minimum lifetime).
+  uint64_t refused;
+  // Bytes of refused writes.
+  uint64_t refused_bytes;
+  // Entries evicted past their minimum lifetime.
+  uint64_t evicted;
+  // Entries removed.
+  uint64_t removed;
+  // Segments compacted.
+  uint64_t compactions;
+  // Reads that returned data.
+  uint64_t hits;
+  // Reads of absent keys.
+  uint64_t misses;
+  // Reads that found a damaged record (never returned).
+  uint64_t corrupt;
+  // Live entries.
+  uint64_t entries;
+  // Bytes of live records.
+  uint64_t live_bytes;
+  // Bytes of the segment files.
+  uint64_t disk_bytes;
+  // 1 when the store was opened read-only.
+  uint8_t read_only;
+} Csa2SsdStats;
+
+// Counters and sizes of a DRAM pool (see `DramStats`).
+typedef struct {
+  // Snapshots stored.
+  uint64_t puts;
+  // Reads that returned a snapshot.
+  uint64_t hits;
+  // Reads that found nothing (absent or expired).
+  uint64_t misses;
+  // Of `misses`, reads that found an expired snapshot (refused and removed).
+  uint64_t expired_on_read;
+  // Expired snapshots reclaimed by a sweep or a put.
+  uint64_t expired_reclaimed;
+  // Live snapshots evicted for room (least recently used first).
+  uint64_t evictions;
+  // Snapshots larger than the whole pool (refused).
+  uint64_t refused;
+  // Snapshots held.
+  uint64_t entries;
+  // Bytes held.
+  uint64_t bytes;
+} Csa2DramStats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1293,6 +1409,181 @@ Csa2Status csa2_rope(const Csa2Geometry *geometry,
                      const DLTensor *x,
                      const DLTensor *positions,
                      int32_t inverse);
+
+// Creates a manual clock reading `start_ms` (its wall and monotonic readings are the same value).
+//
+// # Safety
+// `out` must be null or writable.
+Csa2Status csa2_manual_clock_new(uint64_t start_ms, Csa2Clock **out);
+
+// Moves a manual clock forward by `ms` milliseconds (saturating at 2^64 − 1).
+//
+// # Safety
+// None beyond a valid or null handle (anything else is refused, not undefined).
+Csa2Status csa2_manual_clock_advance(const Csa2Clock *clock, uint64_t ms);
+
+// The clock's reading in ms into `*now_ms`.
+//
+// # Safety
+// `now_ms` must be null or writable.
+Csa2Status csa2_manual_clock_now(const Csa2Clock *clock, uint64_t *now_ms);
+
+// Frees a clock handle (null is a no-op). Tiers built on it keep working with it.
+//
+// # Safety
+// None beyond a valid or null handle.
+Csa2Status csa2_manual_clock_free(Csa2Clock *clock);
+
+// Opens the SSD tier in `args->dir` (see `Csa2SsdOpenArgs`), rebuilding its index from the
+// segment files. A writable open takes the directory's exclusive lock; a second writer (another
+// process, or this one twice) is `CSA2_ERR_IO` naming the holder's pid, and may open read-only
+// instead. `report` (may be null) receives what recovery found (damaged records are not errors).
+//
+// Errors: `CSA2_ERR_NULL_POINTER`; `CSA2_ERR_INVALID_ARGUMENT` (bad `struct_size`, zero capacity,
+// non-UTF-8 path, unknown `fsync`, a version-1 directory); `CSA2_ERR_IO`.
+//
+// # Safety
+// `args` must point to a `Csa2SsdOpenArgs` of `struct_size` bytes whose `dir` is NUL-terminated;
+// `report` and `out` must be null or writable.
+Csa2Status csa2_ssd_open(const Csa2SsdOpenArgs *args, Csa2SsdRecovery *report, Csa2SsdStore **out);
+
+// Closes the tier (pending state marks are synced per the fsync policy; the lock is released when
+// the last in-flight call on the handle returns). Null is a no-op.
+//
+// # Safety
+// None beyond a valid or null handle.
+Csa2Status csa2_ssd_free(Csa2SsdStore *store);
+
+// Stores `len` bytes under `key`. `*written` (may be null) is 1 when written, 0 when the key was
+// already present (nothing rewritten; its recency is refreshed).
+//
+// Errors: `CSA2_ERR_REFUSED` when the tier is full of entries still inside their minimum lifetime
+// (nothing was evicted); `CSA2_ERR_INVALID_ARGUMENT` for a read-only store or a payload over
+// 4 GiB or larger than the tier; `CSA2_ERR_IO`.
+//
+// # Safety
+// `key` must point to 32 bytes, `data` to `len` bytes; `written` must be null or writable.
+Csa2Status csa2_ssd_put(const Csa2SsdStore *store,
+                        const uint8_t *key,
+                        const uint8_t *data,
+                        size_t len,
+                        uint8_t *written);
+
+// Reads the payload of `key` into `buf` (module docs, "Reads").
+//
+// Errors: `CSA2_ERR_CORRUPT` (damaged record, dropped: the next read misses); `CSA2_ERR_SHAPE`
+// when `cap` is smaller than the payload; `CSA2_ERR_IO`.
+//
+// # Safety
+// `key` must point to 32 bytes, `buf` to `cap` writable bytes; `len`, `found` writable.
+Csa2Status csa2_ssd_get(const Csa2SsdStore *store,
+                        const uint8_t *key,
+                        uint8_t *buf,
+                        size_t cap,
+                        size_t *len,
+                        uint8_t *found);
+
+// `*found` = 1 when `key` is indexed (no I/O, no recency change).
+//
+// # Safety
+// `key` must point to 32 bytes; `found` writable.
+Csa2Status csa2_ssd_contains(const Csa2SsdStore *store, const uint8_t *key, uint8_t *found);
+
+// Removes `key` (marked dead on disk). `*removed` (may be null) is 1 when it was present.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` on a read-only store; `CSA2_ERR_IO`.
+//
+// # Safety
+// `key` must point to 32 bytes; `removed` null or writable.
+Csa2Status csa2_ssd_remove(const Csa2SsdStore *store, const uint8_t *key, uint8_t *removed);
+
+// Counters and sizes of the tier now.
+//
+// # Safety
+// `out` must be writable.
+Csa2Status csa2_ssd_stats(const Csa2SsdStore *store, Csa2SsdStats *out);
+
+// Total host memory in bytes (`MemTotal` of `/proc/meminfo`), for the default pool size of 10 %.
+//
+// Errors: `CSA2_ERR_UNSUPPORTED` when it cannot be read.
+//
+// # Safety
+// `out` must be writable.
+Csa2Status csa2_host_memory_bytes(uint64_t *out);
+
+// Creates a DRAM snapshot pool of `capacity_bytes` whose snapshots expire `ttl_ms` after they
+// were stored (an expired snapshot is never served), on `clock` (null: the system clock).
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` for a zero capacity or TTL.
+//
+// # Safety
+// `out` must be writable.
+Csa2Status csa2_dram_pool_new(uint64_t capacity_bytes,
+                              uint64_t ttl_ms,
+                              const Csa2Clock *clock,
+                              Csa2DramPool **out);
+
+// Frees a pool and every snapshot it holds (null is a no-op).
+//
+// # Safety
+// None beyond a valid or null handle.
+Csa2Status csa2_dram_pool_free(Csa2DramPool *pool);
+
+// Stores a copy of `len` bytes under `key` (replacing an older snapshot), expiring TTL from now.
+// Expired snapshots are reclaimed first, then the least recently used until it fits.
+//
+// Errors: `CSA2_ERR_REFUSED` for a snapshot larger than the whole pool (nothing evicted);
+// `CSA2_ERR_OUT_OF_MEMORY` when the copy cannot be allocated.
+//
+// # Safety
+// `key` must point to 32 bytes, `data` to `len` bytes.
+Csa2Status csa2_dram_pool_put(const Csa2DramPool *pool,
+                              const uint8_t *key,
+                              const uint8_t *data,
+                              size_t len);
+
+// Records a snapshot of `len` bytes under `key` without holding any bytes: the pool's capacity,
+// TTL and LRU decisions are made exactly as for [`csa2_dram_pool_put`]. For a scheduler that
+// mirrors a pool living in another process, and for simulations.
+//
+// Errors: as [`csa2_dram_pool_put`].
+//
+// # Safety
+// `key` must point to 32 bytes.
+Csa2Status csa2_dram_pool_put_sized(const Csa2DramPool *pool, const uint8_t *key, uint64_t len);
+
+// Reads the snapshot under `key` into `buf` (module docs, "Reads"); an expired one is removed and
+// reported as a miss. A size-only snapshot ([`csa2_dram_pool_put_sized`]) is a hit with `*len` set
+// and nothing copied (`buf` may then be null). A hit refreshes the snapshot's recency.
+//
+// Errors: `CSA2_ERR_SHAPE` when `cap` is smaller than the snapshot (the snapshot stays).
+//
+// # Safety
+// `key` must point to 32 bytes, `buf` to `cap` writable bytes; `len`, `found` writable.
+Csa2Status csa2_dram_pool_get(const Csa2DramPool *pool,
+                              const uint8_t *key,
+                              uint8_t *buf,
+                              size_t cap,
+                              size_t *len,
+                              uint8_t *found);
+
+// `*found` = 1 when `key` holds a snapshot that has not expired (no recency or counter change).
+//
+// # Safety
+// `key` must point to 32 bytes; `found` writable.
+Csa2Status csa2_dram_pool_contains(const Csa2DramPool *pool, const uint8_t *key, uint8_t *found);
+
+// Reclaims every expired snapshot now.
+//
+// # Safety
+// None beyond a valid or null handle.
+Csa2Status csa2_dram_pool_sweep(const Csa2DramPool *pool);
+
+// Counters and sizes of the pool now.
+//
+// # Safety
+// `out` must be writable.
+Csa2Status csa2_dram_pool_stats(const Csa2DramPool *pool, Csa2DramStats *out);
 
 // Top-k of indexer logits (docs/SPEC.md §2 "Indexer"): for row t, the K largest of
 // `logits[t, 0 .. (positions[t] + 1) div ratio]` (ties → smaller index; −∞/NaN never chosen; all

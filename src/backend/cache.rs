@@ -13,35 +13,14 @@
 //!   be snapshotted to the DRAM tier ([`KvCache::swa_snapshot`]), decoder windows never are;
 //! - per Full layer of ratio > 1 the pending token of an unfinished group (kv and score, f32).
 
+use crate::cache::{RecordKind, RequestId};
 use crate::error::{Error, Result};
-use crate::formats::{decode_rows, encode_rows, KvScheme, RecordFormat};
+use crate::formats::{decode_rows, encode_rows, KvScheme};
 use crate::geometry::{Geometry, Role};
 use crate::ops::compressor::CompressorState;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
-
-/// A request (sequence) handle.
-pub type ReqId = u64;
-
-/// Which global cache region of a KV-source layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Region {
-    /// Main KV: the attended 512-d latent after RoPE (NVFP4-DS, or the V4 record on launch day).
-    Main,
-    /// Index K: the 128-d indexer key (MXFP4, or the FP8 record on launch day).
-    Index,
-}
-
-impl Region {
-    /// The record format of this region under `scheme`.
-    pub fn format(self, scheme: &KvScheme) -> RecordFormat {
-        match self {
-            Region::Main => scheme.main,
-            Region::Index => scheme.index,
-        }
-    }
-}
 
 /// A saved SWA window of several layers (the DRAM-tier snapshot payload).
 #[derive(Debug, Clone, PartialEq)]
@@ -94,13 +73,13 @@ pub trait KvCache: Send + Sync {
     /// Record formats of this cache.
     fn formats(&self) -> KvScheme;
     /// Registers a request. Errors if it already exists.
-    fn open(&mut self, req: ReqId) -> Result<()>;
+    fn open(&mut self, req: RequestId) -> Result<()>;
     /// Whether a request is registered.
-    fn contains(&self, req: ReqId) -> bool;
+    fn contains(&self, req: RequestId) -> bool;
     /// Frees everything a request holds (global KV, SWA windows, carries).
-    fn close(&mut self, req: ReqId) -> Result<()>;
+    fn close(&mut self, req: RequestId) -> Result<()>;
     /// Compressed entries stored for `req` in KV-source `layer`.
-    fn entries(&self, req: ReqId, layer: usize) -> Result<usize>;
+    fn entries(&self, req: RequestId, layer: usize) -> Result<usize>;
     /// Encodes `rows` (n × dim of the region's format) into entries `first .. first + n`. Entries must
     /// be written in order: `first` ≤ the current count (rewriting the tail is allowed).
     ///
@@ -108,9 +87,9 @@ pub trait KvCache: Send + Sync {
     /// bounded implementation.
     fn write_entries(
         &mut self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
-        region: Region,
+        region: RecordKind,
         first: usize,
         rows: &[f32],
     ) -> Result<()>;
@@ -118,36 +97,37 @@ pub trait KvCache: Send + Sync {
     /// bytes) and in entry order: borrowed when the storage is contiguous, gathered otherwise.
     fn records(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
-        region: Region,
+        region: RecordKind,
         range: Range<usize>,
     ) -> Result<Cow<'_, [u8]>>;
     /// Stores SWA rows (n × 512, already RoPE'd) of `layer` for positions `first .. first + n`. A
     /// write that does not continue the window (`first` ≠ the end held) restarts it at `first`.
     /// Only the last `window` positions are kept.
-    fn swa_write(&mut self, req: ReqId, layer: usize, first: usize, rows: &[f32]) -> Result<()>;
+    fn swa_write(&mut self, req: RequestId, layer: usize, first: usize, rows: &[f32])
+        -> Result<()>;
     /// Positions whose SWA rows `layer` holds for `req` (empty range when none).
-    fn swa_held(&self, req: ReqId, layer: usize) -> Result<Range<usize>>;
+    fn swa_held(&self, req: RequestId, layer: usize) -> Result<Range<usize>>;
     /// Decodes the SWA rows of positions `range` (must be held) into `out` (len × 512).
     fn swa_read(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
         range: Range<usize>,
         out: &mut [f32],
     ) -> Result<()>;
     /// Copies the SWA windows of `layers` (the DRAM snapshot of docs/SPEC.md §0).
-    fn swa_snapshot(&self, req: ReqId, layers: &[usize]) -> Result<SwaSnapshot>;
+    fn swa_snapshot(&self, req: RequestId, layers: &[usize]) -> Result<SwaSnapshot>;
     /// Restores windows from a snapshot (replacing what those layers hold).
-    fn swa_restore(&mut self, req: ReqId, snap: &SwaSnapshot) -> Result<()>;
+    fn swa_restore(&mut self, req: RequestId, snap: &SwaSnapshot) -> Result<()>;
     /// Drops the SWA windows of `layers` (a snapshot miss / a finished turn's decoder state).
-    fn swa_drop(&mut self, req: ReqId, layers: &[usize]) -> Result<()>;
+    fn swa_drop(&mut self, req: RequestId, layers: &[usize]) -> Result<()>;
     /// The compressor state of a KV-source layer (the half-finished group carried between steps),
     /// `None` until first set.
-    fn carry(&mut self, req: ReqId, layer: usize) -> Result<&mut Option<CompressorState>>;
+    fn carry(&mut self, req: RequestId, layer: usize) -> Result<&mut Option<CompressorState>>;
     /// Drops every compressor carry of a request (a snapshot miss: the carry is not persisted).
-    fn carry_drop(&mut self, req: ReqId) -> Result<()>;
+    fn carry_drop(&mut self, req: RequestId) -> Result<()>;
     /// Measured bytes.
     fn usage(&self) -> CacheUsage;
 }
@@ -167,7 +147,7 @@ struct Ring {
 
 #[derive(Debug)]
 struct ReqState {
-    global: HashMap<(usize, Region), Records>,
+    global: HashMap<(usize, RecordKind), Records>,
     swa: Vec<Option<Ring>>,
     carry: HashMap<usize, Option<CompressorState>>,
 }
@@ -182,7 +162,7 @@ pub struct ContiguousCache {
     window: usize,
     num_layers: usize,
     kv_layers: Vec<usize>,
-    reqs: HashMap<ReqId, ReqState>,
+    reqs: HashMap<RequestId, ReqState>,
 }
 
 impl ContiguousCache {
@@ -197,12 +177,12 @@ impl ContiguousCache {
         }
     }
 
-    fn req(&self, req: ReqId) -> Result<&ReqState> {
+    fn req(&self, req: RequestId) -> Result<&ReqState> {
         self.reqs
             .get(&req)
             .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
     }
-    fn req_mut(&mut self, req: ReqId) -> Result<&mut ReqState> {
+    fn req_mut(&mut self, req: RequestId) -> Result<&mut ReqState> {
         self.reqs
             .get_mut(&req)
             .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
@@ -235,9 +215,9 @@ impl ContiguousCache {
     /// contexts in benchmarks without prefilling them: `make(i, row)` fills entry i's f32 row.
     pub fn synthesize_entries(
         &mut self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
-        region: Region,
+        region: RecordKind,
         n: usize,
         make: impl Fn(usize, &mut [f32]) + Sync,
     ) -> Result<()> {
@@ -270,7 +250,7 @@ impl ContiguousCache {
 /// Argument checks every [`KvCache`] implementation applies, so the contiguous and the paged cache
 /// refuse the same inputs with the same errors.
 pub(crate) mod checks {
-    use super::Region;
+    use crate::cache::RecordKind;
     use crate::error::{Error, Result};
     use crate::formats::RecordFormat;
     use std::ops::Range;
@@ -288,7 +268,12 @@ pub(crate) mod checks {
     }
 
     /// Entries are written in order: `first` may rewrite the tail but not leave a gap.
-    pub(crate) fn no_gap(layer: usize, region: Region, first: usize, count: usize) -> Result<()> {
+    pub(crate) fn no_gap(
+        layer: usize,
+        region: RecordKind,
+        first: usize,
+        count: usize,
+    ) -> Result<()> {
         if first > count {
             return Err(Error::invalid(
                 "first",
@@ -303,7 +288,7 @@ pub(crate) mod checks {
     /// `range` lies within the `count` stored entries.
     pub(crate) fn stored(
         layer: usize,
-        region: Region,
+        region: RecordKind,
         range: &Range<usize>,
         count: usize,
     ) -> Result<()> {
@@ -346,7 +331,7 @@ impl KvCache for ContiguousCache {
         self.formats
     }
 
-    fn open(&mut self, req: ReqId) -> Result<()> {
+    fn open(&mut self, req: RequestId) -> Result<()> {
         if self.reqs.contains_key(&req) {
             return Err(Error::invalid(
                 "request",
@@ -364,28 +349,31 @@ impl KvCache for ContiguousCache {
         Ok(())
     }
 
-    fn contains(&self, req: ReqId) -> bool {
+    fn contains(&self, req: RequestId) -> bool {
         self.reqs.contains_key(&req)
     }
 
-    fn close(&mut self, req: ReqId) -> Result<()> {
+    fn close(&mut self, req: RequestId) -> Result<()> {
         self.reqs
             .remove(&req)
             .map(|_| ())
             .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
     }
 
-    fn entries(&self, req: ReqId, layer: usize) -> Result<usize> {
+    fn entries(&self, req: RequestId, layer: usize) -> Result<usize> {
         self.check_kv_layer(layer)?;
         let st = self.req(req)?;
-        Ok(st.global.get(&(layer, Region::Main)).map_or(0, |p| p.count))
+        Ok(st
+            .global
+            .get(&(layer, RecordKind::Main))
+            .map_or(0, |p| p.count))
     }
 
     fn write_entries(
         &mut self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
-        region: Region,
+        region: RecordKind,
         first: usize,
         rows: &[f32],
     ) -> Result<()> {
@@ -405,9 +393,9 @@ impl KvCache for ContiguousCache {
 
     fn records(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
-        region: Region,
+        region: RecordKind,
         range: Range<usize>,
     ) -> Result<Cow<'_, [u8]>> {
         self.check_kv_layer(layer)?;
@@ -422,7 +410,13 @@ impl KvCache for ContiguousCache {
         Ok(Cow::Borrowed(&p.bytes[range.start * rb..range.end * rb]))
     }
 
-    fn swa_write(&mut self, req: ReqId, layer: usize, first: usize, rows: &[f32]) -> Result<()> {
+    fn swa_write(
+        &mut self,
+        req: RequestId,
+        layer: usize,
+        first: usize,
+        rows: &[f32],
+    ) -> Result<()> {
         self.check_layer(layer)?;
         let fmt = self.formats.swa;
         let n = checks::row_count(&format!("layer {layer} SWA rows"), fmt, rows)?;
@@ -448,7 +442,7 @@ impl KvCache for ContiguousCache {
         Ok(())
     }
 
-    fn swa_held(&self, req: ReqId, layer: usize) -> Result<Range<usize>> {
+    fn swa_held(&self, req: RequestId, layer: usize) -> Result<Range<usize>> {
         self.check_layer(layer)?;
         Ok(self.req(req)?.swa[layer]
             .as_ref()
@@ -457,7 +451,7 @@ impl KvCache for ContiguousCache {
 
     fn swa_read(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
         range: Range<usize>,
         out: &mut [f32],
@@ -477,7 +471,7 @@ impl KvCache for ContiguousCache {
         decode_rows(fmt, &recs, out)
     }
 
-    fn swa_snapshot(&self, req: ReqId, layers: &[usize]) -> Result<SwaSnapshot> {
+    fn swa_snapshot(&self, req: RequestId, layers: &[usize]) -> Result<SwaSnapshot> {
         let st = self.req(req)?;
         let rb = self.formats.swa.record_bytes();
         let mut out = SwaSnapshot {
@@ -498,7 +492,7 @@ impl KvCache for ContiguousCache {
         Ok(out)
     }
 
-    fn swa_restore(&mut self, req: ReqId, snap: &SwaSnapshot) -> Result<()> {
+    fn swa_restore(&mut self, req: RequestId, snap: &SwaSnapshot) -> Result<()> {
         let (w, rb) = (self.window, self.formats.swa.record_bytes());
         for (l, _, recs) in &snap.layers {
             self.check_layer(*l)?;
@@ -526,7 +520,7 @@ impl KvCache for ContiguousCache {
         Ok(())
     }
 
-    fn swa_drop(&mut self, req: ReqId, layers: &[usize]) -> Result<()> {
+    fn swa_drop(&mut self, req: RequestId, layers: &[usize]) -> Result<()> {
         for &l in layers {
             self.check_layer(l)?;
         }
@@ -537,12 +531,12 @@ impl KvCache for ContiguousCache {
         Ok(())
     }
 
-    fn carry(&mut self, req: ReqId, layer: usize) -> Result<&mut Option<CompressorState>> {
+    fn carry(&mut self, req: RequestId, layer: usize) -> Result<&mut Option<CompressorState>> {
         self.check_kv_layer(layer)?;
         Ok(self.req_mut(req)?.carry.entry(layer).or_default())
     }
 
-    fn carry_drop(&mut self, req: ReqId) -> Result<()> {
+    fn carry_drop(&mut self, req: RequestId) -> Result<()> {
         self.req_mut(req)?.carry.clear();
         Ok(())
     }
@@ -556,8 +550,8 @@ impl KvCache for ContiguousCache {
             for ((_, region), p) in &st.global {
                 let used = p.bytes.len();
                 match region {
-                    Region::Main => u.main_bytes += used,
-                    Region::Index => u.index_bytes += used,
+                    RecordKind::Main => u.main_bytes += used,
+                    RecordKind::Index => u.index_bytes += used,
                 }
                 u.global_allocated += p.bytes.capacity();
             }
@@ -581,6 +575,7 @@ impl KvCache for ContiguousCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::formats::RecordFormat;
     use crate::formats::{decode_rows, encode_rows};
 
     fn rows(n: usize, dim: usize, seed: f32) -> Vec<f32> {
@@ -596,16 +591,16 @@ mod tests {
             let mut c = ContiguousCache::new(&g, f);
             c.open(1).unwrap();
             let x = rows(5, 512, 0.3);
-            c.write_entries(1, 2, Region::Main, 0, &x[..3 * 512])
+            c.write_entries(1, 2, RecordKind::Main, 0, &x[..3 * 512])
                 .unwrap();
-            c.write_entries(1, 2, Region::Main, 3, &x[3 * 512..])
+            c.write_entries(1, 2, RecordKind::Main, 3, &x[3 * 512..])
                 .unwrap();
             assert_eq!(c.entries(1, 2).unwrap(), 5);
             let mut rec = vec![0u8; 5 * f.main.record_bytes()];
             encode_rows(f.main, &x, &mut rec).unwrap();
             let mut want = vec![0f32; 5 * 512];
             decode_rows(f.main, &rec, &mut want).unwrap();
-            let recs = c.records(1, 2, Region::Main, 1..5).unwrap();
+            let recs = c.records(1, 2, RecordKind::Main, 1..5).unwrap();
             assert_eq!(&recs[..], &rec[f.main.record_bytes()..]);
             let mut got = vec![0f32; 4 * 512];
             decode_rows(f.main, &recs, &mut got).unwrap();
@@ -621,18 +616,18 @@ mod tests {
         c.open(9).unwrap();
         assert!(c.open(9).is_err());
         let e = c
-            .write_entries(9, 3, Region::Main, 0, &[0.0; 512])
+            .write_entries(9, 3, RecordKind::Main, 0, &[0.0; 512])
             .unwrap_err();
         assert!(e.to_string().contains("layer 3 owns no global KV"), "{e}");
         let e = c
-            .write_entries(9, 2, Region::Main, 1, &[0.0; 512])
+            .write_entries(9, 2, RecordKind::Main, 1, &[0.0; 512])
             .unwrap_err();
         assert!(e.to_string().contains("gap"), "{e}");
         let e = c
-            .write_entries(9, 2, Region::Index, 0, &[0.0; 100])
+            .write_entries(9, 2, RecordKind::Index, 0, &[0.0; 100])
             .unwrap_err();
         assert!(e.to_string().contains("multiple of 128"), "{e}");
-        assert!(c.records(9, 2, Region::Main, 0..1).is_err());
+        assert!(c.records(9, 2, RecordKind::Main, 0..1).is_err());
         let mut out = vec![0f32; 512];
         assert!(c.swa_read(9, 0, 0..1, &mut out).is_err());
     }
@@ -678,10 +673,12 @@ mod tests {
         let tokens = 4096;
         for l in g.layers_with(Role::Full) {
             let n = tokens / l.ratio;
-            c.synthesize_entries(1, l.id, Region::Main, n, |i, r| r.fill(i as f32 * 1e-3))
+            c.synthesize_entries(1, l.id, RecordKind::Main, n, |i, r| r.fill(i as f32 * 1e-3))
                 .unwrap();
-            c.synthesize_entries(1, l.id, Region::Index, n, |i, r| r.fill(i as f32 * 1e-3))
-                .unwrap();
+            c.synthesize_entries(1, l.id, RecordKind::Index, n, |i, r| {
+                r.fill(i as f32 * 1e-3)
+            })
+            .unwrap();
         }
         let u = c.usage();
         assert_eq!(u.global_bytes() as f64 / tokens as f64, 890.0);

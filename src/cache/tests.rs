@@ -330,3 +330,47 @@ fn bad_configs_are_typed_errors() {
         assert!(matches!(e, Error::Invalid { .. }), "{e}");
     }
 }
+
+#[test]
+fn a_gap_write_restarts_the_window_and_skipped_positions_are_not_readable() {
+    let c = manager(KvScheme::CSA2, 1);
+    c.add_request(1).unwrap();
+    let rec = |p: usize| vec![(p * 3 + 1) as u8; 528];
+    for p in 0..10 {
+        c.swa_write(1, 4, p, &rec(p)).unwrap();
+    }
+    assert_eq!(c.swa_window(1, 4).unwrap(), Some(0..10));
+    // Position 20 leaves 10..20 unwritten: their ring slots hold nothing of this window, so the
+    // window restarts at 20 instead of claiming [21 − 128, 21).
+    c.swa_write(1, 4, 20, &rec(20)).unwrap();
+    assert_eq!(c.swa_window(1, 4).unwrap(), Some(20..21));
+    assert_eq!(c.swa_newest(1, 4).unwrap(), Some(21));
+    let mut out = vec![0u8; 528];
+    for p in [5, 15] {
+        assert!(
+            matches!(c.swa_read(1, 4, p, &mut out), Err(Error::NotFound(_))),
+            "position {p} is not in the restarted window"
+        );
+    }
+    let mut rows = vec![0u8; 2 * 528];
+    assert!(c.swa_read_rows(1, 4, 19, &mut rows).is_err());
+    c.swa_read(1, 4, 20, &mut out).unwrap();
+    assert_eq!(out, rec(20));
+    // A write that overlaps the window (rewriting an older held position) keeps it.
+    c.swa_write_rows(1, 4, 21, &[rec(21), rec(22)].concat())
+        .unwrap();
+    c.swa_write(1, 4, 21, &rec(99)).unwrap();
+    assert_eq!(c.swa_window(1, 4).unwrap(), Some(20..23));
+    c.swa_read(1, 4, 21, &mut out).unwrap();
+    assert_eq!(out, rec(99));
+    // An explicit restart holds nothing until written; a clear forgets the window.
+    c.swa_restart(1, 4, 500).unwrap();
+    assert_eq!(c.swa_window(1, 4).unwrap(), Some(500..500));
+    assert!(c.swa_read(1, 4, 22, &mut out).is_err());
+    c.swa_write(1, 4, 500, &rec(500)).unwrap();
+    assert_eq!(c.swa_window(1, 4).unwrap(), Some(500..501));
+    c.swa_clear(1, 4).unwrap();
+    assert_eq!(c.swa_window(1, 4).unwrap(), None);
+    assert!(c.swa_restart(1, 40, 0).is_err(), "layer past the backbone");
+    assert!(c.swa_restart(2, 4, 0).is_err(), "unknown request");
+}

@@ -7,7 +7,7 @@ use super::dlpack::{
 use super::{guarded, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, KV_DIM};
-use crate::npy::{Dim, Dims};
+use crate::shape::{Dim, Dims};
 use crate::ops::attention::{AttentionInputs, AttentionParams, IndexedInputs, KvRows};
 use std::borrow::Cow;
 

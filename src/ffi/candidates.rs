@@ -4,7 +4,7 @@
 use super::dlpack::{check_disjoint, host, DLTensor, DType, FLOATS, INTS};
 use super::indexer::visible_rows;
 use super::{guarded, Csa2Status};
-use crate::npy::{Dim, Dims};
+use crate::shape::{Dim, Dims};
 use crate::ops::candidates::CandidateParams;
 
 /// Hierarchical candidate pool of the candidate-source layer (docs/SPEC.md §2 "Candidate pool"): per row,

@@ -19,7 +19,7 @@ use super::handle::{self, Handle, Registry};
 use super::{arg_out, guarded, guarded_free, Csa2Geometry, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
-use crate::npy::{Dim, Dims};
+use crate::shape::{Dim, Dims};
 use crate::ops::compressor::{Compressor, CompressorState, CompressorWeights};
 use crate::ops::rope::Rope;
 use parking_lot::Mutex;

@@ -5,7 +5,7 @@ use super::dlpack::{check_disjoint, fill_floats, host, DLTensor, DType, FLOATS, 
 use super::{guarded, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{INDEX_DIM, MXFP4_INDEX_BYTES};
-use crate::npy::{Dim, Dims};
+use crate::shape::{Dim, Dims};
 use crate::ops::candidates::CandidateParams;
 use crate::ops::indexer::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
 

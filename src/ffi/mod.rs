@@ -54,6 +54,7 @@ mod mhc;
 mod op_tests;
 mod replay;
 mod rope;
+mod store;
 mod topk;
 
 pub use attention::*;
@@ -67,6 +68,7 @@ pub use indexer::*;
 pub use mhc::*;
 pub use replay::*;
 pub use rope::*;
+pub use store::*;
 pub use topk::*;
 
 use crate::error::{Error, Result};
@@ -138,7 +140,7 @@ impl Csa2Status {
             Error::Refused(_) => Csa2Status::Csa2ErrRefused,
             Error::Io { .. } => Csa2Status::Csa2ErrIo,
             Error::Parse { .. } => Csa2Status::Csa2ErrParse,
-            Error::Unsupported(_) => Csa2Status::Csa2ErrUnsupported,
+            Error::Unsupported(_) | Error::NoCudaBuild(_) => Csa2Status::Csa2ErrUnsupported,
             Error::OutOfMemory { .. } => Csa2Status::Csa2ErrOutOfMemory,
             Error::Cuda { .. } => Csa2Status::Csa2ErrCuda,
             Error::Internal(_) => Csa2Status::Csa2ErrInternal,

@@ -10,7 +10,7 @@ use crate::ops::attention::{AttentionParams, KvRows};
 use crate::ops::candidates::CandidateParams;
 use crate::ops::compressor::{Compressor, CompressorState, CompressorWeights};
 use crate::ops::rope::{Direction, Rope};
-use crate::ops::testutil::{rand_normal, NewRng, Rng};
+use csa2_harness::gen::{rand_normal, NewRng, Rng};
 
 /// A float32/int/uint8 host descriptor over `data` with `shape` (kept alive by the caller).
 fn desc<T>(data: &mut [T], shape: &mut [i64], dtype: DType) -> DLTensor {

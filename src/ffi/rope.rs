@@ -4,7 +4,7 @@ use super::dlpack::{check_disjoint, host, DLTensor, DType, FLOATS, INTS};
 use super::geometry::layer_plan;
 use super::{guarded, Csa2Geometry, Csa2Status};
 use crate::error::Error;
-use crate::npy::{Dim, Dims};
+use crate::shape::{Dim, Dims};
 use crate::ops::rope::{Direction, Rope};
 
 /// Rotary embedding in place on `x` `(tokens, heads, dim)` float, token t at `positions[t]`

@@ -3,7 +3,7 @@
 use super::dlpack::{check_disjoint, host, host_opt, DLTensor, DType, FLOATS, INTS};
 use super::indexer::visible_rows;
 use super::{guarded, Csa2Status};
-use crate::npy::{Dim, Dims};
+use crate::shape::{Dim, Dims};
 
 /// Top-k of indexer logits (docs/SPEC.md §2 "Indexer"): for row t, the K largest of
 /// `logits[t, 0 .. (positions[t] + 1) div ratio]` (ties → smaller index; −∞/NaN never chosen; all

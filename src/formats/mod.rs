@@ -7,6 +7,8 @@
 //! - [`page`]: block-planar cache pages (all slots' data, then all slots' scales).
 //! - [`scheme`]: [`KvScheme`], which record format each cache region stores.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod fast;
 pub mod page;
 pub mod records;

@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::ffi::dlpack::{check_disjoint, host, host_opt, DLTensor, DType, View, FLOATS, INTS};
 use crate::ffi::{arg_out, guarded, Csa2Status};
 use crate::formats::{decode_rows, encode_rows, RecordFormat};
-use crate::npy::{Dim, Dims};
+use crate::shape::{Dim, Dims};
 
 /// Which of a KV-source layer's two caches (pass as `int32_t`).
 #[repr(C)]
