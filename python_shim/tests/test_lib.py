@@ -93,6 +93,9 @@ def test_record_format_table_comes_from_the_library():
     assert by_name["nvfp4"].vllm_dtype == "nvfp4_ds_mla" and not by_name["nvfp4"].vllm_block_planar
     assert by_name["v4"].vllm_dtype == "fp8_ds_mla" and by_name["v4"].vllm_block_planar
     assert by_name["mxfp4"].vllm_block_planar and by_name["fp8index"].vllm_dtype == "fp8"
+    # The header enum values the bindings mirror are the table's ids.
+    assert (_lib.FORMAT_NVFP4, _lib.FORMAT_MXFP8, _lib.FORMAT_V4) == tuple(
+        by_name[n].format_id for n in ("nvfp4", "mxfp8", "v4"))
 
 
 def test_args_struct_smaller_than_its_first_version_is_refused_by_name():

@@ -19,6 +19,15 @@
 //! handle is `CSA2_ERR_INVALID_HANDLE`, never undefined behaviour.
 //! Tensors cross as borrowed DLPack descriptors, validated in [`dlpack`].
 //!
+//! # Exports without an in-tree caller, kept on purpose
+//! The C ABI serves engines other than the vLLM shim, so an export is not dead because only tests
+//! call it: `csa2_encode_into_pages` (a C engine writing csa2's own block-planar pages),
+//! `csa2_dlpack_describe` (what csa2 sees for a tensor it refused; the shim's `describe`),
+//! `csa2_cache_lookup_prefix`, `csa2_cache_request_bytes`, `csa2_cache_block_table`, the geometry
+//! queries and the replay planner. The Rust-only items (`live_handles`, `CSA2_MAX_*`) back the leak
+//! and bounds tests. Everything else here is reached from an export (`clippy -D warnings` refuses
+//! dead code).
+//!
 //! # Op exports
 //! `ffi/<family>.rs` is the C face of `ops/<family>` (rope, compressor, indexer, topk, candidates,
 //! attention, mhc): thin wrappers around the fast CPU paths of [`crate::ops`]. Common contract of
