@@ -96,6 +96,10 @@ def main(argv=None) -> dict:
             nxt += 1
         so = eng.step()
         steps += 1
+        if steps % 500 == 0:
+            print(f"step {steps}: {nxt}/{len(trace)} admitted, {len(eng.finished)} finished, "
+                  f"virtual {clock.now_ms() / 1000:.0f} s, wall {time.time() - t0:.0f} s",
+                  file=sys.stderr, flush=True)
         for nr in so.scheduled_new_reqs:
             if nr.req_id not in seen:
                 seen.add(nr.req_id)
