@@ -114,7 +114,8 @@ class Tiny:
     architecture takes about a minute here) and picklable for a second process."""
 
     def __init__(self, model_dir: str, *, full: bool = False, hbm_bytes: int | None = None,
-                 max_num_seqs: int = 16, max_num_batched_tokens: int = 8192):
+                 max_num_seqs: int = 16, max_num_batched_tokens: int = 8192,
+                 max_model_len: int = 32768):
         """``full``: DeepSeek-V4.1-Flash's own 40 backbone layers with the SM100 records (for
         the trace run; no slab is allocated), KV cache sized to ``hbm_bytes``."""
         src = json.load(open(_asset("deepseek_v41_flash_config.json")))
@@ -133,12 +134,12 @@ class Tiny:
         with open(os.path.join(model_dir, "config.json"), "w") as f:
             json.dump(src, f)
         mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, language_model_only=True,
-                         max_model_len=8192 * 4)
+                         max_model_len=max_model_len)
         vc = VllmConfig(
             model_config=mc, device_config=DeviceConfig(device="cpu"),
             cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
             scheduler_config=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
-                                             max_num_seqs=max_num_seqs, max_model_len=8192 * 4,
+                                             max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                              is_encoder_decoder=False),
             kv_transfer_config=KVTransferConfig(
                 kv_connector=conn.CONNECTOR_NAME, kv_role="kv_both",

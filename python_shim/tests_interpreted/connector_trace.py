@@ -69,7 +69,8 @@ def main(argv=None) -> dict:
     t0 = time.time()
     work = tempfile.mkdtemp(prefix="csa2-trace-")
     tiny = E.Tiny(os.path.join(work, "model"), full=True, hbm_bytes=int(a.hbm_gib * (1 << 30)),
-                  max_num_seqs=a.max_num_seqs, max_num_batched_tokens=8192)
+                  max_num_seqs=a.max_num_seqs, max_num_batched_tokens=8192,
+                  max_model_len=1 << 18)
     clock = _store.ManualClock(0)
     conn.use_clock(clock)
     extra = {"ssd_dir": os.path.join(work, "ssd"), "ssd_capacity_bytes": 1 << 50,
@@ -84,7 +85,7 @@ def main(argv=None) -> dict:
     dram_peak = dram_sum = samples = 0
     computed_at_admission = 0
     seen = set()
-    steps = 0
+    steps = idle = 0
     while nxt < len(trace) or eng.scheduler.has_requests() or sc.has_pending_push_work():
         now = clock.now_ms()
         if not eng.scheduler.has_requests() and nxt < len(trace):
@@ -96,6 +97,21 @@ def main(argv=None) -> dict:
             nxt += 1
         so = eng.step()
         steps += 1
+        if so.total_num_scheduled_tokens == 0 and not so.kv_connector_metadata.saves \
+                and not so.kv_connector_metadata.loads and nxt >= len(trace):
+            idle += 1
+            if idle > 1000:
+                stuck = {r.request_id: (str(r.status), r.num_computed_tokens, r.num_tokens)
+                         for r in eng.scheduler.requests.values()}
+                raise RuntimeError(f"the scheduler stalled with {stuck}; plans "
+                                   f"{ {k: (v.hit_tokens, v.allocated) for k, v in sc._plans.items()} } "
+                                   f"unsettled {sc._unsettled} delayed {sc._delayed}")
+        else:
+            idle = 0
+        if steps % 500 == 0:
+            print(f"step {steps}: {nxt}/{len(trace)} admitted, {len(eng.finished)} finished, "
+                  f"virtual {clock.now_ms() / 1000:.0f} s, wall {time.time() - t0:.0f} s",
+                  file=sys.stderr, flush=True)
         for nr in so.scheduled_new_reqs:
             if nr.req_id not in seen:
                 seen.add(nr.req_id)
