@@ -60,5 +60,10 @@ for name, cv, (tn, tv), goal in table:
 for l in open(sys.argv[1], encoding="utf-8"):
     if l.startswith("reindex") and "ratio" in l:
         print(f"| {l.strip():<95} | goal: median ratio <= 1.1 |")
+# The load-robust figures (thread CPU time) and the probed peaks the rows are bounded by.
+print("\nprobed peaks and the int8 breakdown (thread CPU time):")
+for l in open(sys.argv[1], encoding="utf-8"):
+    if l.startswith(("threads ", "dot units", "int8 vpdpbusd on all", "memory read")) or "int8 breakdown" in l:
+        print("  " + l.strip())
 PYEOF
 done

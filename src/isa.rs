@@ -20,7 +20,9 @@
 use crate::error::{Error, Result};
 use std::sync::OnceLock;
 
-/// A vector level of the kernels, slowest first (the order is the cap order).
+// Slowest first: the derived order is the cap order. (The doc line below is also the C header's
+// comment for the opaque type, kept as it was.)
+/// An instruction-set level of the row codecs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Isa {
@@ -112,11 +114,14 @@ pub struct Cap {
 }
 
 impl Cap {
-    /// No cap: everything the CPU has.
-    pub const NONE: Cap = Cap {
-        isa: Isa::Avx512,
-        dots: true,
-    };
+    /// No cap: everything the CPU has (a function, not an associated const, so that cbindgen
+    /// does not list the type in the C header).
+    pub fn none() -> Cap {
+        Cap {
+            isa: Isa::Avx512,
+            dots: true,
+        }
+    }
 
     /// Parses one `CSA2_ISA` value (see the module table); `None` for an unknown one.
     pub fn parse(s: &str) -> Option<Cap> {
@@ -187,9 +192,9 @@ fn env_cap() -> &'static (Option<String>, Option<Cap>) {
     })
 }
 
-/// The cap `CSA2_ISA` sets ([`Cap::NONE`] when unset or unknown).
+/// The cap `CSA2_ISA` sets ([`Cap::none`] when unset or unknown).
 pub fn cap() -> Cap {
-    env_cap().1.unwrap_or(Cap::NONE)
+    env_cap().1.unwrap_or(Cap::none())
 }
 
 fn effective() -> (Isa, DotUnits) {
@@ -279,12 +284,12 @@ mod tests {
             }
         }
         assert_eq!(Cap::parse("scalar"), Cap::parse("portable"));
-        assert_eq!(Cap::parse("avx512-dot"), Some(Cap::NONE));
-        assert_eq!(Cap::parse("avx512dot"), Some(Cap::NONE));
+        assert_eq!(Cap::parse("avx512-dot"), Some(Cap::none()));
+        assert_eq!(Cap::parse("avx512dot"), Some(Cap::none()));
         for bad in ["", "AVX2", "sse9", "avx512 ", "auto"] {
             assert_eq!(Cap::parse(bad), None, "{bad:?}");
         }
-        assert_eq!(Cap::NONE.apply(cpus[0]), (Isa::Avx512, full));
+        assert_eq!(Cap::none().apply(cpus[0]), (Isa::Avx512, full));
     }
 
     /// The process-wide values follow the environment and the CPU exactly as the pure rule says.
@@ -293,7 +298,7 @@ mod tests {
         let want = std::env::var("CSA2_ISA")
             .ok()
             .and_then(|v| Cap::parse(&v))
-            .unwrap_or(Cap::NONE)
+            .unwrap_or(Cap::none())
             .apply(cpu());
         assert_eq!((level(), dot_units()), want);
         assert!(Isa::supported().contains(&level()));

@@ -108,6 +108,38 @@ pub fn run(a: Args) -> Result<()> {
         bf16_peak.map_or("off".into(), |v| format!("{v:.1}"))
     );
 
+    // The same int8 probe on every thread at once: whether the threads are cores of their own or
+    // share one (SMT siblings split a core's dot ports).
+    let all: Vec<Option<f64>> = rayon::broadcast(|_| simd::dot_peak_gmacs(300).0);
+    if all.iter().all(|v| v.is_some()) {
+        say!(
+            "int8 vpdpbusd on all {threads} threads at once: {:.1} GMAC/s in all (per thread {})",
+            all.iter().flatten().sum::<f64>(),
+            all.iter()
+                .flatten()
+                .map(|v| format!("{v:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    // Memory bandwidth: one streaming read of 256 MiB per thread share (far beyond the caches), the
+    // bound of any sweep over a cache that does not fit (1M MXFP4 index keys = 68 MiB).
+    let big = vec![1u64; 32 << 20];
+    let dram = time(3, || {
+        use rayon::prelude::*;
+        let s: u64 = big
+            .par_chunks(1 << 16)
+            .map(|c| c.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
+            .sum();
+        std::hint::black_box(s);
+    });
+    say!(
+        "memory read, 256 MiB on {threads} threads: {:.1} GB/s (median of 3, wall) [best {:.1}]",
+        256.0 * 1048576.0 / dram.median / 1e9,
+        256.0 * 1048576.0 / dram.min / 1e9
+    );
+    drop(big);
+
     // Read-pass baseline: sum of 1M f32 (one thread), the unit of the top-k goal.
     let logits = rand_normal(&mut rng, 1 << 20, 1.0);
     let read = time(a.reps * 4, || {

@@ -24,7 +24,9 @@ use crate::cache::RecordKind;
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, INDEX_DIM, KV_DIM};
 use crate::geometry::{CandidateUse, Geometry, LayerPlan, Role};
-use crate::ops::attention::{attention, AttentionInputs, AttentionParams, KvRows};
+use crate::ops::attention::{
+    attention_with_dots, AttentionDots, AttentionInputs, AttentionParams, KvRows,
+};
 use crate::ops::candidates::{mask_outside, select_blocks_rows, CandidateParams};
 use crate::ops::compressor::{cpu::rms_norm, Compressor, CompressorState, CompressorWeights};
 use crate::ops::indexer::{
@@ -274,8 +276,9 @@ pub fn attention_sublayer(
                 .map(|i| rows.floor[i].max(win.base) as i64 - win.base as i64)
                 .collect();
             let mut lse = vec![0f32; span.len() * h];
-            attention(
+            attention_with_dots(
                 &params,
+                AttentionDots::backend_default(),
                 &AttentionInputs {
                     q: rows_of_span(&q, h * hd, span),
                     topk: topk_rows,

@@ -144,6 +144,26 @@ impl AttentionDots {
         }
     }
 
+    /// The backend's choice: f32, or bf16 when `CSA2_ATTENTION_DOTS=bf16` and
+    /// [`AttentionDots::is_supported`] (read once; an unknown value is ignored). bf16 is not the
+    /// default: with rows exact in bf16 (every cache format decodes to such values) it meets
+    /// [`crate::tolerance::BF16_DOTS_VS_F64`] in every attention test but one, a single head with
+    /// sharp logits (q of σ = 4) at 1 − cos = 2.6e-5 against the bound's 2e-5 (docs/PERF.md).
+    pub fn backend_default() -> AttentionDots {
+        static DOTS: std::sync::OnceLock<AttentionDots> = std::sync::OnceLock::new();
+        *DOTS.get_or_init(|| {
+            let asked = std::env::var("CSA2_ATTENTION_DOTS")
+                .ok()
+                .and_then(|v| AttentionDots::from_name(&v).ok());
+            match asked {
+                Some(AttentionDots::Bf16) if AttentionDots::Bf16.is_supported() => {
+                    AttentionDots::Bf16
+                }
+                _ => AttentionDots::F32,
+            }
+        })
+    }
+
     /// Parses `f32` or `bf16`.
     pub fn from_name(s: &str) -> Result<AttentionDots> {
         match s {

@@ -1,6 +1,6 @@
 use super::*;
 use crate::formats::{encode_rows, MXFP8_BYTES, NVFP4_DS_BYTES};
-use crate::tolerance::{compare, F32_VS_F64, QUANT_VS_EXACT};
+use crate::tolerance::{compare, BF16_DOTS_VS_F64, F32_VS_F64, QUANT_VS_EXACT};
 use csa2_rng::{rand_normal, NewRng, Rng};
 
 struct Case {
@@ -49,7 +49,30 @@ fn both(
     assert!(s.ok(&F32_VS_F64), "out: {s:?}");
     let s = compare(&lse, &rl, &F32_VS_F64);
     assert!(s.ok(&F32_VS_F64), "lse: {s:?}");
+    // The backend's default where the CPU has it: the same case on bf16 dots, against the same
+    // f64 reference, within its own row of the tolerance table. Its error analysis holds for rows
+    // exact in bf16, which every cache format decodes to (the backend's rows); raw f32 test rows
+    // that are not are left to the f32 path.
+    if AttentionDots::Bf16.is_supported() && bf16_exact(&main) && bf16_exact(&swa) {
+        let mut bo = vec![f32::NAN; out.len()];
+        let mut bl = vec![f32::NAN; lse.len()];
+        attention_with_dots(p, AttentionDots::Bf16, inp, main, swa, &mut bo, &mut bl).unwrap();
+        assert!(bo.iter().all(|v| v.is_finite()), "bf16: never NaN");
+        let s = compare(&bo, &ro, &BF16_DOTS_VS_F64);
+        assert!(s.ok(&BF16_DOTS_VS_F64), "bf16 out: {s:?}");
+        let s = compare(&bl, &rl, &BF16_DOTS_VS_F64);
+        assert!(s.ok(&BF16_DOTS_VS_F64), "bf16 lse: {s:?}");
+    }
     (out, lse, rows)
+}
+
+/// Whether every value of `kv` is exact in bf16 (records always are: E2M1 / E4M3 times a power
+/// of two or an E4M3 scale, and bf16 RoPE values).
+fn bf16_exact(kv: &KvRows) -> bool {
+    match kv {
+        KvRows::Records(..) => true,
+        KvRows::F32(x) => x.iter().all(|v| v.to_bits() & 0xFFFF == 0),
+    }
 }
 
 fn topk_rows(rng: &mut Rng, positions: &[i64], m: usize, k: usize) -> Vec<i32> {
@@ -328,6 +351,10 @@ fn bad_inputs_are_errors() {
 fn head_counts_row_counts_and_chunk_merge() {
     let mut rng = Rng::new(7);
     let s = 400;
+    // Raw f32 rows (not exact in bf16), so `both` checks the f32 path only. With the rows rounded
+    // to bf16 the bf16-dot path exceeds its cosine bound in one case here (1 head, 1 token,
+    // 385 rows, q of σ = 4: 1 − cos = 2.6e-5 against 2e-5; 5–72 heads stay ≤ 7.1e-6): the reason
+    // it is not the backend's default (docs/PERF.md, issue 17).
     let swa = rand_normal(&mut rng, s * KV_DIM, 1.0);
     let main = rand_normal(&mut rng, 300 * KV_DIM, 1.0);
     for heads in [1usize, 5, 8, 64, 72] {
