@@ -14,13 +14,15 @@
 //! Numerics follow the CPU semantics of docs/SPEC.md §1–§4: codecs are bit-identical to
 //! [`crate::formats`]; float reductions differ from the CPU only in summation order.
 
-pub mod attention;
 pub mod compressor;
-mod device;
+pub(crate) mod device;
 pub mod formats;
 pub mod indexer;
 pub mod mhc;
 pub mod modules;
+
+/// The attention kernels' launch code lives with the family (`ops::attention::cuda`).
+pub use crate::ops::attention::cuda as attention;
 
 pub use device::{Device, DeviceBuffer};
 pub use modules::{LoadPath, EXPECTED_KERNELS};

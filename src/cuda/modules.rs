@@ -81,7 +81,7 @@ pub const EXPECTED_KERNELS: &[(&str, &[&str])] = &[
         ],
     ),
     ("topk", &["topk_f32"]),
-    ("attention", &["sparse_decode_attn_f32"]),
+    ("attention", &["sparse_decode_attn_f32", "attn_pools_bf16"]),
     ("mhc", &["mega_mhc_bf16"]),
 ];
 

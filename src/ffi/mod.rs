@@ -16,6 +16,7 @@
 //! handle is `CSA2_ERR_INVALID_HANDLE`, never undefined behaviour.
 //! Tensors cross as borrowed DLPack descriptors, validated in [`dlpack`].
 
+mod attention_pools;
 mod cache;
 mod codec;
 mod compressor;
@@ -25,6 +26,7 @@ mod handle;
 mod ops;
 mod records;
 
+pub use attention_pools::*;
 pub use cache::*;
 pub use codec::*;
 pub use compressor::*;
