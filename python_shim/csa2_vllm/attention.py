@@ -121,17 +121,51 @@ class Csa2DeepseekV4Attention(DeepseekV4FlashMLAAttention):
         output[t:].zero_()
         if t == 0:
             return
+        if q.is_cuda and self._csa2_host_only(q):
+            # A library built without the `cuda` feature (what a plain `pip install
+            # ./python_shim` bundles): the earlier host route, which no CUDA graph may capture.
+            _check_not_capturing(q)
+            csa2_attend(self, q[:t], positions[:t], swa_md, cmp_md, output[:t])
+            return
         csa2_attend_pools(self, q[:t], positions[:t], swa_md, cmp_md, output[:t])
 
     def _csa2_warm_up(self, q) -> None:
         """On a GPU: loads csa2's CUDA modules and allocates the error flag now, so that neither
         happens inside a CUDA-graph capture."""
-        if q.is_cuda and getattr(self, "csa2_error", None) is None:
+        if q.is_cuda:
+            self._csa2_host_only(q)
+
+    def _csa2_host_only(self, q) -> bool:
+        """Whether the loaded library lacks CUDA support (decided once, at the first GPU call:
+        ``csa2_cuda_preload`` answers CSA2_ERR_UNSUPPORTED, 402)."""
+        host_only = getattr(self, "_csa2_no_cuda", None)
+        if host_only is None:
             import torch
 
-            _lib.cuda_preload(q.device.index if q.device.index is not None
-                              else torch.cuda.current_device())
-            self.csa2_error = torch.zeros(4, dtype=torch.int32, device=q.device)
+            try:
+                _lib.cuda_preload(q.device.index if q.device.index is not None
+                                  else torch.cuda.current_device())
+                self.csa2_error = torch.zeros(4, dtype=torch.int32, device=q.device)
+                host_only = False
+            except _lib.Csa2Error as e:
+                if e.status != 402:
+                    raise
+                host_only = True
+            self._csa2_no_cuda = host_only
+        return host_only
+
+
+def _check_not_capturing(x) -> None:
+    import torch
+
+    if torch.cuda.is_current_stream_capturing():
+        raise _lib.Csa2Error(
+            402,
+            "this csa2 library was built without the `cuda` feature, so CSA2_RS attends on the "
+            "host through copies, which a CUDA graph cannot capture; build it with "
+            "`--features cuda` (tests/gpu/build_attention_check.sh, CSA2_LIB=...) or run with "
+            "--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}' or --enforce-eager",
+        )
 
 
 def _swa_lists(swa_md) -> tuple[Any, Any]:

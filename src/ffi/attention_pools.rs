@@ -490,3 +490,189 @@ fn preload(_ordinal: i32) -> Result<()> {
             .into(),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::csa2_last_error_message;
+    use crate::ffi::dlpack::{DLDataType, DLDevice, K_DL_FLOAT};
+    use half::bf16;
+
+    fn tensor<T>(
+        data: &mut [T],
+        shape: &mut [i64],
+        strides: Option<&mut [i64]>,
+        code: u8,
+        bits: u8,
+    ) -> DLTensor {
+        DLTensor {
+            data: data.as_mut_ptr().cast(),
+            device: DLDevice {
+                device_type: K_DL_CPU,
+                device_id: 0,
+            },
+            ndim: shape.len() as i32,
+            dtype: DLDataType {
+                code,
+                bits,
+                lanes: 1,
+            },
+            shape: shape.as_mut_ptr(),
+            strides: strides.map_or(std::ptr::null_mut(), |s| s.as_mut_ptr()),
+            byte_offset: 0,
+        }
+    }
+
+    fn last_error() -> String {
+        let n = unsafe { csa2_last_error_message(std::ptr::null_mut(), 0) };
+        let mut buf = vec![0 as std::ffi::c_char; n];
+        unsafe { csa2_last_error_message(buf.as_mut_ptr(), n) };
+        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// Through the C ABI on a strided, offset SWA pool (MXFP8, interleaved) of an SWA-only layer:
+    /// the same values as the Rust entry; struct_size, device and layout errors are refused and
+    /// write nothing.
+    #[test]
+    fn c_abi_matches_the_rust_entry_and_refuses_bad_args() {
+        let (blocks, states, w) = (3usize, 4usize, 528usize);
+        let (offset, stride) = (64usize, 4 * 528 + 200);
+        let mut slab = vec![0x7Fu8; offset + blocks * stride];
+        let rows: Vec<f32> = (0..blocks * states * 512)
+            .map(|i| ((i * 7919) % 613) as f32 / 300.0 - 1.0)
+            .collect();
+        let desc = PoolDesc {
+            format: RecordFormat::Mxfp8,
+            layout: PoolLayout::Interleaved,
+            blocks,
+            states_per_page: states,
+            block_stride: stride,
+        };
+        for s in 0..blocks * states {
+            let (d, _) = desc.offsets(s);
+            crate::formats::encode_rows(
+                RecordFormat::Mxfp8,
+                &rows[s * 512..][..512],
+                &mut slab[offset + d..][..w],
+            )
+            .unwrap();
+        }
+        let (t, hp, h) = (2usize, 64usize, 8usize);
+        let mut q: Vec<bf16> = (0..t * hp * 512)
+            .map(|i| bf16::from_f32(((i % 97) as f32 - 48.0) / 40.0))
+            .collect();
+        let mut sink = vec![0.25f32; h];
+        let mut sidx = vec![0i32, 5, 11, -1, 3, 3, 7, 2];
+        let mut slen = vec![3i32, 4];
+        let mut midx: Vec<i32> = vec![];
+        let mut out = vec![bf16::from_f32(9.0); t * hp * 512];
+        let mut lse = vec![0f32; t * h];
+        let mut want = vec![bf16::ZERO; out.len()];
+        let mut want_lse = vec![0f32; t * h];
+        let pool = PoolView::new(desc, &slab[offset..], "swa").unwrap();
+        let inp = PoolInputs {
+            q: &q,
+            padded_heads: hp,
+            heads: h,
+            sink: &sink,
+            main_idx: &[],
+            main_len: None,
+            swa_idx: &sidx,
+            swa_len: Some(&slen),
+            scale: (512f32).sqrt().recip(),
+        };
+        attention_pools(&inp, None, pool, &mut want, Some(&mut want_lse)).unwrap();
+
+        let (mut sq, mut sp, mut spst) = (
+            [t as i64, hp as i64, 512],
+            [blocks as i64, states as i64, w as i64],
+            [stride as i64, w as i64, 1],
+        );
+        let (mut ss, mut si, mut sl, mut sm, mut so, mut sle) = (
+            [h as i64],
+            [t as i64, 4],
+            [t as i64],
+            [t as i64, 0],
+            [t as i64, hp as i64, 512],
+            [t as i64, h as i64],
+        );
+        let qd = tensor(&mut q, &mut sq, None, 4, 16);
+        let mut pd = tensor(&mut slab, &mut sp, Some(&mut spst), K_DL_UINT, 8);
+        pd.byte_offset = offset as u64;
+        let sinkd = tensor(&mut sink, &mut ss, None, K_DL_FLOAT, 32);
+        let sid = tensor(&mut sidx, &mut si, None, 0, 32);
+        let sld = tensor(&mut slen, &mut sl, None, 0, 32);
+        let mid = tensor(&mut midx, &mut sm, None, 0, 32);
+        let od = tensor(&mut out, &mut so, None, 4, 16);
+        let ld = tensor(&mut lse, &mut sle, None, K_DL_FLOAT, 32);
+        let args = Csa2AttentionPoolsArgs {
+            struct_size: std::mem::size_of::<Csa2AttentionPoolsArgs>(),
+            q: &qd,
+            main: Csa2Pool {
+                tensor: std::ptr::null(),
+                format: 0,
+                layout: 0,
+            },
+            main_idx: &mid,
+            main_len: std::ptr::null(),
+            swa: Csa2Pool {
+                tensor: &pd,
+                format: 2,
+                layout: 0,
+            },
+            swa_idx: &sid,
+            swa_len: &sld,
+            sink: &sinkd,
+            heads: h as u32,
+            scale: 0.0,
+            out: &od,
+            lse: &ld,
+            error: std::ptr::null(),
+            stream: 0,
+        };
+        let run = |a: &Csa2AttentionPoolsArgs| unsafe { csa2_attention_pools(a) };
+        // Refusals first: nothing may be written.
+        let small = Csa2AttentionPoolsArgs {
+            struct_size: 8,
+            ..args
+        };
+        assert_eq!(run(&small), Csa2Status::Csa2ErrInvalidArgument);
+        assert!(last_error().contains("struct_size"), "{}", last_error());
+        let planar = Csa2AttentionPoolsArgs {
+            swa: Csa2Pool {
+                layout: 7,
+                ..args.swa
+            },
+            ..args
+        };
+        assert_eq!(run(&planar), Csa2Status::Csa2ErrInvalidArgument);
+        let mut cuda_q = qd;
+        cuda_q.device.device_type = K_DL_CUDA;
+        let mixed = Csa2AttentionPoolsArgs { q: &cuda_q, ..args };
+        assert_eq!(run(&mixed), Csa2Status::Csa2ErrInvalidArgument);
+        assert!(last_error().contains("share a device"), "{}", last_error());
+        // What a descriptor can be checked for: the record width and the inner strides.
+        let mut bad_strides = [stride as i64, 1056, 1];
+        let mut skewed = pd;
+        skewed.strides = bad_strides.as_mut_ptr();
+        let sk = Csa2AttentionPoolsArgs {
+            swa: Csa2Pool {
+                tensor: &skewed,
+                ..args.swa
+            },
+            ..args
+        };
+        assert_eq!(run(&sk), Csa2Status::Csa2ErrShape);
+        assert!(last_error().contains("strides"), "{}", last_error());
+        let aliased = Csa2AttentionPoolsArgs { out: &qd, ..args };
+        assert_eq!(run(&aliased), Csa2Status::Csa2ErrInvalidArgument);
+        assert!(last_error().contains("overlaps"), "{}", last_error());
+        assert!(out.iter().all(|v| v.to_f32() == 9.0), "written on error");
+        // The call itself.
+        assert_eq!(run(&args), Csa2Status::Csa2Ok, "{}", last_error());
+        assert_eq!(out, want);
+        assert_eq!(lse, want_lse);
+    }
+}
