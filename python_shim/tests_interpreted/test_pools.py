@@ -263,3 +263,37 @@ def test_bad_topk_entries_become_flagged_slots_on_the_gpu_route():
         _lib.attention_pools(q[lo:hi].contiguous(), layer.kv_cache, mi, ml,
                              layer.swa_cache_layer.kv_cache, si, sl,
                              layer.attn_sink[:HEADS].float().contiguous(), HEADS, 0.0, out[lo:hi])
+
+
+def test_portable_e2m1_packer_matches_the_rule():
+    """csa2_vllm.writers.fp32x2_to_fp4x2 (the SM90-capable stand-in for vLLM's SM100-only PTX
+    packer) against the E2M1 rule of docs/SPEC.md §1 on every tie, both signs, ±0, saturation and
+    NaN: round to nearest, ties to even, |x| > 6 → 6, the sign kept on values rounding to zero."""
+    from vllm.triton_utils import tl, triton
+
+    @triton.jit
+    def pack(lo, hi, out, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(out + i, writers.fp32x2_to_fp4x2(tl.load(lo + i), tl.load(hi + i)))
+
+    mags = [0.0, 0.1, 0.25, 0.26, 0.5, 0.75, 0.76, 1.0, 1.25, 1.3, 1.5, 1.75, 2.0, 2.5, 2.6, 3.0,
+            3.5, 3.6, 4.0, 5.0, 5.1, 6.0, 7.0, 1e9, float("inf")]
+    vals = [s * m for m in mags for s in (1.0, -1.0)] + [float("nan")] * 2
+    vals += [0.0] * (64 - len(vals))
+    x = torch.tensor(vals, dtype=torch.float32)
+    lo, hi = x.clone(), x.flip(0).contiguous()
+    out = torch.empty(64, dtype=torch.uint8)
+    pack[(1,)](lo, hi, out, N=64)
+
+    grid = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+    def code(v: float) -> int:
+        if v != v:
+            return 0x7
+        a = min(abs(v), 6.0)
+        best = min(range(8), key=lambda c: (abs(grid[c] - a), c % 2))  # ties to the even code
+        sign = 8 if (v < 0 or (v == 0 and str(v).startswith("-"))) else 0
+        return best | sign
+
+    want = [code(float(a)) | (code(float(b)) << 4) for a, b in zip(lo, hi)]
+    assert out.tolist() == want
