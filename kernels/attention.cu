@@ -345,3 +345,212 @@ extern "C" __global__ void __launch_bounds__(256, 1) attn_pools_bf16(
     for (int i = 0; i < PER; ++i) oh[i * PARTS + part] = live ? f32_to_bf16_bits(o[i]) : (u16)0;
     if (part == 0 && live && lse) lse[(i64)t * n_heads + h] = lse_h;
 }
+
+// ---- tensor-core variant of attn_pools_bf16 (same arguments and results, bf16 MMA) --------------
+//
+// Selected with CSA2_ATTENTION_KERNEL=mma (src/ops/attention/cuda.rs). One block per (token, 64
+// padded heads); 8 warps: warp w owns heads 16·(w % 4) .. +16 and output dims 256·(w / 4) .. +256.
+// Per tile of 16 keys (dequantized exactly into shared memory as bf16: every NVFP4 / MXFP8 / V4
+// value is a bf16), S = Q·Kᵀ (16 heads × 16 keys, mma.sync m16n8k16 bf16 → f32 over 512 dims; the
+// two dim-half warps of a head tile compute it twice rather than exchange it), an online softmax
+// in f32 on the accumulator fragments, then O += P·V with P rounded to bf16 (as the CPU's bf16-dot
+// path; tolerance BF16_DOTS_VS_F64). Fragment layouts: PTX ISA "Matrix fragments for mma.m16n8k16"
+// (A row-major 16×16: a0 = (g, 2t..2t+1), a1 = (g+8, ·), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..);
+// B col-major 16×8: b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g); C: c0,c1 = (g, 2t..2t+1),
+// c2,c3 = (g+8, ·); g = lane / 4, t = lane % 4; the lower half-word holds the lower index).
+
+#define TC_KT 16
+#define TC_KS (D + 8)  // bf16 row stride of the key tile (pads rows onto different banks)
+
+__device__ __forceinline__ void mma_bf16_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                               u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    return (u32)f32_to_bf16_bits(lo) | ((u32)f32_to_bf16_bits(hi) << 16);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attn_pools_bf16_mma(
+    const u16* __restrict__ q, int hp, int n_heads,
+    const i32* __restrict__ main_idx, int km, const i32* __restrict__ main_len,
+    const u8* __restrict__ main_pool, i64 main_stride, int main_states, i64 main_blocks, int main_fmt,
+    int main_layout,
+    const i32* __restrict__ swa_idx, int ks, const i32* __restrict__ swa_len,
+    const u8* __restrict__ swa_pool, i64 swa_stride, int swa_states, i64 swa_blocks, int swa_fmt,
+    int swa_layout,
+    const float* __restrict__ sink, float scale, u16* __restrict__ out, float* __restrict__ lse,
+    i32* __restrict__ err) {
+    __shared__ __align__(16) u16 kt[TC_KT * TC_KS];
+    __shared__ i64 slot_s[TC_KT];
+    __shared__ int kind_s[TC_KT];
+    int t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int g = lane >> 2, tg = lane & 3;
+    int h0 = blockIdx.x * 64 + (warp & 3) * 16;  // first head of this warp's tile
+    int d0 = (warp >> 2) * 256;                  // first output dim of this warp
+    int nm = main_len ? main_len[t] : km;
+    nm = nm < 0 ? 0 : (nm > km ? km : nm);
+    int ns = swa_len ? swa_len[t] : ks;
+    ns = ns < 0 ? 0 : (ns > ks ? ks : ns);
+    int n_keys = nm + ns;
+    i64 main_cap = main_pool ? main_blocks * (i64)main_states : 0;
+    i64 swa_cap = swa_blocks * (i64)swa_states;
+    // Rows g and g + 8 of the head tile; heads past hp do not exist (hp is 64 or 128).
+    const u16* q0 = q + ((i64)t * hp + h0 + g) * D;
+    const u16* q1 = q0 + 8 * D;
+    float o[32][4];
+#pragma unroll
+    for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = CSA2_NEG_INF, m1 = CSA2_NEG_INF, l0 = 0.0f, l1 = 0.0f;
+
+    for (int k0 = 0; k0 < n_keys; k0 += TC_KT) {
+        __syncthreads();
+        if (tid < TC_KT) {
+            int k = k0 + tid;
+            i64 slot = -1;
+            int kind = 0, col = 0;
+            i64 cap = 0;
+            if (k < nm) {
+                col = k;
+                slot = main_idx[(i64)t * km + col];
+                kind = 1;
+                cap = main_cap;
+            } else if (k < n_keys) {
+                col = k - nm;
+                slot = swa_idx[(i64)t * ks + col];
+                kind = 2;
+                cap = swa_cap;
+            }
+            if (kind != 0 && slot != -1 && (slot < -1 || slot >= cap)) {
+                if (err && atomicCAS(&err[0], 0, kind) == 0) {
+                    err[1] = t;
+                    err[2] = col;
+                    err[3] = (i32)slot;
+                }
+                slot = -1;
+            }
+            slot_s[tid] = slot;
+            kind_s[tid] = kind;
+        }
+        __syncthreads();
+        {
+            int kk = tid / 16, c = tid % 16;
+            i64 slot = slot_s[kk];
+            float f[32];  // this thread's 32 dims of its key, then converted to bf16 (exact)
+            if (slot < 0) {
+                for (int i = 0; i < 32; ++i) f[i] = 0.0f;
+            } else if (kind_s[kk] == 1) {
+                dequant32(pool_slot_ptr((u8*)main_pool, main_stride, slot, main_states,
+                                        fmt_data_bytes(main_fmt), fmt_scale_bytes(main_fmt), main_layout),
+                          main_fmt, c, f);
+            } else {
+                dequant32(pool_slot_ptr((u8*)swa_pool, swa_stride, slot, swa_states,
+                                        fmt_data_bytes(swa_fmt), fmt_scale_bytes(swa_fmt), swa_layout),
+                          swa_fmt, c, f);
+            }
+            u16* dst = kt + kk * TC_KS + 32 * c;
+            for (int i = 0; i < 32; ++i) dst[i] = f32_to_bf16_bits(f[i]);
+        }
+        __syncthreads();
+        // S = Q Kᵀ for keys k0 .. k0 + 16 (two n-tiles of 8 keys).
+        float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll 4
+        for (int kd = 0; kd < D; kd += 16) {
+            u32 a0 = *(const u32*)(q0 + kd + 2 * tg), a1 = *(const u32*)(q1 + kd + 2 * tg);
+            u32 a2 = *(const u32*)(q0 + kd + 8 + 2 * tg), a3 = *(const u32*)(q1 + kd + 8 + 2 * tg);
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                const u16* kr = kt + (nt * 8 + g) * TC_KS + kd;
+                u32 b0 = *(const u32*)(kr + 2 * tg), b1 = *(const u32*)(kr + 8 + 2 * tg);
+                mma_bf16_16816(s[nt], a0, a1, a2, a3, b0, b1);
+            }
+        }
+        // Scale and mask: key index of s[nt][j] is nt·8 + 2·tg + (j & 1).
+        float tm0 = CSA2_NEG_INF, tm1 = CSA2_NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                int kk = nt * 8 + 2 * tg + (j & 1);
+                bool valid = (k0 + kk) < n_keys && slot_s[kk] >= 0;
+                s[nt][j] = valid ? s[nt][j] * scale : CSA2_NEG_INF;
+                if (j < 2) tm0 = fmaxf(tm0, s[nt][j]);
+                else tm1 = fmaxf(tm1, s[nt][j]);
+            }
+        // Row maxima over the 4 threads holding a row.
+        tm0 = fmaxf(tm0, __shfl_xor_sync(CSA2_FULL_MASK, tm0, 1));
+        tm0 = fmaxf(tm0, __shfl_xor_sync(CSA2_FULL_MASK, tm0, 2));
+        tm1 = fmaxf(tm1, __shfl_xor_sync(CSA2_FULL_MASK, tm1, 1));
+        tm1 = fmaxf(tm1, __shfl_xor_sync(CSA2_FULL_MASK, tm1, 2));
+        float n0 = fmaxf(m0, tm0), n1 = fmaxf(m1, tm1);
+        // A tile with no valid key leaves the state as it is (n = m; -inf rows stay -inf).
+        float c0 = n0 == CSA2_NEG_INF ? 1.0f : expf(m0 - n0);
+        float c1 = n1 == CSA2_NEG_INF ? 1.0f : expf(m1 - n1);
+        float p[2][4];
+        float r0 = 0.0f, r1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float nn = j < 2 ? n0 : n1;
+                p[nt][j] = nn == CSA2_NEG_INF ? 0.0f : expf(s[nt][j] - nn);
+                if (j < 2) r0 += p[nt][j];
+                else r1 += p[nt][j];
+            }
+        r0 += __shfl_xor_sync(CSA2_FULL_MASK, r0, 1);
+        r0 += __shfl_xor_sync(CSA2_FULL_MASK, r0, 2);
+        r1 += __shfl_xor_sync(CSA2_FULL_MASK, r1, 1);
+        r1 += __shfl_xor_sync(CSA2_FULL_MASK, r1, 2);
+        l0 = l0 * c0 + r0;
+        l1 = l1 * c1 + r1;
+        m0 = n0;
+        m1 = n1;
+        // P as the A fragment of P·V (16 heads × 16 keys), bf16.
+        u32 pa0 = pack_bf16x2(p[0][0], p[0][1]), pa1 = pack_bf16x2(p[0][2], p[0][3]);
+        u32 pa2 = pack_bf16x2(p[1][0], p[1][1]), pa3 = pack_bf16x2(p[1][2], p[1][3]);
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+            o[n][0] *= c0;
+            o[n][1] *= c0;
+            o[n][2] *= c1;
+            o[n][3] *= c1;
+            // B = V (16 keys × 8 dims), col-major: b0 = keys 2tg, 2tg+1 at dim g; b1 = keys + 8.
+            int dim = d0 + n * 8 + g;
+            const u16* v0 = kt + (2 * tg) * TC_KS + dim;
+            u32 b0 = (u32)v0[0] | ((u32)v0[TC_KS] << 16);
+            u32 b1 = (u32)v0[8 * TC_KS] | ((u32)v0[9 * TC_KS] << 16);
+            mma_bf16_16816(o[n], pa0, pa1, pa2, pa3, b0, b1);
+        }
+    }
+
+    // Sink in the denominator only; a row with nothing attended stays zero.
+    int ha = h0 + g, hb = h0 + g + 8;
+    float f0 = 0.0f, f1 = 0.0f;
+    if (m0 != CSA2_NEG_INF) {
+        float sk = (sink && ha < n_heads) ? sink[ha] : CSA2_NEG_INF;
+        float M = fmaxf(m0, sk), a = expf(m0 - M);
+        f0 = a / (l0 * a + expf(sk - M));
+    }
+    if (m1 != CSA2_NEG_INF) {
+        float sk = (sink && hb < n_heads) ? sink[hb] : CSA2_NEG_INF;
+        float M = fmaxf(m1, sk), a = expf(m1 - M);
+        f1 = a / (l1 * a + expf(sk - M));
+    }
+    u16* oa = out + ((i64)t * hp + ha) * D + d0;
+    u16* ob = out + ((i64)t * hp + hb) * D + d0;
+    bool la = ha < n_heads, lb = hb < n_heads;
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+        int c = n * 8 + 2 * tg;
+        *(u32*)(oa + c) = la ? pack_bf16x2(o[n][0] * f0, o[n][1] * f0) : 0u;
+        *(u32*)(ob + c) = lb ? pack_bf16x2(o[n][2] * f1, o[n][3] * f1) : 0u;
+    }
+    if (d0 == 0 && tg == 0 && lse) {
+        if (la) lse[(i64)t * n_heads + ha] = m0 == CSA2_NEG_INF ? CSA2_NEG_INF : m0 + logf(l0);
+        if (lb) lse[(i64)t * n_heads + hb] = m1 == CSA2_NEG_INF ? CSA2_NEG_INF : m1 + logf(l1);
+    }
+}

@@ -300,8 +300,25 @@ pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
             ))
         }
     };
+    // CSA2_ATTENTION_KERNEL=mma selects the tensor-core variant (bf16 mma.sync, P rounded to
+    // bf16: BF16_DOTS_VS_F64); anything else, or unset, the f32 correctness kernel. Read per call
+    // (no device work), so one process can compare both.
+    let mma = std::env::var("CSA2_ATTENTION_KERNEL").is_ok_and(|v| v == "mma");
+    if mma && (c.q.addr() % 4 != 0 || c.out.addr() % 4 != 0) {
+        return Err(Error::invalid(
+            "q / out",
+            "the tensor-core kernel reads and writes bf16 pairs: q and out must be 4-byte aligned",
+        ));
+    }
     let dev = device(ordinal)?;
-    let f = dev.function("attention", "attn_pools_bf16")?;
+    let f = dev.function(
+        "attention",
+        if mma {
+            "attn_pools_bf16_mma"
+        } else {
+            "attn_pools_bf16"
+        },
+    )?;
     // SAFETY: `stream` is the caller's live stream of this device's primary context (the
     // entry's contract); the wrapper does not own it and is dropped right after the launch.
     let s = unsafe {
@@ -347,7 +364,21 @@ pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
         addr_opt(&c.error),
     );
     let swa_base = sp.addr as u64;
-    let grid = ((c.padded_heads / 16) as u32, i("tokens", c.tokens)? as u32);
+    if c.tokens > 65_535 {
+        // One grid row per token; CUDA caps gridDim.y at 65,535 (vLLM's batches are far below).
+        return Err(Error::invalid(
+            "q",
+            format!(
+                "{} tokens in one call; the kernel takes at most 65,535",
+                c.tokens
+            ),
+        ));
+    }
+    // One block per 16 heads (correctness kernel) or per 64 heads (tensor-core kernel) of a token.
+    let grid = (
+        (c.padded_heads / if mma { 64 } else { 16 }) as u32,
+        c.tokens as u32,
+    );
     let mut b = s.launch_builder(&f);
     // attn_pools_bf16(q, hp, n_heads, main_idx, km, main_len, main_pool, main_stride,
     //   main_states, main_blocks, main_fmt, main_layout, swa_idx, ks, swa_len, swa_pool,
