@@ -304,7 +304,7 @@ pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
     // bf16: BF16_DOTS_VS_F64); anything else, or unset, the f32 correctness kernel. Read per call
     // (no device work), so one process can compare both.
     let mma = std::env::var("CSA2_ATTENTION_KERNEL").is_ok_and(|v| v == "mma");
-    if mma && (c.q.addr() % 4 != 0 || c.out.addr() % 4 != 0) {
+    if mma && (!c.q.addr().is_multiple_of(4) || !c.out.addr().is_multiple_of(4)) {
         return Err(Error::invalid(
             "q / out",
             "the tensor-core kernel reads and writes bf16 pairs: q and out must be 4-byte aligned",
