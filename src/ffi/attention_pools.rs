@@ -464,8 +464,8 @@ fn run_cuda(c: &Checked, stream: u64) -> Result<()> {
 #[cfg(not(feature = "cuda"))]
 fn run_cuda(_c: &Checked, _stream: u64) -> Result<()> {
     Err(Error::Unsupported(
-        "csa2_attention_pools: the tensors are on a CUDA device, but this csa2 build has no CUDA \
-         support (build with --features cuda)"
+        "the tensors are on a CUDA device, but this csa2 build has no CUDA support (build with \
+         --features cuda)"
             .into(),
     ))
 }
