@@ -2,7 +2,7 @@
 # Builds what tests/gpu/check_attention.py needs on a GPU machine that has no network (and so no
 # nvcc): libcsa2.so with the `cuda` feature (SASS for sm_90a and sm_100a, PTX and the NVRTC source
 # embedded; libcuda is dlopen'ed at run time), stripped, into target/gpu-check/libcsa2.so. Carry
-# that file (about 20 MiB) plus the working tree (python_shim/, tests/gpu/) to the GPU machine and run
+# that file (5.6 MB stripped) plus the working tree (python_shim/, tests/gpu/) to the GPU machine and run
 #   CSA2_LIB=target/gpu-check/libcsa2.so python3 tests/gpu/check_attention.py
 # Needs nvcc here: $NVCC, else scripts/cuda-env.sh (installs the compile-only toolchain).
 set -euo pipefail
