@@ -12,10 +12,11 @@ export NVCC
 export LD_LIBRARY_PATH="$(dirname "$(dirname "$NVCC")")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 cargo build --features cuda
-cargo clippy --features cuda --all-targets -- -D warnings
+cargo clippy --workspace --features cuda --all-targets -- -D warnings
 log="$(mktemp)"
-# The feature only adds src/cuda (and one error message in src/ffi/dlpack.rs): its unit tests and
-# tests/cuda.rs are what change; the rest of the suite already ran without the feature.
+# The feature only adds src/cuda, ops/*/cuda.rs, formats/cuda.rs (and the CUDA branch of the
+# device dispatch): their unit tests and tests/cuda.rs are what change; the rest of the suite
+# already ran without the feature.
 cargo test --features cuda --lib --test suite cuda:: -- --nocapture 2>&1 | tee "$log"
 skipped=$(grep -c "^SKIPPED" "$log" || true)
 echo "ci-cuda: $skipped test(s) SKIPPED (no CUDA driver / device on this machine)"

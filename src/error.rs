@@ -110,6 +110,10 @@ pub enum Error {
     /// A feature needs something this build or machine lacks (e.g. a CUDA driver).
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A tensor on a CUDA device reached an op in a build without the `cuda` feature (the C ABI
+    /// reports it as `CSA2_ERR_UNSUPPORTED`; the message says to rebuild with `--features cuda`).
+    #[error("built without CUDA support: {0}")]
+    NoCudaBuild(String),
     /// A CUDA driver, NVRTC or kernel-launch call failed (feature `cuda`).
     #[error("CUDA {op} failed: {reason}")]
     Cuda {

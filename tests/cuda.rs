@@ -11,6 +11,7 @@ use csa2::cuda::modules::{ptx_entries, ptx_isa, EmbeddedModule, MODULES, NVCC_VE
 use csa2::cuda::{Device, EXPECTED_KERNELS};
 use csa2::formats::RecordFormat;
 use cuda_support::checks::{self, Report, Size};
+use cuda_support::host;
 
 const SMALL: Size = Size {
     large: false,
@@ -135,9 +136,17 @@ fn codecs_match_cpu_bit_for_bit() {
 fn unsupported_codec_is_a_typed_error() {
     let Some(dev) = device() else { return };
     let mut pages = vec![0u8; 584 * 4];
-    let r = dev.encode_pages(RecordFormat::V4Record, &[0.0; 512], &[0], &mut pages, 4);
+    let r = host::encode_pages(
+        &dev,
+        RecordFormat::V4Record,
+        &[0.0; 512],
+        &[0],
+        &mut pages,
+        4,
+    );
     assert!(matches!(r, Err(csa2::Error::Unsupported(_))), "{r:?}");
-    let r = dev.encode_pages(
+    let r = host::encode_pages(
+        &dev,
         RecordFormat::Mxfp8,
         &[0.0; 512],
         &[4],
@@ -145,6 +154,60 @@ fn unsupported_codec_is_a_typed_error() {
         4,
     );
     assert!(matches!(r, Err(csa2::Error::Invalid { .. })), "{r:?}");
+}
+
+/// The device-dispatching codec entry (`PageLayout::encode_into_pages_view`) on CUDA tensor views
+/// (the memory a framework hands over through DLPack) writes the CPU codec's bytes.
+#[test]
+fn codec_dispatch_on_cuda_views_matches_cpu() {
+    use csa2::formats::page::PageLayout;
+    use csa2::tensor::{DType, Device as Place, TensorView, TensorViewMut};
+    use cudarc::driver::DevicePtr;
+    let Some(dev) = device() else { return };
+    let layout = PageLayout {
+        format: RecordFormat::Nvfp4Ds,
+        slots: 4,
+    };
+    let x: Vec<f32> = (0..5 * 512)
+        .map(|i| (i as f32 * 0.731).sin() * 3.0)
+        .collect();
+    let map = vec![7i64, -1, 0, 3, 6];
+    let mut want = vec![9u8; 2 * layout.page_bytes()];
+    layout.encode_into_pages(&x, &map, &mut want).unwrap();
+    let dx = dev.upload(&x).unwrap();
+    let dm = dev.upload(&map).unwrap();
+    let dp = dev.upload(&vec![9u8; want.len()]).unwrap();
+    {
+        let s = dev.stream();
+        let (px, _gx) = dx.device_ptr(s);
+        let (pm, _gm) = dm.device_ptr(s);
+        let (pp, _gp) = dp.device_ptr(s);
+        // SAFETY: live allocations of the device's primary context for the whole block.
+        let (xv, mv, mut pv) = unsafe {
+            (
+                TensorView::from_raw_parts(
+                    px as *const u8,
+                    &[5, 512],
+                    &[512, 1],
+                    DType::F32,
+                    Place::Cuda(0),
+                ),
+                TensorView::from_raw_parts(pm as *const u8, &[5], &[1], DType::I64, Place::Cuda(0)),
+                TensorViewMut::from_raw_parts(
+                    pp as *mut u8,
+                    &[want.len()],
+                    &[1],
+                    DType::U8,
+                    Place::Cuda(0),
+                ),
+            )
+        };
+        layout
+            .encode_into_pages_view(&xv.unwrap(), &mv.unwrap(), pv.as_mut().unwrap())
+            .unwrap();
+    }
+    let got = dev.download(&dp).unwrap();
+    assert_eq!(&got[..want.len()], &want[..]);
 }
 
 #[test]
@@ -206,7 +269,7 @@ fn device_codec_source_matches_cpu_on_host() {
     let exe = dir.path().join("host_codecs");
     let src = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/cuda_support/host_codecs.cpp"
+        "/../tests/cuda_support/host_codecs.cpp"
     );
     let built = Command::new(&cxx)
         .args(["-O2", "-std=c++17", "-o"])
@@ -284,70 +347,30 @@ fn device_codec_source_matches_cpu_on_host() {
 }
 
 // ---- the references themselves (no GPU): properties a wrong reference would break --------------------
-
-#[test]
-fn reference_compressor_carry_equals_one_shot() {
-    use csa2::cuda::compressor::CarryState;
-    use cuda_support::reference::*;
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    let mut n = |k: usize| {
-        (0..k)
-            .map(|_| rng.random_range(-2.0f32..2.0))
-            .collect::<Vec<f32>>()
-    };
-    let (norm_w, wk, k_norm_w) = (n(KV), n(IDX * KV), n(IDX));
-    let inv_freq = csa2::Geometry::embedded().layers[2].rope.inv_freqs();
-    let (kv, score) = (n(9 * KV), n(9 * KV));
-    let bt = vec![0i32, 1];
-    let run = |splits: &[usize]| {
-        let mut main = Pool::new(csa2::formats::RecordFormat::Nvfp4Ds, 4, 2);
-        let mut idx = Pool::new(csa2::formats::RecordFormat::Mxfp4Index, 4, 2);
-        let mut st = CarryState::new(1);
-        let mut p = 0usize;
-        for &l in splits {
-            let rows = &kv[p * KV..(p + l) * KV];
-            let sc = &score[p * KV..(p + l) * KV];
-            compressor_ref(
-                2,
-                &norm_w,
-                &wk,
-                &k_norm_w,
-                &inv_freq,
-                rows,
-                Some(sc),
-                &[0, l as i32],
-                &[p as i32],
-                &bt,
-                2,
-                &mut st,
-                &mut main,
-                &mut idx,
-            );
-            p += l;
-        }
-        (main.bytes, idx.bytes, st)
-    };
-    let one = run(&[9]);
-    let split = run(&[1, 2, 3, 3]);
-    assert_eq!(one.0, split.0, "main pages depend on the chunking");
-    assert_eq!(one.1, split.1, "index pages depend on the chunking");
-    assert_eq!(one.2, split.2);
-    assert_eq!(one.2.pos, vec![8], "token 8 (even, unpaired) is carried");
-    // 4 entries written (tokens 0..8), the 5th slot of page 1 untouched.
-    assert!(one.0.iter().any(|&b| b != 0));
-}
+// (The compressor's and mHC's batched references are tested in the default build: ops::compressor
+// unit tests and tests/mhc.rs.)
 
 #[test]
 fn reference_attention_single_key_and_sink() {
-    use cuda_support::reference::*;
-    let mut swa = Pool::new(csa2::formats::RecordFormat::Mxfp8, 2, 1);
+    use csa2::cuda::attention::PagedCache;
+    use host::{attention_ref, Pool};
+    const KV: usize = 512;
+    let mut swa = Pool::new(RecordFormat::Mxfp8, 2, 1);
     let key: Vec<f32> = (0..KV).map(|i| ((i % 7) as f32 - 3.0) * 0.25).collect();
     swa.write_slot(0, &key);
     let k = swa.read_slot(0);
-    let main = Pool::new(csa2::formats::RecordFormat::Nvfp4Ds, 2, 1);
+    let main = Pool::new(RecordFormat::Nvfp4Ds, 2, 1);
     let q: Vec<f32> = (0..64 * KV).map(|i| ((i % 5) as f32 - 2.0) * 0.1).collect();
     let sink = vec![0.5f32; 64];
+    fn cache(p: &Pool) -> PagedCache<'_> {
+        PagedCache {
+            pages: &p.bytes,
+            block_table: &[0],
+            max_blocks: 1,
+            page_slots: 2,
+        }
+    }
+    let (mc, sc) = (cache(&main), cache(&swa));
     let (out, lse) = attention_ref(
         &q,
         &[-1],
@@ -355,12 +378,8 @@ fn reference_attention_single_key_and_sink() {
         &[0],
         &[0],
         &[0],
-        &main,
-        &[0],
-        1,
-        &swa,
-        &[0],
-        1,
+        (&main.layout, &mc),
+        (&swa.layout, &sc),
         Some(&sink),
         None,
         0.5,
@@ -378,40 +397,4 @@ fn reference_attention_single_key_and_sink() {
             assert!((out[h * KV + d] - w * k[d] as f64).abs() < 1e-12);
         }
     }
-}
-
-#[test]
-fn reference_mhc_sinkhorn_and_identity() {
-    use cuda_support::reference::*;
-    let d = 32;
-    let x: Vec<f32> = (0..4 * d)
-        .map(|i| csa2::formats::scalar::bf16_round((i as f32 * 0.37).sin()))
-        .collect();
-    let fn_: Vec<f32> = (0..24 * 4 * d)
-        .map(|i| ((i * 13 % 17) as f32 - 8.0) * 0.01)
-        .collect();
-    let base: Vec<f32> = (0..24).map(|i| i as f32 * 0.05).collect();
-    let o = mhc_ref(
-        &x,
-        None,
-        &[],
-        &[],
-        &[1.0, 0.0, 0.0, 0.0],
-        &fn_,
-        &base,
-        &[1.0, 1.0, 1.0],
-        &vec![1.0; d],
-        d,
-    );
-    // No post step: X' = X; collapse with one-hot pre = stream 0, then RMSNorm.
-    assert!(o.x.iter().zip(&x).all(|(a, &b)| *a == b as f64));
-    let ms = x[..d].iter().map(|&v| v as f64 * v as f64).sum::<f64>() / d as f64;
-    assert!((o.x_in[3] - x[3] as f64 / ms.sqrt()).abs() < 1e-2 * (x[3] as f64).abs().max(1e-3));
-    // Sinkhorn ends on a column normalization: column sums are 1 − O(eps).
-    for j in 0..4 {
-        let s: f64 = (0..4).map(|i| o.comb[i * 4 + j]).sum();
-        assert!((s - 1.0).abs() < 1e-5, "column {j} sums to {s}");
-    }
-    assert!(o.pre.iter().all(|&p| p > 0.0 && p < 1.0 + 1e-6));
-    assert!(o.post.iter().all(|&p| p > 0.0 && p < 2.0));
 }

@@ -562,3 +562,53 @@ fn shape_errors_name_the_argument() {
         .to_string()
         .contains("sinkhorn_iters"));
 }
+
+/// The bf16-rounded reference (what the CUDA kernel is checked against): with no post update
+/// X' = X, the collapse with a one-hot pre is stream 0, normalised and rounded to bf16; the
+/// Sinkhorn comb ends on a column normalisation. Its rounding points are the only difference from
+/// the f32 reference.
+#[test]
+fn bf16_rounded_reference_sinkhorn_identity_and_rounding_points() {
+    use csa2::formats::scalar::bf16_round;
+    use reference::{boundary_rounded, Rounding};
+    let d = 32;
+    let x: Vec<f32> = (0..4 * d)
+        .map(|i| bf16_round((i as f32 * 0.37).sin()))
+        .collect();
+    let hc_fn: Vec<f32> = (0..MIX * HC * d)
+        .map(|i| ((i * 13 % 17) as f32 - 8.0) * 0.01)
+        .collect();
+    let base: Vec<f32> = (0..MIX).map(|i| i as f32 * 0.05).collect();
+    let p = MhcParams::new(d);
+    let norm = vec![1.0f32; d];
+    let inp = BoundaryIn {
+        x: &x,
+        update: None,
+        pre_prev: &one_hot_pre(1),
+        next: Some(MixWeights {
+            hc_fn: &hc_fn,
+            base: &base,
+            scale: &[1.0, 1.0, 1.0],
+            packed: None,
+        }),
+        norm: &norm,
+    };
+    let o = boundary_rounded(&p, &inp, Rounding::Bf16).unwrap();
+    assert!(o.x_new.iter().zip(&x).all(|(a, &b)| *a == b as f64));
+    assert!(o.layer_in.iter().all(|&v| bf16_round(v as f32) as f64 == v));
+    let ms = x[..d].iter().map(|&v| v as f64 * v as f64).sum::<f64>() / d as f64;
+    assert!((o.layer_in[3] - x[3] as f64 / ms.sqrt()).abs() < 1e-2 * (x[3] as f64).abs().max(1e-3));
+    let (pre, post, comb) = o.flat_coeffs();
+    for j in 0..HC {
+        let s: f64 = (0..HC).map(|i| comb[i * HC + j]).sum();
+        assert!((s - 1.0).abs() < 1e-5, "column {j} sums to {s}");
+    }
+    assert!(pre.iter().all(|&v| v > 0.0 && v < 1.0 + 1e-6));
+    assert!(post.iter().all(|&v| v > 0.0 && v < 2.0));
+    // Unrounded, the same coefficients (X' is bf16 already) and a layer input within one bf16 step.
+    let f = reference::boundary(&p, &inp).unwrap();
+    assert_eq!(f.flat_coeffs(), o.flat_coeffs());
+    for (a, b) in f.layer_in.iter().zip(&o.layer_in) {
+        assert!((a - b).abs() <= a.abs() * 2f64.powi(-8), "{a} vs {b}");
+    }
+}

@@ -10,6 +10,7 @@
 
 use super::spec::{CacheSpec, PAGE_ALIGN};
 use crate::formats::page::PageLayout;
+use crate::formats::{KvScheme, RecordFormat};
 use serde::Serialize;
 
 /// Which of a KV-source layer's two caches.
@@ -20,6 +21,16 @@ pub enum RecordKind {
     Main,
     /// The indexer's K.
     Index,
+}
+
+impl RecordKind {
+    /// The record format this kind of cache stores under `scheme` (main KV or index K).
+    pub fn format(self, scheme: &KvScheme) -> RecordFormat {
+        match self {
+            RecordKind::Main => scheme.main,
+            RecordKind::Index => scheme.index,
+        }
+    }
 }
 
 /// One page inside a block slab.

@@ -306,6 +306,102 @@ impl Device {
     }
 }
 
+/// The devices this process opened through [`Device::shared`], one per ordinal.
+static SHARED: Mutex<Vec<(usize, Arc<Device>)>> = Mutex::new(Vec::new());
+
+impl Device {
+    /// The process-wide handle of GPU `ordinal`, opened on first use (an op dispatched on a CUDA
+    /// tensor uses it; opening a context per call would cost milliseconds).
+    ///
+    /// Errors: those of [`Device::open`].
+    pub fn shared(ordinal: usize) -> Result<Arc<Device>> {
+        let mut all = SHARED.lock();
+        if let Some((_, d)) = all.iter().find(|(o, _)| *o == ordinal) {
+            return Ok(d.clone());
+        }
+        let d = Arc::new(Device::open(ordinal)?);
+        all.push((ordinal, d.clone()));
+        Ok(d)
+    }
+
+    /// Waits for all work on the device's context (every stream), so memory a framework wrote on
+    /// its own stream is complete before a csa2 launch reads it.
+    pub fn synchronize_context(&self) -> Result<()> {
+        self.ctx
+            .synchronize()
+            .map_err(|e| cuda_error("context synchronize", e))
+    }
+
+    /// A dense CUDA tensor view's memory as a device buffer of `T` for one call; csa2 never frees
+    /// it (dropping the [`Borrowed`] gives it back untouched).
+    ///
+    /// Errors: [`Error::Invalid`] for a view on another device or the host, [`Error::Shape`] for
+    /// another dtype or a strided view.
+    ///
+    /// # Safety
+    /// The view's memory must be a live allocation of this device's context for as long as the
+    /// returned buffer is used (the view's own contract).
+    pub unsafe fn borrow<T: crate::tensor::Element + DeviceRepr>(
+        &self,
+        v: &crate::tensor::TensorView<'_>,
+        what: &str,
+    ) -> Result<Borrowed<T>> {
+        use crate::tensor::Device as Place;
+        match v.device() {
+            Place::Cuda(n) if n >= 0 && n as usize == self.ctx.ordinal() => {}
+            other => {
+                return Err(Error::invalid(
+                    what,
+                    format!("is on {other}, not on CUDA device {}", self.ctx.ordinal()),
+                ))
+            }
+        }
+        if v.dtype() != T::DTYPE || !v.is_contiguous() {
+            return Err(Error::shape(
+                what,
+                format!("a dense {} tensor", T::DTYPE.name()),
+                format!("{} with strides {:?}", v.dtype().name(), v.strides()),
+            ));
+        }
+        // SAFETY: the caller guarantees a live allocation of this context holding `numel` T's at
+        // the view's address; the slice is never freed (Borrowed leaks it on drop).
+        let slice = unsafe {
+            self.stream
+                .upgrade_device_ptr::<T>(v.addr() as u64, v.numel().max(1))
+        };
+        Ok(Borrowed {
+            slice: std::mem::ManuallyDrop::new(slice),
+        })
+    }
+}
+
+/// Caller-owned device memory seen as a [`CudaSlice`] for one call (see [`Device::borrow`]).
+pub struct Borrowed<T: DeviceRepr> {
+    slice: std::mem::ManuallyDrop<CudaSlice<T>>,
+}
+
+impl<T: DeviceRepr> std::ops::Deref for Borrowed<T> {
+    type Target = CudaSlice<T>;
+    fn deref(&self) -> &CudaSlice<T> {
+        &self.slice
+    }
+}
+
+impl<T: DeviceRepr> std::ops::DerefMut for Borrowed<T> {
+    fn deref_mut(&mut self) -> &mut CudaSlice<T> {
+        &mut self.slice
+    }
+}
+
+impl<T: DeviceRepr> Drop for Borrowed<T> {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; `leak` gives the pointer back without freeing the caller's
+        // memory.
+        let s = unsafe { std::mem::ManuallyDrop::take(&mut self.slice) };
+        s.leak();
+    }
+}
+
 /// Launches `func` with the listed arguments on the device's stream and checks the launch.
 ///
 /// Use: `launch!(dev, "module", "kernel", cfg, arg, ...)`; every argument is a reference (`&buf`,

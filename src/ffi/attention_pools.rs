@@ -7,11 +7,11 @@
 //! whose first field is its size, so that fields can be added later without breaking callers.
 
 use super::dlpack::{DLTensor, DType, Device, View, K_DL_CPU, K_DL_CUDA, K_DL_UINT};
-use super::{boundary, Csa2Status};
+use super::{guarded, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, KV_DIM};
-use crate::npy::{Dim, Dims};
 use crate::ops::attention::{attention_pools, PoolDesc, PoolInputs, PoolLayout, PoolView};
+use crate::shape::{Dim, Dims};
 
 /// How a pool's pages hold their records (`Csa2Pool::layout`).
 #[repr(C)]
@@ -167,7 +167,7 @@ unsafe fn pool_arg(p: &Csa2Pool, what: &'static str) -> Result<Option<PoolArg>> 
         ));
     }
     let device = match t.device.device_type {
-        K_DL_CPU => Device::Host,
+        K_DL_CPU => Device::Cpu,
         K_DL_CUDA => Device::Cuda(t.device.device_id),
         other => {
             return Err(Error::Unsupported(format!(
@@ -290,15 +290,14 @@ unsafe fn check_args<'a>(a: &Csa2AttentionPoolsArgs) -> Result<Checked<'a>> {
             format!("{h} local heads must be in 1..={hp} (q.shape[1])"),
         ));
     }
-    dims.bind("H", h);
-    sink.expect(&[DType::F32], &[Dim::Any("H")], &mut dims)?;
+    sink.expect(&[DType::F32], &[Dim::Fixed(h)], &mut dims)?;
     main_idx.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("Km")], &mut dims)?;
     swa_idx.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("Ks")], &mut dims)?;
     for l in main_len.iter().chain(&swa_len) {
         l.expect(&[DType::I32], &[Dim::Any("T")], &mut dims)?;
     }
     if let Some(l) = &lse {
-        l.expect(&[DType::F32], &[Dim::Any("T"), Dim::Any("H")], &mut dims)?;
+        l.expect(&[DType::F32], &[Dim::Any("T"), Dim::Fixed(h)], &mut dims)?;
     }
     if let Some(e) = &error {
         e.expect(&[DType::I32], &[Dim::Fixed(4)], &mut dims)?;
@@ -426,7 +425,7 @@ fn run_host(c: &mut Checked) -> Result<()> {
 /// the kernel has run on `stream`).
 #[no_mangle]
 pub unsafe extern "C" fn csa2_attention_pools(args: *const Csa2AttentionPoolsArgs) -> Csa2Status {
-    boundary("csa2_attention_pools", || {
+    guarded("csa2_attention_pools", || {
         if args.is_null() {
             return Err(Error::NullPointer("args"));
         }
@@ -450,7 +449,7 @@ pub unsafe extern "C" fn csa2_attention_pools(args: *const Csa2AttentionPoolsArg
             return Ok(());
         }
         match c.device {
-            Device::Host => run_host(&mut c),
+            Device::Cpu => run_host(&mut c),
             Device::Cuda(_id) => run_cuda(&c, a.stream),
         }
     })
@@ -475,7 +474,7 @@ fn run_cuda(_c: &Checked, _stream: u64) -> Result<()> {
 /// feature or without a driver.
 #[no_mangle]
 pub extern "C" fn csa2_cuda_preload(ordinal: i32) -> Csa2Status {
-    boundary("csa2_cuda_preload", || preload(ordinal))
+    guarded("csa2_cuda_preload", || preload(ordinal))
 }
 
 #[cfg(feature = "cuda")]

@@ -11,10 +11,11 @@
 //! (and the memory it points to) for the duration of the call only; nothing is retained.
 
 use crate::error::{Error, Result};
-use crate::npy::{Dim, Dims};
+use crate::shape::{Dim, Dims};
+pub use crate::tensor::{DType, Device};
+use crate::tensor::{TensorView, TensorViewMut};
 use half::{bf16, f16};
 use std::ffi::c_void;
-use std::marker::PhantomData;
 
 // ---- the mirror of dlpack.h ---------------------------------------------------------------------
 
@@ -132,23 +133,8 @@ pub const DLPACK_FLAG_BITMASK_READ_ONLY: u64 = 1;
 /// Largest `ndim` csa2 accepts (every op uses ≤ 4; 8 leaves room and bounds the shape read).
 pub const MAX_NDIM: i32 = 8;
 
-/// The element types csa2's exports read or write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DType {
-    /// float32.
-    F32,
-    /// bfloat16 (converted to/from f32 at the boundary).
-    Bf16,
-    /// float16 (converted to/from f32 at the boundary).
-    F16,
-    /// uint8 (packed records, raw bytes).
-    U8,
-    /// int32 (indices, −1 padded).
-    I32,
-    /// int64 (positions as torch produces them).
-    I64,
-}
-
+// DLPack's encoding of the crate's dtypes and devices (inherent impls beside the mirror, so the
+// types themselves stay defined once, in `crate::tensor`).
 impl DType {
     /// The DLPack (code, bits) pair of this type.
     pub fn code_bits(self) -> (u8, u8) {
@@ -161,35 +147,13 @@ impl DType {
             DType::I64 => (K_DL_INT, 64),
         }
     }
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        self.code_bits().1 as usize / 8
-    }
-    /// Name used in messages (NumPy/torch spelling).
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "float32",
-            DType::Bf16 => "bfloat16",
-            DType::F16 => "float16",
-            DType::U8 => "uint8",
-            DType::I32 => "int32",
-            DType::I64 => "int64",
-        }
-    }
     fn from_dl(t: DLDataType) -> Option<DType> {
         if t.lanes != 1 {
             return None;
         }
-        [
-            DType::F32,
-            DType::Bf16,
-            DType::F16,
-            DType::U8,
-            DType::I32,
-            DType::I64,
-        ]
-        .into_iter()
-        .find(|d| d.code_bits() == (t.code, t.bits))
+        DType::ALL
+            .into_iter()
+            .find(|d| d.code_bits() == (t.code, t.bits))
     }
 }
 
@@ -209,19 +173,10 @@ fn dl_type_name(t: DLDataType) -> String {
     }
 }
 
-/// Where a tensor's memory lives, as far as csa2 is concerned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Device {
-    /// Host-readable memory: CPU, CUDA pinned host, CUDA managed.
-    Host,
-    /// Memory on CUDA device `n` (not host-readable).
-    Cuda(i32),
-}
-
 impl Device {
     fn from_dl(d: DLDevice) -> Result<Device> {
         match d.device_type {
-            K_DL_CPU | K_DL_CUDA_HOST | K_DL_CUDA_MANAGED => Ok(Device::Host),
+            K_DL_CPU | K_DL_CUDA_HOST | K_DL_CUDA_MANAGED => Ok(Device::Cpu),
             K_DL_CUDA => Ok(Device::Cuda(d.device_id)),
             other => Err(Error::Unsupported(format!(
                 "DLPack device type {other} ({}) — csa2 reads host (kDLCPU=1, kDLCUDAHost=3, \
@@ -252,158 +207,230 @@ fn device_name(t: i32) -> &'static str {
     }
 }
 
-/// A validated, borrowed view of a caller's `DLTensor`: the element pointer (after `byte_offset`),
-/// the shape, the dtype and the byte range, with the guarantees [`View::from_raw`] lists.
+/// Reads and validates the descriptor at `t` into a [`TensorView`] (strided views allowed), naming
+/// it `name` in every error.
+///
+/// Guarantees on success: `ndim ∈ [0, 8]`; every dim ≥ 0; every stride ≥ 0 (null strides mean
+/// row-major); the element count and the byte span (offset of the last element + 1, times the
+/// element size) fit `isize`, so any product of dims is safe; the dtype is one of [`DType`] with
+/// one lane; `data` is non-null and aligned to the element size whenever the tensor is non-empty;
+/// `data + byte_offset + span` does not wrap.
+///
+/// Errors: [`Error::NullPointer`] (null descriptor, or null shape with `ndim > 0`, or null data
+/// with a non-zero size), [`Error::Shape`] (ndim, negative dim or stride, overflow, misalignment),
+/// [`Error::Invalid`] (dtype), [`Error::Unsupported`] (device type).
+///
+/// # Safety
+/// `t` must be null or point to a readable `DLTensor` whose `shape` (and `strides`, if
+/// non-null) point to `ndim` readable `i64`s, and whose data span stays valid (on its device) and
+/// unaliased by other threads for `'a`. Everything else (values inside the struct) is checked.
+pub unsafe fn tensor_from_dlpack<'a>(
+    t: *const DLTensor,
+    name: &'static str,
+) -> Result<TensorView<'a>> {
+    // SAFETY: forwarded contract.
+    let (ptr, shape, strides, dtype, device) = unsafe { read_descriptor(t, name) }?;
+    // SAFETY: `read_descriptor` checked pointer, alignment and span; validity for 'a is the
+    // caller's contract.
+    unsafe { TensorView::from_raw_parts(ptr, &shape, &strides, dtype, device) }
+}
+
+/// [`tensor_from_dlpack`] for an output tensor.
+///
+/// # Safety
+/// As [`tensor_from_dlpack`], and the span must be writable and not accessed by anyone else for
+/// `'a`.
+pub unsafe fn tensor_mut_from_dlpack<'a>(
+    t: *const DLTensor,
+    name: &'static str,
+) -> Result<TensorViewMut<'a>> {
+    // SAFETY: forwarded contract.
+    let (ptr, shape, strides, dtype, device) = unsafe { read_descriptor(t, name) }?;
+    // SAFETY: as in `tensor_from_dlpack`, plus writability and exclusivity from the contract.
+    unsafe { TensorViewMut::from_raw_parts(ptr, &shape, &strides, dtype, device) }
+}
+
+type Descriptor = (*mut u8, Vec<usize>, Vec<usize>, DType, Device);
+
+/// The checks of [`tensor_from_dlpack`]; returns (element 0 address, shape, element strides,
+/// dtype, device).
+///
+/// # Safety
+/// As [`tensor_from_dlpack`].
+unsafe fn read_descriptor(t: *const DLTensor, name: &'static str) -> Result<Descriptor> {
+    if t.is_null() {
+        return Err(Error::NullPointer(name));
+    }
+    // SAFETY: non-null and readable per this function's contract; DLTensor is plain data.
+    let t = unsafe { std::ptr::read_unaligned(t) };
+    if !(0..=MAX_NDIM).contains(&t.ndim) {
+        return Err(Error::shape(
+            format!("{name}.ndim"),
+            format!("0..={MAX_NDIM}"),
+            t.ndim,
+        ));
+    }
+    let ndim = t.ndim as usize;
+    if ndim > 0 && t.shape.is_null() {
+        return Err(Error::NullPointer(name));
+    }
+    let dtype = DType::from_dl(t.dtype).ok_or_else(|| {
+        Error::invalid(
+            format!("{name}.dtype"),
+            format!(
+                "{} is not an element type csa2 accepts (float32, bfloat16, float16, uint8, \
+                 int32, int64; one lane)",
+                dl_type_name(t.dtype)
+            ),
+        )
+    })?;
+    let device = Device::from_dl(t.device)?;
+    let raw_shape: Vec<i64> = (0..ndim)
+        // SAFETY: `shape` points to `ndim` readable i64s per the contract (checked non-null).
+        .map(|i| unsafe { std::ptr::read_unaligned(t.shape.add(i)) })
+        .collect();
+    let mut shape = Vec::with_capacity(ndim);
+    for (i, &d) in raw_shape.iter().enumerate() {
+        let d = usize::try_from(d)
+            .map_err(|_| Error::shape(format!("{name}.shape[{i}]"), "a size ≥ 0", d))?;
+        shape.push(d);
+    }
+    // The product skips zero dims: an empty tensor of shape [0, 2^62] would otherwise pass
+    // and hand the ops a dim whose products with the others overflow (found by
+    // tests/ffi_fuzz.rs). The element count is zero exactly when some dim is zero.
+    let numel = shape
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| {
+            n.checked_mul(dtype.size())
+                .is_some_and(|b| b <= isize::MAX as usize)
+        })
+        .ok_or_else(|| {
+            Error::shape(
+                format!("{name}.shape"),
+                format!("a size whose {} byte count fits isize", dtype.name()),
+                format!("{raw_shape:?} (element count overflows)"),
+            )
+        })?;
+    let numel = if shape.contains(&0) { 0 } else { numel };
+    let strides: Vec<usize> = if t.strides.is_null() {
+        crate::tensor::row_major_strides(&shape)
+    } else {
+        let raw: Vec<i64> = (0..ndim)
+            // SAFETY: non-null `strides` points to `ndim` readable i64s per the contract.
+            .map(|k| unsafe { std::ptr::read_unaligned(t.strides.add(k)) })
+            .collect();
+        let mut v = Vec::with_capacity(ndim);
+        for (i, &st) in raw.iter().enumerate() {
+            // A size-1 (or empty) dim never steps, so its stride is irrelevant: torch gives such
+            // dims arbitrary strides. Any other negative stride is refused.
+            let st = if shape[i] <= 1 { st.max(0) } else { st };
+            v.push(usize::try_from(st).map_err(|_| {
+                Error::shape(
+                    format!("{name}.strides"),
+                    "non-negative strides (call .contiguous())",
+                    format!("{raw:?}"),
+                )
+            })?);
+        }
+        v
+    };
+    // Byte span: offset of the last element + 1, in bytes (checked again by TensorView).
+    let span = if numel == 0 {
+        Some(0)
+    } else {
+        shape
+            .iter()
+            .zip(&strides)
+            .try_fold(0usize, |a, (&d, &s)| {
+                (d - 1).checked_mul(s).and_then(|x| a.checked_add(x))
+            })
+            .and_then(|l| l.checked_add(1))
+            .and_then(|n| n.checked_mul(dtype.size()))
+            .filter(|&b| b <= isize::MAX as usize)
+    };
+    let Some(bytes) = span else {
+        return Err(Error::shape(
+            format!("{name}.strides"),
+            format!("strides whose {} byte span fits isize", dtype.name()),
+            format!("shape {shape:?}, strides {strides:?} (overflows)"),
+        ));
+    };
+    let ptr = if numel == 0 {
+        std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8
+    } else {
+        if t.data.is_null() {
+            return Err(Error::NullPointer(name));
+        }
+        let base = t.data as usize;
+        let offset = usize::try_from(t.byte_offset).ok();
+        let start = offset.and_then(|o| base.checked_add(o));
+        let end = start.and_then(|s| s.checked_add(bytes));
+        let (Some(start), Some(_)) = (start, end) else {
+            return Err(Error::shape(
+                format!("{name}.byte_offset"),
+                "data + byte_offset + size within the address space",
+                format!(
+                    "data={base:#x}, byte_offset={}, bytes={bytes}",
+                    t.byte_offset
+                ),
+            ));
+        };
+        if start % dtype.size() != 0 {
+            return Err(Error::shape(
+                format!("{name}.data"),
+                format!(
+                    "an address aligned to {} bytes ({})",
+                    dtype.size(),
+                    dtype.name()
+                ),
+                format!("{start:#x}"),
+            ));
+        }
+        start as *mut u8
+    };
+    Ok((ptr, shape, strides, dtype, device))
+}
+
+/// A validated, borrowed, compact row-major view of a caller's `DLTensor` as the op exports take
+/// it: a [`TensorView`] with its argument name, with the guarantees [`View::from_raw`] lists.
 #[derive(Debug)]
 pub struct View<'a> {
     name: &'static str,
-    ptr: *mut u8,
-    shape: Vec<usize>,
-    dtype: DType,
-    device: Device,
-    numel: usize,
-    _borrow: PhantomData<&'a mut [u8]>,
+    t: TensorView<'a>,
 }
 
 impl<'a> View<'a> {
     /// Reads and validates the descriptor at `t`, naming it `name` in every error.
     ///
-    /// Guarantees on success: `ndim ∈ [0, 8]`; every dim ≥ 0; the product of the non-zero dims (hence the
-    /// element count) times the element size fits `isize`, so any product of dims is safe; the dtype is one of [`DType`] with one lane; the layout is compact
-    /// row-major (null strides, or strides equal to the row-major ones — size-1 dims may carry any
-    /// stride, as torch gives them); `data` is non-null and aligned to the element size whenever
-    /// the tensor is non-empty; `data + byte_offset + bytes` does not wrap.
+    /// Guarantees on success: those of [`tensor_from_dlpack`], and the layout is compact row-major
+    /// (null strides, or strides equal to the row-major ones — size-1 dims may carry any stride,
+    /// as torch gives them).
     ///
-    /// Errors: [`Error::NullPointer`] (null descriptor, or null shape with `ndim > 0`, or null data
-    /// with a non-zero size), [`Error::Shape`] (ndim, negative dim, non-contiguous strides, overflow,
-    /// misalignment), [`Error::Invalid`] (dtype), [`Error::Unsupported`] (device type).
+    /// Errors: those of [`tensor_from_dlpack`], and [`Error::Shape`] for non-contiguous strides.
     ///
     /// # Safety
-    /// `t` must be null or point to a readable `DLTensor` whose `shape` (and `strides`, if
-    /// non-null) point to `ndim` readable `i64`s, and whose data range stays valid and unaliased by
-    /// other threads for `'a`. Everything else (values inside the struct) is checked.
+    /// As [`tensor_from_dlpack`].
     pub unsafe fn from_raw(t: *const DLTensor, name: &'static str) -> Result<View<'a>> {
-        if t.is_null() {
-            return Err(Error::NullPointer(name));
-        }
-        // SAFETY: non-null and readable per this function's contract; DLTensor is plain data.
-        let t = unsafe { std::ptr::read_unaligned(t) };
-        if !(0..=MAX_NDIM).contains(&t.ndim) {
+        // SAFETY: forwarded contract.
+        let tv = unsafe { tensor_from_dlpack(t, name) }?;
+        if !tv.is_contiguous() {
             return Err(Error::shape(
-                format!("{name}.ndim"),
-                format!("0..={MAX_NDIM}"),
-                t.ndim,
+                format!("{name}.strides"),
+                format!(
+                    "compact row-major strides for shape {:?} (call .contiguous())",
+                    tv.shape()
+                ),
+                format!("{:?}", tv.strides()),
             ));
         }
-        let ndim = t.ndim as usize;
-        if ndim > 0 && t.shape.is_null() {
-            return Err(Error::NullPointer(name));
-        }
-        let dtype = DType::from_dl(t.dtype).ok_or_else(|| {
-            Error::invalid(
-                format!("{name}.dtype"),
-                format!(
-                    "{} is not an element type csa2 accepts (float32, bfloat16, float16, uint8, \
-                     int32, int64; one lane)",
-                    dl_type_name(t.dtype)
-                ),
-            )
-        })?;
-        let device = Device::from_dl(t.device)?;
-        let raw_shape: Vec<i64> = (0..ndim)
-            // SAFETY: `shape` points to `ndim` readable i64s per the contract (checked non-null).
-            .map(|i| unsafe { std::ptr::read_unaligned(t.shape.add(i)) })
-            .collect();
-        let mut shape = Vec::with_capacity(ndim);
-        for (i, &d) in raw_shape.iter().enumerate() {
-            let d = usize::try_from(d)
-                .map_err(|_| Error::shape(format!("{name}.shape[{i}]"), "a size ≥ 0", d))?;
-            shape.push(d);
-        }
-        // The product skips zero dims: an empty tensor of shape [0, 2^62] would otherwise pass
-        // and hand the ops a dim whose products with the others overflow (found by
-        // tests/ffi_fuzz.rs). The element count is zero exactly when some dim is zero.
-        let numel = shape
-            .iter()
-            .filter(|&&d| d != 0)
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-            .filter(|&n| {
-                n.checked_mul(dtype.size())
-                    .is_some_and(|b| b <= isize::MAX as usize)
-            })
-            .ok_or_else(|| {
-                Error::shape(
-                    format!("{name}.shape"),
-                    format!("a size whose {} byte count fits isize", dtype.name()),
-                    format!("{raw_shape:?} (element count overflows)"),
-                )
-            })?;
-        let numel = if shape.contains(&0) { 0 } else { numel };
-        if !t.strides.is_null() && numel > 0 {
-            let mut expect = 1i64;
-            for i in (0..ndim).rev() {
-                // SAFETY: non-null `strides` points to `ndim` readable i64s per the contract.
-                let s = unsafe { std::ptr::read_unaligned(t.strides.add(i)) };
-                if shape[i] != 1 && s != expect {
-                    let strides: Vec<i64> = (0..ndim)
-                        // SAFETY: as above.
-                        .map(|k| unsafe { std::ptr::read_unaligned(t.strides.add(k)) })
-                        .collect();
-                    return Err(Error::shape(
-                        format!("{name}.strides"),
-                        format!(
-                            "compact row-major strides for shape {shape:?} (call .contiguous())"
-                        ),
-                        format!("{strides:?}"),
-                    ));
-                }
-                // Cannot overflow: the product of the sizes was checked above.
-                expect *= shape[i] as i64;
-            }
-        }
-        let bytes = numel * dtype.size();
-        let ptr = if numel == 0 {
-            std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8
-        } else {
-            if t.data.is_null() {
-                return Err(Error::NullPointer(name));
-            }
-            let base = t.data as usize;
-            let offset = usize::try_from(t.byte_offset).ok();
-            let start = offset.and_then(|o| base.checked_add(o));
-            let end = start.and_then(|s| s.checked_add(bytes));
-            let (Some(start), Some(_)) = (start, end) else {
-                return Err(Error::shape(
-                    format!("{name}.byte_offset"),
-                    "data + byte_offset + size within the address space",
-                    format!(
-                        "data={base:#x}, byte_offset={}, bytes={bytes}",
-                        t.byte_offset
-                    ),
-                ));
-            };
-            if start % dtype.size() != 0 {
-                return Err(Error::shape(
-                    format!("{name}.data"),
-                    format!(
-                        "an address aligned to {} bytes ({})",
-                        dtype.size(),
-                        dtype.name()
-                    ),
-                    format!("{start:#x}"),
-                ));
-            }
-            start as *mut u8
-        };
-        Ok(View {
-            name,
-            ptr,
-            shape,
-            dtype,
-            device,
-            numel,
-            _borrow: PhantomData,
-        })
+        Ok(View { name, t: tv })
+    }
+
+    /// The tensor view (pointer, shape, strides, dtype, device).
+    pub fn tensor(&self) -> &TensorView<'a> {
+        &self.t
     }
 
     /// Argument name used in errors.
@@ -412,91 +439,77 @@ impl<'a> View<'a> {
     }
     /// Shape, outermost first.
     pub fn shape(&self) -> &[usize] {
-        &self.shape
+        self.t.shape()
     }
     /// Element type.
     pub fn dtype(&self) -> DType {
-        self.dtype
+        self.t.dtype()
     }
     /// Where the memory lives.
     pub fn device(&self) -> Device {
-        self.device
+        self.t.device()
     }
     /// Number of elements.
     pub fn numel(&self) -> usize {
-        self.numel
+        self.t.numel()
     }
     /// Byte range `[start, end)` of the elements (empty for an empty tensor).
     pub fn byte_range(&self) -> std::ops::Range<usize> {
-        if self.numel == 0 {
-            return 0..0;
-        }
-        let s = self.ptr as usize;
-        s..s + self.numel * self.dtype.size()
+        self.t.byte_range()
     }
 
     /// Checks the shape against `spec` (binding free names in `dims`) and the dtype against one
     /// of `dtypes`. Errors: [`Error::Shape`] naming this argument, expected and found.
     pub fn expect(&self, dtypes: &[DType], spec: &[Dim], dims: &mut Dims) -> Result<()> {
-        if !dtypes.contains(&self.dtype) {
-            let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
-            return Err(Error::shape(
-                format!("{}.dtype", self.name),
-                names.join(" or "),
-                self.dtype.name(),
-            ));
-        }
-        dims.check(self.name, spec, &self.shape)
+        self.t.expect(self.name, dtypes, spec, dims)
     }
 
-    /// Errors unless the memory is host-readable ([`Error::Unsupported`] naming the device).
+    /// Errors unless the memory is host-readable: [`Error::NoCudaBuild`] for a CUDA tensor in a
+    /// build without the `cuda` feature, [`Error::Unsupported`] for a CUDA tensor reaching a call
+    /// that has no CUDA path.
     pub fn require_host(&self) -> Result<()> {
-        match self.device {
-            Device::Host => Ok(()),
-            Device::Cuda(id) => Err(Error::Unsupported(format!(
-                "`{}` is on CUDA device {id}, but this call needs host memory{}",
-                self.name,
-                if cfg!(feature = "cuda") {
-                    ""
-                } else {
-                    " (this csa2 build has no CUDA support)"
-                }
+        match self.t.device() {
+            Device::Cpu => Ok(()),
+            d if !cfg!(feature = "cuda") => Err(crate::tensor::no_cuda_build(self.name, d)),
+            d => Err(Error::Unsupported(format!(
+                "`{}` is on {d}, but this call needs host memory",
+                self.name
             ))),
         }
     }
 
     fn typed<T>(&self, want: DType) -> Result<&'a [T]> {
         self.require_host()?;
-        if self.dtype != want {
+        if self.t.dtype() != want {
             return Err(Error::shape(
                 format!("{}.dtype", self.name),
                 want.name(),
-                self.dtype.name(),
+                self.t.dtype().name(),
             ));
         }
         // SAFETY: `from_raw` checked non-null (or dangling for empty), alignment for the element
         // size, the byte count and no wrap-around; the caller's contract keeps the memory valid
         // for 'a; host-readable was checked just above.
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr as *const T, self.numel) })
+        Ok(unsafe { std::slice::from_raw_parts(self.t.addr() as *const T, self.t.numel()) })
     }
 
     fn typed_mut<T>(&mut self, want: DType) -> Result<&'a mut [T]> {
         self.require_host()?;
-        if self.dtype != want {
+        if self.t.dtype() != want {
             return Err(Error::shape(
                 format!("{}.dtype", self.name),
                 want.name(),
-                self.dtype.name(),
+                self.t.dtype().name(),
             ));
         }
         // SAFETY: as in `typed`; exclusivity against the other arguments of the same call is
         // established by `check_disjoint`, which every export runs before taking a mutable view.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut T, self.numel) })
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.t.addr() as *mut T, self.t.numel()) })
     }
 
     /// The elements as `f32`: borrowed for float32, converted (one pass) for bfloat16/float16.
     pub fn f32s(&self) -> Result<std::borrow::Cow<'a, [f32]>> {
-        Ok(match self.dtype {
+        Ok(match self.t.dtype() {
             DType::F32 => std::borrow::Cow::Borrowed(self.typed::<f32>(DType::F32)?),
             DType::Bf16 => std::borrow::Cow::Owned(
                 self.typed::<bf16>(DType::Bf16)?
@@ -522,7 +535,7 @@ impl<'a> View<'a> {
 
     /// The elements as `i64` indices/positions (int32 or int64 accepted; always copied).
     pub fn i64s(&self) -> Result<Vec<i64>> {
-        Ok(match self.dtype {
+        Ok(match self.t.dtype() {
             DType::I32 => self
                 .typed::<i32>(DType::I32)?
                 .iter()
@@ -554,7 +567,7 @@ impl<'a> View<'a> {
     /// Address of element 0 (`data + byte_offset`) on the tensor's device, for a kernel
     /// argument; never dereferenced on the host for device memory.
     pub fn addr(&self) -> u64 {
-        self.ptr as u64
+        self.t.addr() as u64
     }
     /// Borrowed bytes (uint8 only).
     pub fn bytes(&self) -> Result<&'a [u8]> {
@@ -576,15 +589,15 @@ impl<'a> View<'a> {
     /// Writes `src` (f32, one value per element) into this tensor, rounding to its float dtype
     /// (round-to-nearest-even for bfloat16/float16). Errors on a length or dtype mismatch.
     pub fn write_f32s(&mut self, src: &[f32]) -> Result<()> {
-        if src.len() != self.numel {
+        if src.len() != self.t.numel() {
             return Err(Error::Internal(format!(
                 "{}: writing {} values into {} elements",
                 self.name,
                 src.len(),
-                self.numel
+                self.t.numel()
             )));
         }
-        match self.dtype {
+        match self.t.dtype() {
             DType::F32 => self.typed_mut::<f32>(DType::F32)?.copy_from_slice(src),
             DType::Bf16 => self
                 .typed_mut::<bf16>(DType::Bf16)?
@@ -616,12 +629,14 @@ impl<'a> View<'a> {
 pub fn check_disjoint(inputs: &[&View<'_>], outputs: &[&View<'_>]) -> Result<()> {
     let all: Vec<&View<'_>> = inputs.iter().chain(outputs).copied().collect();
     if let Some(first) = all.first() {
-        if let Some(other) = all.iter().find(|v| v.device != first.device) {
+        if let Some(other) = all.iter().find(|v| v.device() != first.device()) {
             return Err(Error::invalid(
                 other.name,
                 format!(
-                    "is on {:?} but `{}` is on {:?}; all tensors of one call must share a device",
-                    other.device, first.name, first.device
+                    "is on {} but `{}` is on {}; all tensors of one call must share a device",
+                    other.device(),
+                    first.name,
+                    first.device()
                 ),
             ));
         }
@@ -666,11 +681,11 @@ pub unsafe extern "C" fn csa2_dlpack_describe(
     buf: *mut std::ffi::c_char,
     len: usize,
 ) -> super::Csa2Status {
-    super::boundary("csa2_dlpack_describe", || {
+    super::guarded("csa2_dlpack_describe", || {
         // SAFETY: forwarded caller contract (see above).
         let v = unsafe { View::from_raw(t, "tensor") }?;
         let place = match v.device() {
-            Device::Host => "host".to_string(),
+            Device::Cpu => "host".to_string(),
             Device::Cuda(i) => format!("cuda:{i}"),
         };
         let text = format!("{}{:?} {place}", v.dtype().name(), v.shape());
@@ -684,6 +699,49 @@ pub unsafe extern "C" fn csa2_dlpack_describe(
         }
         Ok(())
     })
+}
+
+/// The float element types an op accepts (converted to f32 on entry).
+pub(super) const FLOATS: &[DType] = &[DType::F32, DType::Bf16, DType::F16];
+/// The integer element types an op accepts.
+pub(super) const INTS: &[DType] = &[DType::I32, DType::I64];
+
+/// A required host tensor.
+///
+/// # Safety
+/// As [`View::from_raw`].
+pub(super) unsafe fn host<'a>(t: *const DLTensor, name: &'static str) -> Result<View<'a>> {
+    // SAFETY: forwarded caller contract.
+    let v = unsafe { View::from_raw(t, name) }?;
+    v.require_host()?;
+    Ok(v)
+}
+
+/// An optional host tensor (null → `None`).
+///
+/// # Safety
+/// As [`View::from_raw`].
+pub(super) unsafe fn host_opt<'a>(
+    t: *const DLTensor,
+    name: &'static str,
+) -> Result<Option<View<'a>>> {
+    if t.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: forwarded caller contract.
+    unsafe { host(t, name) }.map(Some)
+}
+
+/// Writes `f`'s f32 results into a float output: straight into float32 memory, through a temporary
+/// for bfloat16/float16.
+pub(super) fn fill_floats(out: &mut View, f: impl FnOnce(&mut [f32]) -> Result<()>) -> Result<()> {
+    if out.dtype() == DType::F32 {
+        f(out.f32s_mut()?)
+    } else {
+        let mut tmp = vec![0.0f32; out.numel()];
+        f(&mut tmp)?;
+        out.write_f32s(&tmp)
+    }
 }
 
 #[cfg(test)]
@@ -859,6 +917,44 @@ mod tests {
         t.device.device_type = 8;
         let e = unsafe { View::from_raw(&t, "q") }.unwrap_err().to_string();
         assert!(e.contains("kDLMetal"), "{e}");
+    }
+
+    #[test]
+    fn strided_descriptors_become_tensor_views_but_not_op_views() {
+        // One layer of a vLLM-style pool: [blocks=3, slots=4, record=8] u8 inside per-block slabs
+        // of 2 layers (block stride 64 bytes), starting at layer 1 (byte_offset 32).
+        let mut pool = [0u8; 3 * 64];
+        let mut shape = [3i64, 4, 8];
+        let mut strides = [64i64, 8, 1];
+        let mut t = desc(
+            pool.as_mut_ptr().cast(),
+            DType::U8,
+            &mut shape,
+            Some(&mut strides),
+        );
+        t.byte_offset = 32;
+        let v = unsafe { tensor_from_dlpack(&t, "pool") }.unwrap();
+        assert_eq!(v.shape(), &[3, 4, 8]);
+        assert_eq!(v.strides(), &[64, 8, 1]);
+        assert_eq!(v.addr(), pool.as_ptr() as usize + 32);
+        assert_eq!(v.byte_range().len(), 2 * 64 + 3 * 8 + 8);
+        let e = unsafe { View::from_raw(&t, "pool") }
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pool.strides"), "{e}");
+        // Negative strides are refused; so is a span that overflows.
+        let mut strides = [-64i64, 8, 1];
+        t.strides = strides.as_mut_ptr();
+        let e = unsafe { tensor_from_dlpack(&t, "pool") }
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("non-negative"), "{e}");
+        let mut strides = [i64::MAX / 2, 8, 1];
+        t.strides = strides.as_mut_ptr();
+        let e = unsafe { tensor_from_dlpack(&t, "pool") }
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("overflows"), "{e}");
     }
 
     #[test]

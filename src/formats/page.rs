@@ -4,6 +4,8 @@
 
 use super::RecordFormat;
 use crate::error::{Error, Result};
+use crate::shape::{Dim, Dims};
+use crate::tensor::{DType, Device, TensorView, TensorViewMut};
 use rayon::prelude::*;
 
 /// One touched page of a pool and the `(slot, row)` pairs that go into it.
@@ -85,6 +87,74 @@ impl PageLayout {
             ));
         }
         Ok(pool_len / pb)
+    }
+
+    /// [`PageLayout::encode_into_pages`] over tensor views, dispatched on their device: `x`
+    /// `[N, dim]` float32, `slot_mapping` `[N]` int64, `pool` a dense uint8 tensor of whole pages,
+    /// all on one device. Host memory runs the CPU codec; CUDA memory the kernel of
+    /// `kernels/kv_cache.cu` (feature `cuda`; bit-identical), which — like vLLM's
+    /// `reshape_and_cache` — does not check the device-resident slots: every slot must be −1 or in
+    /// the pool and named once.
+    ///
+    /// Errors: [`Error::Shape`] for another signature; [`Error::Invalid`] for tensors on different
+    /// devices; [`Error::NoCudaBuild`] for CUDA tensors in a build without the `cuda` feature; the
+    /// errors of [`PageLayout::encode_into_pages`] on the host and [`Error::Cuda`] on a GPU.
+    pub fn encode_into_pages_view(
+        &self,
+        x: &TensorView<'_>,
+        slot_mapping: &TensorView<'_>,
+        pool: &mut TensorViewMut<'_>,
+    ) -> Result<()> {
+        let mut dims = Dims::default();
+        x.expect(
+            "x",
+            &[DType::F32],
+            &[Dim::Any("N"), Dim::Fixed(self.format.dim())],
+            &mut dims,
+        )?;
+        slot_mapping.expect("slot_mapping", &[DType::I64], &[Dim::Any("N")], &mut dims)?;
+        if pool.dtype() != DType::U8 || !pool.is_contiguous() {
+            return Err(Error::shape(
+                "pool",
+                "a dense uint8 tensor of whole pages",
+                format!("{} with strides {:?}", pool.dtype().name(), pool.strides()),
+            ));
+        }
+        let place = x.device();
+        if let Some((what, d)) = [
+            ("slot_mapping", slot_mapping.device()),
+            ("pool", pool.device()),
+        ]
+        .into_iter()
+        .find(|(_, d)| *d != place)
+        {
+            return Err(Error::invalid(
+                what,
+                format!("is on {d} but `x` is on {place}; one call's tensors share a device"),
+            ));
+        }
+        match place {
+            Device::Cpu => self.encode_into_pages(
+                x.as_slice("x")?,
+                slot_mapping.as_slice("slot_mapping")?,
+                pool.as_mut_slice("pool")?,
+            ),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => super::cuda::encode_into_pages_view(self, x, slot_mapping, pool),
+            #[cfg(not(feature = "cuda"))]
+            d @ Device::Cuda(_) => Err(crate::tensor::no_cuda_build("x", d)),
+        }
+    }
+
+    /// Checks a slot mapping against a pool of `pool_len` bytes: whole pages, every entry −1 or a
+    /// slot of the pool. What a caller of the CUDA codecs (which do not check) runs first.
+    ///
+    /// Errors: [`Error::Shape`] for a pool that is not whole pages, [`Error::Invalid`] naming
+    /// `slot_mapping` for an entry outside −1 or `0..pages·slots`.
+    pub fn check_slot_mapping(&self, slot_mapping: &[i64], pool_len: usize) -> Result<()> {
+        let pages = self.pages_in(pool_len)?;
+        self.mapped_slots(slot_mapping, pages, "slot_mapping")
+            .map(|_| ())
     }
 
     /// Checks a slot mapping against a pool of `pages` pages and returns its `(slot, row)` pairs
@@ -230,6 +300,17 @@ impl PageLayout {
     }
 }
 
+/// The global slot (page · `page_slots` + offset) of logical row `j` through one block-table row,
+/// as every paged kernel addresses it (vLLM's block tables): `table_row[j / page_slots] ·
+/// page_slots + j % page_slots`. `None` when `j < 0`, past the row, or in an unmapped block (−1).
+pub fn block_table_slot(table_row: &[i32], j: i64, page_slots: usize) -> Option<usize> {
+    if j < 0 || page_slots == 0 {
+        return None;
+    }
+    let blk = *table_row.get(j as usize / page_slots)?;
+    (blk >= 0).then(|| blk as usize * page_slots + j as usize % page_slots)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,5 +430,82 @@ mod tests {
         let mut out = vec![0f32; 128];
         assert!(lay.decode_from_pages(&pool, &[8], &mut out).is_err());
         assert!(lay.decode_from_pages(&pool, &[0, 1], &mut out).is_err());
+    }
+
+    #[test]
+    fn tensor_view_dispatch_runs_the_cpu_codec_on_host_memory_and_refuses_mixed_devices() {
+        let layout = PageLayout {
+            format: RecordFormat::Mxfp4Index,
+            slots: 4,
+        };
+        let x: Vec<f32> = (0..3 * 128).map(|i| (i as f32 * 0.37).sin()).collect();
+        let map = vec![5i64, -1, 2];
+        let mut want = vec![7u8; 2 * layout.page_bytes()];
+        layout.encode_into_pages(&x, &map, &mut want).unwrap();
+        let mut got = vec![7u8; 2 * layout.page_bytes()];
+        let xv = TensorView::from_host_slice(&x, &[3, 128]).unwrap();
+        let mv = TensorView::from_host_slice(&map, &[3]).unwrap();
+        let n = got.len();
+        let mut pv = TensorViewMut::from_host_slice(&mut got, &[n]).unwrap();
+        layout.encode_into_pages_view(&xv, &mv, &mut pv).unwrap();
+        assert_eq!(got, want);
+        // Wrong signature: x rows of 512 for a 128-wide format.
+        let xw = TensorView::from_host_slice(&x[..256], &[2, 128]).unwrap();
+        let mut pv = TensorViewMut::from_host_slice(&mut got, &[n]).unwrap();
+        let e = layout
+            .encode_into_pages_view(&xw, &mv, &mut pv)
+            .unwrap_err();
+        assert!(e.to_string().contains("slot_mapping"), "{e}");
+        // A CUDA slot mapping with host rows: refused before anything is read.
+        // SAFETY: never dereferenced (the device check comes first).
+        let dm = unsafe {
+            TensorView::from_raw_parts(0x1000 as *const u8, &[3], &[1], DType::I64, Device::Cuda(0))
+        }
+        .unwrap();
+        let e = layout
+            .encode_into_pages_view(&xv, &dm, &mut pv)
+            .unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e:?}");
+        assert_eq!(got, want, "nothing written on error");
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_views_in_a_build_without_cuda_are_no_cuda_build_errors() {
+        let layout = PageLayout {
+            format: RecordFormat::Mxfp4Index,
+            slots: 4,
+        };
+        // SAFETY: never dereferenced: the build has no CUDA path.
+        let (x, m, mut p) = unsafe {
+            (
+                TensorView::from_raw_parts(
+                    0x1000 as *const u8,
+                    &[3, 128],
+                    &[128, 1],
+                    DType::F32,
+                    Device::Cuda(0),
+                ),
+                TensorView::from_raw_parts(
+                    0x2000 as *const u8,
+                    &[3],
+                    &[1],
+                    DType::I64,
+                    Device::Cuda(0),
+                ),
+                TensorViewMut::from_raw_parts(
+                    0x3000 as *mut u8,
+                    &[272],
+                    &[1],
+                    DType::U8,
+                    Device::Cuda(0),
+                ),
+            )
+        };
+        let e = layout
+            .encode_into_pages_view(&x.unwrap(), &m.unwrap(), p.as_mut().unwrap())
+            .unwrap_err();
+        assert!(matches!(e, Error::NoCudaBuild(_)), "{e:?}");
+        assert!(e.to_string().contains("--features cuda"), "{e}");
     }
 }

@@ -6,20 +6,26 @@
 //! FlashMLA style), and reruns the kernel to check it is bitwise deterministic.
 #![allow(dead_code)]
 
-use super::reference::*;
+use super::host::{self, attention_ref, table_slot, Pool};
 use csa2::cuda::attention::{DecodeBatch, DecodeDevBatch, PagedCache};
-use csa2::cuda::compressor::{CarryState, CompressorBatch, CompressorWeights};
-use csa2::cuda::indexer::{IndexCache, IndexerQueries};
-use csa2::cuda::mhc::{MhcDevArgs, MhcDevOutputs, MhcInputs, MhcSite};
 use csa2::cuda::Device;
 use csa2::formats::RecordFormat;
 use csa2::geometry::Geometry;
+use csa2::ops::candidates::{reference as candidates_ref, CandidateParams};
+use csa2::ops::compressor::{self, CarryState, Compressor, CompressorBatch, CompressorWeights};
+use csa2::ops::indexer::{self, IndexCache, IndexerParams, IndexerQueries};
+use csa2::ops::mhc::{self, MhcParams, MixWeights, PostUpdate};
+use csa2::ops::rope::Rope;
+use csa2::ops::topk::reference::select_rows_index_order as topk_ref;
 use csa2::tolerance::{compare, Stats, Tolerance, GPU_BF16_VS_F64, GPU_F32_VS_F64, QUANT_VS_EXACT};
 use csa2::Result;
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
+
+const KV: usize = csa2::formats::KV_DIM;
+const IDX: usize = csa2::formats::INDEX_DIM;
 
 /// Problem sizes: `small` for tests on any GPU in seconds, `large` for validation at model shapes.
 #[derive(Clone, Copy, Debug)]
@@ -235,7 +241,7 @@ pub fn check_codec(dev: &Device, fmt: RecordFormat, size: Size, seed: u64) -> Re
         }
     }
     let mut gpu = init.clone();
-    dev.encode_pages(fmt, &x, &slots, &mut gpu, page_slots)?;
+    host::encode_pages(dev, fmt, &x, &slots, &mut gpu, page_slots)?;
     let diff = gpu.iter().zip(&cpu.bytes).filter(|(a, b)| a != b).count();
     rep.check(
         "page bytes == CPU (incl. untouched slots)",
@@ -243,10 +249,10 @@ pub fn check_codec(dev: &Device, fmt: RecordFormat, size: Size, seed: u64) -> Re
         format!("{diff} of {} bytes differ", gpu.len()),
     );
     let mut again = init.clone();
-    dev.encode_pages(fmt, &x, &slots, &mut again, page_slots)?;
+    host::encode_pages(dev, fmt, &x, &slots, &mut again, page_slots)?;
     rep.check("bitwise rerun", again == gpu, "");
 
-    let dec = dev.decode_pages(fmt, &cpu.bytes, &slots, page_slots)?;
+    let dec = host::decode_pages(dev, fmt, &cpu.bytes, &slots, page_slots)?;
     let mut want = vec![0f32; rows * dim];
     for (r, &s) in slots.iter().enumerate() {
         if s >= 0 {
@@ -260,8 +266,9 @@ pub fn check_codec(dev: &Device, fmt: RecordFormat, size: Size, seed: u64) -> Re
         let ds = dev.upload(&slots)?;
         let mut dp = dev.upload(&gpu)?;
         let n = slots.len();
+        let layout = cpu.layout;
         let us = time_us(dev, size.iters, || {
-            dev.encode_pages_dev(fmt, &dx, &ds, &mut dp, n, page_slots)
+            csa2::formats::cuda::encode_into_pages(dev, &layout, &dx, &ds, &mut dp, n)
         })?;
         rep.timing = Some((us, (n * (dim * 4 + 8 + fmt.record_bytes())) as f64));
     }
@@ -279,10 +286,19 @@ pub fn check_compressor(dev: &Device, ratio: usize, size: Size, seed: u64) -> Re
         .iter()
         .find(|l| l.ratio == ratio)
         .expect("a layer with this ratio");
-    let inv_freq = layer.rope.inv_freqs();
     let norm_w: Vec<f32> = (0..KV).map(|_| rng.random_range(0.5..1.5)).collect();
     let k_norm_w: Vec<f32> = (0..IDX).map(|_| rng.random_range(0.5..1.5)).collect();
     let wk = normal(&mut rng, IDX * KV, (KV as f32).powf(-0.5));
+    let c = Compressor::new(
+        ratio,
+        compressor::cuda::KERNEL_EPS,
+        Rope::for_layer(layer),
+        CompressorWeights {
+            norm: &norm_w,
+            wk: &wk,
+            k_norm: &k_norm_w,
+        },
+    )?;
     let page_slots = 64;
     // Chunk lengths per request and call: odd and even boundaries, empty chunks, page crossings.
     let calls: Vec<Vec<usize>> = if size.large {
@@ -318,8 +334,7 @@ pub fn check_compressor(dev: &Device, ratio: usize, size: Size, seed: u64) -> Re
     let mut st_cpu = CarryState::new(requests);
     let mut st_gpu = CarryState::new(requests);
     let mut pos = vec![0i32; requests];
-    let mut ref_rows = vec![];
-    let mut ref_idx = vec![];
+    let mut ref_entries = vec![];
     let mut last_inputs = None;
     for lens in &calls {
         let mut cu = vec![0i32];
@@ -330,31 +345,6 @@ pub fn check_compressor(dev: &Device, ratio: usize, size: Size, seed: u64) -> Re
         let kv = normal(&mut rng, tokens * KV, 1.0);
         let score = normal(&mut rng, tokens * KV, 2.0);
         let score_opt = (ratio == 2).then_some(score.as_slice());
-        let out = compressor_ref(
-            ratio,
-            &norm_w,
-            &wk,
-            &k_norm_w,
-            &inv_freq,
-            &kv,
-            score_opt,
-            &cu,
-            &pos,
-            &bt,
-            max_blocks,
-            &mut st_cpu,
-            &mut main_cpu,
-            &mut index_cpu,
-        );
-        ref_rows.extend(out.main_rows);
-        ref_idx.extend(out.index_rows);
-        let w = CompressorWeights {
-            ratio,
-            norm_w: &norm_w,
-            wk: &wk,
-            k_norm_w: &k_norm_w,
-            inv_freq: &inv_freq,
-        };
         let b = CompressorBatch {
             kv: &kv,
             score: score_opt,
@@ -364,7 +354,14 @@ pub fn check_compressor(dev: &Device, ratio: usize, size: Size, seed: u64) -> Re
             max_blocks,
             page_slots,
         };
-        dev.compress(&w, &b, &mut st_gpu, &mut main_gpu, &mut index_gpu)?;
+        ref_entries.extend(compressor::reference::compress_paged(
+            &c,
+            &b,
+            &mut st_cpu,
+            &mut main_cpu.bytes,
+            &mut index_cpu.bytes,
+        )?);
+        host::compress(dev, &c, &b, &mut st_gpu, &mut main_gpu, &mut index_gpu)?;
         last_inputs = Some((kv, score, cu, pos.clone()));
         for (p, &l) in pos.iter_mut().zip(lens) {
             *p += l as i32;
@@ -397,17 +394,19 @@ pub fn check_compressor(dev: &Device, ratio: usize, size: Size, seed: u64) -> Re
         bytes: index_gpu.clone(),
     };
     let (mut got, mut want, mut goti, mut wanti) = (vec![], vec![], vec![], vec![]);
-    for ((r, j, row), (_, _, irow)) in ref_rows.iter().zip(&ref_idx) {
-        let slot = table_slot(&bt[r * max_blocks..(r + 1) * max_blocks], *j, page_slots).unwrap();
+    for e in &ref_entries {
+        let slot = e
+            .slot
+            .expect("every entry is mapped (no holes in these tables)");
         got.extend(gmain.read_slot(slot));
-        want.extend(row.iter().copied());
+        want.extend(e.main_kv.iter().copied());
         goti.extend(gidx.read_slot(slot));
-        wanti.extend(irow.iter().copied());
+        wanti.extend(e.index_k.iter().copied());
     }
     rep.check(
         "entries written",
-        !ref_rows.is_empty(),
-        format!("{} entries", ref_rows.len()),
+        !ref_entries.is_empty(),
+        format!("{} entries", ref_entries.len()),
     );
     rep.stats(
         "main KV (dequantized) vs unquantized",
@@ -427,19 +426,13 @@ pub fn check_compressor(dev: &Device, ratio: usize, size: Size, seed: u64) -> Re
         let tokens = *cu.last().unwrap() as usize;
         let mut main = main_gpu.clone();
         let mut idx = index_gpu.clone();
-        let w = CompressorWeights {
-            ratio,
-            norm_w: &norm_w,
-            wk: &wk,
-            k_norm_w: &k_norm_w,
-            inv_freq: &inv_freq,
-        };
-        // Host form (includes copies) is what is cheap to time here; report it as such.
+        // The staged host form (includes copies) is what is cheap to time here; report it as such.
         let mut st = st_gpu.clone();
         let us = time_us(dev, size.iters.min(10), || {
             st = st_gpu.clone();
-            dev.compress(
-                &w,
+            host::compress(
+                dev,
+                &c,
                 &CompressorBatch {
                     kv: &kv,
                     score: (ratio == 2).then_some(score.as_slice()),
@@ -525,30 +518,28 @@ pub fn check_indexer(
     let nb = entries.div_ceil(8);
     let mask: Vec<u8> = (0..t * nb).map(|i| u8::from(i % 3 != 1)).collect();
     let cand = masked.then_some((mask.as_slice(), nb));
+    let positions: Vec<i64> = pos.iter().map(|&p| p as i64).collect();
     let qs = IndexerQueries {
         q: &q,
         w: &w,
-        pos: &pos,
-        req: &req,
+        positions: &positions,
     };
     let cache = IndexCache {
         pages: &index.bytes,
         block_table: &bt,
         max_blocks,
         page_slots,
-        ratio,
     };
-    let got = dev.indexer_logits(&qs, &cache, cand, entries)?;
-    let want = indexer_logits_ref(
-        &q, &w, &pos, &req, &bt, max_blocks, &index, ratio, cand, entries,
-    );
+    let ip = IndexerParams::new(ratio);
+    let got = host::indexer_logits(dev, &ip, &qs, &req, &cache, cand, entries)?;
+    let want = indexer::reference::logits_paged(&ip, &qs, &req, &cache, cand, entries);
     rep.stats(
         "logits vs f64 reference (−Inf positions first)",
         &got,
         &want,
         &GPU_F32_VS_F64,
     );
-    let again = dev.indexer_logits(&qs, &cache, cand, entries)?;
+    let again = host::indexer_logits(dev, &ip, &qs, &req, &cache, cand, entries)?;
     rep.check("bitwise rerun", bits_eq_f32(&again, &got), "");
 
     // Top-512 of these logits: same selection as the CPU top-k of the GPU logits (exact), and of the
@@ -557,7 +548,7 @@ pub fn check_indexer(
         .iter()
         .map(|&p| ((p as usize + 1) / ratio).min(entries) as i32)
         .collect();
-    let sel = dev.topk(&got, entries, &n_valid, 512)?;
+    let sel = host::topk(dev, &got, entries, &n_valid, 512)?;
     rep.check(
         "top-512 == CPU top-k of the same logits",
         sel == topk_ref(&got, entries, &n_valid, 512),
@@ -593,20 +584,27 @@ pub fn check_indexer(
         let dpages = dev.upload(&index.bytes)?;
         let dmask = dev.upload(&mask)?;
         let mut out = dev.zeros::<f32>(t * entries)?;
+        let dq_rows = indexer::cuda::DeviceQueries {
+            q: &dq,
+            w: &dw,
+            pos: &dpos,
+            req: &dreq,
+            rows: t,
+        };
+        let dcache = indexer::cuda::DeviceIndexCache {
+            pages: &dpages,
+            block_table: &dbt,
+            max_blocks,
+            page_slots,
+        };
         let us = time_us(dev, size.iters, || {
-            dev.indexer_logits_dev(
-                &dq,
-                &dw,
-                &dpos,
-                &dreq,
-                &dbt,
-                max_blocks,
-                page_slots,
-                &dpages,
-                ratio,
+            indexer::cuda::logits(
+                dev,
+                &ip,
+                &dq_rows,
+                &dcache,
                 masked.then_some((&dmask, nb)),
                 &mut out,
-                t,
                 entries,
             )
         })?;
@@ -652,7 +650,7 @@ pub fn check_topk(dev: &Device, size: Size, seed: u64) -> Result<Report> {
             };
         }
     }
-    let got = dev.topk(&keys, n_cols, &valids, 512)?;
+    let got = host::topk(dev, &keys, n_cols, &valids, 512)?;
     let want = topk_ref(&keys, n_cols, &valids, 512);
     let bad: Vec<usize> = (0..t)
         .filter(|&r| got[r * 512..(r + 1) * 512] != want[r * 512..(r + 1) * 512])
@@ -662,7 +660,7 @@ pub fn check_topk(dev: &Device, size: Size, seed: u64) -> Result<Report> {
         bad.is_empty(),
         format!("rows differing: {bad:?}"),
     );
-    let got2 = dev.topk(&keys, n_cols, &valids, 2048)?;
+    let got2 = host::topk(dev, &keys, n_cols, &valids, 2048)?;
     rep.check(
         "k = 2048 == CPU",
         got2 == topk_ref(&keys, n_cols, &valids, 2048),
@@ -673,7 +671,7 @@ pub fn check_topk(dev: &Device, size: Size, seed: u64) -> Result<Report> {
         let dn = dev.upload(&valids)?;
         let mut out = dev.zeros::<i32>(t * 512)?;
         let us = time_us(dev, size.iters, || {
-            dev.topk_dev(&dk, n_cols, &dn, 512, &mut out, t)
+            csa2::ops::topk::cuda::select_rows(dev, &dk, n_cols, &dn, 512, &mut out, t)
         })?;
         let read: usize = valids
             .iter()
@@ -706,8 +704,8 @@ pub fn check_candidates(dev: &Device, size: Size, seed: u64) -> Result<Report> {
     let keys: Vec<f32> = (0..t * n_cols)
         .map(|_| rng.random_range(0..1000) as f32 / 100.0)
         .collect();
-    let (mask, stride) = dev.candidate_mask(&keys, n_cols, &valids)?;
-    let want = candidate_mask_ref(&keys, n_cols, &valids);
+    let (mask, stride) = host::candidate_mask(dev, &keys, n_cols, &valids)?;
+    let want = candidates_ref::pool_mask(&CandidateParams::default(), &keys, n_cols, &valids);
     rep.check(
         "pool mask == CPU",
         mask == want && stride == n_cols.div_ceil(8),
@@ -736,6 +734,7 @@ pub fn check_attention(dev: &Device, size: Size, seed: u64) -> Result<Report> {
     let mut rng = StdRng::seed_from_u64(seed);
     let geo = Geometry::embedded();
     let inv_freq = geo.layers[20].rope.inv_freqs();
+    let rope = Rope::for_layer(&geo.layers[20]);
     let (requests, ctx) = if size.large {
         (64, 8192usize)
     } else {
@@ -830,14 +829,10 @@ pub fn check_attention(dev: &Device, size: Size, seed: u64) -> Result<Report> {
         &pos,
         b.req,
         &window_start,
-        &main,
-        &main_bt,
-        main_max,
-        &swa,
-        &swa_bt,
-        swa_max,
+        (&main.layout, &mc),
+        (&swa.layout, &sc),
         Some(&sink),
-        Some(&inv_freq),
+        Some(&rope),
         scale,
     );
     rep.stats("output vs f64 reference", &out, &want, &GPU_F32_VS_F64);
@@ -935,52 +930,55 @@ pub fn check_mhc(dev: &Device, with_y: bool, size: Size, seed: u64) -> Result<Re
     let base = normal(&mut rng, 24, 0.5);
     let scale = vec![0.7f32, 1.1, 0.9];
     let norm_w: Vec<f32> = (0..d).map(|_| rng.random_range(0.5..1.5)).collect();
-    let site = MhcSite {
-        fn_: &fn_,
+    let p = MhcParams::new(d);
+    let mw = MixWeights {
+        hc_fn: &fn_,
         base: &base,
         scale: &scale,
-        norm_w: &norm_w,
-        hidden: d,
+        packed: None,
     };
-    let inp = MhcInputs {
-        x: &x,
-        y: with_y.then_some(y.as_slice()),
-        post_prev: &post_prev,
-        comb_prev: &comb_prev,
-        pre_carried: &pre_c,
+    let y_opt = with_y.then_some(y.as_slice());
+    let run = || {
+        host::mega_mhc(
+            dev, &p, &mw, &norm_w, &x, y_opt, &post_prev, &comb_prev, &pre_c,
+        )
     };
-    let got = dev.mega_mhc(&site, &inp)?;
+    let got = run()?;
     let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
     let yf: Vec<f32> = y.iter().map(|v| v.to_f32()).collect();
-    let want = mhc_ref(
-        &xf,
-        with_y.then_some(yf.as_slice()),
-        &post_prev,
-        &comb_prev,
-        &pre_c,
-        &fn_,
-        &base,
-        &scale,
-        &norm_w,
-        d,
-    );
+    let rb = mhc::reference::boundary_rounded(
+        &p,
+        &mhc::BoundaryIn {
+            x: &xf,
+            update: with_y.then_some(PostUpdate {
+                y: &yf,
+                post: &post_prev,
+                comb: &comb_prev,
+            }),
+            pre_prev: &pre_c,
+            next: Some(mw),
+            norm: &norm_w,
+        },
+        mhc::reference::Rounding::Bf16,
+    )?;
+    let (want_pre, want_post, want_comb) = rb.flat_coeffs();
     let f = |v: &[bf16]| v.iter().map(|b| b.to_f32()).collect::<Vec<f32>>();
     rep.stats(
         "new streams X' (bf16)",
         &f(&got.x),
-        &want.x,
+        &rb.x_new,
         &GPU_BF16_VS_F64,
     );
     rep.stats(
         "sublayer input (bf16)",
         &f(&got.x_in),
-        &want.x_in,
+        &rb.layer_in,
         &GPU_BF16_VS_F64,
     );
-    rep.stats("pre", &got.pre, &want.pre, &GPU_F32_VS_F64);
-    rep.stats("post", &got.post, &want.post, &GPU_F32_VS_F64);
-    rep.stats("comb (Sinkhorn)", &got.comb, &want.comb, &GPU_F32_VS_F64);
-    let again = dev.mega_mhc(&site, &inp)?;
+    rep.stats("pre", &got.pre, &want_pre, &GPU_F32_VS_F64);
+    rep.stats("post", &got.post, &want_post, &GPU_F32_VS_F64);
+    rep.stats("comb (Sinkhorn)", &got.comb, &want_comb, &GPU_F32_VS_F64);
+    let again = run()?;
     rep.check("bitwise rerun", again == got, "");
 
     if size.iters > 0 {
@@ -998,28 +996,29 @@ pub fn check_mhc(dev: &Device, with_y: bool, size: Size, seed: u64) -> Result<Re
         let mut post = dev.zeros::<f32>(t * 4)?;
         let mut comb = dev.zeros::<f32>(t * 16)?;
         let mut xin = dev.zeros::<bf16>(t * d)?;
-        let a = MhcDevArgs {
+        let a = mhc::cuda::DeviceBoundaryIn {
             x: &dx,
             y: with_y.then_some(&dy),
             post_prev: &dpp,
             comb_prev: &dcp,
-            pre_carried: &dpc,
-            fn_: &dfn,
+            pre_prev: &dpc,
+            hc_fn: &dfn,
             base: &db,
             scale: &ds,
-            norm_w: &dn,
-            hidden: d,
+            norm: &dn,
             tokens: t,
         };
         let us = time_us(dev, size.iters, || {
-            dev.mega_mhc_dev(
+            mhc::cuda::boundary(
+                dev,
+                &p,
                 &a,
-                MhcDevOutputs {
-                    x: &mut xo,
+                mhc::cuda::DeviceBoundaryOut {
+                    x_new: &mut xo,
+                    layer_in: &mut xin,
                     pre: &mut pre,
                     post: &mut post,
                     comb: &mut comb,
-                    x_in: &mut xin,
                 },
             )
         })?;

@@ -294,7 +294,7 @@ fn addr_opt(v: &Option<View>) -> u64 {
 pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
     let ordinal = match c.device {
         crate::ffi::dlpack::Device::Cuda(id) => id,
-        crate::ffi::dlpack::Device::Host => {
+        crate::ffi::dlpack::Device::Cpu => {
             return Err(Error::Internal(
                 "attention_pools_launch on host tensors".into(),
             ))

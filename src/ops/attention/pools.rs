@@ -381,8 +381,8 @@ mod tests {
     use super::*;
     use crate::formats::page::PageLayout;
     use crate::ops::attention::{attention_indexed, reference};
-    use crate::ops::testutil::{rand_normal, NewRng, Rng};
     use crate::tolerance::{compare, F32_VS_F64};
+    use csa2_harness::gen::{rand_normal, NewRng, Rng};
 
     /// A slab of `blocks` blocks of `stride` bytes whose bytes outside the pool's pages hold 0x7F
     /// (an E4M3 NaN, and a NaN-producing E8M0 0x7F·2^0 pattern in scales): a read past a page or

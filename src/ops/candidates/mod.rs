@@ -13,6 +13,8 @@
 //! pool masks nothing that is not already −∞: it is a no-op, as docs/SPEC.md §2.6 states.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod reference;
 
 use crate::error::{Error, Result};
@@ -182,6 +184,20 @@ mod tests {
         let kept = both(&p, &row, 37);
         assert_eq!(kept, vec![4, 1, 3, -1]);
         assert_eq!(both(&p, &row, 0), vec![-1; 4]);
+    }
+
+    #[test]
+    fn pool_mask_marks_exactly_the_selected_blocks() {
+        let p = CandidateParams {
+            block_size: 8,
+            num_blocks: 3,
+        };
+        let mut row = vec![0f32; 2 * 40];
+        row[9] = 5.0; // row 0: block 1 best; block 4 (newest of 37 visible) pinned
+        row[17] = 4.0; // block 2 next
+        let m = reference::pool_mask(&p, &row, 40, &[37, 0]);
+        assert_eq!(&m[..5], &[0, 1, 1, 0, 1]);
+        assert_eq!(&m[5..], &[0; 5], "a row with nothing visible keeps nothing");
     }
 
     #[test]

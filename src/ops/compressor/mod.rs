@@ -17,6 +17,8 @@
 //! first, the checkpoint's `[out, in]`); `k_norm` (128).
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod reference;
 
 use crate::error::{Error, Result};
@@ -176,6 +178,18 @@ impl<'a> Compressor<'a> {
     pub fn ratio(&self) -> usize {
         self.ratio
     }
+    /// RMSNorm epsilon.
+    pub fn eps(&self) -> f64 {
+        self.eps
+    }
+    /// The layer's RoPE.
+    pub fn rope(&self) -> &Rope {
+        &self.rope
+    }
+    /// The layer's weights.
+    pub fn weights(&self) -> &CompressorWeights<'a> {
+        &self.w
+    }
 
     /// Feeds the next `T` tokens of a request (fast path): `kv` (T, 512) and, for ratio 2, `score`
     /// (T, 512). Returns the entries completed by these tokens and advances `state`.
@@ -297,6 +311,169 @@ impl<'a> Compressor<'a> {
         state.pending_score = new_score;
         state.next_pos += t as u64;
         Ok((first_pos / m, pooled))
+    }
+}
+
+// ---- the batched, paged form (what the CUDA kernel runs; reference: `reference::compress_paged`) ----
+
+/// One batched call's tokens, packed request after request, and the paged pools' addressing: the
+/// compressor fused with the main-KV (NVFP4-DS) and index-K (MXFP4) cache writes. Entry j of request
+/// r goes to slot [`block_table_slot`](crate::formats::page::block_table_slot)`(block_table[r], j,
+/// page_slots)` of both pools (they share the block table).
+#[derive(Debug, Clone, Copy)]
+pub struct CompressorBatch<'a> {
+    /// kv rows (tokens, 512) f32.
+    pub kv: &'a [f32],
+    /// Gate scores (tokens, 512) f32 — ratio 2 only.
+    pub score: Option<&'a [f32]>,
+    /// Token offsets (requests + 1,) i32: request r owns rows cu_tokens[r]..cu_tokens[r+1].
+    pub cu_tokens: &'a [i32],
+    /// Absolute position of each request's first row (requests,) i32.
+    pub start_pos: &'a [i32],
+    /// Compressed-cache block table (requests, max_blocks) i32; -1 = unmapped (entry skipped).
+    pub block_table: &'a [i32],
+    /// Columns of `block_table`.
+    pub max_blocks: usize,
+    /// Records per page in both pools.
+    pub page_slots: usize,
+}
+
+/// The carried half-pair of ratio-2 compressors, one fixed-size row per request (the batched form
+/// of [`CompressorState`]'s open group, laid out as the kernel keeps it on the device).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CarryState {
+    /// (requests, 1024) f32: the carried token's kv (512) then its score (512).
+    pub kv_score: Vec<f32>,
+    /// (requests,) i32: the carried token's position, -1 when nothing is carried.
+    pub pos: Vec<i32>,
+}
+
+impl CarryState {
+    /// Empty state for `requests` requests.
+    pub fn new(requests: usize) -> CarryState {
+        CarryState {
+            kv_score: vec![0.0; requests * 2 * KV_DIM],
+            pos: vec![-1; requests],
+        }
+    }
+}
+
+/// The checked geometry of one batched call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchPlan {
+    /// Requests in the batch.
+    pub requests: usize,
+    /// Most entries any request completes in this call.
+    pub max_entries: usize,
+    /// Pages of the smaller of the two pools.
+    pub pages: usize,
+}
+
+impl CompressorBatch<'_> {
+    /// The batched call's signature: checks every length against the ratio, the carry and the two
+    /// pools (`main_bytes`, `index_bytes`), and every block id against the pools.
+    ///
+    /// Errors: [`Error::Invalid`] / [`Error::Shape`] naming the argument (including a request that
+    /// starts at an odd position without carrying the previous token).
+    pub fn plan(
+        &self,
+        ratio: usize,
+        state: Option<&CarryState>,
+        main_bytes: usize,
+        index_bytes: usize,
+    ) -> Result<BatchPlan> {
+        let len = |what: &str, found: usize, want: usize| -> Result<()> {
+            if found != want {
+                return Err(Error::shape(what, want, found));
+            }
+            Ok(())
+        };
+        if ratio != 1 && ratio != 2 {
+            return Err(Error::invalid(
+                "ratio",
+                format!("{ratio} (the batched compressor supports 1 and 2)"),
+            ));
+        }
+        if self.cu_tokens.is_empty() || self.cu_tokens[0] != 0 {
+            return Err(Error::invalid("cu_tokens", "must start with 0"));
+        }
+        let requests = self.cu_tokens.len() - 1;
+        len("start_pos", self.start_pos.len(), requests)?;
+        len(
+            "block_table",
+            self.block_table.len(),
+            requests * self.max_blocks,
+        )?;
+        if self.page_slots == 0 {
+            return Err(Error::invalid("page_slots", "must be at least 1"));
+        }
+        if self.cu_tokens.windows(2).any(|p| p[1] < p[0]) {
+            return Err(Error::invalid("cu_tokens", "must be non-decreasing"));
+        }
+        let tokens = *self.cu_tokens.last().unwrap_or(&0);
+        len("kv values", self.kv.len(), tokens as usize * KV_DIM)?;
+        match (ratio, self.score) {
+            (2, Some(s)) => len("score values", s.len(), self.kv.len())?,
+            (2, None) => return Err(Error::invalid("score", "ratio 2 needs gate scores")),
+            _ => {}
+        }
+        if let Some(st) = state {
+            len("state kv_score", st.kv_score.len(), requests * 2 * KV_DIM)?;
+            len("state pos", st.pos.len(), requests)?;
+        }
+        let mut max_entries = 0usize;
+        for r in 0..requests {
+            let s = self.start_pos[r] as i64;
+            let n = (self.cu_tokens[r + 1] - self.cu_tokens[r]) as i64;
+            if s < 0 {
+                return Err(Error::invalid(
+                    "start_pos",
+                    format!("request {r}: {s} is negative"),
+                ));
+            }
+            let m = ratio as i64;
+            max_entries = max_entries.max(((s + n) / m - s / m) as usize);
+            if ratio == 2 && n > 0 && s % 2 == 1 {
+                let st =
+                    state.ok_or_else(|| Error::invalid("state", "ratio 2 needs a carry state"))?;
+                if st.pos[r] != (s - 1) as i32 {
+                    return Err(Error::invalid(
+                        "state",
+                        format!(
+                            "request {r} starts at odd position {s} but carries position {} \
+                             (expected {})",
+                            st.pos[r],
+                            s - 1
+                        ),
+                    ));
+                }
+            }
+        }
+        let main_page = self.page_slots * NVFP4_DS_BYTES;
+        let index_page = self.page_slots * MXFP4_INDEX_BYTES;
+        if !main_bytes.is_multiple_of(main_page) || !index_bytes.is_multiple_of(index_page) {
+            return Err(Error::shape(
+                "main / index page pools",
+                format!("multiples of {main_page} / {index_page} bytes"),
+                format!("{main_bytes} / {index_bytes}"),
+            ));
+        }
+        let pages = (main_bytes / main_page).min(index_bytes / index_page);
+        if let Some(&bad) = self
+            .block_table
+            .iter()
+            .find(|&&x| x < -1 || x as i64 >= pages as i64)
+        {
+            return Err(Error::invalid(
+                "block_table",
+                format!("block {bad} is outside the {pages} pages of the pools"),
+            ));
+        }
+        Ok(BatchPlan {
+            requests,
+            max_entries,
+            pages,
+        })
     }
 }
 

@@ -1,8 +1,8 @@
 use super::*;
 use crate::formats::{decode_rows, RecordFormat};
 use crate::geometry::Geometry;
-use crate::ops::testutil::{rand_normal, NewRng, Rng};
 use crate::tolerance::{compare, Tolerance, F32_VS_F64, QUANT_VS_EXACT};
+use csa2_harness::gen::{rand_normal, NewRng, Rng};
 
 const BF16_STEP: Tolerance = crate::tolerance::BF16_ROUNDED;
 
@@ -179,4 +179,86 @@ fn bad_inputs_are_errors_and_leave_the_state_alone() {
         ..cw(&w)
     };
     assert!(Compressor::new(2, 1e-20, rope(2), short).is_err());
+}
+
+/// The batched paged reference (the CUDA kernel's contract) splits a request's tokens into calls
+/// any way and writes the same pages, and its entries are the fast path's entries.
+#[test]
+fn paged_reference_carry_equals_one_shot_and_matches_the_fast_path() {
+    let mut rng = Rng::new(3);
+    let w = weights(&mut rng);
+    let c = Compressor::new(2, 1e-20, rope(2), cw(&w)).unwrap();
+    let kv = rand_normal(&mut rng, 9 * KV_DIM, 1.0);
+    let score = rand_normal(&mut rng, 9 * KV_DIM, 2.0);
+    let bt = vec![0i32, 1];
+    let run = |splits: &[usize]| {
+        let mut main = vec![0u8; 2 * 4 * NVFP4_DS_BYTES];
+        let mut idx = vec![0u8; 2 * 4 * MXFP4_INDEX_BYTES];
+        let mut st = CarryState::new(1);
+        let (mut p, mut entries) = (0usize, vec![]);
+        for &l in splits {
+            let b = CompressorBatch {
+                kv: &kv[p * KV_DIM..(p + l) * KV_DIM],
+                score: Some(&score[p * KV_DIM..(p + l) * KV_DIM]),
+                cu_tokens: &[0, l as i32],
+                start_pos: &[p as i32],
+                block_table: &bt,
+                max_blocks: 2,
+                page_slots: 4,
+            };
+            entries
+                .extend(reference::compress_paged(&c, &b, &mut st, &mut main, &mut idx).unwrap());
+            p += l;
+        }
+        (main, idx, st, entries)
+    };
+    let one = run(&[9]);
+    let split = run(&[1, 2, 3, 3]);
+    assert_eq!(one.0, split.0, "main pages depend on the chunking");
+    assert_eq!(one.1, split.1, "index pages depend on the chunking");
+    assert_eq!(one.2, split.2);
+    assert_eq!(one.2.pos, vec![8], "token 8 (even, unpaired) is carried");
+    assert_eq!(one.3.len(), 4);
+    assert_eq!(
+        one.3[3].slot,
+        Some(3),
+        "entry 3: block 0 → page 0, offset 3"
+    );
+    // The same tokens through the CPU fast path: the same entries within the f32 tolerance.
+    let mut state = CompressorState::new(0);
+    let fast = c.compress(&mut state, &kv, Some(&score)).unwrap();
+    let want: Vec<f64> = one.3.iter().flat_map(|e| e.main_kv.clone()).collect();
+    let s = compare(&fast.main_kv, &want, &F32_VS_F64);
+    assert!(s.ok(&F32_VS_F64), "{s:?}");
+    let want: Vec<f64> = one.3.iter().flat_map(|e| e.index_k.clone()).collect();
+    let s = compare(&fast.index_k, &want, &F32_VS_F64);
+    assert!(s.ok(&F32_VS_F64), "{s:?}");
+}
+
+/// A carry state shorter than the batch is a shape error, not an index panic (the check used to
+/// read `state.pos[r]` before checking the state's length).
+#[test]
+fn batched_plan_checks_the_carry_before_reading_it() {
+    let kv = vec![0f32; 2 * KV_DIM];
+    let b = CompressorBatch {
+        kv: &kv,
+        score: Some(&kv),
+        cu_tokens: &[0, 1, 2],
+        start_pos: &[0, 1],
+        block_table: &[0, 0],
+        max_blocks: 1,
+        page_slots: 4,
+    };
+    let st = CarryState::new(1);
+    let e = b
+        .plan(2, Some(&st), 4 * NVFP4_DS_BYTES, 4 * MXFP4_INDEX_BYTES)
+        .unwrap_err();
+    assert!(matches!(e, Error::Shape { .. }), "{e:?}");
+    let e = b.plan(3, None, 0, 0).unwrap_err().to_string();
+    assert!(e.contains("ratio"), "{e}");
+    let e = b
+        .plan(1, None, 4 * NVFP4_DS_BYTES + 1, 4 * MXFP4_INDEX_BYTES)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("page pools"), "{e}");
 }

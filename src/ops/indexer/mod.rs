@@ -10,6 +10,8 @@
 //! (entries, 128) f32 or (entries, 68) u8, logits (tokens, entries) f32.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod dot;
 pub mod reference;
 
@@ -148,6 +150,63 @@ pub struct IndexerQueries<'a> {
     pub w: &'a [f32],
     /// (tokens) absolute positions.
     pub positions: &'a [i64],
+}
+
+/// A paged MXFP4 index-K cache as the batched (CUDA) indexer reads it: entry j of request r is
+/// at slot [`block_table_slot`](crate::formats::page::block_table_slot)`(block_table[r], j,
+/// page_slots)`; an unmapped entry scores −∞.
+#[derive(Debug, Clone, Copy)]
+pub struct IndexCache<'a> {
+    /// The page pool (n_pages × page_slots × 68 B, block-planar).
+    pub pages: &'a [u8],
+    /// (requests, max_blocks) i32, -1 = unmapped.
+    pub block_table: &'a [i32],
+    /// Columns of the block table.
+    pub max_blocks: usize,
+    /// Records per page.
+    pub page_slots: usize,
+}
+
+impl IndexCache<'_> {
+    /// Requests (rows of the block table).
+    pub fn requests(&self) -> usize {
+        self.block_table.len() / self.max_blocks.max(1)
+    }
+    /// Checks the pool and the table: whole pages, whole table rows, every block in the pool.
+    ///
+    /// Errors: [`Error::Shape`] / [`Error::Invalid`] naming the argument.
+    pub fn check(&self) -> Result<()> {
+        if self.page_slots == 0 {
+            return Err(Error::invalid("page_slots", "must be at least 1"));
+        }
+        if self.block_table.len() != self.requests() * self.max_blocks {
+            return Err(Error::shape(
+                "index block_table",
+                format!("[requests, max_blocks={}]", self.max_blocks),
+                format!("{} values", self.block_table.len()),
+            ));
+        }
+        let page = self.page_slots * MXFP4_INDEX_BYTES;
+        if !self.pages.len().is_multiple_of(page) {
+            return Err(Error::shape(
+                "index page pool bytes",
+                format!("a multiple of {page}"),
+                self.pages.len(),
+            ));
+        }
+        let n_pages = self.pages.len() / page;
+        if let Some(&b) = self
+            .block_table
+            .iter()
+            .find(|&&b| b < -1 || b as i64 >= n_pages as i64)
+        {
+            return Err(Error::invalid(
+                "index block_table",
+                format!("block {b} is outside the {n_pages} pages"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Compressed entries a query at `pos` sees with ratio `m`: `(pos + 1) div m` (docs/SPEC.md §2).

@@ -1,8 +1,8 @@
 use super::*;
 use crate::formats::encode_rows;
-use crate::ops::testutil::{rand_normal, NewRng, Rng};
 use crate::ops::topk;
 use crate::tolerance::{compare, F32_VS_F64};
+use csa2_harness::gen::{rand_normal, NewRng, Rng};
 
 struct Case {
     q: Vec<f32>,
@@ -443,4 +443,58 @@ fn bad_inputs_are_errors() {
         &mut out
     )
     .is_err());
+}
+
+/// The paged reference (the CUDA kernel's contract): records scattered over pages through a
+/// block table with a hole score like the contiguous keys, −∞ in the hole and outside the mask.
+#[test]
+fn paged_reference_reads_through_the_block_table() {
+    use crate::formats::page::PageLayout;
+    let mut rng = Rng::new(11);
+    let (n, page_slots) = (40usize, 8usize);
+    let c = case(&mut rng, n, vec![39, 20, 0]);
+    // Request 0's blocks 0..5 live on pages [3, 0, -1, 4, 1] (block 2 unmapped).
+    let bt = vec![3i32, 0, -1, 4, 1];
+    let layout = PageLayout {
+        format: RecordFormat::Mxfp4Index,
+        slots: page_slots,
+    };
+    let mut pages = vec![0u8; 5 * layout.page_bytes()];
+    let slots: Vec<i64> = (0..n as i64)
+        .map(|j| {
+            crate::formats::page::block_table_slot(&bt, j, page_slots).map_or(-1, |s| s as i64)
+        })
+        .collect();
+    layout.encode_into_pages(&c.k, &slots, &mut pages).unwrap();
+    let p = IndexerParams::new(1);
+    let qs = IndexerQueries {
+        q: &c.q,
+        w: &c.w,
+        positions: &c.positions,
+    };
+    let cache = IndexCache {
+        pages: &pages,
+        block_table: &bt,
+        max_blocks: 5,
+        page_slots,
+    };
+    cache.check().unwrap();
+    let mask: Vec<u8> = (0..3 * 5).map(|i| u8::from(i != 3)).collect();
+    let paged = reference::logits_paged(&p, &qs, &[0, 0, 0], &cache, Some((&mask, 5)), n);
+    let flat = reference::logits(&p, &qs, IndexKeys::Mxfp4(&c.k_mx), None);
+    for t in 0..3 {
+        for j in 0..n {
+            let (a, b) = (paged[t * n + j], flat[t * n + j]);
+            if (16..24).contains(&j) || (t == 0 && (24..32).contains(&j)) {
+                assert_eq!(a, f64::NEG_INFINITY, "t {t} j {j}: unmapped or masked");
+            } else {
+                assert_eq!(a, b, "t {t} j {j}");
+            }
+        }
+    }
+    let bad = IndexCache {
+        block_table: &[5, 0, 0, 0, 0],
+        ..cache
+    };
+    assert!(bad.check().unwrap_err().to_string().contains("outside"));
 }

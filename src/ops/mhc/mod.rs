@@ -29,6 +29,8 @@
 //! to bf16 before the norm; that rounding belongs to the caller that stores bf16.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod reference;
 
 use crate::error::{Error, Result};

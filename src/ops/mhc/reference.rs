@@ -98,10 +98,35 @@ impl RefBoundary {
     }
 }
 
+/// Where the f64 reference rounds to the storage precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rounding {
+    /// No rounding: the f32-in / f32-out op of this module.
+    None,
+    /// The model's bf16 streams, as the fused CUDA kernel stores them: X' (after the post update),
+    /// the collapse u (before the norm) and the sublayer input are each rounded to bf16 (RNE).
+    Bf16,
+}
+
 /// One boundary in f64: post update, shifted collapse + RMSNorm, new coefficients from X'.
 ///
 /// Errors: as [`BoundaryIn::validate`].
 pub fn boundary(p: &MhcParams, inp: &BoundaryIn) -> Result<RefBoundary> {
+    boundary_rounded(p, inp, Rounding::None)
+}
+
+/// [`boundary`] with the rounding points of `rounding`.
+///
+/// Errors: as [`BoundaryIn::validate`].
+pub fn boundary_rounded(
+    p: &MhcParams,
+    inp: &BoundaryIn,
+    rounding: Rounding,
+) -> Result<RefBoundary> {
+    let round = |v: f64| match rounding {
+        Rounding::None => v,
+        Rounding::Bf16 => crate::formats::scalar::bf16_round(v as f32) as f64,
+    };
     let t = inp.validate(p)?;
     let d = p.hidden;
     let mut out = RefBoundary {
@@ -123,7 +148,7 @@ pub fn boundary(p: &MhcParams, inp: &BoundaryIn) -> Result<RefBoundary> {
                             let c = u.comb[tok * HC * HC + i * HC + j] as f64;
                             v += c * x[i * d + k] as f64;
                         }
-                        v
+                        round(v)
                     }
                     None => x[j * d + k] as f64,
                 };
@@ -132,14 +157,16 @@ pub fn boundary(p: &MhcParams, inp: &BoundaryIn) -> Result<RefBoundary> {
         // Shifted collapse with the carried pre, then RMSNorm.
         let li = &mut out.layer_in[tok * d..(tok + 1) * d];
         for (k, v) in li.iter_mut().enumerate() {
-            *v = (0..HC)
-                .map(|j| inp.pre_prev[tok * HC + j] as f64 * xn[j * d + k])
-                .sum();
+            *v = round(
+                (0..HC)
+                    .map(|j| inp.pre_prev[tok * HC + j] as f64 * xn[j * d + k])
+                    .sum(),
+            );
         }
         let ms = li.iter().map(|v| v * v).sum::<f64>() / d as f64;
         let r = 1.0 / (ms + p.rms_eps as f64).sqrt();
         for (v, &w) in li.iter_mut().zip(inp.norm) {
-            *v *= r * w as f64;
+            *v = round(*v * r * w as f64);
         }
         if let Some(w) = &inp.next {
             out.coeffs.push(token_coefficients(p, w, xn));

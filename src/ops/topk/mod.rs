@@ -12,6 +12,8 @@
 //! candidate buffer (see its module docs).
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod reference;
 
 use crate::error::{Error, Result};
@@ -197,6 +199,32 @@ mod tests {
         assert_eq!(cpu::select_scored(&row, &mut small), 2);
         assert_eq!(small, vec![5, 10]);
         assert_eq!(reference::select(&row, 600, 2), vec![5, 10]);
+    }
+
+    #[test]
+    fn index_order_rows_are_the_selection_sorted_by_index() {
+        // The CUDA kernel's contract: the same set as `select`, ascending, −1 padded; a row with
+        // n_valid ≤ k takes 0..n_valid even when those keys are −∞.
+        let mut r = rand::rngs::StdRng::seed_from_u64(5);
+        let n = 700;
+        let mut keys: Vec<f32> = (0..3 * n).map(|_| r.random_range(0..9) as f32).collect();
+        keys[n + 3] = f32::NAN;
+        keys[2 * n..]
+            .iter_mut()
+            .for_each(|v| *v = f32::NEG_INFINITY);
+        let got = reference::select_rows_index_order(&keys, n, &[n as i32, 600, 5], 512);
+        for (t, &nv) in [n, 600, 5].iter().enumerate() {
+            let mut want = reference::select(&keys[t * n..(t + 1) * n], nv, 512);
+            let c = want.iter().filter(|&&i| i >= 0).count();
+            want[..c].sort_unstable();
+            assert_eq!(&got[t * 512..(t + 1) * 512], &want[..]);
+        }
+        assert!(
+            !got[512..1024].contains(&3),
+            "the NaN key of row 1 is never selected"
+        );
+        assert_eq!(&got[1024..1029], &[0, 1, 2, 3, 4]);
+        assert!(got[1029..1536].iter().all(|&i| i == -1));
     }
 
     #[test]

@@ -27,3 +27,18 @@ pub fn select_scored(values: &[f32], k: usize) -> Vec<i32> {
     c.resize(k, -1);
     c
 }
+
+/// Top-k of every row of `keys` (rows, n_cols) over its first `n_valid[t]` keys, the selected
+/// indices in **ascending index order**, −1 padded, (rows, k): the CUDA kernel's output contract
+/// (the same set as [`select`]; the CPU path orders by score instead).
+pub fn select_rows_index_order(keys: &[f32], n_cols: usize, n_valid: &[i32], k: usize) -> Vec<i32> {
+    let mut out = Vec::with_capacity(n_valid.len() * k);
+    for (t, &nv) in n_valid.iter().enumerate() {
+        let row = &keys[t * n_cols..(t + 1) * n_cols];
+        let mut sel = select(row, (nv.max(0) as usize).min(n_cols), k);
+        let n = sel.iter().position(|&i| i < 0).unwrap_or(k);
+        sel[..n].sort_unstable();
+        out.extend(sel);
+    }
+    out
+}
