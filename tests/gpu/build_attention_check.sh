@@ -10,7 +10,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 NVCC="${NVCC:-$("$root/scripts/cuda-env.sh")}"
 export NVCC
-cargo build --release --features cuda --lib
+cargo build -p csa2 --release --features cuda --lib
 mkdir -p target/gpu-check
 cp target/release/libcsa2.so target/gpu-check/libcsa2.so
 strip target/gpu-check/libcsa2.so 2>/dev/null || true
