@@ -829,7 +829,8 @@ Csa2Status csa2_attention_indexed(const Csa2AttentionIndexedArgs *args);
 // once the modules are loaded, see [`csa2_cuda_preload`]). A build without the `cuda` feature
 // returns `CSA2_ERR_UNSUPPORTED` for CUDA tensors.
 //
-// Errors: `CSA2_ERR_INVALID_ARGUMENT` for `struct_size` smaller than this library's struct, a
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` for `struct_size` below the first version (the args-struct
+// rules of the header's preamble), a
 // bad format / layout / heads, mixed devices, an output aliasing another argument, and (host)
 // a slot outside `-1..blocks·states_per_page` of its pool, a non-finite q / sink, or a token
 // over 65 536 rows; `CSA2_ERR_SHAPE` for shapes, dtypes or strides; `CSA2_ERR_CUDA` for a

@@ -85,6 +85,13 @@ pub struct Csa2AttentionPoolsArgs {
     pub stream: u64,
 }
 
+// SAFETY: #[repr(C)], `struct_size: usize` first, every field a pointer, an integer, a float or
+// a `Csa2Pool` of those, so all-zero bytes are a valid value.
+unsafe impl super::ArgsStruct for Csa2AttentionPoolsArgs {
+    const NAME: &'static str = "Csa2AttentionPoolsArgs";
+    const V1_SIZE: usize = std::mem::size_of::<Csa2AttentionPoolsArgs>();
+}
+
 /// A parsed pool argument.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PoolArg {
@@ -413,7 +420,8 @@ fn run_host(c: &mut Checked) -> Result<()> {
 /// once the modules are loaded, see [`csa2_cuda_preload`]). A build without the `cuda` feature
 /// returns `CSA2_ERR_UNSUPPORTED` for CUDA tensors.
 ///
-/// Errors: `CSA2_ERR_INVALID_ARGUMENT` for `struct_size` smaller than this library's struct, a
+/// Errors: `CSA2_ERR_INVALID_ARGUMENT` for `struct_size` below the first version (the args-struct
+/// rules of the header's preamble), a
 /// bad format / layout / heads, mixed devices, an output aliasing another argument, and (host)
 /// a slot outside `-1..blocks·states_per_page` of its pool, a non-finite q / sink, or a token
 /// over 65 536 rows; `CSA2_ERR_SHAPE` for shapes, dtypes or strides; `CSA2_ERR_CUDA` for a
@@ -426,23 +434,8 @@ fn run_host(c: &mut Checked) -> Result<()> {
 #[no_mangle]
 pub unsafe extern "C" fn csa2_attention_pools(args: *const Csa2AttentionPoolsArgs) -> Csa2Status {
     guarded("csa2_attention_pools", || {
-        if args.is_null() {
-            return Err(Error::NullPointer("args"));
-        }
-        // SAFETY: non-null and readable per the contract; the size is read first.
-        let size = unsafe { std::ptr::read_unaligned(args as *const usize) };
-        let ours = std::mem::size_of::<Csa2AttentionPoolsArgs>();
-        if size < ours {
-            return Err(Error::invalid(
-                "args.struct_size",
-                format!(
-                    "{size} is smaller than this library's Csa2AttentionPoolsArgs ({ours} B): \
-                     the caller was built against another csa2.h"
-                ),
-            ));
-        }
-        // SAFETY: at least `ours` bytes are readable (struct_size says so).
-        let a = unsafe { std::ptr::read_unaligned(args) };
+        // SAFETY: `args` null or readable per the contract (checked by `read_args`).
+        let a = unsafe { super::read_args(args) }?;
         // SAFETY: forwarded caller contract.
         let mut c = unsafe { check_args(&a)? };
         if c.tokens == 0 {
