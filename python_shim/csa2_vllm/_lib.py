@@ -733,8 +733,6 @@ class CompressorState(_Handle):
 #: ``Csa2PoolLayout``: a state's scales follow its own data (V4.1 288 / 528 B), or all data of
 #: the page first, then all scales (V4 584 B, index K).
 POOL_INTERLEAVED, POOL_BLOCK_PLANAR = 0, 1
-#: Record width (bytes) → (``Csa2Format``, ``Csa2PoolLayout``) as vLLM 0.33's writers lay them out.
-POOL_FORMATS = {288: (0, POOL_INTERLEAVED), 528: (2, POOL_INTERLEAVED), 584: (3, POOL_BLOCK_PLANAR)}
 
 
 class Csa2Pool(ctypes.Structure):
@@ -759,18 +757,21 @@ SIGNATURES.update({
     "csa2_attention_pools": ([ctypes.POINTER(Csa2AttentionPoolsArgs)], _C_STATUS),
     "csa2_cuda_preload": ([ctypes.c_int32], _C_STATUS),
 })
-__all__ += ["POOL_INTERLEAVED", "POOL_BLOCK_PLANAR", "POOL_FORMATS", "attention_pools",
+__all__ += ["POOL_INTERLEAVED", "POOL_BLOCK_PLANAR", "pool_format", "attention_pools",
             "cuda_preload"]
 
 
 def pool_format(pool: Any, what: str) -> tuple[int, int]:
-    """(``Csa2Format``, ``Csa2PoolLayout``) of a packed pool, from its record width."""
-    try:
-        return POOL_FORMATS[int(pool.shape[-1])]
-    except (KeyError, IndexError):
-        raise ValueError(
-            f"{what}: record width {tuple(pool.shape)[-1:]} B is none of 288 (NVFP4), "
-            "528 (V4.1 MXFP8), 584 (V4)") from None
+    """(``Csa2Format``, ``Csa2PoolLayout``) of a packed pool of 512-value records, from its record
+    width and the library's record table (``csa2_record_formats``: which records vLLM's pages
+    hold block-planar)."""
+    width = int(pool.shape[-1]) if len(pool.shape) else -1
+    for f in record_formats():
+        if f.dim == 512 and f.record_bytes == width:
+            return f.format_id, POOL_BLOCK_PLANAR if f.vllm_block_planar else POOL_INTERLEAVED
+    raise ValueError(
+        f"{what}: record width {width} B is none of "
+        + ", ".join(f"{f.record_bytes} ({f.name})" for f in record_formats() if f.dim == 512))
 
 
 def attention_pools(q, main_pool, main_idx, main_len, swa_pool, swa_idx, swa_len, sink, heads: int,
