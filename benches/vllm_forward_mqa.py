@@ -10,6 +10,9 @@ block tables. Figures (median of --reps, one warm-up):
 - ``csa2 forward``: :func:`csa2_vllm.attention.csa2_attend`, everything ``forward_mqa`` does — the
   per-token lists from the metadata, the compact record gathers, the C ABI call, the copy out;
 - ``csa2 call``: the ``csa2_attention_indexed`` call alone on the already-compacted inputs;
+- ``csa2 pools``: :func:`csa2_vllm.attention.csa2_attend_pools`, the route ``forward_mqa`` takes
+  since issue 15 — capture-safe lists, then ``csa2_attention_pools`` in place on the pools (no
+  ``unique``, no gather); its output is checked equal to ``csa2 forward``'s;
 - ``torch (pre-decoded)``: the same attention in torch on keys already dequantised to f32 and
   gathered per token (a lower bound for torch: no dequantisation, no gather), with the sink in
   the denominator; compare with ``csa2 call``;
@@ -128,6 +131,10 @@ def main():
     out = torch.empty_like(q)
 
     fwd = best(lambda: layer_mod.csa2_attend(layer, q, pos, swa_md, cmp_md, out), a.reps)
+    out_pools = torch.empty_like(q)
+    pools = best(lambda: layer_mod.csa2_attend_pools(layer, q, pos, swa_md, cmp_md, out_pools),
+                 a.reps)
+    assert torch.equal(out_pools, out), "the in-place route must equal the compacting route"
 
     # The call alone, on the compacted inputs forward_mqa builds.
     slots, lens = layer_mod._topk_lists(layer, pos, swa_md, cmp_md)
@@ -168,12 +175,14 @@ def main():
     print(f"decode batch: {t} tokens × {H} heads, top-{TOPK} NVFP4 entries + {WINDOW} MXFP8 SWA rows "
           f"each, context {ctx}, {a.threads} threads")
     for name, (m, lo, hi) in [("csa2 forward (lists + gathers + call)", fwd),
+                              ("csa2 pools (lists + in-place call)", pools),
                               ("csa2 call (csa2_attention_indexed)", call),
                               ("torch (pre-decoded f32 keys)", ref),
                               ("torch (dequantise + gather + attend)", full)]:
         print(f"  {name:<40} {m * 1e3:8.3f} ms  [{lo * 1e3:.3f}–{hi * 1e3:.3f}]")
     print(f"  max |csa2 forward − torch| = {err:.2e} (csa2's output is bf16, as q)")
     print(f"  glue share of forward: {(fwd[0] - call[0]) / fwd[0]:.1%}")
+    print(f"  csa2 forward / csa2 pools: {fwd[0] / pools[0]:.2f}×")
     print(f"  torch pre-decoded / csa2 call: {ref[0] / call[0]:.2f}×; "
           f"torch dequantise+attend / csa2 forward: {full[0] / fwd[0]:.2f}×")
 

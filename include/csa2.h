@@ -108,6 +108,14 @@ typedef enum {
   CSA2_LAYOUT_V4 = 2,
 } Csa2KvLayout;
 
+// How a pool's pages hold their records (`Csa2Pool::layout`).
+typedef enum {
+  // A state's scale bytes follow its own data bytes (vLLM's V4.1 NVFP4 288 B and MXFP8 528 B).
+  CSA2_POOL_INTERLEAVED = 0,
+  // All data bytes of the page, then all scale bytes (V4 584 B, index K 68 / 132 B).
+  CSA2_POOL_BLOCK_PLANAR = 1,
+} Csa2PoolLayout;
+
 // Which of a KV-source layer's two caches (pass as `int32_t`).
 typedef enum {
   // The compressed main KV (attended key = value).
@@ -242,6 +250,64 @@ typedef struct {
   // Output `(T, H)` float log-sum-exp.
   const DLTensor *lse;
 } Csa2AttentionIndexedArgs;
+
+// One strided page pool: a layer's cache view as vLLM 0.33 hands it to the layer.
+typedef struct {
+  // `[blocks, states_per_page, record_bytes]` uint8, strides `(block_stride, record_bytes, 1)`
+  // bytes: `stride(0)` is the per-block slab size (read, never derived; ≥ one page when there
+  // are two or more blocks), `data + byte_offset` is the layer's offset into the slab. Null
+  // for the compressed pool of an SWA-only layer.
+  const DLTensor *tensor;
+  // `Csa2Format` of the records: 0 NVFP4 (288 B), 2 MXFP8 (528 B), 3 V4 (584 B).
+  int32_t format;
+  // `Csa2PoolLayout`.
+  int32_t layout;
+} Csa2Pool;
+
+// Arguments of [`csa2_attention_pools`]. Set `struct_size = sizeof(Csa2AttentionPoolsArgs)`.
+//
+// Shapes (T tokens, Hp = 64 or 128 padded heads, H = `heads` local heads):
+// `q`, `out` `[T, Hp, 512]` bf16; `sink` `[H]` f32; `main_idx` `[T, Km]` and `swa_idx`
+// `[T, Ks]` int32 global slots (page · states_per_page + state; −1 = none), `main_len`,
+// `swa_len` `[T]` int32 valid lengths (null = the whole row); `lse` `[T, H]` f32 or null;
+// `error` `[4]` int32 or null. All compact (row-major) except the pools.
+typedef struct {
+  // `sizeof(Csa2AttentionPoolsArgs)` as the caller compiled it.
+  size_t struct_size;
+  // RoPE'd queries.
+  const DLTensor *q;
+  // The compressed pool (`tensor` null for an SWA-only layer: then `main_idx` must name no slot).
+  Csa2Pool main;
+  // Compressed-entry slots per token (FlashMLA `extra_indices_in_kvcache`).
+  const DLTensor *main_idx;
+  // Their valid lengths (`extra_topk_length`).
+  const DLTensor *main_len;
+  // The SWA pool.
+  Csa2Pool swa;
+  // SWA slots per token (`indices`: `decode_swa_indices` / `prefill_swa_indices`).
+  const DLTensor *swa_idx;
+  // Their valid lengths (`topk_length`).
+  const DLTensor *swa_len;
+  // Per-head sink logits of the local heads.
+  const DLTensor *sink;
+  // Local heads H (1..=Hp); heads H..Hp of `out` are written as zeros.
+  uint32_t heads;
+  // Softmax scale (not positive and finite → 512^-0.5).
+  float scale;
+  // Output.
+  const DLTensor *out;
+  // Optional natural-log LSE without the sink (−∞ for a token that attends nothing).
+  const DLTensor *lse;
+  // Optional `[4]` int32 on the call's device. On CUDA the kernel records the first
+  // out-of-range slot here — `{1 = compressed / 2 = SWA, token, column, slot}` — and skips it;
+  // the caller reads it whenever it likes (after a sync). Zero it once before use; the kernel
+  // only ever writes it on a bad slot. On the host a bad slot is an error status instead
+  // (nothing written), and the tensor is left as it is.
+  const DLTensor *error;
+  // `cudaStream_t` / `CUstream` to launch on (CUDA only; 0 = the legacy default stream).
+  // Borrowed: csa2 neither synchronizes nor keeps it.
+  uint64_t stream;
+} Csa2AttentionPoolsArgs;
 
 // Arguments of [`csa2_cache_create`].
 // Set `struct_size` to `sizeof(Csa2CacheCreateArgs)` (rules: "Args structs", header top).
@@ -750,6 +816,36 @@ Csa2Status csa2_attention(const Csa2AttentionArgs *args);
 // `args`: `struct_size` readable bytes of a `Csa2AttentionIndexedArgs`. Its members:
 // As [`csa2_indexer_logits`].
 Csa2Status csa2_attention_indexed(const Csa2AttentionIndexedArgs *args);
+
+// Sparse attention with a sink, in place on vLLM's strided page pools (FlashMLA's sparse
+// decode / prefill contract; docs/VLLM.md "The GPU serving route"): for each token `t` and local
+// head `h`, one softmax over the compressed entries `main_idx[t, :main_len[t]]` then the SWA
+// slots `swa_idx[t, :swa_len[t]]` (−1 skipped), plus `sink[h]` in the denominator only; scores
+// `scale · q·k`, K = V = the decoded 512-value latent. Shapes in [`Csa2AttentionPoolsArgs`].
+//
+// Devices: all tensors `kDLCPU` → the CPU path (f32 sums, exact decode, bf16 output); all
+// `kDLCUDA` on one device → csa2's CUDA kernel launched on `stream` (asynchronous: returns
+// after the launch; nothing is copied to the host, nothing synchronizes; CUDA-graph capturable
+// once the modules are loaded, see [`csa2_cuda_preload`]). A build without the `cuda` feature
+// returns `CSA2_ERR_UNSUPPORTED` for CUDA tensors.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` for `struct_size` below the first version (the args-struct
+// rules of the header's preamble), a
+// bad format / layout / heads, mixed devices, an output aliasing another argument, and (host)
+// a slot outside `-1..blocks·states_per_page` of its pool, a non-finite q / sink, or a token
+// over 65 536 rows; `CSA2_ERR_SHAPE` for shapes, dtypes or strides; `CSA2_ERR_CUDA` for a
+// failed launch. Nothing is written on error.
+//
+// # Safety
+// `args` null or readable; each tensor pointer in it null (where optional) or a readable
+// `DLTensor` whose memory stays valid, and unwritten by others, for the call (on CUDA: until
+// the kernel has run on `stream`).
+Csa2Status csa2_attention_pools(const Csa2AttentionPoolsArgs *args);
+
+// Loads every embedded CUDA module on device `ordinal` now (call before capturing a CUDA graph:
+// a module load inside a capture is not allowed). `CSA2_ERR_UNSUPPORTED` without the `cuda`
+// feature or without a driver.
+Csa2Status csa2_cuda_preload(int32_t ordinal);
 
 // Creates a KV cache manager for geometry `g` with KV layout `layout` (a `Csa2KvLayout`),
 // `num_blocks` blocks of `block_tokens` tokens, backed by host memory (slabs are allocated the

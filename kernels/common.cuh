@@ -164,22 +164,43 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return r;
 }
 
-// ---- block-planar pages (docs/SPEC.md §1, src/formats/page.rs) --------------------------------------------
+// ---- page pools (docs/SPEC.md §1, src/ops/attention/pools.rs) -------------------------------------------
 
-// Data and scale addresses of `slot` in a pool of pages of `page_slots` records each.
+// Data and scale addresses of one state (record) in a pool.
 struct SlotPtr {
     u8* data;
     u8* scale;
 };
 
+// How a pool's pages hold their records (src/ops/attention/pools.rs::PoolLayout):
+// interleaved = a state's scales follow its own data (vLLM's V4.1 NVFP4 288 B and MXFP8 528 B);
+// block-planar = all data of the page, then all scales (V4 584 B, index K, csa2's own pages).
+#define CSA2_POOL_INTERLEAVED 0
+#define CSA2_POOL_BLOCK_PLANAR 1
+
+// Address of `slot` (page = slot / states, state = slot % states) in a strided pool whose pages
+// are `block_stride` bytes apart — vLLM's per-block slab size, read from the tensor's stride(0),
+// never states · record bytes.
+__device__ __forceinline__ SlotPtr pool_slot_ptr(u8* pool, i64 block_stride, i64 slot, int states,
+                                                 int data_bytes, int scale_bytes, int layout) {
+    i64 page = slot / states, off = slot % states;
+    u8* base = pool + page * block_stride;
+    SlotPtr p;
+    if (layout == CSA2_POOL_INTERLEAVED) {
+        p.data = base + off * (i64)(data_bytes + scale_bytes);
+        p.scale = p.data + data_bytes;
+    } else {
+        p.data = base + off * data_bytes;
+        p.scale = base + (i64)states * data_bytes + off * scale_bytes;
+    }
+    return p;
+}
+
+// csa2's own dense block-planar pages (the cache manager's pools): pages back to back.
 __device__ __forceinline__ SlotPtr slot_ptr(u8* pool, i64 slot, int page_slots, int data_bytes,
                                             int scale_bytes) {
-    i64 page = slot / page_slots, off = slot % page_slots;
-    u8* base = pool + page * (i64)page_slots * (data_bytes + scale_bytes);
-    SlotPtr p;
-    p.data = base + off * data_bytes;
-    p.scale = base + (i64)page_slots * data_bytes + off * scale_bytes;
-    return p;
+    return pool_slot_ptr(pool, (i64)page_slots * (data_bytes + scale_bytes), slot, page_slots,
+                         data_bytes, scale_bytes, CSA2_POOL_BLOCK_PLANAR);
 }
 
 // Physical slot of logical row `j` through a block table row, or -1 when unmapped.

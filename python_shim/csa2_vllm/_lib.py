@@ -726,3 +726,85 @@ class CompressorState(_Handle):
 
     def load(self, cache: Cache, rid: int, next_pos: int) -> None:
         call("csa2_compressor_state_load", self.handle, cache.handle, rid, next_pos)
+
+
+# ---- attention in place on vLLM's strided page pools (src/ffi/attention_pools.rs; issue 15) -----
+
+#: ``Csa2PoolLayout``: a state's scales follow its own data (V4.1 288 / 528 B), or all data of
+#: the page first, then all scales (V4 584 B, index K).
+POOL_INTERLEAVED, POOL_BLOCK_PLANAR = 0, 1
+
+
+class Csa2Pool(ctypes.Structure):
+    """``Csa2Pool``: a ``[blocks, states_per_page, record_bytes]`` uint8 view (any block stride)."""
+
+    _fields_ = [("tensor", _T), ("format", ctypes.c_int32), ("layout", ctypes.c_int32)]
+
+
+class Csa2AttentionPoolsArgs(ctypes.Structure):
+    """``Csa2AttentionPoolsArgs`` (include/csa2.h); ``struct_size`` is filled in by
+    :func:`attention_pools`."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("q", _T), ("main", Csa2Pool), ("main_idx", _T),
+        ("main_len", _T), ("swa", Csa2Pool), ("swa_idx", _T), ("swa_len", _T), ("sink", _T),
+        ("heads", ctypes.c_uint32), ("scale", ctypes.c_float), ("out", _T), ("lse", _T),
+        ("error", _T), ("stream", ctypes.c_uint64),
+    ]
+
+
+SIGNATURES.update({
+    "csa2_attention_pools": ([ctypes.POINTER(Csa2AttentionPoolsArgs)], _C_STATUS),
+    "csa2_cuda_preload": ([ctypes.c_int32], _C_STATUS),
+})
+__all__ += ["POOL_INTERLEAVED", "POOL_BLOCK_PLANAR", "pool_format", "attention_pools",
+            "cuda_preload"]
+
+
+def pool_format(pool: Any, what: str) -> tuple[int, int]:
+    """(``Csa2Format``, ``Csa2PoolLayout``) of a packed pool of 512-value records, from its record
+    width and the library's record table (``csa2_record_formats``: which records vLLM's pages
+    hold block-planar)."""
+    width = int(pool.shape[-1]) if len(pool.shape) else -1
+    for f in record_formats():
+        if f.dim == 512 and f.record_bytes == width:
+            return f.format_id, POOL_BLOCK_PLANAR if f.vllm_block_planar else POOL_INTERLEAVED
+    raise ValueError(
+        f"{what}: record width {width} B is none of "
+        + ", ".join(f"{f.record_bytes} ({f.name})" for f in record_formats() if f.dim == 512))
+
+
+def attention_pools(q, main_pool, main_idx, main_len, swa_pool, swa_idx, swa_len, sink, heads: int,
+                    scale: float, out, *, lse=None, error=None, stream: int = 0) -> None:
+    """``csa2_attention_pools``: sparse attention read in place from the pools.
+
+    ``q``/``out`` ``(T, 64|128, 512)`` bf16; pools ``(blocks, states, record bytes)`` uint8 views
+    as vLLM hands them (strided: ``stride(0)`` = the per-block slab), ``main_pool`` None for an
+    SWA-only layer; ``*_idx`` ``(T, K)`` int32 global slots, ``*_len`` ``(T,)`` int32 (or None);
+    ``sink`` ``(heads,)`` float32. All on one device; ``stream`` is the CUDA stream handle for CUDA
+    tensors (``torch.cuda.current_stream().cuda_stream``). Nothing here touches tensor data: the
+    call is as capturable as the library call itself.
+    """
+    keep = []
+
+    def t(x):
+        b, p = _ptr(x)
+        keep.append(b)
+        return p
+
+    def pool(p, what):
+        if p is None:
+            return Csa2Pool(None, 0, 0)
+        fmt, layout = pool_format(p, what)
+        return Csa2Pool(t(p), fmt, layout)
+
+    args = Csa2AttentionPoolsArgs(
+        ctypes.sizeof(Csa2AttentionPoolsArgs), t(q), pool(main_pool, "compressed pool"),
+        t(main_idx), t(main_len), pool(swa_pool, "SWA pool"), t(swa_idx), t(swa_len), t(sink),
+        int(heads), float(scale), t(out), t(lse), t(error), int(stream))
+    call("csa2_attention_pools", ctypes.byref(args))
+
+
+def cuda_preload(ordinal: int) -> None:
+    """Loads csa2's CUDA modules on device ``ordinal`` (before CUDA-graph capture)."""
+    call("csa2_cuda_preload", int(ordinal))

@@ -7,12 +7,13 @@ unchanged) with two differences:
 
 - ``nvfp4_ds_mla`` is a supported KV-cache dtype: on SM100 our layer prefers the 288-B NVFP4
   compressed record (csa2's FP4 cache), which vLLM otherwise lets only its mega-attention kernel read;
-- the metadata builders declare ``AttentionCGSupport.NEVER``: csa2's attention runs through the host
-  C ABI, which a CUDA graph cannot capture. At startup vLLM then refuses an explicit FULL graph mode
-  and downgrades full decode graphs (to piecewise, or none), with a warning; V4.1's attention itself
-  already runs in an eager break (``@eager_break_during_capture`` on ``_sparse_indexer_and_attn`` /
-  ``_prepare_and_attn_eager`` in ``models/deepseek_v41/attention.py``). Read from vLLM's source,
-  not exercised on a GPU.
+- the metadata builders declare ``AttentionCGSupport.UNIFORM_BATCH``: csa2's attention entry
+  (``csa2_attention_pools``) reads vLLM's pools in place on the current stream with no host work,
+  so a uniform decode batch can be captured in a full CUDA graph (mixed batches run piecewise,
+  where V4.1's attention already sits in an eager break: ``@eager_break_during_capture`` on
+  ``_sparse_indexer_and_attn`` / ``_prepare_and_attn_eager`` in ``models/deepseek_v41/attention.py``).
+  vLLM's own FlashMLA builders say ``ALWAYS``; we claim the narrower mode that was checked
+  (capture-safe list building, python_shim/tests_interpreted/test_pools.py). Not run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -34,15 +35,16 @@ from . import BACKEND_NAME
 
 
 class Csa2MetadataBuilder(DeepseekV4FlashMLAMetadataBuilder):
-    """FlashMLA V4.1 compressed-cache metadata; never inside a CUDA graph (host attention)."""
+    """FlashMLA V4.1 compressed-cache metadata; uniform decode batches may be graph-captured."""
 
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
 
 
 class Csa2SWAMetadataBuilder(DeepseekSparseSWAFlashMLAMetadataBuilder):
-    """vLLM's SWA metadata (per-token SWA slot lists in paged coordinates); never graph-captured."""
+    """vLLM's SWA metadata (per-token SWA slot lists in paged coordinates, persistent buffers);
+    uniform decode batches may be graph-captured."""
 
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
 
 
 class Csa2SparseMLABackend(DeepseekV4FlashMLABackend):

@@ -54,33 +54,49 @@ def record_format(pool: torch.Tensor, what: str) -> int:
     return _pool_format(pool, what, dim=512).format_id
 
 
+#: Slot value for a live entry that maps to no page (past the block table, or a −1 block): the
+#: attention entry refuses it on the host and the CUDA kernel skips it and records it in its error
+#: flag. Any value below −1 would do; −2 keeps the message short.
+BAD_SLOT = -2
+
+
 def _slots(local: torch.Tensor, live: torch.Tensor, req: torch.Tensor,
-           block_table: torch.Tensor, bs: int) -> torch.Tensor:
-    """Global slots of local entries (−1 where not live)."""
+           block_table: torch.Tensor, bs: int, check: bool = True) -> torch.Tensor:
+    """Global slots of local entries (−1 where not live).
+
+    ``check=True`` (host tensors) raises ``ValueError`` for a live entry past the block table.
+    ``check=False`` reads no value on the host (capture-safe: only elementwise ops and a gather
+    with fixed shapes): such an entry, and one whose block-table entry is negative, becomes
+    :data:`BAD_SLOT` for the attention entry to report."""
     j = torch.where(live, local, torch.zeros_like(local)).long()
-    if live.any() and int((j // bs).max()) >= block_table.shape[1]:
+    col = j // bs
+    if check and live.any() and int(col.max()) >= block_table.shape[1]:
         raise ValueError(
             f"top-k entry {int(j.max())} is past the block table ({block_table.shape[1]} blocks of "
             f"{bs} compressed entries)")
-    blocks = block_table[req.long()[:, None], j // bs].long()
+    inside = col < block_table.shape[1]
+    blocks = block_table[req.long()[:, None], torch.where(inside, col, torch.zeros_like(col))].long()
     slots = blocks * bs + j % bs
+    slots = torch.where(inside & (blocks >= 0), slots, torch.full_like(slots, BAD_SLOT))
     return torch.where(live, slots, torch.full_like(slots, -1)).to(torch.int32)
 
 
 def decode_topk_slots(local: torch.Tensor, req: torch.Tensor, block_table: torch.Tensor, bs: int,
-                      valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                      valid: torch.Tensor, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode rows: ``local`` (T, K) int32 → (slots (T, K) int32, lens (T,) int32).
 
     A padding token (``valid`` False) gets length 0 and no slots: its row may hold stale entries
-    of an earlier step, which vLLM's kernel never reads (it only zeroes the length)."""
+    of an earlier step, which vLLM's kernel never reads (it only zeroes the length). ``check`` as
+    in :func:`_slots`."""
     live = (local >= 0) & valid[:, None]
-    slots = _slots(local, live, req, block_table, bs)
+    slots = _slots(local, live, req, block_table, bs, check)
     return slots, live.sum(1).to(torch.int32)
 
 
 def prefill_topk_slots(local: torch.Tensor, req: torch.Tensor, positions: torch.Tensor,
                        n_entries: torch.Tensor, block_table: torch.Tensor, bs: int, ratio: int,
-                       valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                       valid: torch.Tensor, check: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill rows: ``local`` (T, K) int32, ``req`` (T,) row of ``block_table`` and of
     ``n_entries`` (compressed entries per request) → (slots (T, K) int32, lens (T,) int32)."""
     k = local.shape[1]
@@ -89,7 +105,7 @@ def prefill_topk_slots(local: torch.Tensor, req: torch.Tensor, positions: torch.
     col = torch.arange(k, device=local.device)
     n = n_entries.long()[req.long()]
     live = (col[None, :] < lens[:, None]) & (local >= 0) & (local.long() < n[:, None])
-    return _slots(local, live, req, block_table, bs), lens.to(torch.int32)
+    return _slots(local, live, req, block_table, bs, check), lens.to(torch.int32)
 
 
 def compact(pool: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor, what: str

@@ -122,7 +122,7 @@ def test_layer_selection_is_ours_only_when_selected(monkeypatch):
     assert Csa2DeepseekV4Attention.backend_cls.get_name() == "CSA2_RS"
 
 
-def test_backend_classes_declare_the_csa2_cache_and_no_cuda_graphs(monkeypatch):
+def test_backend_classes_declare_the_csa2_cache_and_uniform_batch_graphs(monkeypatch):
     import vllm.models.deepseek_v41.attention as v41_attention
     from vllm.models.deepseek_v41.nvidia.flashmla import DeepseekV4FlashMLAAttention
     from vllm.v1.attention.backend import AttentionCGSupport
@@ -133,9 +133,9 @@ def test_backend_classes_declare_the_csa2_cache_and_no_cuda_graphs(monkeypatch):
     # csa2 reads the 288-B NVFP4 compressed record that stock FlashMLA cannot.
     assert "nvfp4_ds_mla" in Csa2SparseMLABackend.supported_kv_cache_dtypes
     assert "fp8_ds_mla" in Csa2SparseMLABackend.supported_kv_cache_dtypes
-    # Host attention: no metadata builder may promise CUDA-graph support.
+    # In-place attention with capture-safe lists: uniform decode batches may be graph-captured.
     for backend in (Csa2SparseMLABackend, Csa2SparseSWABackend):
-        assert backend.get_builder_cls()._cudagraph_support is AttentionCGSupport.NEVER
+        assert backend.get_builder_cls()._cudagraph_support is AttentionCGSupport.UNIFORM_BATCH
         assert backend.supports_pcp() is False
     assert Csa2DeepseekV4Attention.swa_backend_cls is Csa2SparseSWABackend
     assert Csa2DeepseekV4Attention.forward_mqa is not DeepseekV4FlashMLAAttention.forward_mqa

@@ -14,8 +14,8 @@ What is real vLLM 0.33 code here (its Triton kernels run in Triton's interpreter
   whose records the stand-in dequantises with vLLM's own gather kernel). vLLM's CUDA-only CuteDSL
   gather is switched off so that its Triton gather, the same contract, runs.
 
-Ours: the csa2 layer's ``forward_mqa`` on the same layer state, metadata and packed page pools,
-through ``csa2_attention_indexed``. The gathered bf16 rows are exact images of the records (an
+Ours: the csa2 layer's ``forward_mqa`` on the same layer state, metadata and packed page pools
+(strided views into per-block slabs, as vLLM binds them), through ``csa2_attention_pools``. The gathered bf16 rows are exact images of the records (an
 NVFP4 value times an E4M3 scale, or an E4M3 value times a power of two, fits bf16), so the two
 sides see the same keys; the tolerance is csa2's f32 accumulation against float64.
 """
@@ -27,6 +27,7 @@ import types
 import pytest
 import torch
 
+from csa2_vllm import _lib
 from csa2_vllm import attention as csa2_attention
 from csa2_vllm.attention import Csa2DeepseekV4Attention
 from vllm.forward_context import ForwardContext, override_forward_context
@@ -158,7 +159,14 @@ def _batch(seed, ratio, decodes, prefills, main_width, swa_width, replay=None):
         if width == 584:  # V4 pages are block-planar: all tokens' data, then all their scales
             pool = torch.cat([pool[:, :, :576].flatten(1), pool[:, :, 576:].flatten(1)], 1)
             pool = pool.reshape(-1, tokens_per_block, width)
-        return pool, table
+        # As vLLM hands it: a view into a per-block slab (stride(0) = the slab size, never
+        # tokens × width; offset into the slab), the other bytes someone else's (0xFF here).
+        nb, page = pool.shape[0], tokens_per_block * width
+        offset = 1024
+        slab = torch.full((nb, offset + page + 512), 0xFF, dtype=torch.uint8)
+        view = slab.as_strided(pool.shape, (slab.stride(0), width, 1), offset)
+        view.copy_(pool)
+        return view, table
 
     swa_pool, swa_table = pool_and_table(BLOCK, [int(s) for s in seq], swa_width)
     if ratio:
@@ -292,7 +300,7 @@ def test_warmup_and_errors():
     bad["layers.0.attn"] = DeepseekV4FlashMLAMetadata(**{
         **md["layers.0.attn"].__dict__,
         "block_table": torch.full_like(md["layers.0.attn"].block_table, 10_000)})
-    with pytest.raises(ValueError, match="outside the pool"):
+    with pytest.raises(_lib.Csa2Error, match="outside the pool"):
         _run(layer, bad, q, positions, Csa2DeepseekV4Attention.forward_mqa)
     layer.topk_indices_buffer[0, 0] = 10_000  # past the block table
     with pytest.raises(ValueError, match="past the block table"):

@@ -7,15 +7,17 @@
 //!   once per device (fatbin → PTX → compat PTX → NVRTC, see [`modules`]), and checks every launch.
 //! - Each op's launch sits beside its CPU path, with the same parameter types, and is tested
 //!   against the same f64 reference: `ops/<family>/cuda.rs` (compressor, indexer, topk,
-//!   candidates, mhc) and `formats/cuda.rs` (the record codecs over cache pages). Attention's
-//!   launch is still here ([`attention`]) until it moves to `ops/attention/cuda.rs`.
+//!   candidates, mhc, attention) and `formats/cuda.rs` (the record codecs over cache pages);
+//!   [`attention`] re-exports `ops::attention::cuda` under its earlier path.
 //!
 //! Numerics follow the CPU semantics of docs/SPEC.md §1–§4: codecs are bit-identical to
 //! [`crate::formats`]; float reductions differ from the CPU only in summation order.
 
-pub mod attention;
 pub(crate) mod device;
 pub mod modules;
+
+/// The attention kernels' launch code lives with the family (`ops::attention::cuda`).
+pub use crate::ops::attention::cuda as attention;
 
 pub use device::{Device, DeviceBuffer};
 pub use modules::{LoadPath, EXPECTED_KERNELS};

@@ -81,7 +81,14 @@ pub const EXPECTED_KERNELS: &[(&str, &[&str])] = &[
         ],
     ),
     ("topk", &["topk_f32"]),
-    ("attention", &["sparse_decode_attn_f32"]),
+    (
+        "attention",
+        &[
+            "sparse_decode_attn_f32",
+            "attn_pools_bf16",
+            "attn_pools_bf16_mma",
+        ],
+    ),
     ("mhc", &["mega_mhc_bf16"]),
 ];
 

@@ -556,6 +556,19 @@ impl<'a> View<'a> {
     pub fn i32s(&self) -> Result<&'a [i32]> {
         self.typed(DType::I32)
     }
+    /// Borrowed `bf16` elements (bfloat16 only).
+    pub fn bf16s(&self) -> Result<&'a [bf16]> {
+        self.typed(DType::Bf16)
+    }
+    /// Mutable `bf16` elements (bfloat16 only).
+    pub fn bf16s_mut(&mut self) -> Result<&'a mut [bf16]> {
+        self.typed_mut(DType::Bf16)
+    }
+    /// Address of element 0 (`data + byte_offset`) on the tensor's device, for a kernel
+    /// argument; never dereferenced on the host for device memory.
+    pub fn addr(&self) -> u64 {
+        self.t.addr() as u64
+    }
     /// Borrowed bytes (uint8 only).
     pub fn bytes(&self) -> Result<&'a [u8]> {
         self.typed(DType::U8)

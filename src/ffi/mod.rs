@@ -50,6 +50,7 @@
 //!   tensors; the work itself uses the crate's rayon pool.
 
 mod attention;
+mod attention_pools;
 mod cache;
 mod candidates;
 mod compressor;
@@ -67,6 +68,7 @@ mod store;
 mod topk;
 
 pub use attention::*;
+pub use attention_pools::*;
 pub use cache::*;
 pub use candidates::*;
 pub use compressor::*;

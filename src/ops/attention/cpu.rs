@@ -280,6 +280,10 @@ fn row(isa: fast::Isa, kv: &KvRows, i: usize, out: &mut [f32]) {
             let (d, s) = rec.split_at(f.data_bytes());
             fast::decode_row(isa, *f, d, s, out);
         }
+        KvRows::Pool(p) => {
+            let (d, s) = p.parts(i);
+            fast::decode_row(isa, p.desc().format, d, s, out);
+        }
     }
 }
 

@@ -23,7 +23,12 @@
 
 mod bf16;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod pools;
 pub mod reference;
+
+pub use pools::{attention_pools, PoolDesc, PoolInputs, PoolLayout, PoolView};
 
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, KV_DIM};
@@ -46,6 +51,8 @@ pub enum KvRows<'a> {
     F32(&'a [f32]),
     /// (rows, record bytes) in the given 512-value format (NVFP4-DS, MXFP8, V4).
     Records(RecordFormat, &'a [u8]),
+    /// A strided page pool read in place (vLLM's per-block slabs, [`pools`]): row `i` = slot `i`.
+    Pool(PoolView<'a>),
 }
 
 impl KvRows<'_> {
@@ -54,6 +61,7 @@ impl KvRows<'_> {
         match self {
             KvRows::F32(x) => x.len() / KV_DIM,
             KvRows::Records(f, b) => b.len() / f.record_bytes(),
+            KvRows::Pool(p) => p.desc().slots(),
         }
     }
     /// Whether there are no rows.
@@ -69,6 +77,10 @@ impl KvRows<'_> {
                 let rec = &b[i * f.record_bytes()..][..f.record_bytes()];
                 let (d, s) = rec.split_at(f.data_bytes());
                 f.decode_row(d, s, out);
+            }
+            KvRows::Pool(p) => {
+                let (d, s) = p.parts(i);
+                p.desc().format.decode_row(d, s, out);
             }
         }
     }
@@ -91,6 +103,14 @@ impl KvRows<'_> {
                 what,
                 format!("[N, {}] u8 ({})", f.record_bytes(), f.name()),
                 format!("{} bytes", b.len()),
+            )),
+            KvRows::Pool(p) if p.desc().format.dim() != KV_DIM => Err(Error::invalid(
+                what,
+                format!(
+                    "pool format {} holds {} values per state, expected 512",
+                    p.desc().format.name(),
+                    p.desc().format.dim()
+                ),
             )),
             _ => Ok(()),
         }
@@ -555,6 +575,23 @@ pub fn attention_indexed(
         lse,
     );
     Ok(())
+}
+
+/// Runs the fast path on rows already planned by [`plan_indexed`] (or [`plan`]); shapes were
+/// checked there. For entries that build their own [`KvRows`] (e.g. [`pools::attention_pools`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_with_rows(
+    p: &AttentionParams,
+    dots: AttentionDots,
+    q: &[f32],
+    sink: &[f32],
+    rows: &[TokenRows],
+    main: KvRows,
+    swa: KvRows,
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
+    cpu::attention(p, dots, q, sink, rows, main, swa, out, lse);
 }
 
 #[cfg(test)]

@@ -70,7 +70,7 @@ fn both(
 /// of two or an E4M3 scale, and bf16 RoPE values).
 fn bf16_exact(kv: &KvRows) -> bool {
     match kv {
-        KvRows::Records(..) => true,
+        KvRows::Records(..) | KvRows::Pool(..) => true,
         KvRows::F32(x) => x.iter().all(|v| v.to_bits() & 0xFFFF == 0),
     }
 }

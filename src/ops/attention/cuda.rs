@@ -1,10 +1,23 @@
-//! Sparse decode attention over NVFP4-DS main-KV pages and MXFP8 SWA pages
-//! (`kernels/attention.cu`; docs/SPEC.md §2 "Attention").
+//! The CUDA side of the attention family (feature `cuda`; `kernels/attention.cu`).
+//!
+//! - [`attention_pools_launch`]: the kernel behind `csa2_attention_pools` on `kDLCUDA` tensors —
+//!   vLLM's strided page pools read in place (V4 584 B planar, NVFP4 288 B and MXFP8 528 B
+//!   interleaved), bf16 q / out, launched on the caller's (borrowed) stream with raw device
+//!   pointers: no host access to device memory, no allocation, no synchronization, so a CUDA
+//!   graph can capture it once the module is loaded ([`preload`]).
+//! - [`Device::sparse_decode_attention`]: the older kernel over csa2's own dense block-planar
+//!   pages and block tables (docs/SPEC.md §2 "Attention"), host form and `_dev` form.
 
-use super::device::{as_i32, cfg, check_len, launch, Device};
+use crate::cuda::device::{as_i32, cfg, check_len, cuda_error, launch};
+use crate::cuda::Device;
 use crate::error::{Error, Result};
-use crate::formats::{KV_DIM, MXFP8_BYTES, NVFP4_DS_BYTES};
+use crate::ffi::dlpack::View;
+use crate::ffi::Checked;
+use crate::formats::{RecordFormat, KV_DIM, MXFP8_BYTES, NVFP4_DS_BYTES};
 use cudarc::driver::CudaSlice;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
 /// Query heads.
 pub const HEADS: usize = 64;
@@ -248,5 +261,159 @@ impl Device {
             (None, None) => go!(&null, &null),
         }
         Ok(())
+    }
+}
+
+/// One [`Device`] per ordinal for the pool entry (opened on first use, modules cached in it).
+fn device(ordinal: i32) -> Result<Arc<Device>> {
+    static DEVICES: OnceLock<Mutex<HashMap<i32, Arc<Device>>>> = OnceLock::new();
+    let mut m = DEVICES.get_or_init(|| Mutex::new(HashMap::new())).lock();
+    if let Some(d) = m.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    let idx = usize::try_from(ordinal)
+        .map_err(|_| Error::invalid("CUDA device", format!("ordinal {ordinal} is negative")))?;
+    let d = Arc::new(Device::open(idx)?);
+    m.insert(ordinal, d.clone());
+    Ok(d)
+}
+
+/// Loads every embedded module on device `ordinal` (before a CUDA-graph capture).
+pub fn preload(ordinal: i32) -> Result<()> {
+    device(ordinal)?.preload_all().map(|_| ())
+}
+
+fn addr_opt(v: &Option<View>) -> u64 {
+    v.as_ref().map_or(0, |v| v.addr())
+}
+
+/// Launches `attn_pools_bf16` for a checked `csa2_attention_pools` call on `stream` (a
+/// `CUstream` owned by the caller). Returns after the launch.
+///
+/// Errors: [`Error::Unsupported`] (no driver / device), [`Error::Cuda`] (module load or launch).
+pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
+    let ordinal = match c.device {
+        crate::ffi::dlpack::Device::Cuda(id) => id,
+        crate::ffi::dlpack::Device::Cpu => {
+            return Err(Error::Internal(
+                "attention_pools_launch on host tensors".into(),
+            ))
+        }
+    };
+    // CSA2_ATTENTION_KERNEL=mma selects the tensor-core variant (bf16 mma.sync, P rounded to
+    // bf16: BF16_DOTS_VS_F64); anything else, or unset, the f32 correctness kernel. Read per call
+    // (no device work), so one process can compare both.
+    let mma = std::env::var("CSA2_ATTENTION_KERNEL").is_ok_and(|v| v == "mma");
+    if mma && (!c.q.addr().is_multiple_of(4) || !c.out.addr().is_multiple_of(4)) {
+        return Err(Error::invalid(
+            "q / out",
+            "the tensor-core kernel reads and writes bf16 pairs: q and out must be 4-byte aligned",
+        ));
+    }
+    let dev = device(ordinal)?;
+    let f = dev.function(
+        "attention",
+        if mma {
+            "attn_pools_bf16_mma"
+        } else {
+            "attn_pools_bf16"
+        },
+    )?;
+    // SAFETY: `stream` is the caller's live stream of this device's primary context (the
+    // entry's contract); the wrapper does not own it and is dropped right after the launch.
+    let s = unsafe {
+        dev.context()
+            .wrap_borrowed_stream(stream as cudarc::driver::sys::CUstream)
+    };
+    let i = |what: &str, v: usize| as_i32(what, v);
+    let (hp, nh) = (i("padded heads", c.padded_heads)?, i("heads", c.heads)?);
+    let (km, ks) = (
+        i("main_idx columns", c.main_idx.shape()[1])?,
+        i("swa_idx columns", c.swa_idx.shape()[1])?,
+    );
+    let (mp, mstride, mstates, mblocks, mfmt, mlay) = match &c.main {
+        Some(p) => (
+            p.addr as u64,
+            p.desc.block_stride as i64,
+            i("main states_per_page", p.desc.states_per_page)?,
+            p.desc.blocks as i64,
+            format_id(p.desc.format),
+            p.desc.layout as i32,
+        ),
+        None => (0u64, 0i64, 1i32, 0i64, 0i32, 0i32),
+    };
+    let sp = &c.swa;
+    let (sstride, sstates, sblocks, sfmt, slay) = (
+        sp.desc.block_stride as i64,
+        i("swa states_per_page", sp.desc.states_per_page)?,
+        sp.desc.blocks as i64,
+        format_id(sp.desc.format),
+        sp.desc.layout as i32,
+    );
+    let (q, mi, si, sink, out) = (
+        c.q.addr(),
+        c.main_idx.addr(),
+        c.swa_idx.addr(),
+        c.sink.addr(),
+        c.out.addr(),
+    );
+    let (ml, sl, lse, err) = (
+        addr_opt(&c.main_len),
+        addr_opt(&c.swa_len),
+        addr_opt(&c.lse),
+        addr_opt(&c.error),
+    );
+    let swa_base = sp.addr as u64;
+    if c.tokens > 65_535 {
+        // One grid row per token; CUDA caps gridDim.y at 65,535 (vLLM's batches are far below).
+        return Err(Error::invalid(
+            "q",
+            format!(
+                "{} tokens in one call; the kernel takes at most 65,535",
+                c.tokens
+            ),
+        ));
+    }
+    // One block per 16 heads (correctness kernel) or per 64 heads (tensor-core kernel) of a token.
+    let grid = (
+        (c.padded_heads / if mma { 64 } else { 16 }) as u32,
+        c.tokens as u32,
+    );
+    let mut b = s.launch_builder(&f);
+    // attn_pools_bf16(q, hp, n_heads, main_idx, km, main_len, main_pool, main_stride,
+    //   main_states, main_blocks, main_fmt, main_layout, swa_idx, ks, swa_len, swa_pool,
+    //   swa_stride, swa_states, swa_blocks, swa_fmt, swa_layout, sink, scale, out, lse, err)
+    use cudarc::driver::PushKernelArg;
+    b.arg(&q).arg(&hp).arg(&nh);
+    b.arg(&mi).arg(&km).arg(&ml);
+    b.arg(&mp)
+        .arg(&mstride)
+        .arg(&mstates)
+        .arg(&mblocks)
+        .arg(&mfmt)
+        .arg(&mlay);
+    b.arg(&si).arg(&ks).arg(&sl);
+    b.arg(&swa_base)
+        .arg(&sstride)
+        .arg(&sstates)
+        .arg(&sblocks)
+        .arg(&sfmt)
+        .arg(&slay);
+    b.arg(&sink).arg(&c.scale).arg(&out).arg(&lse).arg(&err);
+    // SAFETY: the arguments follow the kernel's signature above in order and type; every
+    // tensor was checked (shape, dtype, device, compact, disjoint outputs) by the entry, and the
+    // kernel bounds-checks every slot against blocks · states before reading a pool.
+    unsafe { b.launch(cfg(grid, 256)) }.map_err(|e| cuda_error("launch attn_pools_bf16", e))?;
+    Ok(())
+}
+
+/// The `Csa2Format` id the kernel switches on (0 NVFP4, 2 MXFP8, 3 V4).
+fn format_id(f: RecordFormat) -> i32 {
+    match f {
+        RecordFormat::Nvfp4Ds => 0,
+        RecordFormat::Mxfp4Index => 1,
+        RecordFormat::Mxfp8 => 2,
+        RecordFormat::V4Record => 3,
+        RecordFormat::Fp8Index => 4,
     }
 }

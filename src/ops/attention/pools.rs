@@ -1,0 +1,832 @@
+//! Attention read in place from vLLM's page pools (issue 15; FlashMLA's sparse contract).
+//!
+//! vLLM 0.33 keeps every layer's pages of one block id in one per-block slab. A layer's cache is
+//! a `[num_blocks, states_per_page, record_bytes]` uint8 view into that slab: its first byte is
+//! offset into the slab and its `stride(0)` is the slab size (139,392 B for the layer set checked
+//! in docs/VLLM.md), never `states_per_page · record_bytes`. Inside a page the records sit in one
+//! of two ways (the writer kernels in vLLM's `fused_compress_quant_cache.py`, `cache_utils.py`
+//! and `indexer_k_store.py` are the source of the rule):
+//!
+//! - [`PoolLayout::Interleaved`]: a state's scale bytes follow its own data bytes, so a record is
+//!   one row of the page (V4.1 NVFP4 288 B, V4.1 MXFP8 528 B);
+//! - [`PoolLayout::BlockPlanar`]: the data bytes of every state of the page, then the scale bytes
+//!   of every state (V4 584 B, index K MXFP4 68 B and FP8 132 B).
+//!
+//! [`PoolDesc`] names that addressing; [`PoolView`] pairs it with the borrowed bytes; the
+//! attention over pools ([`attention_pools`]) resolves each listed slot to its bytes at use, so
+//! nothing is gathered or compacted. The CUDA kernel (`ops::attention::cuda`, feature `cuda`)
+//! takes the same descriptor.
+
+use super::{
+    attention_with_rows, plan_indexed, AttentionDots, AttentionParams, IndexedInputs, KvRows,
+};
+use crate::error::{Error, Result};
+use crate::formats::{RecordFormat, KV_DIM};
+use half::bf16;
+
+/// Where a state's scale bytes sit relative to its data bytes inside a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum PoolLayout {
+    /// Record `i` of a page is bytes `[i·W, (i+1)·W)`: data, then its own scales.
+    Interleaved = 0,
+    /// Data of state `i` at `i·D`, its scales at `states·D + i·S` (all data first).
+    BlockPlanar = 1,
+}
+
+impl PoolLayout {
+    /// The layout vLLM 0.33's writer kernels use for `format`: interleaved for the V4.1 records
+    /// (NVFP4 288 B, MXFP8 528 B), block-planar for the V4 584-B record and the index-K pages.
+    pub fn vllm(format: RecordFormat) -> PoolLayout {
+        match format {
+            RecordFormat::Nvfp4Ds | RecordFormat::Mxfp8 => PoolLayout::Interleaved,
+            RecordFormat::V4Record | RecordFormat::Mxfp4Index | RecordFormat::Fp8Index => {
+                PoolLayout::BlockPlanar
+            }
+        }
+    }
+    /// Parses the C ABI value (0 interleaved, 1 block-planar).
+    pub fn from_abi(v: i32) -> Result<PoolLayout> {
+        match v {
+            0 => Ok(PoolLayout::Interleaved),
+            1 => Ok(PoolLayout::BlockPlanar),
+            _ => Err(Error::invalid(
+                "pool layout",
+                format!("{v} is neither 0 (interleaved) nor 1 (block-planar)"),
+            )),
+        }
+    }
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolLayout::Interleaved => "interleaved",
+            PoolLayout::BlockPlanar => "block-planar",
+        }
+    }
+}
+
+/// The addressing of one strided page pool. Byte offsets are relative to the pool's first byte
+/// (the view's data pointer, already offset into the slab).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolDesc {
+    /// Record format of every state.
+    pub format: RecordFormat,
+    /// How data and scale bytes sit inside a page.
+    pub layout: PoolLayout,
+    /// Blocks (pages) in the pool (`shape[0]`).
+    pub blocks: usize,
+    /// States (records) per page (`shape[1]`): tokens for the SWA cache, compressed entries for
+    /// the compressed cache.
+    pub states_per_page: usize,
+    /// Bytes from one page to the next (`stride(0)` of the uint8 view, read, never derived).
+    pub block_stride: usize,
+}
+
+impl PoolDesc {
+    /// Bytes one page's records occupy (`states_per_page · record_bytes`).
+    pub fn page_bytes(&self) -> usize {
+        self.states_per_page * self.format.record_bytes()
+    }
+    /// Global slots (`blocks · states_per_page`); slot `s` is state `s % states_per_page` of page
+    /// `s / states_per_page`.
+    pub fn slots(&self) -> usize {
+        self.blocks * self.states_per_page
+    }
+    /// Bytes from the pool's first byte to the end of its last page (0 for an empty pool).
+    pub fn extent(&self) -> usize {
+        if self.blocks == 0 {
+            0
+        } else {
+            (self.blocks - 1) * self.block_stride + self.page_bytes()
+        }
+    }
+    /// Validates the descriptor: `states_per_page ≥ 1`, a block stride that keeps pages apart
+    /// (≥ the page's bytes when there is more than one page), and an extent that fits `isize`.
+    ///
+    /// Errors: [`Error::Invalid`] naming `what`.
+    pub fn check(&self, what: &str) -> Result<()> {
+        if self.states_per_page == 0 {
+            return Err(Error::invalid(
+                format!("{what} states_per_page"),
+                "must be at least 1",
+            ));
+        }
+        if self.blocks > 1 && self.block_stride < self.page_bytes() {
+            return Err(Error::invalid(
+                format!("{what} block stride"),
+                format!(
+                    "{} B is shorter than one page ({} states × {} B, {}): pages would overlap",
+                    self.block_stride,
+                    self.states_per_page,
+                    self.format.record_bytes(),
+                    self.format.name()
+                ),
+            ));
+        }
+        let fits = (self.blocks.max(1) - 1)
+            .checked_mul(self.block_stride)
+            .and_then(|b| b.checked_add(self.page_bytes()))
+            .is_some_and(|b| b <= isize::MAX as usize);
+        if !fits {
+            return Err(Error::invalid(
+                format!("{what} extent"),
+                format!(
+                    "{} blocks × {} B stride overflows the address space",
+                    self.blocks, self.block_stride
+                ),
+            ));
+        }
+        Ok(())
+    }
+    /// Byte offsets of `slot`'s data and scale bytes (slot < [`Self::slots`], unchecked).
+    #[inline]
+    pub fn offsets(&self, slot: usize) -> (usize, usize) {
+        let (d, s, w) = (
+            self.format.data_bytes(),
+            self.format.scale_bytes(),
+            self.format.record_bytes(),
+        );
+        let (page, state) = (slot / self.states_per_page, slot % self.states_per_page);
+        let base = page * self.block_stride;
+        match self.layout {
+            PoolLayout::Interleaved => (base + state * w, base + state * w + d),
+            PoolLayout::BlockPlanar => (
+                base + state * d,
+                base + self.states_per_page * d + state * s,
+            ),
+        }
+    }
+}
+
+/// A borrowed strided pool: `bytes[0]` is the pool's first byte and `bytes` covers at least
+/// [`PoolDesc::extent`] bytes (the bytes between pages belong to other layers and are not read).
+#[derive(Debug, Clone, Copy)]
+pub struct PoolView<'a> {
+    desc: PoolDesc,
+    bytes: &'a [u8],
+}
+
+impl<'a> PoolView<'a> {
+    /// Checks the descriptor against the bytes.
+    ///
+    /// Errors: those of [`PoolDesc::check`]; [`Error::Shape`] when `bytes` is shorter than the
+    /// extent.
+    pub fn new(desc: PoolDesc, bytes: &'a [u8], what: &str) -> Result<PoolView<'a>> {
+        desc.check(what)?;
+        if bytes.len() < desc.extent() {
+            return Err(Error::shape(
+                format!("{what} bytes"),
+                format!(
+                    "at least {} ({} blocks, {} B stride, {}-B {} pages)",
+                    desc.extent(),
+                    desc.blocks,
+                    desc.block_stride,
+                    desc.page_bytes(),
+                    desc.layout.name()
+                ),
+                bytes.len(),
+            ));
+        }
+        Ok(PoolView { desc, bytes })
+    }
+    /// The descriptor.
+    pub fn desc(&self) -> &PoolDesc {
+        &self.desc
+    }
+    /// Data and scale bytes of `slot` (panics past [`PoolDesc::slots`]; callers check first).
+    #[inline]
+    pub fn parts(&self, slot: usize) -> (&'a [u8], &'a [u8]) {
+        let (d, s) = self.desc.offsets(slot);
+        let f = self.desc.format;
+        (
+            &self.bytes[d..d + f.data_bytes()],
+            &self.bytes[s..s + f.scale_bytes()],
+        )
+    }
+    /// Decodes `slot` (exact, [`RecordFormat::decode_row`]) into `out` (`format.dim()` values).
+    pub fn read(&self, slot: usize, out: &mut [f32]) -> Result<()> {
+        if slot >= self.desc.slots() {
+            return Err(Error::invalid(
+                "slot",
+                format!("{slot} is outside the pool (0..{})", self.desc.slots()),
+            ));
+        }
+        if out.len() != self.desc.format.dim() {
+            return Err(Error::shape(
+                "row values",
+                self.desc.format.dim(),
+                out.len(),
+            ));
+        }
+        let (d, s) = self.parts(slot);
+        self.desc.format.decode_row(d, s, out);
+        Ok(())
+    }
+}
+
+/// Inputs of [`attention_pools`] (the C ABI `csa2_attention_pools`): FlashMLA's sparse decode /
+/// prefill contract as vLLM 0.33 `models/deepseek_v41/nvidia/flashmla.py` calls it.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolInputs<'a> {
+    /// `[T, padded_heads, 512]` bf16 RoPE'd queries (padded heads 64 or 128).
+    pub q: &'a [bf16],
+    /// Padded heads of `q` and `out` (64 or 128).
+    pub padded_heads: usize,
+    /// Local heads `n ≤ padded_heads` (64 at TP 1; 32 / 16 / 8 at TP 2 / 4 / 8): heads `≥ n` are
+    /// padding, written as zeros.
+    pub heads: usize,
+    /// `[heads]` f32 sink logits.
+    pub sink: &'a [f32],
+    /// `[T, Km]` i32 global slots of the compressed pool (−1 = none); `Km` may be 0.
+    pub main_idx: &'a [i32],
+    /// `[T]` i32 valid length of each `main_idx` row (entries at or past it are not read).
+    pub main_len: Option<&'a [i32]>,
+    /// `[T, Ks]` i32 global slots of the SWA pool (−1 = none).
+    pub swa_idx: &'a [i32],
+    /// `[T]` i32 valid length of each `swa_idx` row.
+    pub swa_len: Option<&'a [i32]>,
+    /// Softmax scale (512^-0.5).
+    pub scale: f32,
+}
+
+/// Attention of `T` tokens over the two pools, in place: per token and local head one softmax
+/// over the listed compressed entries then the listed SWA slots, plus the sink in the denominator
+/// (docs/SPEC.md §2.7–§2.8). Writes `out` `[T, padded_heads, 512]` bf16 (heads past `heads`
+/// zero) and, when given, `lse` `[T, heads]` f32 (natural log, without the sink; −∞ with zeros
+/// out for a token that attends nothing). `main` is `None` for an SWA-only layer; its lists must
+/// then name no slot. Records are decoded exactly (f32) at use; sums are f32
+/// ([`crate::tolerance::F32_VS_F64`] before the final bf16 rounding).
+///
+/// Errors (nothing written): [`Error::Shape`] for inconsistent shapes or `padded_heads` other
+/// than 64 / 128; [`Error::Invalid`] for `heads` outside `1..=padded_heads`, a slot `< −1` or
+/// past its pool (naming the list, token and column), a pool whose format is not a 512-value
+/// latent, a non-finite q or sink, or a token over [`super::MAX_TOKEN_ROWS`] rows.
+pub fn attention_pools(
+    inp: &PoolInputs,
+    main: Option<PoolView>,
+    swa: PoolView,
+    out: &mut [bf16],
+    lse: Option<&mut [f32]>,
+) -> Result<()> {
+    let (hp, h) = (inp.padded_heads, inp.heads);
+    if hp != 64 && hp != 128 {
+        return Err(Error::shape("q padded heads", "64 or 128", hp));
+    }
+    if h == 0 || h > hp {
+        return Err(Error::invalid(
+            "heads",
+            format!("{h} local heads must be in 1..={hp} (the padded heads)"),
+        ));
+    }
+    let row = hp * KV_DIM;
+    let t = inp.q.len() / row;
+    if inp.q.len() != t * row {
+        return Err(Error::shape(
+            "q",
+            format!("[T, {hp}, 512] bf16"),
+            format!("{} values", inp.q.len()),
+        ));
+    }
+    if out.len() != inp.q.len() {
+        return Err(Error::shape(
+            "out",
+            format!("[{t}, {hp}, 512] bf16 (as q)"),
+            format!("{} values", out.len()),
+        ));
+    }
+    if let Some(l) = &lse {
+        if l.len() != t * h {
+            return Err(Error::shape(
+                "lse",
+                format!("[{t}, {h}] f32"),
+                format!("{} values", l.len()),
+            ));
+        }
+    }
+    for (v, what) in [(Some(&swa), "SWA pool"), (main.as_ref(), "compressed pool")] {
+        if let Some(v) = v {
+            if v.desc.format.dim() != KV_DIM {
+                return Err(Error::invalid(
+                    what,
+                    format!(
+                        "format {} holds {} values per state, attention reads 512-value latents",
+                        v.desc.format.name(),
+                        v.desc.format.dim()
+                    ),
+                ));
+            }
+        }
+    }
+    // The local heads' queries as f32 (exact): the only copy, of q, never of the pools.
+    let mut qf = vec![0f32; t * h * KV_DIM];
+    for (dst, src) in qf.chunks_exact_mut(h * KV_DIM).zip(inp.q.chunks_exact(row)) {
+        for (d, s) in dst.iter_mut().zip(&src[..h * KV_DIM]) {
+            *d = s.to_f32();
+        }
+    }
+    let empty: &[f32] = &[];
+    let main_rows = main.map_or(KvRows::F32(empty), KvRows::Pool);
+    let swa_rows = KvRows::Pool(swa);
+    let p = AttentionParams {
+        heads: h,
+        scale: inp.scale,
+        ..Default::default()
+    };
+    let ii = IndexedInputs {
+        q: &qf,
+        sink: inp.sink,
+        main_idx: inp.main_idx,
+        main_len: inp.main_len,
+        swa_idx: inp.swa_idx,
+        swa_len: inp.swa_len,
+    };
+    let rows = plan_indexed(&p, &ii, &main_rows, &swa_rows).map_err(|e| match (&main, e) {
+        (None, Error::Invalid { name, reason }) if name == "main_idx" => Error::invalid(
+            "main_idx",
+            format!(
+                "{reason}; this layer has no compressed pool (SWA-only), so its lists must be \
+                 empty or −1"
+            ),
+        ),
+        (_, e) => e,
+    })?;
+    let mut of = vec![0f32; t * h * KV_DIM];
+    let mut lf = vec![0f32; t * h];
+    attention_with_rows(
+        &p,
+        AttentionDots::F32,
+        &qf,
+        inp.sink,
+        &rows,
+        main_rows,
+        swa_rows,
+        &mut of,
+        &mut lf,
+    );
+    for (dst, src) in out.chunks_exact_mut(row).zip(of.chunks_exact(h * KV_DIM)) {
+        let (live, pad) = dst.split_at_mut(h * KV_DIM);
+        for (d, &s) in live.iter_mut().zip(src) {
+            *d = bf16::from_f32(s);
+        }
+        pad.fill(bf16::ZERO);
+    }
+    if let Some(l) = lse {
+        l.copy_from_slice(&lf);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::page::PageLayout;
+    use crate::ops::attention::{attention_indexed, reference};
+    use crate::tolerance::{compare, F32_VS_F64};
+    use csa2_rng::{rand_normal, NewRng, Rng};
+
+    /// A slab of `blocks` blocks of `stride` bytes whose bytes outside the pool's pages hold 0x7F
+    /// (an E4M3 NaN, and a NaN-producing E8M0 0x7F·2^0 pattern in scales): a read past a page or
+    /// from the wrong region shows up as a NaN or a wrong value. The pool starts `offset` bytes
+    /// into the slab, as a layer's view does. Returns (slab, offset, desc, encoded rows).
+    fn slab(
+        rng: &mut Rng,
+        format: RecordFormat,
+        layout: PoolLayout,
+        blocks: usize,
+        states: usize,
+        offset: usize,
+    ) -> (Vec<u8>, PoolDesc, Vec<f32>) {
+        let page = states * format.record_bytes();
+        let stride = offset + page + 3 * 64 + 8;
+        let desc = PoolDesc {
+            format,
+            layout,
+            blocks,
+            states_per_page: states,
+            block_stride: stride,
+        };
+        let mut bytes = vec![0x7Fu8; offset + blocks * stride];
+        let n = blocks * states;
+        let rows = rand_normal(rng, n * format.dim(), 1.0);
+        let (db, sb) = (format.data_bytes(), format.scale_bytes());
+        for slot in 0..n {
+            let (d, s) = desc.offsets(slot);
+            let mut data = vec![0u8; db];
+            let mut sc = vec![0u8; sb];
+            format.encode_row(
+                &rows[slot * format.dim()..][..format.dim()],
+                &mut data,
+                &mut sc,
+            );
+            bytes[offset + d..][..db].copy_from_slice(&data);
+            bytes[offset + s..][..sb].copy_from_slice(&sc);
+        }
+        (bytes, desc, rows)
+    }
+
+    /// The pool's records compacted as standalone records (data then scales), slot order.
+    fn compacted(v: &PoolView) -> Vec<u8> {
+        (0..v.desc().slots())
+            .flat_map(|s| {
+                let (d, sc) = v.parts(s);
+                d.iter().chain(sc).copied().collect::<Vec<u8>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn planar_addressing_is_the_page_layout_and_interleaved_is_one_row_per_record() {
+        for format in RecordFormat::ALL {
+            let lay = PageLayout { format, slots: 8 };
+            let desc = PoolDesc {
+                format,
+                layout: PoolLayout::BlockPlanar,
+                blocks: 3,
+                states_per_page: 8,
+                block_stride: lay.page_bytes(),
+            };
+            for slot in 0..24 {
+                let (d, s) = lay.slot_ranges(slot % 8);
+                let base = (slot / 8) * lay.page_bytes();
+                assert_eq!(
+                    desc.offsets(slot),
+                    (base + d.start, base + s.start),
+                    "{format:?}"
+                );
+            }
+            let il = PoolDesc {
+                layout: PoolLayout::Interleaved,
+                block_stride: 100_000,
+                ..desc
+            };
+            let w = format.record_bytes();
+            assert_eq!(
+                il.offsets(8 + 3),
+                (100_000 + 3 * w, 100_000 + 3 * w + format.data_bytes())
+            );
+        }
+        assert_eq!(
+            PoolLayout::vllm(RecordFormat::Nvfp4Ds),
+            PoolLayout::Interleaved
+        );
+        assert_eq!(
+            PoolLayout::vllm(RecordFormat::Mxfp8),
+            PoolLayout::Interleaved
+        );
+        assert_eq!(
+            PoolLayout::vllm(RecordFormat::V4Record),
+            PoolLayout::BlockPlanar
+        );
+        assert_eq!(
+            PoolLayout::vllm(RecordFormat::Mxfp4Index),
+            PoolLayout::BlockPlanar
+        );
+        assert_eq!(
+            PoolLayout::vllm(RecordFormat::Fp8Index),
+            PoolLayout::BlockPlanar
+        );
+    }
+
+    /// Every format in both layouts, strided and offset: `read` gives the exact decode of the
+    /// record written at that slot (index-K pages included).
+    #[test]
+    fn strided_pools_read_back_every_slot() {
+        let mut rng = Rng::new(31);
+        for format in RecordFormat::ALL {
+            for layout in [PoolLayout::Interleaved, PoolLayout::BlockPlanar] {
+                let (bytes, desc, rows) = slab(&mut rng, format, layout, 3, 5, 96);
+                let v = PoolView::new(desc, &bytes[96..], "pool").unwrap();
+                let dim = format.dim();
+                let mut got = vec![0f32; dim];
+                let mut want = vec![0f32; dim];
+                let mut rec = vec![0u8; format.record_bytes()];
+                for slot in 0..15 {
+                    v.read(slot, &mut got).unwrap();
+                    crate::formats::encode_rows(format, &rows[slot * dim..][..dim], &mut rec)
+                        .unwrap();
+                    crate::formats::decode_rows(format, &rec, &mut want).unwrap();
+                    assert_eq!(got, want, "{format:?} {layout:?} slot {slot}");
+                }
+                assert!(v.read(15, &mut got).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn bad_descriptors_are_refused() {
+        let d = PoolDesc {
+            format: RecordFormat::Mxfp8,
+            layout: PoolLayout::Interleaved,
+            blocks: 4,
+            states_per_page: 32,
+            block_stride: 32 * 528,
+        };
+        let bytes = vec![0u8; d.extent()];
+        assert!(PoolView::new(d, &bytes, "p").is_ok());
+        let e = PoolView::new(d, &bytes[1..], "p").unwrap_err().to_string();
+        assert!(e.contains("at least 67584"), "{e}");
+        let e = PoolView::new(
+            PoolDesc {
+                block_stride: 32 * 528 - 1,
+                ..d
+            },
+            &bytes,
+            "p",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("overlap"), "{e}");
+        let e = PoolView::new(
+            PoolDesc {
+                states_per_page: 0,
+                ..d
+            },
+            &bytes,
+            "p",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("states_per_page"), "{e}");
+        let huge = PoolDesc {
+            block_stride: usize::MAX / 2,
+            ..d
+        };
+        assert!(PoolView::new(huge, &bytes, "p").is_err());
+        // One block: any stride (vLLM may hand a one-block view).
+        let one = PoolDesc {
+            blocks: 1,
+            block_stride: 0,
+            ..d
+        };
+        assert!(PoolView::new(one, &bytes, "p").is_ok());
+    }
+
+    struct Lists {
+        main_idx: Vec<i32>,
+        main_len: Vec<i32>,
+        swa_idx: Vec<i32>,
+        swa_len: Vec<i32>,
+    }
+
+    /// Per-token lists with −1 holes, stale entries past the length, and repeated pages.
+    fn lists(rng: &mut Rng, t: usize, km: usize, nm: usize, ks: usize, ns: usize) -> Lists {
+        use rand::Rng as _;
+        let mut l = Lists {
+            main_idx: vec![],
+            main_len: vec![],
+            swa_idx: vec![],
+            swa_len: vec![],
+        };
+        for i in 0..t {
+            let lm = if nm == 0 { 0 } else { rng.random_range(0..=km) };
+            for c in 0..km {
+                l.main_idx.push(if c >= lm {
+                    i32::MAX // stale: past the length, never read
+                } else if c % 5 == 2 {
+                    -1
+                } else {
+                    rng.random_range(0..nm) as i32
+                });
+            }
+            let ls = if i == 1 { 0 } else { rng.random_range(1..=ks) };
+            for c in 0..ks {
+                l.swa_idx.push(if c >= ls {
+                    -7 // stale
+                } else {
+                    rng.random_range(0..ns) as i32
+                });
+            }
+            l.main_len.push(lm as i32);
+            l.swa_len.push(ls as i32);
+        }
+        l
+    }
+
+    /// The in-place entry on strided slabs of all record kinds vLLM writes: (1) its f32 core
+    /// against the f64 reference; (2) bit-equal to the same attention over the compacted records
+    /// (the pre-issue-15 route), rounded to bf16; padded heads zero; SWA-only layers.
+    #[test]
+    fn in_place_matches_reference_and_compacted_route_for_all_record_kinds() {
+        let mut rng = Rng::new(32);
+        let kinds: [(Option<RecordFormat>, RecordFormat); 5] = [
+            (Some(RecordFormat::Nvfp4Ds), RecordFormat::Mxfp8), // SM100 V4.1, and 890 B/token on SM90
+            (Some(RecordFormat::Mxfp8), RecordFormat::Mxfp8),   // V4.1 MXFP8 compressed
+            (Some(RecordFormat::V4Record), RecordFormat::V4Record), // SM90 default
+            (None, RecordFormat::Mxfp8),                        // SWA-only, V4.1
+            (None, RecordFormat::V4Record),                     // SWA-only, SM90
+        ];
+        for (ki, (mf, sf)) in kinds.into_iter().enumerate() {
+            for (hp, h) in [(64, 64), (128, 8)] {
+                let t = 5;
+                let (sb, sd, _) = slab(&mut rng, sf, PoolLayout::vllm(sf), 6, 32, 64);
+                let swa = PoolView::new(sd, &sb[64..], "swa").unwrap();
+                let mslab = mf.map(|f| slab(&mut rng, f, PoolLayout::vllm(f), 4, 16, 200));
+                let main = mslab
+                    .as_ref()
+                    .map(|(b, d, _)| PoolView::new(*d, &b[200..], "main").unwrap());
+                let nm = main.map_or(0, |m| m.desc().slots());
+                let km = if main.is_some() { 24 } else { 0 };
+                let l = lists(&mut rng, t, km, nm, 40, swa.desc().slots());
+                let mut q = vec![bf16::ZERO; t * hp * KV_DIM];
+                let qv = rand_normal(&mut rng, t * hp * KV_DIM, 2.0);
+                for (a, b) in q.iter_mut().zip(&qv) {
+                    *a = bf16::from_f32(*b);
+                }
+                let sink = rand_normal(&mut rng, h, 1.0);
+                let inp = PoolInputs {
+                    q: &q,
+                    padded_heads: hp,
+                    heads: h,
+                    sink: &sink,
+                    main_idx: &l.main_idx,
+                    main_len: Some(&l.main_len),
+                    swa_idx: &l.swa_idx,
+                    swa_len: Some(&l.swa_len),
+                    scale: (KV_DIM as f32).sqrt().recip(),
+                };
+                let mut out = vec![bf16::from_f32(f32::NAN); q.len()];
+                let mut lse = vec![f32::NAN; t * h];
+                attention_pools(&inp, main, swa, &mut out, Some(&mut lse)).unwrap();
+
+                // (1) f32 core on the pools vs the f64 reference.
+                let mut qf = vec![0f32; t * h * KV_DIM];
+                for ti in 0..t {
+                    for j in 0..h * KV_DIM {
+                        qf[ti * h * KV_DIM + j] = q[ti * hp * KV_DIM + j].to_f32();
+                    }
+                }
+                let p = AttentionParams {
+                    heads: h,
+                    ..Default::default()
+                };
+                let ii = IndexedInputs {
+                    q: &qf,
+                    sink: &sink,
+                    main_idx: &l.main_idx,
+                    main_len: Some(&l.main_len),
+                    swa_idx: &l.swa_idx,
+                    swa_len: Some(&l.swa_len),
+                };
+                let mrows = main.map_or(KvRows::F32(&[]), KvRows::Pool);
+                let mut of = vec![0f32; t * h * KV_DIM];
+                let mut lf = vec![0f32; t * h];
+                attention_indexed(&p, &ii, mrows, KvRows::Pool(swa), &mut of, &mut lf).unwrap();
+                let rows = plan_indexed(&p, &ii, &mrows, &KvRows::Pool(swa)).unwrap();
+                assert!(rows.iter().any(|r| !r.swa.is_empty()));
+                assert!(main.is_none() || rows.iter().any(|r| !r.main.is_empty()));
+                let (ro, rl) =
+                    reference::attention_rows(&p, &qf, &sink, &rows, mrows, KvRows::Pool(swa));
+                let st = compare(&of, &ro, &F32_VS_F64);
+                assert!(st.ok(&F32_VS_F64), "kind {ki} hp {hp}: out {st:?}");
+                let st = compare(&lf, &rl, &F32_VS_F64);
+                assert!(st.ok(&F32_VS_F64), "kind {ki} hp {hp}: lse {st:?}");
+                assert_eq!(lse, lf);
+
+                // (2) the compacted-records route gives the same f32 values.
+                let mrec = main.map(|m| compacted(&m));
+                let srec = compacted(&swa);
+                let crow = match (&mrec, mf) {
+                    (Some(r), Some(f)) => KvRows::Records(f, r),
+                    _ => KvRows::F32(&[]),
+                };
+                let mut oc = vec![0f32; t * h * KV_DIM];
+                let mut lc = vec![0f32; t * h];
+                attention_indexed(&p, &ii, crow, KvRows::Records(sf, &srec), &mut oc, &mut lc)
+                    .unwrap();
+                assert_eq!(of, oc, "kind {ki}: in place differs from compacted");
+                for ti in 0..t {
+                    for hi in 0..hp {
+                        let o = &out[(ti * hp + hi) * KV_DIM..][..KV_DIM];
+                        if hi < h {
+                            let f = &of[(ti * h + hi) * KV_DIM..][..KV_DIM];
+                            assert!(o.iter().zip(f).all(|(a, b)| *a == bf16::from_f32(*b)));
+                        } else {
+                            assert!(o.iter().all(|v| v.to_bits() == 0), "padded head {hi}");
+                        }
+                    }
+                }
+                // Token 1 lists no SWA slot; with no compressed entries either it is empty.
+                if l.main_len[1] == 0 {
+                    assert!(lse[h..2 * h].iter().all(|&v| v == f32::NEG_INFINITY));
+                    assert!(out[hp * KV_DIM..2 * hp * KV_DIM]
+                        .iter()
+                        .all(|v| v.to_f32() == 0.0));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn errors_name_the_list_and_write_nothing() {
+        let mut rng = Rng::new(33);
+        let (sb, sd, _) = slab(
+            &mut rng,
+            RecordFormat::Mxfp8,
+            PoolLayout::Interleaved,
+            2,
+            32,
+            0,
+        );
+        let swa = PoolView::new(sd, &sb, "swa").unwrap();
+        let q = vec![bf16::ONE; 2 * 64 * KV_DIM];
+        let sink = vec![0f32; 64];
+        let ok = PoolInputs {
+            q: &q,
+            padded_heads: 64,
+            heads: 64,
+            sink: &sink,
+            main_idx: &[],
+            main_len: None,
+            swa_idx: &[0, 1, 2, 63],
+            swa_len: Some(&[2, 2]),
+            scale: 0.05,
+        };
+        let mut out = vec![bf16::from_f32(7.0); q.len()];
+        attention_pools(&ok, None, swa, &mut out, None).unwrap();
+        let cases: Vec<(PoolInputs, &str)> = vec![
+            (
+                PoolInputs {
+                    swa_idx: &[0, 64, 2, 3],
+                    ..ok
+                },
+                "outside the pool",
+            ),
+            (
+                PoolInputs {
+                    swa_idx: &[0, -2, 2, 3],
+                    ..ok
+                },
+                "outside the pool",
+            ),
+            (
+                PoolInputs {
+                    main_idx: &[0, -1],
+                    ..ok
+                },
+                "SWA-only",
+            ),
+            (PoolInputs { heads: 65, ..ok }, "local heads"),
+            (PoolInputs { heads: 0, ..ok }, "local heads"),
+            (
+                PoolInputs {
+                    padded_heads: 32,
+                    ..ok
+                },
+                "64 or 128",
+            ),
+            (
+                PoolInputs {
+                    swa_len: Some(&[2]),
+                    ..ok
+                },
+                "swa_len",
+            ),
+            (
+                PoolInputs {
+                    sink: &sink[..8],
+                    ..ok
+                },
+                "sink",
+            ),
+        ];
+        for (inp, needle) in cases {
+            let mut o = vec![bf16::from_f32(7.0); q.len()];
+            let e = attention_pools(&inp, None, swa, &mut o, None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(needle), "{needle}: {e}");
+            assert!(
+                o.iter().all(|v| v.to_f32() == 7.0),
+                "{needle}: wrote on error"
+            );
+        }
+        // A length past the row is clamped, a −1 inside the length is skipped.
+        let inp = PoolInputs {
+            swa_idx: &[0, -1, 2, 3],
+            swa_len: Some(&[9, 1]),
+            ..ok
+        };
+        attention_pools(&inp, None, swa, &mut out, None).unwrap();
+        // A non-finite query is an error, not a NaN output.
+        let mut bad = q.clone();
+        bad[5] = bf16::NAN;
+        let e = attention_pools(&PoolInputs { q: &bad, ..ok }, None, swa, &mut out, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("non-finite"), "{e}");
+        // An index-K pool is not a latent pool.
+        let (ib, id, _) = slab(
+            &mut rng,
+            RecordFormat::Mxfp4Index,
+            PoolLayout::BlockPlanar,
+            2,
+            8,
+            0,
+        );
+        let iv = PoolView::new(id, &ib, "index").unwrap();
+        let e = attention_pools(&ok, None, iv, &mut out, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("512-value"), "{e}");
+    }
+}
