@@ -12,7 +12,7 @@ export NVCC
 export LD_LIBRARY_PATH="$(dirname "$(dirname "$NVCC")")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 cargo build --features cuda
-cargo clippy --features cuda --all-targets -- -D warnings
+cargo clippy --workspace --features cuda --all-targets -- -D warnings
 log="$(mktemp)"
 # The feature only adds src/cuda (and one error message in src/ffi/dlpack.rs): its unit tests and
 # tests/cuda.rs are what change; the rest of the suite already ran without the feature.

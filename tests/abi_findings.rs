@@ -422,7 +422,7 @@ fn finding8_a_reused_block_does_not_show_the_previous_requests_records() {
 fn finding9_prefix_keys_bind_the_geometry_without_a_fingerprint() {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/assets/deepseek_v41_flash_config.json"
+        "/../assets/deepseek_v41_flash_config.json"
     ))
     .unwrap();
     let mut other: serde_json::Value = serde_json::from_str(&text).unwrap();

@@ -8,17 +8,17 @@
 //! - [`layer`]: one attention sublayer in its role (Full / Reindex / Reuse / SWA-only);
 //! - [`stack`]: the layers with mHC at both sites, embedding and FFN placeholders;
 //! - [`launch_day`]: the configuration vLLM first shipped (docs/SPEC.md §5);
-//! - [`replay_error`]: exact vs bounded replay, measured per layer and per turn;
-//! - [`gemm`]: the dense projections; [`timing`]: per-role, per-op wall time;
-//! - [`reference`]: the f64 reference of a decode step (what `csa2 ab` measures accuracy against).
+//! - [`gemm`]: the dense projections; [`timing`]: per-role, per-op wall time (recorded by the
+//!   layers as they run, so it stays beside them; the harness aggregates it).
+//!
+//! The f64 reference of a decode step and the replay-error analyzer are measurements over this
+//! engine: they live in the `csa2-harness` crate.
 
 pub mod cache;
 pub mod gemm;
 pub mod launch_day;
 pub mod layer;
 pub mod paged;
-pub mod reference;
-pub mod replay_error;
 pub mod stack;
 pub mod timing;
 

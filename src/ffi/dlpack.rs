@@ -11,7 +11,7 @@
 //! (and the memory it points to) for the duration of the call only; nothing is retained.
 
 use crate::error::{Error, Result};
-use crate::npy::{Dim, Dims};
+use crate::shape::{Dim, Dims};
 use half::{bf16, f16};
 use std::ffi::c_void;
 use std::marker::PhantomData;

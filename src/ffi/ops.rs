@@ -23,13 +23,13 @@ use super::{boundary, Csa2Geometry, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
 use crate::geometry::LayerPlan;
-use crate::npy::{Dim, Dims};
 use crate::ops::attention::{AttentionInputs, AttentionParams, IndexedInputs, KvRows};
 use crate::ops::candidates::CandidateParams;
 use crate::ops::compressor::{Compressor, CompressorState, CompressorWeights};
 use crate::ops::indexer::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
 use crate::ops::mhc::{self, BoundaryIn, MhcParams, MixWeights, PostUpdate, HC, MIX};
 use crate::ops::rope::{Direction, Rope};
+use crate::shape::{Dim, Dims};
 use std::borrow::Cow;
 
 pub(super) const FLOATS: &[DType] = &[DType::F32, DType::Bf16, DType::F16];
@@ -1107,7 +1107,7 @@ mod tests {
     use super::super::dlpack::{DLDataType, DLDevice, K_DL_CPU};
     use super::*;
     use crate::geometry::Geometry;
-    use crate::ops::testutil::{rand_normal, NewRng, Rng};
+    use csa2_rng::{rand_normal, NewRng, Rng};
 
     /// A float32/int/uint8 host descriptor over `data` with `shape` (kept alive by the caller).
     fn desc<T>(data: &mut [T], shape: &mut [i64], dtype: DType) -> DLTensor {

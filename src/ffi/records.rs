@@ -36,7 +36,7 @@ use super::{arg_out, boundary, Csa2Status};
 use crate::cache::{CacheManager, RecordKind};
 use crate::error::{Error, Result};
 use crate::formats::{decode_rows, encode_rows, RecordFormat};
-use crate::npy::{Dim, Dims};
+use crate::shape::{Dim, Dims};
 
 /// Which of a KV-source layer's two caches (pass as `int32_t`).
 #[repr(C)]

@@ -1345,5 +1345,5 @@ fn wk_pool() -> Vec<f32> {
 
 /// `tests/fuzz_corpus/` of this repository.
 pub fn corpus_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz_corpus")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fuzz_corpus")
 }

@@ -1,11 +1,11 @@
 //! `csa2 op mhc`: one mHC boundary on `.npy` files. The contract is written in docs/OPS.md § mHC.
 
-use csa2::npy::{self, Dim, Dims};
 use csa2::ops::mhc::{
     boundary, one_hot_pre, reference, BoundaryIn, MhcParams, MixWeights, Path as MhcPath,
     PostUpdate, HC, MIX,
 };
 use csa2::Error;
+use csa2_harness::npy::{self, Dim, Dims};
 use std::path::Path;
 
 #[derive(serde::Deserialize)]

@@ -175,13 +175,13 @@ impl Params {
 }
 
 /// Writes `dir/name.npy`.
-pub fn save<T: csa2::npy::Element>(
+pub fn save<T: csa2_harness::npy::Element>(
     dir: &Path,
     name: &str,
     shape: &[usize],
     data: &[T],
 ) -> Result<()> {
-    csa2::npy::write(&dir.join(format!("{name}.npy")), shape, data)
+    csa2_harness::npy::write(&dir.join(format!("{name}.npy")), shape, data)
 }
 
 /// Rounds an f64 reference output to f32.

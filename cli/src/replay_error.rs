@@ -6,12 +6,12 @@
 //! errors and for the worst turn the per-layer table; `--json` gets every number.
 
 use crate::out::{JsonOut, Progress};
-use csa2::backend::replay_error::{
-    analyze, Report, SessionSpec, SnapshotPolicy, TurnStats, Variant,
-};
 use csa2::backend::{Backend, BackendConfig, Model};
 use csa2::weights::Scale;
 use csa2::{Error, Result};
+use csa2_harness::replay_error::{
+    analyze, Report, SessionSpec, SnapshotPolicy, TurnStats, Variant,
+};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -156,7 +156,7 @@ fn print_report(r: &Report) {
     );
     for v in &r.variants {
         for t in &v.turns {
-            let worst_streams = |f: fn(&csa2::backend::replay_error::Classes) -> f64| {
+            let worst_streams = |f: fn(&csa2_harness::replay_error::Classes) -> f64| {
                 t.layers.iter().map(|l| f(&l.streams)).fold(0.0, f64::max)
             };
             say!(

@@ -3,9 +3,9 @@
 
 use crate::out::{JsonOut, Progress};
 use csa2::replay::ReplayMode;
-use csa2::sim::{self, trace, Design, SimConfig, SimReport};
 use csa2::store::FsyncPolicy;
 use csa2::Error;
+use csa2_harness::sim::{self, trace, Design, SimConfig, SimReport};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;

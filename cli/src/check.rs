@@ -10,10 +10,10 @@ use csa2::ops::candidates::{self, CandidateParams};
 use csa2::ops::compressor::{self, Compressor, CompressorState, CompressorWeights};
 use csa2::ops::indexer::{self, IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
 use csa2::ops::rope::{self, Direction, Rope};
-use csa2::ops::testutil::{rand_normal, NewRng, Rng};
 use csa2::ops::topk;
 use csa2::tolerance::{compare, Stats, Tolerance, BF16_ROUNDED, F32_VS_F64, QUANT_VS_EXACT};
 use csa2::{Error, Geometry, Result};
+use csa2_harness::rng::{rand_normal, NewRng, Rng};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -4,10 +4,10 @@
 //! [G,128], `index_k_mxfp4` u8 [G,68]. Rotary: the compressed layers' (θ 160000 + YaRN).
 
 use super::{save, Params};
-use csa2::npy::{read_checked, read_optional, Dim, Dims};
 use csa2::ops::compressor::{reference, Compressor, CompressorState, CompressorWeights};
 use csa2::ops::rope::Rope;
 use csa2::Result;
+use csa2_harness::npy::{read_checked, read_optional, Dim, Dims};
 use std::path::Path;
 
 pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> Result<()> {

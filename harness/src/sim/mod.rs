@@ -3,11 +3,11 @@
 //!
 //! Per request, at its arrival time:
 //! 1. synthetic token ids are derived from the trace's `hash_ids` (equal ids → equal tokens, so
-//!    equal prefixes get equal chained keys through the real [`crate::cache::PrefixHasher`]);
+//!    equal prefixes get equal chained keys through the real [`csa2::cache::PrefixHasher`]);
 //! 2. the longest prefix is adopted from HBM ([`CacheManager::adopt_prefix`]), then continued from
 //!    the SSD tier (each block read back and checksum-verified, then promoted into HBM);
 //! 3. the SWA snapshot at the hit boundary is looked up (V4.1: DRAM pool; V4: SSD with the global KV);
-//! 4. [`crate::replay::plan`] gives the rows every layer computes;
+//! 4. [`csa2::replay::plan`] gives the rows every layer computes;
 //! 5. HBM blocks are allocated for prompt + output; the prompt's full blocks are published and
 //!    written to the SSD tier (real records of the real slab size with a deterministic synthetic
 //!    payload) and the prompt-end snapshot is stored;
@@ -21,11 +21,11 @@
 
 pub mod trace;
 
-use crate::cache::{Backing, CacheConfig, CacheManager, CacheSpec, PrefixKey, RequestId};
-use crate::error::{Error, Result};
-use crate::geometry::{Geometry, KvLayout};
-use crate::replay::ReplayMode;
-use crate::store::{
+use csa2::cache::{Backing, CacheConfig, CacheManager, CacheSpec, PrefixKey, RequestId};
+use csa2::error::{Error, Result};
+use csa2::geometry::{Geometry, KvLayout};
+use csa2::replay::ReplayMode;
+use csa2::store::{
     Clock, DramConfig, DramPool, FsyncPolicy, ManualClock, Snapshot, SsdConfig, SsdStore, Tier,
     TierPolicy,
 };
@@ -100,7 +100,7 @@ impl SimConfig {
             hbm_bytes: 16 << 30,
             ssd_dir,
             ssd_bytes: 2 << 30,
-            ssd_lifetime_ms: 72 * crate::store::clock::HOUR_MS,
+            ssd_lifetime_ms: 72 * csa2::store::clock::HOUR_MS,
             fsync: FsyncPolicy::Never,
             dram_bytes: dram.capacity_bytes,
             dram_ttl_ms: dram.ttl_ms,
@@ -257,13 +257,13 @@ impl Tiers {
     /// Offers one record to the SSD tier and the demand ledger.
     fn persist(&mut self, key: &PrefixKey, len: usize) -> Result<()> {
         if self.demand_ssd.insert(*key) {
-            self.demand_ssd_bytes += (crate::store::ssd::HEADER_BYTES + len) as u64;
+            self.demand_ssd_bytes += (csa2::store::ssd::HEADER_BYTES + len) as u64;
         }
         if self.ssd.contains(key) {
             return Ok(());
         }
         match self.ssd.put_with(key, len, |buf| {
-            crate::store::ssd::synthetic_payload(key, len, buf)
+            csa2::store::ssd::synthetic_payload(key, len, buf)
         }) {
             Ok(_) | Err(Error::Refused(_)) => Ok(()),
             Err(e) => Err(e),
@@ -300,7 +300,7 @@ pub fn run(trace: &[TraceRequest], cfg: &SimConfig, progress: &dyn Fn(usize)) ->
         ));
     }
     spec.check_block_tokens(cfg.block_tokens)?;
-    let slab = crate::cache::BlockLayout::new(&spec, cfg.block_tokens).slab_bytes;
+    let slab = csa2::cache::BlockLayout::new(&spec, cfg.block_tokens).slab_bytes;
     let num_blocks = (cfg.hbm_bytes / slab as u64) as usize;
     let clock = Arc::new(ManualClock::new(0));
     let dyn_clock: Arc<dyn Clock> = clock.clone();
@@ -311,7 +311,7 @@ pub fn run(trace: &[TraceRequest], cfg: &SimConfig, progress: &dyn Fn(usize)) ->
             num_blocks,
             backing: Backing::Accounting,
         },
-        crate::geometry::EMBEDDED_CONFIG.as_bytes(),
+        csa2::geometry::EMBEDDED_CONFIG.as_bytes(),
     )?;
     let mut scfg = SsdConfig::new(&cfg.ssd_dir, cfg.ssd_bytes);
     scfg.min_lifetime_ms = cfg.ssd_lifetime_ms;

@@ -253,3 +253,13 @@ impl Drop for Progress {
         }
     }
 }
+
+/// The harness's A/B driver reports its stages and steps on the bar.
+impl csa2_harness::ab::Progress for Progress {
+    fn stage(&self, what: &str) {
+        self.set_message(what);
+    }
+    fn step(&self) {
+        self.inc(1);
+    }
+}

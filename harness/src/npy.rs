@@ -1,8 +1,10 @@
 //! NumPy `.npy` tensor I/O for the op runner (`csa2 op`) and parity dumps, on the `npyz` crate.
 //!
-//! Every read checks dtype and shape and names the file, the expected and the found value.
+//! Every read checks dtype and shape (with the core's [`Dims`], the rule the C ABI uses too) and
+//! names the file, the expected and the found value.
 
-use crate::error::{Error, Result};
+pub use csa2::shape::{Dim, Dims};
+use csa2::{Error, Result};
 use npyz::WriterBuilder;
 use std::path::{Path, PathBuf};
 
@@ -33,62 +35,6 @@ impl Element for i64 {
 }
 impl Element for u8 {
     const NAME: &'static str = "uint8";
-}
-
-/// One dimension of an expected shape: a fixed size, or a named free size bound on first use.
-#[derive(Debug, Clone, Copy)]
-pub enum Dim {
-    /// Must equal this size.
-    Fixed(usize),
-    /// Any size; every `Any` with the same name must agree (checked by [`Dims`]).
-    Any(&'static str),
-}
-
-/// Binds free dimension names across several tensors (e.g. T in q [T,64,512] and positions [T]).
-#[derive(Debug, Default)]
-pub struct Dims(std::collections::BTreeMap<&'static str, usize>);
-
-impl Dims {
-    /// The size bound to `name`, if any tensor bound it.
-    pub fn get(&self, name: &str) -> Option<usize> {
-        self.0.get(name).copied()
-    }
-    /// Binds `name` to `size` explicitly.
-    pub fn bind(&mut self, name: &'static str, size: usize) {
-        self.0.insert(name, size);
-    }
-    fn fmt_expected(&self, spec: &[Dim]) -> String {
-        let parts: Vec<String> = spec
-            .iter()
-            .map(|d| match d {
-                Dim::Fixed(n) => n.to_string(),
-                Dim::Any(s) => self.get(s).map_or(s.to_string(), |v| format!("{s}={v}")),
-            })
-            .collect();
-        format!("[{}]", parts.join(", "))
-    }
-    /// Checks `shape` against `spec`, binding free names; errors name `what`.
-    pub fn check(&mut self, what: &str, spec: &[Dim], shape: &[usize]) -> Result<()> {
-        let expected = self.fmt_expected(spec);
-        let bad = || Error::shape(what.to_string(), expected.clone(), format!("{shape:?}"));
-        if spec.len() != shape.len() {
-            return Err(bad());
-        }
-        for (d, &s) in spec.iter().zip(shape) {
-            match *d {
-                Dim::Fixed(n) if n != s => return Err(bad()),
-                Dim::Any(name) => match self.get(name) {
-                    Some(v) if v != s => return Err(bad()),
-                    Some(_) => {}
-                    None => {
-                        self.0.insert(name, s);
-                    }
-                },
-                _ => {}
-            }
-        }
-        Ok(())
-    }
 }
 
 fn parse_err(path: &Path, reason: impl Into<String>) -> Error {

@@ -7,9 +7,9 @@
 
 use super::{f32s, one_of, save, Params};
 use csa2::formats::RecordFormat;
-use csa2::npy::{read_checked, read_optional, Dim, Dims};
 use csa2::ops::attention::{self, reference, AttentionInputs, AttentionParams, KvRows, HEADS};
 use csa2::Result;
+use csa2_harness::npy::{read_checked, read_optional, Dim, Dims};
 use std::path::Path;
 
 pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> Result<()> {

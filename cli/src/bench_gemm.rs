@@ -4,10 +4,11 @@
 //! Each figure is the median of `--reps` timed calls after one warm-up call.
 
 use crate::out::JsonOut;
-use csa2::backend::gemm::{linear_previous, linear_w, WeightView, E4M3_FOLD};
+use csa2::backend::gemm::{dot, linear_w, WeightView, E4M3_FOLD};
 use csa2::formats::scalar::e8m0_decode;
 use csa2::weights::synth::quantize_fp8_block;
 use csa2::{Error, Result};
+use rayon::prelude::*;
 use std::time::Instant;
 
 #[derive(clap::Args)]
@@ -140,4 +141,69 @@ pub fn run(a: Args) -> Result<()> {
         }),
     )?;
     Ok(())
+}
+
+/// The projections as they were before the batch-invariant kernel, kept here (not in the library,
+/// which never calls it) only as the same-run baseline of this bench: f32 weights, a rayon GEMV over output rows for ≤ 4 rows, the
+/// `gemm` crate's packed micro-kernels above. Its reduction order depends on the row count, so it
+/// is not batch-invariant and the stack never calls it.
+pub fn linear_previous(x: &[f32], rows: usize, w: &[f32], out: usize, inp: usize, y: &mut [f32]) {
+    assert!(x.len() == rows * inp && w.len() == out * inp && y.len() == rows * out);
+    if rows == 0 || out == 0 || inp == 0 {
+        y.fill(0.0);
+        return;
+    }
+    if rows <= 4 {
+        const CHUNK: usize = 64;
+        let mut yt = vec![0f32; out * rows];
+        yt.par_chunks_mut(CHUNK * rows)
+            .enumerate()
+            .for_each(|(c, ys)| {
+                let o0 = c * CHUNK;
+                for (k, yk) in ys.chunks_exact_mut(rows).enumerate() {
+                    let wr = &w[(o0 + k) * inp..(o0 + k + 1) * inp];
+                    for (r, v) in yk.iter_mut().enumerate() {
+                        *v = dot(wr, &x[r * inp..(r + 1) * inp]);
+                    }
+                }
+            });
+        for r in 0..rows {
+            for o in 0..out {
+                y[r * out + o] = yt[o * rows + r];
+            }
+        }
+        return;
+    }
+    let threads = rayon::current_num_threads();
+    // SAFETY: lengths asserted above: x is [rows, inp] row-major (row stride inp, column stride 1),
+    // w is [out, inp] row-major read as the [inp, out] matrix Wᵀ (row stride 1, column stride inp),
+    // y is [rows, out] row-major. All strides stay inside the slices; `read_dst = false` so y's
+    // previous contents are never read; the borrow of y is unique.
+    unsafe {
+        gemm::gemm(
+            rows,
+            out,
+            inp,
+            y.as_mut_ptr(),
+            1,
+            out as isize,
+            false,
+            x.as_ptr(),
+            1,
+            inp as isize,
+            w.as_ptr(),
+            inp as isize,
+            1,
+            0.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            if threads > 1 {
+                gemm::Parallelism::Rayon(threads)
+            } else {
+                gemm::Parallelism::None
+            },
+        );
+    }
 }

@@ -3,10 +3,10 @@
 //! −1 padded.
 
 use super::{save, Params};
-use csa2::npy::{read_checked, Dim, Dims};
 use csa2::ops::candidates::{self, reference, CandidateParams};
 use csa2::ops::indexer::visible;
 use csa2::{Error, Result};
+use csa2_harness::npy::{read_checked, Dim, Dims};
 use std::path::Path;
 
 pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> Result<()> {

@@ -7,7 +7,7 @@
 //! [`read`] takes plain `.jsonl` or gzip-compressed `.jsonl.gz` (recognised by the gzip magic
 //! bytes, not the name), so the full trace shipped as [`FULL_TRACE`] reads like any other file.
 
-use crate::error::{Error, Result};
+use csa2::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -16,7 +16,7 @@ pub const TRACE_BLOCK_TOKENS: usize = 512;
 
 /// The first 300 requests of the Mooncake conversation trace, shipped for tests and as the
 /// default input of `csa2 trace`.
-pub const EXCERPT: &str = include_str!("../../assets/mooncake_conversation_excerpt.jsonl");
+pub const EXCERPT: &str = include_str!("../../../assets/mooncake_conversation_excerpt.jsonl");
 
 /// The full Mooncake conversation trace (12,031 requests, one hour; kvcache-ai/Mooncake FAST'25
 /// release, Apache-2.0, see `assets/NOTICE`), shipped gzip-compressed, relative to the
@@ -127,7 +127,9 @@ mod tests {
     }
 
     fn shipped_full_trace() -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(FULL_TRACE)
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(FULL_TRACE)
     }
 
     /// The shipped full trace reads through the gzip path: every request, and its first 300

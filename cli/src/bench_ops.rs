@@ -10,9 +10,9 @@ use csa2::ops::candidates::{self, CandidateParams};
 use csa2::ops::indexer::cpu::{DotKernel, Prepared};
 use csa2::ops::indexer::{self, IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
 use csa2::ops::simd;
-use csa2::ops::testutil::{rand_normal, NewRng, Rng};
 use csa2::ops::topk;
 use csa2::{Error, Result};
+use csa2_harness::rng::{rand_normal, NewRng, Rng};
 use std::time::Instant;
 
 #[derive(clap::Args)]

@@ -5,11 +5,11 @@
 //! (logit desc, index asc), −1 padded.
 
 use super::{f32s, one_of, save, Params};
-use csa2::npy::{read_checked, read_optional, Dim, Dims};
 use csa2::ops::candidates::CandidateParams;
 use csa2::ops::indexer::{self, IndexKeys, IndexerParams, IndexerQueries, QueryQuant, INDEX_HEADS};
 use csa2::ops::topk;
 use csa2::Result;
+use csa2_harness::npy::{read_checked, read_optional, Dim, Dims};
 use std::path::Path;
 
 pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> Result<()> {

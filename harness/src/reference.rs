@@ -8,7 +8,7 @@
 //! - the index Q is not fake-quantized; indexer logits, the candidate pool (docs/SPEC.md §2) and the top-k
 //!   come from exact logits (so a selection that differs from a backend's is part of that backend's
 //!   error; [`RefStep::topk`] lets a caller report the overlap);
-//! - every op is computed in f64 by the per-op references of `crate::ops::*::reference` (mHC,
+//! - every op is computed in f64 by the per-op references of `csa2::ops::*::reference` (mHC,
 //!   compressor, RoPE, candidate pool, top-k, attention) or, for the projections and the indexer
 //!   logits (too large for the scalar references at real dimensions), by f64 loops here. Values
 //!   cross op boundaries as f32 (the per-op references take f32 inputs), which adds ≤ 2⁻²⁴ relative
@@ -18,20 +18,20 @@
 //! Full layers hold `pos / ratio` entries and whose compressors start a new group at `pos` (so
 //! `pos` must be a multiple of every ratio; [`decode_step`] rejects other positions).
 
-use super::gemm::WeightView;
-use super::stack::{embed, FfnPlaceholder, Model};
-use crate::cache::RecordKind;
-use crate::error::{Error, Result};
-use crate::formats::{INDEX_DIM, KV_DIM};
-use crate::geometry::{CandidateUse, Geometry, Role};
-use crate::ops::attention::{self, AttentionInputs, AttentionParams, KvRows};
-use crate::ops::candidates::{self, CandidateParams};
-use crate::ops::compressor::{self, CompressorWeights as OpCompressorWeights};
-use crate::ops::indexer::visible;
-use crate::ops::mhc::{self, one_hot_pre, BoundaryIn, MhcParams, PostUpdate};
-use crate::ops::rope::{reference::rotate_f64, Direction, Rope};
-use crate::ops::topk;
-use crate::weights::{LayerWeights, Matrix};
+use csa2::cache::RecordKind;
+use csa2::backend::gemm::WeightView;
+use csa2::backend::stack::{embed, FfnPlaceholder, Model};
+use csa2::error::{Error, Result};
+use csa2::formats::{INDEX_DIM, KV_DIM};
+use csa2::geometry::{CandidateUse, Geometry, Role};
+use csa2::ops::attention::{self, AttentionInputs, AttentionParams, KvRows};
+use csa2::ops::candidates::{self, CandidateParams};
+use csa2::ops::compressor::{self, CompressorWeights as OpCompressorWeights};
+use csa2::ops::indexer::visible;
+use csa2::ops::mhc::{self, one_hot_pre, BoundaryIn, MhcParams, PostUpdate};
+use csa2::ops::rope::{reference::rotate_f64, Direction, Rope};
+use csa2::ops::topk;
+use csa2::weights::{LayerWeights, Matrix};
 use rayon::prelude::*;
 use std::collections::HashMap;
 
@@ -373,7 +373,7 @@ fn index_select(
     Ok(topk::reference::select(&logits, vis, k))
 }
 
-fn lp_indexer(w: &LayerWeights, l: usize) -> Result<&crate::weights::IndexerWeights> {
+fn lp_indexer(w: &LayerWeights, l: usize) -> Result<&csa2::weights::IndexerWeights> {
     w.attn.indexer.as_ref().ok_or_else(|| {
         Error::NotFound(format!("layer {l}: indexing layer without indexer weights"))
     })

@@ -1,4 +1,5 @@
 //! Seeded random inputs shared by the op tests, `csa2 check` and the benchmarks.
+#![deny(missing_docs)]
 
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};

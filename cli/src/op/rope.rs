@@ -3,9 +3,9 @@
 
 use super::{f32s, save, Params};
 use csa2::geometry::{RopeParams, Yarn};
-use csa2::npy::{read_checked, Dim, Dims};
 use csa2::ops::rope::{reference, Direction, Rope};
 use csa2::{Error, Result};
+use csa2_harness::npy::{read_checked, Dim, Dims};
 use std::path::Path;
 
 /// V4.1's YaRN (docs/SPEC.md §2).

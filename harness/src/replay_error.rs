@@ -19,16 +19,17 @@
 //!
 //! Placeholders (as in `csa2 run`): synthetic token ids, the stack's embedding and identity FFN.
 
-use super::cache::SwaSnapshot;
-use super::stack::{LayerView, StepOutput};
-use super::timing::Timings;
-use super::{Backend, ContiguousCache, KvCache, Phase, SeqStep};
-use crate::cache::RequestId;
-use crate::error::{Error, Result};
-use crate::geometry::Role;
-use crate::ops::compressor::CompressorState;
-use crate::ops::mhc::HC;
-use crate::replay::{plan as replay_plan, ReplayConfig, ReplayMode, ReplayPlan};
+use crate::session::token_at;
+use csa2::backend::cache::SwaSnapshot;
+use csa2::cache::RequestId;
+use csa2::backend::stack::{LayerView, StepOutput};
+use csa2::backend::timing::Timings;
+use csa2::backend::{Backend, ContiguousCache, KvCache, Phase, SeqStep};
+use csa2::error::{Error, Result};
+use csa2::geometry::Role;
+use csa2::ops::compressor::CompressorState;
+use csa2::ops::mhc::HC;
+use csa2::replay::{plan as replay_plan, ReplayConfig, ReplayMode, ReplayPlan};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -36,7 +37,7 @@ use std::collections::HashMap;
 /// (`tolerance::F32_VS_F64.rel`). The exact replay staircase is bit-identical to a cold run on the
 /// new prompt rows, the decode rows and the output (tests/replay_error.rs asserts 0); only the GEMM
 /// regime (GEMV for ≤ 4 rows, packed GEMM otherwise) moves a row by ~1e-7.
-pub const FLOOR: f64 = crate::tolerance::F32_VS_F64.rel;
+pub const FLOOR: f64 = csa2::tolerance::F32_VS_F64.rel;
 
 /// How a run rebuilds SWA state at a prefix hit and in prefill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,14 +158,6 @@ impl SessionSpec {
         }
         Ok(())
     }
-}
-
-/// Deterministic synthetic token id of position `p` (the same in every run).
-pub fn token_at(seed: u64, p: usize) -> u32 {
-    ((p as u64)
-        .wrapping_mul(2_654_435_761)
-        .wrapping_add(seed.wrapping_mul(97))
-        % 50_000) as u32
 }
 
 /// Error statistics of a set of rows.
