@@ -18,9 +18,9 @@
 //! Full layers hold `pos / ratio` entries and whose compressors start a new group at `pos` (so
 //! `pos` must be a multiple of every ratio; [`decode_step`] rejects other positions).
 
-use csa2::cache::RecordKind;
 use csa2::backend::gemm::WeightView;
 use csa2::backend::stack::{embed, FfnPlaceholder, Model};
+use csa2::cache::RecordKind;
 use csa2::error::{Error, Result};
 use csa2::formats::{INDEX_DIM, KV_DIM};
 use csa2::geometry::{CandidateUse, Geometry, Role};

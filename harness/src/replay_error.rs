@@ -21,10 +21,10 @@
 
 use crate::session::token_at;
 use csa2::backend::cache::SwaSnapshot;
-use csa2::cache::RequestId;
 use csa2::backend::stack::{LayerView, StepOutput};
 use csa2::backend::timing::Timings;
 use csa2::backend::{Backend, ContiguousCache, KvCache, Phase, SeqStep};
+use csa2::cache::RequestId;
 use csa2::error::{Error, Result};
 use csa2::geometry::Role;
 use csa2::ops::compressor::CompressorState;
