@@ -353,6 +353,8 @@ pub unsafe extern "C" fn csa2_cache_read_entries(
 /// Writes the SWA rows of tokens `pos_start .. pos_start + n` of `layer` into request `id`'s ring
 /// (slot = position mod window). `src` `(n, 512)` float (encoded in the SWA format) or
 /// `(n, swa_record_bytes)` uint8 records. With `n` > window only the newest `window` rows survive.
+/// A write that starts past the newest position held (a gap) restarts the window there: the
+/// skipped positions are not readable.
 ///
 /// Errors: `CSA2_ERR_NOT_FOUND` (request), `CSA2_ERR_INVALID_ARGUMENT` (layer past the backbone,
 /// `pos_start` older than the ring keeps, non-finite values), `CSA2_ERR_SHAPE`,
@@ -383,7 +385,7 @@ pub unsafe extern "C" fn csa2_cache_swa_write(
 
 /// Reads the SWA rows of tokens `pos_start .. pos_start + n` of `layer` from request `id`'s ring
 /// into `dst` (`(n, 512)` float, decoded, or `(n, swa_record_bytes)` uint8). Every position must be
-/// inside the window that ends at the newest position written.
+/// held: among the newest `window` positions and written since the window last (re)started.
 ///
 /// Errors: `CSA2_ERR_NOT_FOUND` (request, or a position outside the window / never written), plus
 /// as [`csa2_cache_swa_write`]. `dst` is written only when the call succeeds.
@@ -413,7 +415,7 @@ pub unsafe extern "C" fn csa2_cache_swa_read(
 }
 
 /// Writes to `*out` one past the newest SWA position written for `layer` of request `id`, or −1
-/// before any write (positions `[out − window, out)` are readable).
+/// before any write (the window holds at most the `window` positions before it).
 ///
 /// Errors: `CSA2_ERR_NOT_FOUND` (request), `CSA2_ERR_INVALID_ARGUMENT` (layer).
 ///
