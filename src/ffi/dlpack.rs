@@ -326,7 +326,11 @@ unsafe fn read_descriptor(t: *const DLTensor, name: &'static str) -> Result<Desc
             // A size-1 dim (or any dim of an empty tensor) never steps, so its stride is
             // irrelevant: torch gives such dims arbitrary strides. Any other negative stride is
             // refused.
-            let st = if shape[i] <= 1 || numel == 0 { st.max(0) } else { st };
+            let st = if shape[i] <= 1 || numel == 0 {
+                st.max(0)
+            } else {
+                st
+            };
             v.push(usize::try_from(st).map_err(|_| {
                 Error::shape(
                     format!("{name}.strides"),
