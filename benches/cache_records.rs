@@ -40,7 +40,18 @@ fn records(c: &mut Criterion) {
     unsafe {
         assert_eq!(csa2_geometry_embedded(&mut g_), Csa2Status::Csa2Ok);
         assert_eq!(
-            csa2_cache_create(g_, 0, 64, 256, null(), 0, &mut cache),
+            csa2_cache_create(
+                &csa2::ffi::Csa2CacheCreateArgs {
+                    geometry: g_,
+                    layout: 0,
+                    num_blocks: 64,
+                    block_tokens: 256,
+                    model: null(),
+                    model_len: 0,
+                    ..Default::default()
+                },
+                &mut cache
+            ),
             Csa2Status::Csa2Ok
         );
         assert_eq!(csa2_cache_add_request(cache, 1), Csa2Status::Csa2Ok);
@@ -102,7 +113,18 @@ fn reuse(c: &mut Criterion) {
     unsafe {
         assert_eq!(csa2_geometry_embedded(&mut g_), Csa2Status::Csa2Ok);
         assert_eq!(
-            csa2_cache_create(g_, 0, 8, 256, null(), 0, &mut cache),
+            csa2_cache_create(
+                &csa2::ffi::Csa2CacheCreateArgs {
+                    geometry: g_,
+                    layout: 0,
+                    num_blocks: 8,
+                    block_tokens: 256,
+                    model: null(),
+                    model_len: 0,
+                    ..Default::default()
+                },
+                &mut cache
+            ),
             Csa2Status::Csa2Ok
         );
         // First use allocates the slabs; every later allocation reuses (and zeroes) them.

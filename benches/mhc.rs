@@ -115,7 +115,7 @@ fn main() {
     let peak = cpu::fma_peak_gflops(300) * w0.elapsed().as_secs_f64() / (now() - c0).as_secs_f64();
     println!(
         "FMA peak (all threads, ISA {:?}): {peak:.1} GFLOP/s",
-        csa2::ops::simd::isa()
+        csa2::isa::level()
     );
     let packed = cpu::PackedHcFn::new(d, &hc_fn).unwrap();
     println!(

@@ -10,7 +10,15 @@
  * same handle is safe: calls in flight finish, later ones are refused. 64-bit targets only.
  *
  * An allocation sized by an argument that cannot be satisfied returns CSA2_ERR_OUT_OF_MEMORY with
- * the byte count in the message; nothing changes and the process keeps running. */
+ * the byte count in the message; nothing changes and the process keeps running.
+ *
+ * Args structs: an export with many parameters takes a `const Csa2<Name>Args *args`. Its first
+ * member is `size_t struct_size`; set it to sizeof(Csa2<Name>Args) of the header you compile
+ * against (zero-initialise the struct, set struct_size, then the members). Members are only ever
+ * appended: the library refuses a struct_size below the struct's first version with
+ * CSA2_ERR_INVALID_ARGUMENT naming the struct, reads members past the caller's struct_size as zero
+ * (null, 0), and ignores bytes past its own size, so a program built against an older or newer
+ * header keeps working. A null `args` is CSA2_ERR_NULL_POINTER. */
 
 #ifndef CSA2_H
 #define CSA2_H
@@ -118,16 +126,23 @@ typedef enum {
   CSA2_REPLAY_OFF = 2,
 } Csa2ReplayMode;
 
-// The record formats of one cache (docs/SPEC.md §1).
-typedef struct CacheFormats CacheFormats;
+// A parsed `CSA2_ISA` value: the highest vector level, and whether the dot units may be used.
+typedef struct Cap Cap;
 
 // Opaque KV cache manager handle (paged block pool, block tables, prefix index). Free with
 // [`csa2_cache_free`]. Internally locked: see the module docs for what may run concurrently.
 typedef struct Csa2Cache Csa2Cache;
 
+// Opaque manual clock handle (milliseconds; never goes backwards). Free with
+// [`csa2_manual_clock_free`]; the tiers built on it keep their own reference.
+typedef struct Csa2Clock Csa2Clock;
+
 // Opaque compressor state of one request and one Full layer: the next token position and the
 // open group's carried rows. Free with [`csa2_compressor_state_free`]. Internally locked.
 typedef struct Csa2CompressorState Csa2CompressorState;
+
+// Opaque DRAM snapshot pool handle. Free with [`csa2_dram_pool_free`].
+typedef struct Csa2DramPool Csa2DramPool;
 
 // Opaque geometry handle (a parsed `config.json`). Free with [`csa2_geometry_free`]. A checked
 // token, not an address (see the header's "Handles" section). Immutable: calls may run
@@ -137,11 +152,14 @@ typedef struct Csa2Geometry Csa2Geometry;
 // Opaque replay plan handle (one prefill step). Free with [`csa2_replay_plan_free`]. Immutable.
 typedef struct Csa2ReplayPlan Csa2ReplayPlan;
 
-// An instruction-set level of the row codecs.
-typedef struct Isa Isa;
+// Opaque SSD-tier handle. Free with [`csa2_ssd_free`] (this releases the directory's lock).
+typedef struct Csa2SsdStore Csa2SsdStore;
 
-// A KV byte layout, for byte accounting and capacity planning (docs/SPEC.md §0, §1).
-typedef struct KvLayout KvLayout;
+// The element types csa2 reads or writes.
+typedef struct DType DType;
+
+// A vector level of the kernels, slowest first (the order is the cap order).
+typedef struct Isa Isa;
 
 // How a module was loaded on a device.
 typedef struct LoadPath LoadPath;
@@ -149,14 +167,100 @@ typedef struct LoadPath LoadPath;
 // The op buckets of the attention sublayer and its boundaries.
 typedef struct Op Op;
 
-// A KV record format.
-typedef struct RecordFormat RecordFormat;
-
 // What one attention layer does in CSA2 (docs/SPEC.md §0 table).
 typedef struct Role Role;
 
 // Allowed error of a path against its reference.
 typedef struct Tolerance Tolerance;
+
+// Arguments of [`csa2_attention`] (shapes there).
+// Set `struct_size` to `sizeof(Csa2AttentionArgs)` (rules: "Args structs", header top).
+typedef struct {
+  // `sizeof(Csa2AttentionArgs)` as the caller was compiled.
+  size_t struct_size;
+  // `(T, H, 512)` float queries.
+  const DLTensor *q;
+  // `(N, 512)` float or `(N, record bytes)` uint8 main-KV rows in `main_format`.
+  const DLTensor *main_kv;
+  // `Csa2Format` of `main_kv` records (0 NVFP4-DS, 2 MXFP8, 3 V4; ignored for float).
+  int32_t main_format;
+  // `(S, 512)` float or uint8 SWA rows in `swa_format`, row s = token s.
+  const DLTensor *swa;
+  // `Csa2Format` of `swa` records.
+  int32_t swa_format;
+  // `(T, K)` int32 selected entries (−1 = none).
+  const DLTensor *topk;
+  // Optional `(T)` int32 valid length per row (null: whole rows).
+  const DLTensor *topk_len;
+  // `(T)` int token positions.
+  const DLTensor *positions;
+  // Optional `(1)` or `(T)` int SWA window floor (null: none).
+  const DLTensor *replay_start;
+  // `(H)` float attention sink per head.
+  const DLTensor *sink;
+  // SWA window in tokens (128).
+  uint32_t window;
+  // 0 = no visibility guard, else a selected entry must be `< (p + 1) div ratio`.
+  uint32_t ratio;
+  // Softmax scale; not positive and finite → 512^-0.5.
+  float scale;
+  // Output `(T, H, 512)` float.
+  const DLTensor *out;
+  // Output `(T, H)` float log-sum-exp (−∞ for a row that attends nothing).
+  const DLTensor *lse;
+} Csa2AttentionArgs;
+
+// Arguments of [`csa2_attention_indexed`] (shapes there).
+// Set `struct_size` to `sizeof(Csa2AttentionIndexedArgs)` (rules: "Args structs", header top).
+typedef struct {
+  // `sizeof(Csa2AttentionIndexedArgs)` as the caller was compiled.
+  size_t struct_size;
+  // `(T, H, 512)` float queries.
+  const DLTensor *q;
+  // `(N, 512)` float or `(N, record bytes)` uint8 main-KV pool in `main_format`.
+  const DLTensor *main_kv;
+  // `Csa2Format` of `main_kv` records.
+  int32_t main_format;
+  // `(T, K)` int32 rows of `main_kv` per token (−1 skipped).
+  const DLTensor *main_idx;
+  // Optional `(T)` int32 valid length of each `main_idx` row (null: whole rows).
+  const DLTensor *main_len;
+  // `(S, 512)` float or `(S, record bytes)` uint8 SWA pool in `swa_format`.
+  const DLTensor *swa_kv;
+  // `Csa2Format` of `swa_kv` records.
+  int32_t swa_format;
+  // `(T, W)` int32 rows of `swa_kv` per token (−1 skipped).
+  const DLTensor *swa_idx;
+  // Optional `(T)` int32 valid length of each `swa_idx` row (null: whole rows).
+  const DLTensor *swa_len;
+  // `(H)` float attention sink per head.
+  const DLTensor *sink;
+  // Softmax scale; not positive and finite → 512^-0.5.
+  float scale;
+  // Output `(T, H, 512)` float.
+  const DLTensor *out;
+  // Output `(T, H)` float log-sum-exp.
+  const DLTensor *lse;
+} Csa2AttentionIndexedArgs;
+
+// Arguments of [`csa2_cache_create`].
+// Set `struct_size` to `sizeof(Csa2CacheCreateArgs)` (rules: "Args structs", header top).
+typedef struct {
+  // `sizeof(Csa2CacheCreateArgs)` as the caller was compiled.
+  size_t struct_size;
+  // Live geometry handle (may be freed after the call).
+  const Csa2Geometry *geometry;
+  // `Csa2KvLayout` of the records.
+  int32_t layout;
+  // Blocks in the pool (1 ..= 2^24).
+  size_t num_blocks;
+  // Tokens per block (1 ..= 2^16, a multiple of every KV-source ratio).
+  size_t block_tokens;
+  // Extra prefix-key fingerprint (`model_len` bytes), or null with length 0.
+  const uint8_t *model;
+  // Bytes at `model`.
+  size_t model_len;
+} Csa2CacheCreateArgs;
 
 // Cache-wide block and byte counts, measured from the allocator (see `CacheStats`).
 typedef struct {
@@ -204,6 +308,232 @@ typedef struct {
   double bytes_per_token;
 } Csa2RequestBytes;
 
+// What the cache stores for one layer, from [`csa2_cache_layer_info`]. Format ids are
+// `Csa2Format` values; −1 where the layer has no such cache.
+typedef struct {
+  // 1 when the layer is a KV source (owns main-KV and index-K pages), else 0.
+  uint8_t kv_source;
+  // Compression ratio m of a KV source (one entry per m tokens); 0 otherwise.
+  uint32_t ratio;
+  // Main-KV record format, or −1.
+  int32_t main_format;
+  // Bytes of one main-KV record (0 when none).
+  uint64_t main_record_bytes;
+  // Index-K record format, or −1.
+  int32_t index_format;
+  // Bytes of one index-K record (0 when none).
+  uint64_t index_record_bytes;
+  // Compressed entries per block (`block_tokens / ratio`; 0 when not a KV source).
+  uint64_t entries_per_block;
+  // f32 values of the carried compressor group (`(ratio − 1) × 1024`; 0 when nothing is carried).
+  uint64_t compressor_state_floats;
+  // SWA record format (every layer keeps an SWA ring).
+  int32_t swa_format;
+  // Bytes of one SWA record.
+  uint64_t swa_record_bytes;
+  // SWA window in tokens.
+  uint64_t window;
+} Csa2CacheLayerInfo;
+
+// Arguments of [`csa2_compress_step`] (shapes there).
+// Set `struct_size` to `sizeof(Csa2CompressStepArgs)` (rules: "Args structs", header top).
+typedef struct {
+  // `sizeof(Csa2CompressStepArgs)` as the caller was compiled.
+  size_t struct_size;
+  // Live geometry handle (the state's own).
+  const Csa2Geometry *geometry;
+  // The state's layer.
+  uint32_t layer;
+  // Live compressor state of the request.
+  const Csa2CompressorState *state;
+  // `(T, 512)` float KV projections of the next T tokens.
+  const DLTensor *kv;
+  // `(T, 512)` float gate for ratio 2; null for ratio 1.
+  const DLTensor *score;
+  // `(512)` float KV RMSNorm weight.
+  const DLTensor *norm;
+  // `(128, 512)` float index-K projection.
+  const DLTensor *wk;
+  // `(128)` float index-K RMSNorm weight.
+  const DLTensor *k_norm;
+  // Output `(E, 288)` uint8 NVFP4-DS main-KV records.
+  const DLTensor *main_kv_out;
+  // Output `(E, 68)` uint8 MXFP4 index-K records.
+  const DLTensor *index_k_out;
+  // Output: the id of the first entry written.
+  uint64_t *first_entry;
+} Csa2CompressStepArgs;
+
+// Arguments of [`csa2_compress`] (shapes there).
+// Set `struct_size` to `sizeof(Csa2CompressArgs)` (rules: "Args structs", header top).
+typedef struct {
+  // `sizeof(Csa2CompressArgs)` as the caller was compiled.
+  size_t struct_size;
+  // Live geometry handle.
+  const Csa2Geometry *geometry;
+  // A Full layer of `geometry`.
+  uint32_t layer;
+  // `(T, 512)` float KV projections.
+  const DLTensor *kv;
+  // `(T, 512)` float gate for ratio 2; null for ratio 1.
+  const DLTensor *score;
+  // `(512)` float KV RMSNorm weight.
+  const DLTensor *norm;
+  // `(128, 512)` float index-K projection.
+  const DLTensor *wk;
+  // `(128)` float index-K RMSNorm weight.
+  const DLTensor *k_norm;
+  // Position of the first token, a multiple of the ratio.
+  int64_t start_pos;
+  // Output `(E, 288)` uint8 NVFP4-DS main-KV records.
+  const DLTensor *main_kv_out;
+  // Output `(E, 68)` uint8 MXFP4 index-K records.
+  const DLTensor *index_k_out;
+} Csa2CompressArgs;
+
+// Sizes of one record format, from [`csa2_format_info`].
+typedef struct {
+  // f32 values per row.
+  size_t dim;
+  // Data bytes per record.
+  size_t data_bytes;
+  // Scale bytes per record.
+  size_t scale_bytes;
+  // Bytes per record (data + scale).
+  size_t record_bytes;
+} Csa2FormatInfo;
+
+// Arguments of [`csa2_encode_into_pages`].
+// Set `struct_size` to `sizeof(Csa2EncodeIntoPagesArgs)` (rules: "Args structs", header top).
+typedef struct {
+  // `sizeof(Csa2EncodeIntoPagesArgs)` as the caller was compiled.
+  size_t struct_size;
+  // `Csa2Format` of the records.
+  int32_t format_id;
+  // Records per page (> 0).
+  size_t slots_per_page;
+  // `n_rows` × dim f32 rows.
+  const float *x;
+  // `n_rows` slots (−1 skips the row).
+  const int64_t *slot_mapping;
+  // Rows in `x` and `slot_mapping`.
+  size_t n_rows;
+  // The page pool, `pool_len` writable bytes.
+  uint8_t *pool;
+  // Bytes of `pool`, a whole number of pages.
+  size_t pool_len;
+} Csa2EncodeIntoPagesArgs;
+
+// One layer of the plan, as returned by [`csa2_geometry_layer`].
+typedef struct {
+  // CSA2 role.
+  Csa2Role role;
+  // Compression ratio m (0 = SWA only).
+  uint32_t ratio;
+  // Layer whose main KV this layer reads, −1 for none.
+  int32_t kv_source;
+  // Layer whose top-k this layer uses, −1 for none.
+  int32_t index_source;
+  // 1 for an encoder layer of the CED split, 0 for a decoder layer.
+  uint8_t encoder;
+} Csa2LayerInfo;
+
+// Arguments of [`csa2_indexer_logits`] (shapes there).
+// Set `struct_size` to `sizeof(Csa2IndexerLogitsArgs)` (rules: "Args structs", header top).
+typedef struct {
+  // `sizeof(Csa2IndexerLogitsArgs)` as the caller was compiled.
+  size_t struct_size;
+  // `(T, H, 128)` float RoPE'd index Q.
+  const DLTensor *q;
+  // `(T, H)` float head weights (already scaled).
+  const DLTensor *w;
+  // `(T)` int token positions.
+  const DLTensor *positions;
+  // `(N, 128)` float or `(N, 68)` uint8 MXFP4 index-K records.
+  const DLTensor *keys;
+  // Compression ratio (≥ 1).
+  uint32_t ratio;
+  // Fake quantisation of Q: 0 none, 1 MXFP4 (V4.1), 2 FP8 E4M3 (launch day).
+  int32_t q_quant;
+  // Output `(T, N)` float.
+  const DLTensor *logits_out;
+} Csa2IndexerLogitsArgs;
+
+// Arguments of [`csa2_indexer_logits_in_blocks`] (shapes there).
+// Set `struct_size` to `sizeof(Csa2IndexerLogitsInBlocksArgs)` (rules: "Args structs", header top).
+typedef struct {
+  // `sizeof(Csa2IndexerLogitsInBlocksArgs)` as the caller was compiled.
+  size_t struct_size;
+  // `(T, H, 128)` float RoPE'd index Q.
+  const DLTensor *q;
+  // `(T, H)` float head weights (already scaled).
+  const DLTensor *w;
+  // `(T)` int token positions.
+  const DLTensor *positions;
+  // `(N, 128)` float or `(N, 68)` uint8 MXFP4 index-K records.
+  const DLTensor *keys;
+  // `(T, B)` int32 candidate blocks per row (−1 ends the list), from `csa2_candidates`.
+  const DLTensor *blocks;
+  // Compression ratio (≥ 1).
+  uint32_t ratio;
+  // Entries per candidate block (≥ 1; 8 in V4.1).
+  uint32_t block_size;
+  // Fake quantisation of Q: 0 none, 1 MXFP4, 2 FP8 E4M3.
+  int32_t q_quant;
+  // Output `(T, N)` float.
+  const DLTensor *logits_out;
+} Csa2IndexerLogitsInBlocksArgs;
+
+// Scalars of [`csa2_mhc`] (docs/SPEC.md §4; config `hc_*`, `rms_norm_eps`). Pass null for the V4.1 values
+// (2.0, 20, 1e-6, 1e-20).
+typedef struct {
+  // Multiplier of the post sigmoid (2.0).
+  float post_mult;
+  // Sinkhorn iterations, counting the first column normalization (20).
+  uint32_t sinkhorn_iters;
+  // `hc_eps` (1e-6).
+  float hc_eps;
+  // RMS epsilon of the mix statistic and the input RMSNorm (1e-20).
+  float rms_eps;
+} Csa2MhcParams;
+
+// Arguments of [`csa2_mhc`] (shapes there; d = stream width).
+// Set `struct_size` to `sizeof(Csa2MhcArgs)` (rules: "Args structs", header top).
+typedef struct {
+  // `sizeof(Csa2MhcArgs)` as the caller was compiled.
+  size_t struct_size;
+  // Scalars, or null for the V4.1 values.
+  const Csa2MhcParams *params;
+  // `(T, 4, d)` float residual streams.
+  const DLTensor *x;
+  // Optional `(T, d)` float sublayer output (with `post`, `comb`).
+  const DLTensor *y;
+  // Optional `(T, 4)` float post coefficients.
+  const DLTensor *post;
+  // Optional `(T, 4, 4)` float combination matrix.
+  const DLTensor *comb;
+  // `(T, 4)` float pre coefficients of the previous site.
+  const DLTensor *pre_prev;
+  // Optional `(24, 4d)` float coefficient projection (with `hc_base`, `hc_scale`).
+  const DLTensor *hc_fn;
+  // Optional `(24)` float.
+  const DLTensor *hc_base;
+  // Optional `(3)` float.
+  const DLTensor *hc_scale;
+  // `(d)` float RMSNorm weight.
+  const DLTensor *norm;
+  // Output `(T, 4, d)` float updated streams.
+  const DLTensor *x_new;
+  // Output `(T, d)` float next sublayer input.
+  const DLTensor *layer_in;
+  // Output `(T, 4)` float (required with `hc_fn`).
+  const DLTensor *pre_out;
+  // Output `(T, 4)` float (required with `hc_fn`).
+  const DLTensor *post_out;
+  // Output `(T, 4, 4)` float (required with `hc_fn`).
+  const DLTensor *comb_out;
+} Csa2MhcArgs;
+
 // Summary of a replay plan (ranges are half-open token positions).
 typedef struct {
   // Prompt tokens.
@@ -248,71 +578,105 @@ typedef struct {
   uint64_t entry_end;
 } Csa2ProtectedEntries;
 
-// Sizes of one record format, from [`csa2_format_info`].
+// Arguments of [`csa2_ssd_open`]. Set `struct_size = sizeof(Csa2SsdOpenArgs)`: a caller built
+// against an older, shorter version of this struct is read up to its own size (later fields take
+// their defaults); a larger size than this build knows is refused.
 typedef struct {
-  // f32 values per row.
-  size_t dim;
-  // Data bytes per record.
-  size_t data_bytes;
-  // Scale bytes per record.
-  size_t scale_bytes;
-  // Bytes per record (data + scale).
-  size_t record_bytes;
-} Csa2FormatInfo;
+  // `sizeof(Csa2SsdOpenArgs)` as the caller compiled it.
+  size_t struct_size;
+  // The directory, a NUL-terminated UTF-8 path (created if absent, unless read-only).
+  const char *dir;
+  // Most bytes of live records (64-B headers included), > 0.
+  uint64_t capacity_bytes;
+  // Minimum lifetime of an entry in ms of store age; 0 means the default, 72 h.
+  uint64_t min_lifetime_ms;
+  // Segment file size in bytes; 0 means the default, 16 MiB.
+  uint64_t segment_bytes;
+  // A `Csa2Fsync` value.
+  int32_t fsync;
+  // 1: verify every payload checksum on open (the default behaviour); 0: headers only.
+  uint8_t verify_on_open;
+  // 1: open without the lock, never writing (puts are refused); 0: the one writer.
+  uint8_t read_only;
+  // Time source, or null for the system clock.
+  const Csa2Clock *clock;
+} Csa2SsdOpenArgs;
 
-// One layer of the plan, as returned by [`csa2_geometry_layer`].
+// What opening an SSD tier found (see `RecoveryReport`).
 typedef struct {
-  // CSA2 role.
-  Csa2Role role;
-  // Compression ratio m (0 = SWA only).
-  uint32_t ratio;
-  // Layer whose main KV this layer reads, −1 for none.
-  int32_t kv_source;
-  // Layer whose top-k this layer uses, −1 for none.
-  int32_t index_source;
-  // 1 for an encoder layer of the CED split, 0 for a decoder layer.
-  uint8_t encoder;
-} Csa2LayerInfo;
+  // Segment files scanned.
+  uint64_t segments;
+  // Live records indexed.
+  uint64_t records;
+  // Records marked dead or superseded.
+  uint64_t dead_records;
+  // Damaged records (not indexed).
+  uint64_t corrupt_records;
+  // Bytes cut off the newest segment (a record torn by a crash).
+  uint64_t torn_bytes_truncated;
+  // Damaged bytes left in place for compaction.
+  uint64_t damaged_bytes;
+  // Store age at open, ms.
+  uint64_t age_ms;
+  // Downtime credited to the store age, ms.
+  uint64_t offline_credit_ms;
+} Csa2SsdRecovery;
 
-// Scalars of [`csa2_mhc`] (docs/SPEC.md §4; config `hc_*`, `rms_norm_eps`). Pass null for the V4.1 values
-// (2.0, 20, 1e-6, 1e-20).
+// Counters (monotonic since open) and sizes of an SSD tier (see `SsdStats`).
 typedef struct {
-  // Multiplier of the post sigmoid (2.0).
-  float post_mult;
-  // Sinkhorn iterations, counting the first column normalization (20).
-  uint32_t sinkhorn_iters;
-  // `hc_eps` (1e-6).
-  float hc_eps;
-  // RMS epsilon of the mix statistic and the input RMSNorm (1e-20).
-  float rms_eps;
-} Csa2MhcParams;
+  // Records written.
+  uint64_t puts;
+  // Bytes written (headers included).
+  uint64_t put_bytes;
+  // Puts of a key already present (nothing written).
+  uint64_t already_present;
+  // Writes refused by admission control (every entry still inside its minimum lifetime).
+  uint64_t refused;
+  // Bytes of refused writes.
+  uint64_t refused_bytes;
+  // Entries evicted past their minimum lifetime.
+  uint64_t evicted;
+  // Entries removed.
+  uint64_t removed;
+  // Segments compacted.
+  uint64_t compactions;
+  // Reads that returned data.
+  uint64_t hits;
+  // Reads of absent keys.
+  uint64_t misses;
+  // Reads that found a damaged record (never returned).
+  uint64_t corrupt;
+  // Live entries.
+  uint64_t entries;
+  // Bytes of live records.
+  uint64_t live_bytes;
+  // Bytes of the segment files.
+  uint64_t disk_bytes;
+  // 1 when the store was opened read-only.
+  uint8_t read_only;
+} Csa2SsdStats;
 
-// What the cache stores for one layer, from [`csa2_cache_layer_info`]. Format ids are
-// `Csa2Format` values; −1 where the layer has no such cache.
+// Counters and sizes of a DRAM pool (see `DramStats`).
 typedef struct {
-  // 1 when the layer is a KV source (owns main-KV and index-K pages), else 0.
-  uint8_t kv_source;
-  // Compression ratio m of a KV source (one entry per m tokens); 0 otherwise.
-  uint32_t ratio;
-  // Main-KV record format, or −1.
-  int32_t main_format;
-  // Bytes of one main-KV record (0 when none).
-  uint64_t main_record_bytes;
-  // Index-K record format, or −1.
-  int32_t index_format;
-  // Bytes of one index-K record (0 when none).
-  uint64_t index_record_bytes;
-  // Compressed entries per block (`block_tokens / ratio`; 0 when not a KV source).
-  uint64_t entries_per_block;
-  // f32 values of the carried compressor group (`(ratio − 1) × 1024`; 0 when nothing is carried).
-  uint64_t compressor_state_floats;
-  // SWA record format (every layer keeps an SWA ring).
-  int32_t swa_format;
-  // Bytes of one SWA record.
-  uint64_t swa_record_bytes;
-  // SWA window in tokens.
-  uint64_t window;
-} Csa2CacheLayerInfo;
+  // Snapshots stored.
+  uint64_t puts;
+  // Reads that returned a snapshot.
+  uint64_t hits;
+  // Reads that found nothing (absent or expired).
+  uint64_t misses;
+  // Of `misses`, reads that found an expired snapshot (refused and removed).
+  uint64_t expired_on_read;
+  // Expired snapshots reclaimed by a sweep or a put.
+  uint64_t expired_reclaimed;
+  // Live snapshots evicted for room (least recently used first).
+  uint64_t evictions;
+  // Snapshots larger than the whole pool (refused).
+  uint64_t refused;
+  // Snapshots held.
+  uint64_t entries;
+  // Bytes held.
+  uint64_t bytes;
+} Csa2DramStats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -332,6 +696,61 @@ const char *csa2_version(void);
 // A non-null `buf` must have room for `len` bytes.
 size_t csa2_last_error_message(char *buf, size_t len);
 
+// Sparse + sliding-window attention with a sink (docs/SPEC.md §2 "Attention"): per token and head, one
+// softmax over the selected main-KV entries ∪ the SWA window `[max(p − window + 1, 0,
+// replay_start), p]`, plus the sink logit in the denominator; `lse` excludes the sink.
+//
+// - `q` `(T, H, 512)` float, RoPE'd; `sink` `(H)` float;
+// - `main_kv` `(N, 512)` float, or `(N, record bytes)` uint8 in `main_format` (a `Csa2Format`:
+//   0 NVFP4-DS, 2 MXFP8, 3 V4; ignored for float); `swa` `(S, 512)` float or uint8 in `swa_format`,
+//   row s = token s;
+// - `topk` `(T, K)` int32 (−1 = none), `topk_len` optional `(T)` int32 valid length per row;
+// - `positions` `(T)` int; `replay_start` optional `(1)` or `(T)` int window floor;
+// - `window` (128), `ratio` (0 = no visibility guard, else a selected entry must be
+//   `< (p + 1) div ratio`), `scale` (not positive and finite → 512^-0.5);
+// - outputs `out` `(T, H, 512)` float and `lse` `(T, H)` float (a row with nothing attended: zeros
+//   and −∞).
+//
+// Errors: out-of-range or invisible top-k entry, SWA shorter than a position, a token attending
+// more than 65 536 rows (`MAX_TOKEN_ROWS`), non-finite `q`/`sink`, bad formats, a non-finite
+// result (a NaN/Inf KV row or an f32 overflow; `out` is then not valid), plus the common ones.
+//
+// # Safety
+// `args`: `struct_size` readable bytes of a `Csa2AttentionArgs`. Its members:
+// As [`csa2_indexer_logits`].
+Csa2Status csa2_attention(const Csa2AttentionArgs *args);
+
+// Sparse attention over explicit slot lists with a sink — the contract of FlashMLA's sparse
+// `flash_mla_with_kvcache(q, k_cache=swa, indices=swa_idx, topk_length=swa_len,
+// extra_k_cache=main, extra_indices_in_kvcache=main_idx, extra_topk_length=main_len, attn_sink,
+// softmax_scale)` as vLLM 0.33 `models/deepseek_v41/nvidia/flashmla.py` calls it: per token and
+// head one softmax over the rows `main_idx[t, :main_len[t]]` of `main_kv` then
+// `swa_idx[t, :swa_len[t]]` of `swa_kv` (−1 entries skipped; a repeated id is attended once per
+// occurrence), plus the sink logit in the denominator; `lse` excludes the sink (docs/SPEC.md §2
+// "Attention"). No positions, window or visibility here: the caller resolved them when it built
+// the lists (for one sequence, listing the window rows reproduces [`csa2_attention`] exactly).
+//
+// - `q` `(T, H, 512)` float, RoPE'd; `sink` `(H)` float;
+// - `main_kv` `(N, 512)` float or `(N, record bytes)` uint8 in `main_format` (a `Csa2Format`:
+//   0 NVFP4-DS, 2 MXFP8, 3 V4; ignored for float); `swa_kv` `(S, 512)` float or uint8 in
+//   `swa_format`; either pool may have 0 rows;
+// - `main_idx` `(T, Km)` int32 rows of `main_kv`, `swa_idx` `(T, Ks)` int32 rows of `swa_kv`
+//   (−1 = none; Km, Ks may be 0); `main_len` / `swa_len` optional `(T)` int32 valid lengths,
+//   clamped to `[0, K]` (slots past them are ignored, whatever they hold; null = whole row);
+// - `scale` (not positive and finite → 512^-0.5);
+// - outputs `out` `(T, H, 512)` float and `lse` `(T, H)` float (a token with nothing attended:
+//   zeros and −∞).
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` for a valid slot holding an id `< −1` or `≥` its pool's rows
+// (the message names the list, token, slot and id), a token attending more than 65 536 rows
+// (`MAX_TOKEN_ROWS`), non-finite `q`/`sink`, a bad format, a non-finite result (a NaN/Inf KV row
+// or an f32 overflow; `out` is then not valid); `CSA2_ERR_SHAPE` for T / H / length mismatches; plus the common ones.
+//
+// # Safety
+// `args`: `struct_size` readable bytes of a `Csa2AttentionIndexedArgs`. Its members:
+// As [`csa2_indexer_logits`].
+Csa2Status csa2_attention_indexed(const Csa2AttentionIndexedArgs *args);
+
 // Creates a KV cache manager for geometry `g` with KV layout `layout` (a `Csa2KvLayout`),
 // `num_blocks` blocks of `block_tokens` tokens, backed by host memory (slabs are allocated the
 // first time a block is handed out). The prefix keys are always salted with the whole geometry
@@ -348,15 +767,10 @@ size_t csa2_last_error_message(char *buf, size_t len);
 // bytes). `*out` is untouched on error.
 //
 // # Safety
+// `args`: `struct_size` readable bytes of a `Csa2CacheCreateArgs`. Its members:
 // `g` must be a live geometry handle; `model` must cover `model_len` bytes; `out` must be a
 // writable pointer slot.
-Csa2Status csa2_cache_create(const Csa2Geometry *g,
-                             int32_t layout_,
-                             size_t num_blocks,
-                             size_t block_tokens,
-                             const uint8_t *model,
-                             size_t model_len,
-                             Csa2Cache **out);
+Csa2Status csa2_cache_create(const Csa2CacheCreateArgs *args, Csa2Cache **out);
 
 // Frees a cache handle and every block and request in it. Null is a no-op (`CSA2_OK`). Calls
 // on the cache still in flight on other threads finish first (the memory goes with the last);
@@ -494,513 +908,6 @@ Csa2Status csa2_cache_stats(const Csa2Cache *c, Csa2CacheStats *out);
 // `c` must be a live cache handle; `out` writable.
 Csa2Status csa2_cache_request_bytes(const Csa2Cache *c, uint64_t id, Csa2RequestBytes *out);
 
-// Plans one prefill step for geometry `g` (docs/SPEC.md §3): `prompt_len` tokens whose first
-// `hit_tokens` hit the prefix cache, with the SWA snapshot at the hit present (`snapshot_present`
-// ≠ 0) or not. `mode` is a `Csa2ReplayMode`. The plan is a new handle in `*out`.
-//
-// Errors: `CSA2_ERR_INVALID_ARGUMENT` (unknown mode, `prompt_len` 0, `hit_tokens > prompt_len`).
-//
-// # Safety
-// `g` must be a live geometry handle; `out` a writable pointer slot.
-Csa2Status csa2_replay_plan(const Csa2Geometry *g,
-                            int32_t mode,
-                            size_t prompt_len,
-                            size_t hit_tokens,
-                            uint8_t snapshot_present,
-                            Csa2ReplayPlan **out);
-
-// Frees a replay plan. Null is a no-op (`CSA2_OK`).
-//
-// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type). A successful
-// free leaves the thread's last error alone.
-//
-// # Safety
-// None beyond the C ABI's: any value of `p` is checked (kept `unsafe` for source compatibility).
-Csa2Status csa2_replay_plan_free(Csa2ReplayPlan *p);
-
-// Writes the plan's summary (hit used, replayed tokens, written and protected ranges) to `*out`.
-//
-// # Safety
-// `p` must be a live plan; `out` writable.
-Csa2Status csa2_replay_plan_summary(const Csa2ReplayPlan *p, Csa2ReplaySummary *out);
-
-// Writes what layer `layer` runs (row range and window floor) to `*out`.
-//
-// Errors: `CSA2_ERR_INVALID_ARGUMENT` when `layer` ≥ the plan's layers.
-//
-// # Safety
-// `p` must be a live plan; `out` writable.
-Csa2Status csa2_replay_plan_layer(const Csa2ReplayPlan *p, size_t layer, Csa2LayerRun *out);
-
-// Copies the per-KV-source protected entry ranges to `out` (`cap` entries) and their count to
-// `*n_out`; see the module docs for `out = NULL, cap = 0`.
-//
-// Errors: `CSA2_ERR_INVALID_ARGUMENT` (`cap` too small; the message gives the count needed).
-//
-// # Safety
-// `p` must be a live plan; `out` must have room for `cap` entries; `n_out` writable.
-Csa2Status csa2_replay_plan_protected_entries(const Csa2ReplayPlan *p,
-                                              Csa2ProtectedEntries *out,
-                                              size_t cap,
-                                              size_t *n_out);
-
-// Writes the sizes of `format_id` (a `Csa2Format`) to `*out`.
-//
-// # Safety
-// `out` must be writable.
-Csa2Status csa2_format_info(int32_t format_id, Csa2FormatInfo *out);
-
-// Encodes `n_values` f32 (whole rows of `dim`, row-major) into `out_len` bytes of contiguous
-// records (each data then scales). Uses the SIMD path and threads for large inputs.
-//
-// Errors: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_INVALID_ARGUMENT` (format, misaligned `x`),
-// `CSA2_ERR_SHAPE` (not whole rows, or `out_len` ≠ rows × record bytes).
-//
-// # Safety
-// `x` must hold `n_values` f32; `out` `out_len` writable bytes, not overlapping `x`.
-Csa2Status csa2_encode_rows(int32_t format_id,
-                            const float *x,
-                            size_t n_values,
-                            uint8_t *out,
-                            size_t out_len);
-
-// Decodes `len` bytes of contiguous records into `n_values` f32 (rows × dim).
-//
-// Errors: as [`csa2_encode_rows`].
-//
-// # Safety
-// `records` must hold `len` bytes; `out` `n_values` writable f32, not overlapping `records`.
-Csa2Status csa2_decode_rows(int32_t format_id,
-                            const uint8_t *records,
-                            size_t len,
-                            float *out,
-                            size_t n_values);
-
-// Encodes `n_rows` rows of `x` straight into a pool of block-planar pages (`pool_len` bytes, a
-// whole number of pages of `slots_per_page` records): row i → slot `slot_mapping[i]`
-// = page · slots_per_page + offset; −1 skips the row (vLLM `slot_mapping`).
-//
-// Errors: `CSA2_ERR_SHAPE` (x not `n_rows` rows, pool not whole pages), `CSA2_ERR_INVALID_ARGUMENT`
-// (slot out of range, a slot named twice, `slots_per_page` 0). Nothing is written on error.
-//
-// # Safety
-// `x` must hold `n_rows` × dim f32, `slot_mapping` `n_rows` int64, `pool` `pool_len` writable bytes.
-Csa2Status csa2_encode_into_pages(int32_t format_id,
-                                  size_t slots_per_page,
-                                  const float *x,
-                                  const int64_t *slot_mapping,
-                                  size_t n_rows,
-                                  uint8_t *pool,
-                                  size_t pool_len);
-
-// Creates a compressor state for Full layer `layer` of `geometry` whose next token is at
-// `start_pos` (a multiple of the layer's ratio) with no open group.
-//
-// Errors: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_INVALID_ARGUMENT` (layer past the backbone or without
-// a compressor, `start_pos` not a multiple of the ratio). `*out` is untouched on error.
-//
-// # Safety
-// `geometry` must be a live geometry handle (it may be freed after the call); `out` writable.
-Csa2Status csa2_compressor_state_create(const Csa2Geometry *geometry,
-                                        uint32_t layer,
-                                        uint64_t start_pos,
-                                        Csa2CompressorState **out);
-
-// Frees a compressor state. Null is a no-op (`CSA2_OK`). A call on the state still in flight
-// finishes first; later calls get `CSA2_ERR_INVALID_HANDLE`.
-//
-// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type). A successful
-// free leaves the thread's last error alone.
-//
-// # Safety
-// None beyond the C ABI's: any value of `s` is checked (kept `unsafe` for source compatibility).
-Csa2Status csa2_compressor_state_free(Csa2CompressorState *s);
-
-// Drops any open group and sets the next position to `start_pos` (a multiple of the ratio), e.g.
-// when the request is preempted and recomputed.
-//
-// Errors: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_INVALID_ARGUMENT` (misaligned `start_pos`; the state
-// is then unchanged).
-//
-// # Safety
-// `s` must be a live state handle.
-Csa2Status csa2_compressor_state_reset(const Csa2CompressorState *s, uint64_t start_pos);
-
-// Writes the position of the next token the state expects to `*next_pos` and the tokens of its
-// open group (0 or, for ratio 2, 1) to `*pending`, and the state's layer to `*layer` (each output
-// may be null when not wanted).
-//
-// # Safety
-// `s` must be a live state handle; non-null outputs writable.
-Csa2Status csa2_compressor_state_query(const Csa2CompressorState *s,
-                                       uint64_t *next_pos,
-                                       uint64_t *pending,
-                                       uint32_t *layer);
-
-// Feeds the next `T` tokens of a request to the compressor of the state's layer: `kv` `(T, 512)`
-// float (and, for ratio 2, `score` `(T, 512)` float; null for ratio 1), tokens
-// `next_pos .. next_pos + T`. The groups these tokens complete — together with the group carried
-// from earlier calls — are written as NVFP4-DS main-KV records to `main_kv_out` `(E, 288)` uint8
-// and MXFP4 index-K records to `index_k_out` `(E, 68)` uint8, where `E` must be exactly
-// `(pending + T) div ratio` (`csa2_compressor_state_query` gives `pending`); the first entry's id
-// is written to `*first_entry` (may be null). A trailing odd token is carried into the next call.
-// Weights: `norm` `(512)`, `wk` `(128, 512)`, `k_norm` `(128)` float — those of the state's layer.
-//
-// A pair split across two calls pools exactly as one call over both tokens.
-//
-// Errors: `CSA2_ERR_INVALID_ARGUMENT` (`layer` is not the state's layer, `score` given or missing,
-// non-finite values, an output overlapping another argument), `CSA2_ERR_SHAPE` (wrong `E`), plus
-// the common errors of `csa2_compress`. On error the state and the outputs are unchanged.
-//
-// # Safety
-// `geometry` and `s` must be live handles; each tensor pointer null or a readable `DLTensor`
-// whose memory stays valid and unused by other threads for the call.
-Csa2Status csa2_compress_step(const Csa2Geometry *geometry,
-                              uint32_t layer,
-                              const Csa2CompressorState *s,
-                              const DLTensor *kv,
-                              const DLTensor *score,
-                              const DLTensor *norm,
-                              const DLTensor *wk,
-                              const DLTensor *k_norm,
-                              const DLTensor *main_kv_out,
-                              const DLTensor *index_k_out,
-                              uint64_t *first_entry);
-
-// Stores the state's open group into request `id`'s compressor slot of the state's layer in cache
-// `c` (or clears the slot when no group is open), so the cache holds everything needed to resume
-// the request (e.g. after the engine drops the handle). The cache copies the rows.
-//
-// A ratio-1 state never carries rows (each token closes its own group) and the cache keeps no
-// slot for its layer, so saving it stores nothing and succeeds: everything needed to resume is
-// the request's token count, which [`csa2_compressor_state_load`] takes as `next_pos`.
-//
-// Errors: `CSA2_ERR_NOT_FOUND` (request, for any ratio), `CSA2_ERR_INVALID_ARGUMENT` (a ratio-2
-// state whose layer is not a KV source of ratio > 1 in this cache).
-//
-// # Safety
-// `s` and `c` must be live handles.
-Csa2Status csa2_compressor_state_save(const Csa2CompressorState *s,
-                                      const Csa2Cache *c,
-                                      uint64_t id);
-
-// Replaces the state by request `id`'s carried group of the state's layer in cache `c` (none when
-// the slot is empty), with the next token at `next_pos` (the request's token count). A ratio-1
-// state has no slot to read (see [`csa2_compressor_state_save`]): it becomes a state at
-// `next_pos` with no open group.
-//
-// Errors: `CSA2_ERR_NOT_FOUND` (request, for any ratio), `CSA2_ERR_INVALID_ARGUMENT` (a ratio-2
-// state whose layer is not a ratio > 1 KV source of the cache; `next_pos` inconsistent with the carried tokens: with a group open,
-// `next_pos − 1` must start a group, otherwise `next_pos` must). The state is unchanged on error.
-//
-// # Safety
-// `s` and `c` must be live handles.
-Csa2Status csa2_compressor_state_load(const Csa2CompressorState *s,
-                                      const Csa2Cache *c,
-                                      uint64_t id,
-                                      uint64_t next_pos);
-
-// Validates a `DLTensor` exactly as every csa2 op does and writes a one-line description
-// (`"float32[2, 3] host"`) into `buf` (capacity `len` bytes, NUL-terminated, truncated if short).
-//
-// For bindings to check what they hand over before calling an op; costs no more than the check.
-// `t` is borrowed for the call only. Thread-safe. Errors: every error of [`View::from_raw`]
-// (`CSA2_ERR_NULL_POINTER`, `CSA2_ERR_SHAPE`, `CSA2_ERR_INVALID_ARGUMENT`, `CSA2_ERR_UNSUPPORTED`),
-// with the reason in the last error.
-//
-// # Safety
-// `t` must be null or point to a readable `DLTensor` whose `shape`/`strides` arrays hold `ndim`
-// entries; `buf` must be null or writable for `len` bytes.
-Csa2Status csa2_dlpack_describe(const DLTensor *t, char *buf, size_t len);
-
-// Parses a Hugging Face `config.json` of `len` bytes (UTF-8, no NUL needed) into a new handle
-// stored in `*out`.
-//
-// Errors: `CSA2_ERR_NULL_POINTER` (`json`, `out`), `CSA2_ERR_CONFIG_JSON` (not UTF-8 / not JSON),
-// `CSA2_ERR_CONFIG_MISSING` / `CSA2_ERR_CONFIG_INVALID` naming the field. `*out` is untouched on error.
-//
-// # Safety
-// `json` must point to `len` readable bytes; `out` to a writable pointer slot.
-Csa2Status csa2_geometry_from_json(const char *json,
-                                   size_t len,
-                                   Csa2Geometry **out);
-
-// The released DeepSeek-V4.1-Flash geometry (compiled in) as a new handle in `*out`.
-//
-// # Safety
-// `out` must point to a writable pointer slot.
-Csa2Status csa2_geometry_embedded(Csa2Geometry **out);
-
-// Frees a handle from `csa2_geometry_from_json` / `csa2_geometry_embedded`. Null is a no-op
-// (`CSA2_OK`). Handles built from it (caches, compressor states) stay valid.
-//
-// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type); nothing is
-// freed then.
-//
-// # Safety
-// None beyond the C ABI's: any value of `g` is checked (kept `unsafe` for source compatibility).
-Csa2Status csa2_geometry_free(Csa2Geometry *g);
-
-// Writes the number of backbone layers to `*out`.
-//
-// # Safety
-// `g` must be a live handle; `out` writable.
-Csa2Status csa2_geometry_num_layers(const Csa2Geometry *g, size_t *out);
-
-// Writes the plan of layer `layer` (0-based) to `*out`.
-//
-// Errors: `CSA2_ERR_INVALID_ARGUMENT` when `layer` ≥ the number of layers.
-//
-// # Safety
-// `g` must be a live handle; `out` writable.
-Csa2Status csa2_geometry_layer(const Csa2Geometry *g, size_t layer, Csa2LayerInfo *out);
-
-// Writes the global (compressed) KV bytes per original token in `layout` (a `Csa2KvLayout`)
-// to `*out`: 890 for the released config in NVFP4 (docs/SPEC.md §0).
-//
-// # Safety
-// `g` must be a live handle; `out` writable.
-Csa2Status csa2_geometry_global_kv_bytes_per_token(const Csa2Geometry *g,
-                                                   int32_t layout_id,
-                                                   double *out);
-
-// Writes the fixed SWA bytes of one live request in `layout` (all layers × window × record) to
-// `*out`.
-//
-// # Safety
-// `g` must be a live handle; `out` writable.
-Csa2Status csa2_geometry_swa_bytes_per_request(const Csa2Geometry *g,
-                                               int32_t layout_id,
-                                               uint64_t *out);
-
-// Rotary embedding in place on `x` `(tokens, heads, dim)` float, token t at `positions[t]`
-// (`(tokens)` int, ≥ 0), with the rotary of layer `layer` of `geometry` (θ, YaRN, rope_dim on the
-// trailing dims; docs/SPEC.md §2 "RoPE"). `inverse` = 0 rotates forward (Q, KV), 1 by the negative angle
-// (the attention output).
-//
-// `x` is read and written (in place, the only aliasing allowed); `positions` may not overlap it.
-// Errors: `CSA2_ERR_INVALID_ARGUMENT` (layer, `inverse`, negative position), `CSA2_ERR_SHAPE`
-// (dim < rope_dim, T mismatch), plus the common ones.
-//
-// # Safety
-// `geometry` must be a live handle; each tensor pointer null or a readable `DLTensor` whose memory
-// stays valid and unused by other threads for the call.
-Csa2Status csa2_rope(const Csa2Geometry *geometry,
-                     uint32_t layer,
-                     const DLTensor *x,
-                     const DLTensor *positions,
-                     int32_t inverse);
-
-// KV compressor of Full layer `layer` (docs/SPEC.md §2 "Compressor"): turns `kv` `(T, 512)` float (and, for
-// ratio 2, the gate `score` `(T, 512)` float; null for ratio 1) of tokens `start_pos ..
-// start_pos + T` into `E = T / ratio` compressed entries, written as NVFP4-DS main-KV records
-// `main_kv_out` `(E, 288)` uint8 and MXFP4 index-K records `index_k_out` `(E, 68)` uint8.
-// Weights: `norm` `(512)`, `wk` `(128, 512)`, `k_norm` `(128)` float.
-//
-// Stateless: `start_pos` and `T` must be multiples of the ratio (a caller that splits a pair across
-// calls keeps the odd token and sends it with the next call).
-// Errors: `CSA2_ERR_INVALID_ARGUMENT` (not a compressed layer, misaligned `start_pos`/`T`,
-// `score` given or missing, non-finite values), plus the common ones.
-//
-// # Safety
-// As [`csa2_rope`].
-Csa2Status csa2_compress(const Csa2Geometry *geometry,
-                         uint32_t layer,
-                         const DLTensor *kv,
-                         const DLTensor *score,
-                         const DLTensor *norm,
-                         const DLTensor *wk,
-                         const DLTensor *k_norm,
-                         int64_t start_pos,
-                         const DLTensor *main_kv_out,
-                         const DLTensor *index_k_out);
-
-// Lightning-indexer logits (docs/SPEC.md §2 "Indexer"): `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)`
-// for the visible entries `j < (positions[t] + 1) div ratio`, −∞ elsewhere.
-//
-// `q` `(T, H, 128)` float (RoPE'd index Q), `w` `(T, H)` float (already scaled), `positions` `(T)`
-// int; `keys` either `(N, 128)` float or `(N, 68)` uint8 MXFP4 index-K records; `q_quant`: 0 none,
-// 1 MXFP4 (V4.1), 2 FP8 E4M3 (the launch-day path) fake-quantisation of Q; `logits_out` `(T, N)`
-// float. Errors: `CSA2_ERR_INVALID_ARGUMENT` (ratio 0, `q_quant`, negative position),
-// `CSA2_ERR_SHAPE` (too few keys for a position), plus the common ones.
-//
-// # Safety
-// Each tensor pointer null or a readable `DLTensor` whose memory stays valid and unused by other
-// threads for the call.
-Csa2Status csa2_indexer_logits(const DLTensor *q,
-                               const DLTensor *w,
-                               const DLTensor *positions,
-                               const DLTensor *keys,
-                               uint32_t ratio,
-                               int32_t q_quant,
-                               const DLTensor *logits_out);
-
-// Candidate-restricted lightning-indexer logits (docs/SPEC.md §2 "Indexer", the Reindex path): as
-// [`csa2_indexer_logits`], but row t scores only the entries inside its candidate blocks
-// `blocks[t, :]` (block b = entries `[b·block_size, (b+1)·block_size)`, −1 ends the list early;
-// only visible entries count); every other entry is −∞. This is `csa2 op indexer` with `blocks`.
-//
-// `blocks` `(T, B)` int32 from `csa2_candidates`; `block_size` ≥ 1 (the geometry's
-// `candidate_block_size`, 8). Errors: a block id past the keys (`CSA2_ERR_INVALID_ARGUMENT`),
-// `block_size` 0, plus those of [`csa2_indexer_logits`].
-//
-// # Safety
-// As [`csa2_indexer_logits`].
-Csa2Status csa2_indexer_logits_in_blocks(const DLTensor *q,
-                                         const DLTensor *w,
-                                         const DLTensor *positions,
-                                         const DLTensor *keys,
-                                         const DLTensor *blocks,
-                                         uint32_t ratio,
-                                         uint32_t block_size,
-                                         int32_t q_quant,
-                                         const DLTensor *logits_out);
-
-// Top-k of indexer logits (docs/SPEC.md §2 "Indexer"): for row t, the K largest of
-// `logits[t, 0 .. (positions[t] + 1) div ratio]` (ties → smaller index; −∞/NaN never chosen; all
-// visible entries in index order when they are ≤ K), −1 padded.
-//
-// `logits` `(T, N)` float, `positions` `(T)` int, `out` `(T, K)` int32, `counts_out` (optional)
-// `(T)` int32 = entries selected per row. Errors: ratio 0, negative position, plus the common ones.
-//
-// # Safety
-// As [`csa2_indexer_logits`].
-Csa2Status csa2_topk(const DLTensor *logits,
-                     const DLTensor *positions,
-                     uint32_t ratio,
-                     const DLTensor *out,
-                     const DLTensor *counts_out);
-
-// Hierarchical candidate pool of the candidate-source layer (docs/SPEC.md §2 "Candidate pool"): per row,
-// blocks of `block_size` entries scored by their max visible logit, the newest block pinned, the
-// best `B` kept sorted (score desc, id asc), −1 padded.
-//
-// `logits` `(T, N)` float, `positions` `(T)` int (visible = `(p + 1) div ratio`), `blocks_out`
-// `(T, B)` int32 (B = blocks kept, 2048 in V4.1). Errors: ratio/block_size/B of 0, negative
-// position, plus the common ones.
-//
-// # Safety
-// As [`csa2_indexer_logits`].
-Csa2Status csa2_candidates(const DLTensor *logits,
-                           const DLTensor *positions,
-                           uint32_t ratio,
-                           uint32_t block_size,
-                           const DLTensor *blocks_out);
-
-// Sparse + sliding-window attention with a sink (docs/SPEC.md §2 "Attention"): per token and head, one
-// softmax over the selected main-KV entries ∪ the SWA window `[max(p − window + 1, 0,
-// replay_start), p]`, plus the sink logit in the denominator; `lse` excludes the sink.
-//
-// - `q` `(T, H, 512)` float, RoPE'd; `sink` `(H)` float;
-// - `main_kv` `(N, 512)` float, or `(N, record bytes)` uint8 in `main_format` (a `Csa2Format`:
-//   0 NVFP4-DS, 2 MXFP8, 3 V4; ignored for float); `swa` `(S, 512)` float or uint8 in `swa_format`,
-//   row s = token s;
-// - `topk` `(T, K)` int32 (−1 = none), `topk_len` optional `(T)` int32 valid length per row;
-// - `positions` `(T)` int; `replay_start` optional `(1)` or `(T)` int window floor;
-// - `window` (128), `ratio` (0 = no visibility guard, else a selected entry must be
-//   `< (p + 1) div ratio`), `scale` (not positive and finite → 512^-0.5);
-// - outputs `out` `(T, H, 512)` float and `lse` `(T, H)` float (a row with nothing attended: zeros
-//   and −∞).
-//
-// Errors: out-of-range or invisible top-k entry, SWA shorter than a position, a token attending
-// more than 65 536 rows (`MAX_TOKEN_ROWS`), non-finite `q`/`sink`, bad formats, a non-finite
-// result (a NaN/Inf KV row or an f32 overflow; `out` is then not valid), plus the common ones.
-//
-// # Safety
-// As [`csa2_indexer_logits`].
-Csa2Status csa2_attention(const DLTensor *q,
-                          const DLTensor *main_kv,
-                          int32_t main_format,
-                          const DLTensor *swa,
-                          int32_t swa_format,
-                          const DLTensor *topk,
-                          const DLTensor *topk_len,
-                          const DLTensor *positions,
-                          const DLTensor *replay_start,
-                          const DLTensor *sink,
-                          uint32_t window,
-                          uint32_t ratio,
-                          float scale,
-                          const DLTensor *out,
-                          const DLTensor *lse);
-
-// Sparse attention over explicit slot lists with a sink — the contract of FlashMLA's sparse
-// `flash_mla_with_kvcache(q, k_cache=swa, indices=swa_idx, topk_length=swa_len,
-// extra_k_cache=main, extra_indices_in_kvcache=main_idx, extra_topk_length=main_len, attn_sink,
-// softmax_scale)` as vLLM 0.33 `models/deepseek_v41/nvidia/flashmla.py` calls it: per token and
-// head one softmax over the rows `main_idx[t, :main_len[t]]` of `main_kv` then
-// `swa_idx[t, :swa_len[t]]` of `swa_kv` (−1 entries skipped; a repeated id is attended once per
-// occurrence), plus the sink logit in the denominator; `lse` excludes the sink (docs/SPEC.md §2
-// "Attention"). No positions, window or visibility here: the caller resolved them when it built
-// the lists (for one sequence, listing the window rows reproduces [`csa2_attention`] exactly).
-//
-// - `q` `(T, H, 512)` float, RoPE'd; `sink` `(H)` float;
-// - `main_kv` `(N, 512)` float or `(N, record bytes)` uint8 in `main_format` (a `Csa2Format`:
-//   0 NVFP4-DS, 2 MXFP8, 3 V4; ignored for float); `swa_kv` `(S, 512)` float or uint8 in
-//   `swa_format`; either pool may have 0 rows;
-// - `main_idx` `(T, Km)` int32 rows of `main_kv`, `swa_idx` `(T, Ks)` int32 rows of `swa_kv`
-//   (−1 = none; Km, Ks may be 0); `main_len` / `swa_len` optional `(T)` int32 valid lengths,
-//   clamped to `[0, K]` (slots past them are ignored, whatever they hold; null = whole row);
-// - `scale` (not positive and finite → 512^-0.5);
-// - outputs `out` `(T, H, 512)` float and `lse` `(T, H)` float (a token with nothing attended:
-//   zeros and −∞).
-//
-// Errors: `CSA2_ERR_INVALID_ARGUMENT` for a valid slot holding an id `< −1` or `≥` its pool's rows
-// (the message names the list, token, slot and id), a token attending more than 65 536 rows
-// (`MAX_TOKEN_ROWS`), non-finite `q`/`sink`, a bad format, a non-finite result (a NaN/Inf KV row
-// or an f32 overflow; `out` is then not valid); `CSA2_ERR_SHAPE` for T / H / length mismatches; plus the common ones.
-//
-// # Safety
-// As [`csa2_indexer_logits`].
-Csa2Status csa2_attention_indexed(const DLTensor *q,
-                                  const DLTensor *main_kv,
-                                  int32_t main_format,
-                                  const DLTensor *main_idx,
-                                  const DLTensor *main_len,
-                                  const DLTensor *swa_kv,
-                                  int32_t swa_format,
-                                  const DLTensor *swa_idx,
-                                  const DLTensor *swa_len,
-                                  const DLTensor *sink,
-                                  float scale,
-                                  const DLTensor *out,
-                                  const DLTensor *lse);
-
-// One mHC boundary between two sublayer sites (docs/SPEC.md §4, V4.1 single-pass shift; fused CPU path):
-//
-// ```text
-// x_new    = post ⊙ y + combᵀ · x                   (skipped when y/post/comb are null: x_new = x)
-// layer_in = RMSNorm(Σ_i pre_prev_i · x_new[i], norm)
-// (pre_out, post_out, comb_out) = coefficients(x_new; hc_fn, hc_base, hc_scale)   (when given)
-// ```
-//
-// Shapes (d = stream width, from `norm`): `x` `(T, 4, d)`, `y` `(T, d)`, `post` `(T, 4)`, `comb`
-// `(T, 4, 4)` (`comb[t][i][j]` = weight of stream i in output j), `pre_prev` `(T, 4)`, `hc_fn`
-// `(24, 4d)`, `hc_base` `(24)`, `hc_scale` `(3)`, `norm` `(d)`, all float; outputs `x_new`
-// `(T, 4, d)`, `layer_in` `(T, d)`, `pre_out`/`post_out` `(T, 4)`, `comb_out` `(T, 4, 4)` float.
-// `y`, `post`, `comb` are given together or not at all; so are `hc_fn`, `hc_base`, `hc_scale`,
-// and then the three coefficient outputs are required.
-//
-// Errors: a partial group, bad params (`CSA2_ERR_INVALID_ARGUMENT`), plus the common ones.
-//
-// # Safety
-// `params` null or readable; tensors as in [`csa2_indexer_logits`].
-Csa2Status csa2_mhc(const Csa2MhcParams *params,
-                    const DLTensor *x,
-                    const DLTensor *y,
-                    const DLTensor *post,
-                    const DLTensor *comb,
-                    const DLTensor *pre_prev,
-                    const DLTensor *hc_fn,
-                    const DLTensor *hc_base,
-                    const DLTensor *hc_scale,
-                    const DLTensor *norm,
-                    const DLTensor *x_new,
-                    const DLTensor *layer_in,
-                    const DLTensor *pre_out,
-                    const DLTensor *post_out,
-                    const DLTensor *comb_out);
-
 // Writes what the cache stores for `layer` to `*out` (sizes to allocate row tensors with).
 //
 // Errors: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_INVALID_ARGUMENT` (layer past the backbone).
@@ -1119,6 +1026,579 @@ Csa2Status csa2_cache_get_compressor_state(const Csa2Cache *c,
                                            uint32_t layer,
                                            const DLTensor *out,
                                            int32_t *present);
+
+// Hierarchical candidate pool of the candidate-source layer (docs/SPEC.md §2 "Candidate pool"): per row,
+// blocks of `block_size` entries scored by their max visible logit, the newest block pinned, the
+// best `B` kept sorted (score desc, id asc), −1 padded.
+//
+// `logits` `(T, N)` float, `positions` `(T)` int (visible = `(p + 1) div ratio`), `blocks_out`
+// `(T, B)` int32 (B = blocks kept, 2048 in V4.1). Errors: ratio/block_size/B of 0, negative
+// position, plus the common ones.
+//
+// # Safety
+// As [`csa2_indexer_logits`].
+Csa2Status csa2_candidates(const DLTensor *logits,
+                           const DLTensor *positions,
+                           uint32_t ratio,
+                           uint32_t block_size,
+                           const DLTensor *blocks_out);
+
+// Creates a compressor state for Full layer `layer` of `geometry` whose next token is at
+// `start_pos` (a multiple of the layer's ratio) with no open group.
+//
+// Errors: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_INVALID_ARGUMENT` (layer past the backbone or without
+// a compressor, `start_pos` not a multiple of the ratio). `*out` is untouched on error.
+//
+// # Safety
+// `geometry` must be a live geometry handle (it may be freed after the call); `out` writable.
+Csa2Status csa2_compressor_state_create(const Csa2Geometry *geometry,
+                                        uint32_t layer,
+                                        uint64_t start_pos,
+                                        Csa2CompressorState **out);
+
+// Frees a compressor state. Null is a no-op (`CSA2_OK`). A call on the state still in flight
+// finishes first; later calls get `CSA2_ERR_INVALID_HANDLE`.
+//
+// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type). A successful
+// free leaves the thread's last error alone.
+//
+// # Safety
+// None beyond the C ABI's: any value of `s` is checked (kept `unsafe` for source compatibility).
+Csa2Status csa2_compressor_state_free(Csa2CompressorState *s);
+
+// Drops any open group and sets the next position to `start_pos` (a multiple of the ratio), e.g.
+// when the request is preempted and recomputed.
+//
+// Errors: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_INVALID_ARGUMENT` (misaligned `start_pos`; the state
+// is then unchanged).
+//
+// # Safety
+// `s` must be a live state handle.
+Csa2Status csa2_compressor_state_reset(const Csa2CompressorState *s, uint64_t start_pos);
+
+// Writes the position of the next token the state expects to `*next_pos` and the tokens of its
+// open group (0 or, for ratio 2, 1) to `*pending`, and the state's layer to `*layer` (each output
+// may be null when not wanted).
+//
+// # Safety
+// `s` must be a live state handle; non-null outputs writable.
+Csa2Status csa2_compressor_state_query(const Csa2CompressorState *s,
+                                       uint64_t *next_pos,
+                                       uint64_t *pending,
+                                       uint32_t *layer);
+
+// Feeds the next `T` tokens of a request to the compressor of the state's layer: `kv` `(T, 512)`
+// float (and, for ratio 2, `score` `(T, 512)` float; null for ratio 1), tokens
+// `next_pos .. next_pos + T`. The groups these tokens complete — together with the group carried
+// from earlier calls — are written as NVFP4-DS main-KV records to `main_kv_out` `(E, 288)` uint8
+// and MXFP4 index-K records to `index_k_out` `(E, 68)` uint8, where `E` must be exactly
+// `(pending + T) div ratio` (`csa2_compressor_state_query` gives `pending`); the first entry's id
+// is written to `*first_entry` (may be null). A trailing odd token is carried into the next call.
+// Weights: `norm` `(512)`, `wk` `(128, 512)`, `k_norm` `(128)` float — those of the state's layer.
+//
+// A pair split across two calls pools exactly as one call over both tokens.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` (`layer` is not the state's layer, `score` given or missing,
+// non-finite values, an output overlapping another argument), `CSA2_ERR_SHAPE` (wrong `E`), plus
+// the common errors of `csa2_compress`. On error the state and the outputs are unchanged.
+//
+// # Safety
+// `args`: `struct_size` readable bytes of a `Csa2CompressStepArgs`. Its members:
+// `geometry` and `state` must be live handles; each tensor pointer null or a readable `DLTensor`
+// whose memory stays valid and unused by other threads for the call.
+Csa2Status csa2_compress_step(const Csa2CompressStepArgs *args);
+
+// Stores the state's open group into request `id`'s compressor slot of the state's layer in cache
+// `c` (or clears the slot when no group is open), so the cache holds everything needed to resume
+// the request (e.g. after the engine drops the handle). The cache copies the rows.
+//
+// A ratio-1 state never carries rows (each token closes its own group) and the cache keeps no
+// slot for its layer, so saving it stores nothing and succeeds: everything needed to resume is
+// the request's token count, which [`csa2_compressor_state_load`] takes as `next_pos`.
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (request, for any ratio), `CSA2_ERR_INVALID_ARGUMENT` (a ratio-2
+// state whose layer is not a KV source of ratio > 1 in this cache).
+//
+// # Safety
+// `s` and `c` must be live handles.
+Csa2Status csa2_compressor_state_save(const Csa2CompressorState *s,
+                                      const Csa2Cache *c,
+                                      uint64_t id);
+
+// Replaces the state by request `id`'s carried group of the state's layer in cache `c` (none when
+// the slot is empty), with the next token at `next_pos` (the request's token count). A ratio-1
+// state has no slot to read (see [`csa2_compressor_state_save`]): it becomes a state at
+// `next_pos` with no open group.
+//
+// Errors: `CSA2_ERR_NOT_FOUND` (request, for any ratio), `CSA2_ERR_INVALID_ARGUMENT` (a ratio-2
+// state whose layer is not a ratio > 1 KV source of the cache; `next_pos` inconsistent with the carried tokens: with a group open,
+// `next_pos − 1` must start a group, otherwise `next_pos` must). The state is unchanged on error.
+//
+// # Safety
+// `s` and `c` must be live handles.
+Csa2Status csa2_compressor_state_load(const Csa2CompressorState *s,
+                                      const Csa2Cache *c,
+                                      uint64_t id,
+                                      uint64_t next_pos);
+
+// KV compressor of Full layer `layer` (docs/SPEC.md §2 "Compressor"): turns `kv` `(T, 512)` float (and, for
+// ratio 2, the gate `score` `(T, 512)` float; null for ratio 1) of tokens `start_pos ..
+// start_pos + T` into `E = T / ratio` compressed entries, written as NVFP4-DS main-KV records
+// `main_kv_out` `(E, 288)` uint8 and MXFP4 index-K records `index_k_out` `(E, 68)` uint8.
+// Weights: `norm` `(512)`, `wk` `(128, 512)`, `k_norm` `(128)` float.
+//
+// Stateless: `start_pos` and `T` must be multiples of the ratio (a caller that splits a pair across
+// calls keeps the odd token and sends it with the next call).
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` (not a compressed layer, misaligned `start_pos`/`T`,
+// `score` given or missing, non-finite values), plus the common ones.
+//
+// # Safety
+// `args`: `struct_size` readable bytes of a `Csa2CompressArgs`. Its members:
+// As [`csa2_rope`].
+Csa2Status csa2_compress(const Csa2CompressArgs *args);
+
+// Validates a `DLTensor` exactly as every csa2 op does and writes a one-line description
+// (`"float32[2, 3] host"`) into `buf` (capacity `len` bytes, NUL-terminated, truncated if short).
+//
+// For bindings to check what they hand over before calling an op; costs no more than the check.
+// `t` is borrowed for the call only. Thread-safe. Errors: every error of [`View::from_raw`]
+// (`CSA2_ERR_NULL_POINTER`, `CSA2_ERR_SHAPE`, `CSA2_ERR_INVALID_ARGUMENT`, `CSA2_ERR_UNSUPPORTED`),
+// with the reason in the last error.
+//
+// # Safety
+// `t` must be null or point to a readable `DLTensor` whose `shape`/`strides` arrays hold `ndim`
+// entries; `buf` must be null or writable for `len` bytes.
+Csa2Status csa2_dlpack_describe(const DLTensor *t, char *buf, size_t len);
+
+// The record-format table: one [`Csa2RecordFormatEntry`] per `Csa2Format`, in id order, so a
+// binding (the Python shim) asks the library instead of keeping its own width table.
+//
+// `entry_size` is the caller's `sizeof(Csa2RecordFormatEntry)`: entries are written at that
+// stride, each with the first `min(entry_size, sizeof)` bytes of the library's entry (members are
+// only ever appended, so an older caller gets the members it knows). `out` has room for `cap`
+// entries; the count goes to `*n_out`; `out = NULL, cap = 0` asks for the count only (a `cap`
+// below the count is `CSA2_ERR_INVALID_ARGUMENT` and writes nothing). The names are static
+// strings (never free them).
+//
+// Errors: `CSA2_ERR_NULL_POINTER` (`n_out`, or `out` with `cap > 0`), `CSA2_ERR_INVALID_ARGUMENT`
+// (`cap` too small: the message gives the count; `entry_size` below the first version's size).
+//
+// # Safety
+// A non-null `out` must have room for `cap × entry_size` writable bytes; `n_out` writable.
+Csa2Status csa2_record_formats(void *out, size_t cap, size_t entry_size, size_t *n_out);
+
+// Writes the sizes of `format_id` (a `Csa2Format`) to `*out`.
+//
+// # Safety
+// `out` must be writable.
+Csa2Status csa2_format_info(int32_t format_id, Csa2FormatInfo *out);
+
+// Encodes `n_values` f32 (whole rows of `dim`, row-major) into `out_len` bytes of contiguous
+// records (each data then scales). Uses the SIMD path and threads for large inputs.
+//
+// Errors: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_INVALID_ARGUMENT` (format, misaligned `x`),
+// `CSA2_ERR_SHAPE` (not whole rows, or `out_len` ≠ rows × record bytes).
+//
+// # Safety
+// `x` must hold `n_values` f32; `out` `out_len` writable bytes, not overlapping `x`.
+Csa2Status csa2_encode_rows(int32_t format_id,
+                            const float *x,
+                            size_t n_values,
+                            uint8_t *out,
+                            size_t out_len);
+
+// Decodes `len` bytes of contiguous records into `n_values` f32 (rows × dim).
+//
+// Errors: as [`csa2_encode_rows`].
+//
+// # Safety
+// `records` must hold `len` bytes; `out` `n_values` writable f32, not overlapping `records`.
+Csa2Status csa2_decode_rows(int32_t format_id,
+                            const uint8_t *records,
+                            size_t len,
+                            float *out,
+                            size_t n_values);
+
+// Encodes `n_rows` rows of `x` straight into a pool of block-planar pages (`pool_len` bytes, a
+// whole number of pages of `slots_per_page` records): row i → slot `slot_mapping[i]`
+// = page · slots_per_page + offset; −1 skips the row (vLLM `slot_mapping`).
+//
+// Errors: `CSA2_ERR_SHAPE` (x not `n_rows` rows, pool not whole pages), `CSA2_ERR_INVALID_ARGUMENT`
+// (slot out of range, a slot named twice, `slots_per_page` 0). Nothing is written on error.
+//
+// # Safety
+// `args`: `struct_size` readable bytes of a `Csa2EncodeIntoPagesArgs`. Its members:
+// `x` must hold `n_rows` × dim f32, `slot_mapping` `n_rows` int64, `pool` `pool_len` writable bytes.
+Csa2Status csa2_encode_into_pages(const Csa2EncodeIntoPagesArgs *args);
+
+// Parses a Hugging Face `config.json` of `len` bytes (UTF-8, no NUL needed) into a new handle
+// stored in `*out`.
+//
+// Errors: `CSA2_ERR_NULL_POINTER` (`json`, `out`), `CSA2_ERR_CONFIG_JSON` (not UTF-8 / not JSON),
+// `CSA2_ERR_CONFIG_MISSING` / `CSA2_ERR_CONFIG_INVALID` naming the field. `*out` is untouched on error.
+//
+// # Safety
+// `json` must point to `len` readable bytes; `out` to a writable pointer slot.
+Csa2Status csa2_geometry_from_json(const char *json,
+                                   size_t len,
+                                   Csa2Geometry **out);
+
+// The released DeepSeek-V4.1-Flash geometry (compiled in) as a new handle in `*out`.
+//
+// # Safety
+// `out` must point to a writable pointer slot.
+Csa2Status csa2_geometry_embedded(Csa2Geometry **out);
+
+// Frees a handle from `csa2_geometry_from_json` / `csa2_geometry_embedded`. Null is a no-op
+// (`CSA2_OK`). Handles built from it (caches, compressor states) stay valid.
+//
+// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type); nothing is
+// freed then.
+//
+// # Safety
+// None beyond the C ABI's: any value of `g` is checked (kept `unsafe` for source compatibility).
+Csa2Status csa2_geometry_free(Csa2Geometry *g);
+
+// Writes the number of backbone layers to `*out`.
+//
+// # Safety
+// `g` must be a live handle; `out` writable.
+Csa2Status csa2_geometry_num_layers(const Csa2Geometry *g, size_t *out);
+
+// Writes the plan of layer `layer` (0-based) to `*out`.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` when `layer` ≥ the number of layers.
+//
+// # Safety
+// `g` must be a live handle; `out` writable.
+Csa2Status csa2_geometry_layer(const Csa2Geometry *g, size_t layer, Csa2LayerInfo *out);
+
+// Writes the global (compressed) KV bytes per original token in `layout` (a `Csa2KvLayout`)
+// to `*out`: 890 for the released config in NVFP4 (docs/SPEC.md §0).
+//
+// # Safety
+// `g` must be a live handle; `out` writable.
+Csa2Status csa2_geometry_global_kv_bytes_per_token(const Csa2Geometry *g,
+                                                   int32_t layout_id,
+                                                   double *out);
+
+// Writes the fixed SWA bytes of one live request in `layout` (all layers × window × record) to
+// `*out`.
+//
+// # Safety
+// `g` must be a live handle; `out` writable.
+Csa2Status csa2_geometry_swa_bytes_per_request(const Csa2Geometry *g,
+                                               int32_t layout_id,
+                                               uint64_t *out);
+
+// Lightning-indexer logits (docs/SPEC.md §2 "Indexer"): `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)`
+// for the visible entries `j < (positions[t] + 1) div ratio`, −∞ elsewhere.
+//
+// `q` `(T, H, 128)` float (RoPE'd index Q), `w` `(T, H)` float (already scaled), `positions` `(T)`
+// int; `keys` either `(N, 128)` float or `(N, 68)` uint8 MXFP4 index-K records; `q_quant`: 0 none,
+// 1 MXFP4 (V4.1), 2 FP8 E4M3 (the launch-day path) fake-quantisation of Q; `logits_out` `(T, N)`
+// float. Errors: `CSA2_ERR_INVALID_ARGUMENT` (ratio 0, `q_quant`, negative position),
+// `CSA2_ERR_SHAPE` (too few keys for a position), plus the common ones.
+//
+// # Safety
+// `args`: `struct_size` readable bytes of a `Csa2IndexerLogitsArgs`. Its members:
+// Each tensor pointer null or a readable `DLTensor` whose memory stays valid and unused by other
+// threads for the call.
+Csa2Status csa2_indexer_logits(const Csa2IndexerLogitsArgs *args);
+
+// Candidate-restricted lightning-indexer logits (docs/SPEC.md §2 "Indexer", the Reindex path): as
+// [`csa2_indexer_logits`], but row t scores only the entries inside its candidate blocks
+// `blocks[t, :]` (block b = entries `[b·block_size, (b+1)·block_size)`, −1 ends the list early;
+// only visible entries count); every other entry is −∞. This is `csa2 op indexer` with `blocks`.
+//
+// `blocks` `(T, B)` int32 from `csa2_candidates`; `block_size` ≥ 1 (the geometry's
+// `candidate_block_size`, 8). Errors: a block id past the keys (`CSA2_ERR_INVALID_ARGUMENT`),
+// `block_size` 0, plus those of [`csa2_indexer_logits`].
+//
+// # Safety
+// `args`: `struct_size` readable bytes of a `Csa2IndexerLogitsInBlocksArgs`. Its members:
+// As [`csa2_indexer_logits`].
+Csa2Status csa2_indexer_logits_in_blocks(const Csa2IndexerLogitsInBlocksArgs *args);
+
+// One mHC boundary between two sublayer sites (docs/SPEC.md §4, V4.1 single-pass shift; fused CPU path):
+//
+// ```text
+// x_new    = post ⊙ y + combᵀ · x                   (skipped when y/post/comb are null: x_new = x)
+// layer_in = RMSNorm(Σ_i pre_prev_i · x_new[i], norm)
+// (pre_out, post_out, comb_out) = coefficients(x_new; hc_fn, hc_base, hc_scale)   (when given)
+// ```
+//
+// Shapes (d = stream width, from `norm`): `x` `(T, 4, d)`, `y` `(T, d)`, `post` `(T, 4)`, `comb`
+// `(T, 4, 4)` (`comb[t][i][j]` = weight of stream i in output j), `pre_prev` `(T, 4)`, `hc_fn`
+// `(24, 4d)`, `hc_base` `(24)`, `hc_scale` `(3)`, `norm` `(d)`, all float; outputs `x_new`
+// `(T, 4, d)`, `layer_in` `(T, d)`, `pre_out`/`post_out` `(T, 4)`, `comb_out` `(T, 4, 4)` float.
+// `y`, `post`, `comb` are given together or not at all; so are `hc_fn`, `hc_base`, `hc_scale`,
+// and then the three coefficient outputs are required.
+//
+// Errors: a partial group, bad params (`CSA2_ERR_INVALID_ARGUMENT`), plus the common ones.
+//
+// # Safety
+// `args`: `struct_size` readable bytes of a `Csa2MhcArgs`. Its members:
+// `params` null or readable; tensors as in [`csa2_indexer_logits`].
+Csa2Status csa2_mhc(const Csa2MhcArgs *args);
+
+// Plans one prefill step for geometry `g` (docs/SPEC.md §3): `prompt_len` tokens whose first
+// `hit_tokens` hit the prefix cache, with the SWA snapshot at the hit present (`snapshot_present`
+// ≠ 0) or not. `mode` is a `Csa2ReplayMode`. The plan is a new handle in `*out`.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` (unknown mode, `prompt_len` 0, `hit_tokens > prompt_len`).
+//
+// # Safety
+// `g` must be a live geometry handle; `out` a writable pointer slot.
+Csa2Status csa2_replay_plan(const Csa2Geometry *g,
+                            int32_t mode,
+                            size_t prompt_len,
+                            size_t hit_tokens,
+                            uint8_t snapshot_present,
+                            Csa2ReplayPlan **out);
+
+// Frees a replay plan. Null is a no-op (`CSA2_OK`).
+//
+// Errors: `CSA2_ERR_INVALID_HANDLE` (already freed, garbage, another handle type). A successful
+// free leaves the thread's last error alone.
+//
+// # Safety
+// None beyond the C ABI's: any value of `p` is checked (kept `unsafe` for source compatibility).
+Csa2Status csa2_replay_plan_free(Csa2ReplayPlan *p);
+
+// Writes the plan's summary (hit used, replayed tokens, written and protected ranges) to `*out`.
+//
+// # Safety
+// `p` must be a live plan; `out` writable.
+Csa2Status csa2_replay_plan_summary(const Csa2ReplayPlan *p, Csa2ReplaySummary *out);
+
+// Writes what layer `layer` runs (row range and window floor) to `*out`.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` when `layer` ≥ the plan's layers.
+//
+// # Safety
+// `p` must be a live plan; `out` writable.
+Csa2Status csa2_replay_plan_layer(const Csa2ReplayPlan *p, size_t layer, Csa2LayerRun *out);
+
+// Copies the per-KV-source protected entry ranges to `out` (`cap` entries) and their count to
+// `*n_out`; see the module docs for `out = NULL, cap = 0`.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` (`cap` too small; the message gives the count needed).
+//
+// # Safety
+// `p` must be a live plan; `out` must have room for `cap` entries; `n_out` writable.
+Csa2Status csa2_replay_plan_protected_entries(const Csa2ReplayPlan *p,
+                                              Csa2ProtectedEntries *out,
+                                              size_t cap,
+                                              size_t *n_out);
+
+// Rotary embedding in place on `x` `(tokens, heads, dim)` float, token t at `positions[t]`
+// (`(tokens)` int, ≥ 0), with the rotary of layer `layer` of `geometry` (θ, YaRN, rope_dim on the
+// trailing dims; docs/SPEC.md §2 "RoPE"). `inverse` = 0 rotates forward (Q, KV), 1 by the negative angle
+// (the attention output).
+//
+// `x` is read and written (in place, the only aliasing allowed); `positions` may not overlap it.
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` (layer, `inverse`, negative position), `CSA2_ERR_SHAPE`
+// (dim < rope_dim, T mismatch), plus the common ones.
+//
+// # Safety
+// `geometry` must be a live handle; each tensor pointer null or a readable `DLTensor` whose memory
+// stays valid and unused by other threads for the call.
+Csa2Status csa2_rope(const Csa2Geometry *geometry,
+                     uint32_t layer,
+                     const DLTensor *x,
+                     const DLTensor *positions,
+                     int32_t inverse);
+
+// Creates a manual clock reading `start_ms` (its wall and monotonic readings are the same value).
+//
+// # Safety
+// `out` must be null or writable.
+Csa2Status csa2_manual_clock_new(uint64_t start_ms, Csa2Clock **out);
+
+// Moves a manual clock forward by `ms` milliseconds (saturating at 2^64 − 1).
+//
+// # Safety
+// None beyond a valid or null handle (anything else is refused, not undefined).
+Csa2Status csa2_manual_clock_advance(const Csa2Clock *clock, uint64_t ms);
+
+// The clock's reading in ms into `*now_ms`.
+//
+// # Safety
+// `now_ms` must be null or writable.
+Csa2Status csa2_manual_clock_now(const Csa2Clock *clock, uint64_t *now_ms);
+
+// Frees a clock handle (null is a no-op). Tiers built on it keep working with it.
+//
+// # Safety
+// None beyond a valid or null handle.
+Csa2Status csa2_manual_clock_free(Csa2Clock *clock);
+
+// Opens the SSD tier in `args->dir` (see `Csa2SsdOpenArgs`), rebuilding its index from the
+// segment files. A writable open takes the directory's exclusive lock; a second writer (another
+// process, or this one twice) is `CSA2_ERR_IO` naming the holder's pid, and may open read-only
+// instead. `report` (may be null) receives what recovery found (damaged records are not errors).
+//
+// Errors: `CSA2_ERR_NULL_POINTER`; `CSA2_ERR_INVALID_ARGUMENT` (bad `struct_size`, zero capacity,
+// non-UTF-8 path, unknown `fsync`, a version-1 directory); `CSA2_ERR_IO`.
+//
+// # Safety
+// `args` must point to a `Csa2SsdOpenArgs` of `struct_size` bytes whose `dir` is NUL-terminated;
+// `report` and `out` must be null or writable.
+Csa2Status csa2_ssd_open(const Csa2SsdOpenArgs *args, Csa2SsdRecovery *report, Csa2SsdStore **out);
+
+// Closes the tier (pending state marks are synced per the fsync policy; the lock is released when
+// the last in-flight call on the handle returns). Null is a no-op.
+//
+// # Safety
+// None beyond a valid or null handle.
+Csa2Status csa2_ssd_free(Csa2SsdStore *store);
+
+// Stores `len` bytes under `key`. `*written` (may be null) is 1 when written, 0 when the key was
+// already present (nothing rewritten; its recency is refreshed).
+//
+// Errors: `CSA2_ERR_REFUSED` when the tier is full of entries still inside their minimum lifetime
+// (nothing was evicted); `CSA2_ERR_INVALID_ARGUMENT` for a read-only store or a payload over
+// 4 GiB or larger than the tier; `CSA2_ERR_IO`.
+//
+// # Safety
+// `key` must point to 32 bytes, `data` to `len` bytes; `written` must be null or writable.
+Csa2Status csa2_ssd_put(const Csa2SsdStore *store,
+                        const uint8_t *key,
+                        const uint8_t *data,
+                        size_t len,
+                        uint8_t *written);
+
+// Reads the payload of `key` into `buf` (module docs, "Reads").
+//
+// Errors: `CSA2_ERR_CORRUPT` (damaged record, dropped: the next read misses); `CSA2_ERR_SHAPE`
+// when `cap` is smaller than the payload; `CSA2_ERR_IO`.
+//
+// # Safety
+// `key` must point to 32 bytes, `buf` to `cap` writable bytes; `len`, `found` writable.
+Csa2Status csa2_ssd_get(const Csa2SsdStore *store,
+                        const uint8_t *key,
+                        uint8_t *buf,
+                        size_t cap,
+                        size_t *len,
+                        uint8_t *found);
+
+// `*found` = 1 when `key` is indexed (no I/O, no recency change).
+//
+// # Safety
+// `key` must point to 32 bytes; `found` writable.
+Csa2Status csa2_ssd_contains(const Csa2SsdStore *store, const uint8_t *key, uint8_t *found);
+
+// Removes `key` (marked dead on disk). `*removed` (may be null) is 1 when it was present.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` on a read-only store; `CSA2_ERR_IO`.
+//
+// # Safety
+// `key` must point to 32 bytes; `removed` null or writable.
+Csa2Status csa2_ssd_remove(const Csa2SsdStore *store, const uint8_t *key, uint8_t *removed);
+
+// Counters and sizes of the tier now.
+//
+// # Safety
+// `out` must be writable.
+Csa2Status csa2_ssd_stats(const Csa2SsdStore *store, Csa2SsdStats *out);
+
+// Total host memory in bytes (`MemTotal` of `/proc/meminfo`), for the default pool size of 10 %.
+//
+// Errors: `CSA2_ERR_UNSUPPORTED` when it cannot be read.
+//
+// # Safety
+// `out` must be writable.
+Csa2Status csa2_host_memory_bytes(uint64_t *out);
+
+// Creates a DRAM snapshot pool of `capacity_bytes` whose snapshots expire `ttl_ms` after they
+// were stored (an expired snapshot is never served), on `clock` (null: the system clock).
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` for a zero capacity or TTL.
+//
+// # Safety
+// `out` must be writable.
+Csa2Status csa2_dram_pool_new(uint64_t capacity_bytes,
+                              uint64_t ttl_ms,
+                              const Csa2Clock *clock,
+                              Csa2DramPool **out);
+
+// Frees a pool and every snapshot it holds (null is a no-op).
+//
+// # Safety
+// None beyond a valid or null handle.
+Csa2Status csa2_dram_pool_free(Csa2DramPool *pool);
+
+// Stores a copy of `len` bytes under `key` (replacing an older snapshot), expiring TTL from now.
+// Expired snapshots are reclaimed first, then the least recently used until it fits.
+//
+// Errors: `CSA2_ERR_REFUSED` for a snapshot larger than the whole pool (nothing evicted);
+// `CSA2_ERR_OUT_OF_MEMORY` when the copy cannot be allocated.
+//
+// # Safety
+// `key` must point to 32 bytes, `data` to `len` bytes.
+Csa2Status csa2_dram_pool_put(const Csa2DramPool *pool,
+                              const uint8_t *key,
+                              const uint8_t *data,
+                              size_t len);
+
+// Records a snapshot of `len` bytes under `key` without holding any bytes: the pool's capacity,
+// TTL and LRU decisions are made exactly as for [`csa2_dram_pool_put`]. For a scheduler that
+// mirrors a pool living in another process, and for simulations.
+//
+// Errors: as [`csa2_dram_pool_put`].
+//
+// # Safety
+// `key` must point to 32 bytes.
+Csa2Status csa2_dram_pool_put_sized(const Csa2DramPool *pool, const uint8_t *key, uint64_t len);
+
+// Reads the snapshot under `key` into `buf` (module docs, "Reads"); an expired one is removed and
+// reported as a miss. A size-only snapshot ([`csa2_dram_pool_put_sized`]) is a hit with `*len` set
+// and nothing copied (`buf` may then be null). A hit refreshes the snapshot's recency.
+//
+// Errors: `CSA2_ERR_SHAPE` when `cap` is smaller than the snapshot (the snapshot stays).
+//
+// # Safety
+// `key` must point to 32 bytes, `buf` to `cap` writable bytes; `len`, `found` writable.
+Csa2Status csa2_dram_pool_get(const Csa2DramPool *pool,
+                              const uint8_t *key,
+                              uint8_t *buf,
+                              size_t cap,
+                              size_t *len,
+                              uint8_t *found);
+
+// `*found` = 1 when `key` holds a snapshot that has not expired (no recency or counter change).
+//
+// # Safety
+// `key` must point to 32 bytes; `found` writable.
+Csa2Status csa2_dram_pool_contains(const Csa2DramPool *pool, const uint8_t *key, uint8_t *found);
+
+// Reclaims every expired snapshot now.
+//
+// # Safety
+// None beyond a valid or null handle.
+Csa2Status csa2_dram_pool_sweep(const Csa2DramPool *pool);
+
+// Counters and sizes of the pool now.
+//
+// # Safety
+// `out` must be writable.
+Csa2Status csa2_dram_pool_stats(const Csa2DramPool *pool, Csa2DramStats *out);
+
+// Top-k of indexer logits (docs/SPEC.md §2 "Indexer"): for row t, the K largest of
+// `logits[t, 0 .. (positions[t] + 1) div ratio]` (ties → smaller index; −∞/NaN never chosen; all
+// visible entries in index order when they are ≤ K), −1 padded.
+//
+// `logits` `(T, N)` float, `positions` `(T)` int, `out` `(T, K)` int32, `counts_out` (optional)
+// `(T)` int32 = entries selected per row. Errors: ratio 0, negative position, plus the common ones.
+//
+// # Safety
+// As [`csa2_indexer_logits`].
+Csa2Status csa2_topk(const DLTensor *logits,
+                     const DLTensor *positions,
+                     uint32_t ratio,
+                     const DLTensor *out,
+                     const DLTensor *counts_out);
 
 #ifdef __cplusplus
 }  // extern "C"

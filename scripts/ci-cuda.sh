@@ -12,7 +12,7 @@ export NVCC
 export LD_LIBRARY_PATH="$(dirname "$(dirname "$NVCC")")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 cargo build --features cuda
-cargo clippy --features cuda --all-targets -- -D warnings
+cargo clippy --workspace --features cuda --all-targets -- -D warnings
 log="$(mktemp)"
 # The feature only adds src/cuda, ops/*/cuda.rs, formats/cuda.rs (and the CUDA branch of the
 # device dispatch): their unit tests and tests/cuda.rs are what change; the rest of the suite

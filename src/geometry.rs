@@ -8,6 +8,7 @@
 //! belong to the MTP / draft layers).
 
 use crate::error::{Error, Result};
+use crate::formats::KvScheme;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -125,53 +126,6 @@ pub struct LayerPlan {
     pub rope: RopeParams,
     /// Encoder (prefill-side) or decoder half of the CED stack.
     pub encoder: bool,
-}
-
-/// A KV byte layout, for byte accounting and capacity planning (docs/SPEC.md §0, §1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum KvLayout {
-    /// V4.1: NVFP4-DS main record (288 B) + MXFP4 index K (68 B); MXFP8 SWA (528 B).
-    Nvfp4,
-    /// MXFP8 main record (528 B) + MXFP4 index K (68 B); MXFP8 SWA.
-    Mxfp8,
-    /// Launch-day: V4 record (584 B) + FP8 index K (132 B); V4-record SWA (584 B).
-    V4,
-}
-
-impl KvLayout {
-    /// All layouts, in report order.
-    pub const ALL: [KvLayout; 3] = [KvLayout::Nvfp4, KvLayout::Mxfp8, KvLayout::V4];
-    /// Bytes of one main-KV record.
-    pub fn main_record_bytes(self) -> usize {
-        match self {
-            KvLayout::Nvfp4 => crate::formats::NVFP4_DS_BYTES,
-            KvLayout::Mxfp8 => crate::formats::MXFP8_BYTES,
-            KvLayout::V4 => crate::formats::V4_RECORD_BYTES,
-        }
-    }
-    /// Bytes of one index-K record.
-    pub fn index_record_bytes(self) -> usize {
-        match self {
-            KvLayout::Nvfp4 | KvLayout::Mxfp8 => crate::formats::MXFP4_INDEX_BYTES,
-            KvLayout::V4 => crate::formats::FP8_INDEX_BYTES,
-        }
-    }
-    /// Bytes of one SWA-window token record.
-    pub fn swa_record_bytes(self) -> usize {
-        match self {
-            KvLayout::Nvfp4 | KvLayout::Mxfp8 => crate::formats::MXFP8_BYTES,
-            KvLayout::V4 => crate::formats::V4_RECORD_BYTES,
-        }
-    }
-    /// Name used in JSON and the CLI.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KvLayout::Nvfp4 => "nvfp4",
-            KvLayout::Mxfp8 => "mxfp8",
-            KvLayout::V4 => "v4",
-        }
-    }
 }
 
 /// The full model geometry needed by the attention path.
@@ -639,7 +593,7 @@ impl Geometry {
 
     /// Global (compressed) KV bytes per original token in a layout: Σ over Full layers of
     /// (main record + index record) / ratio. 890 for the released config in NVFP4 (docs/SPEC.md §0).
-    pub fn global_kv_bytes_per_token(&self, layout: KvLayout) -> f64 {
+    pub fn global_kv_bytes_per_token(&self, layout: KvScheme) -> f64 {
         let rec = (layout.main_record_bytes() + layout.index_record_bytes()) as f64;
         self.layers_with(Role::Full)
             .map(|l| rec / l.ratio as f64)
@@ -647,13 +601,13 @@ impl Geometry {
     }
 
     /// Fixed SWA bytes of one live request: every layer keeps `window` token records.
-    pub fn swa_bytes_per_request(&self, layout: KvLayout) -> usize {
+    pub fn swa_bytes_per_request(&self, layout: KvScheme) -> usize {
         self.num_layers * self.window * layout.swa_record_bytes()
     }
 
     /// How many concurrent sessions of `context` tokens fit in `gpu_bytes − weight_bytes` of memory
     /// in a layout (global KV at its per-token rate plus one SWA state each). Zero if nothing fits.
-    pub fn sessions_that_fit(&self, layout: KvLayout, free_bytes: f64, context: usize) -> u64 {
+    pub fn sessions_that_fit(&self, layout: KvScheme, free_bytes: f64, context: usize) -> u64 {
         let per = self.global_kv_bytes_per_token(layout) * context as f64
             + self.swa_bytes_per_request(layout) as f64;
         if free_bytes <= 0.0 || per <= 0.0 {
@@ -693,10 +647,10 @@ mod tests {
         assert_eq!(g.layers[20].candidates, CandidateUse::Writes);
         assert_eq!(g.layers[24].candidates, CandidateUse::Reads);
         assert_eq!(g.layers[8].candidates, CandidateUse::None);
-        assert_eq!(g.global_kv_bytes_per_token(KvLayout::Nvfp4), 890.0);
-        assert_eq!(g.global_kv_bytes_per_token(KvLayout::Mxfp8), 1490.0);
-        assert_eq!(g.global_kv_bytes_per_token(KvLayout::V4), 1790.0);
-        assert_eq!(g.swa_bytes_per_request(KvLayout::Nvfp4), 40 * 128 * 528);
+        assert_eq!(g.global_kv_bytes_per_token(KvScheme::CSA2), 890.0);
+        assert_eq!(g.global_kv_bytes_per_token(KvScheme::MXFP8), 1490.0);
+        assert_eq!(g.global_kv_bytes_per_token(KvScheme::LAUNCH_DAY), 1790.0);
+        assert_eq!(g.swa_bytes_per_request(KvScheme::CSA2), 40 * 128 * 528);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! CSA2 attention (Full / Reindex / Reuse layers, lightning indexer, hierarchical candidate pool),
 //! an FP4 KV cache that stores 890 bytes per token, SWA bounded replay with persistent SSD / DRAM
 //! tiers, and fused mHC — one backend with three faces: this Rust API, the C ABI
-//! (`include/csa2.h`) and the `csa2` CLI.
+//! (`include/csa2.h`) and the `csa2` CLI
+//! (the `csa2-cli` crate, over this library and the `csa2-harness` crate of measurements).
 //!
 //! The normative rules are in docs/SPEC.md (sections cited on each item); the released model
 //! geometry is compiled in ([`geometry::Geometry::embedded`]).
@@ -17,15 +18,15 @@ pub mod error;
 pub mod ffi;
 pub mod formats;
 pub mod geometry;
-pub mod npy;
+pub mod isa;
 pub mod ops;
 pub mod replay;
 pub mod shape;
-pub mod sim;
 pub mod store;
 pub mod tensor;
 pub mod tolerance;
 pub mod weights;
 
 pub use error::{Error, Result};
-pub use geometry::{Geometry, KvLayout, LayerPlan, Role};
+pub use formats::KvScheme;
+pub use geometry::{Geometry, LayerPlan, Role};

@@ -24,10 +24,6 @@ impl Dims {
     pub fn get(&self, name: &str) -> Option<usize> {
         self.0.get(name).copied()
     }
-    /// Binds `name` to `size` explicitly.
-    pub fn bind(&mut self, name: &'static str, size: usize) {
-        self.0.insert(name, size);
-    }
     fn fmt_expected(&self, spec: &[Dim]) -> String {
         let parts: Vec<String> = spec
             .iter()
@@ -59,5 +55,32 @@ impl Dims {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A free name binds on first use and must agree afterwards; the error names the tensor, the
+    /// expected shape with the bound size, and the shape found.
+    #[test]
+    fn free_names_bind_once_and_errors_name_both_shapes() {
+        let mut d = Dims::default();
+        let q = [Dim::Any("T"), Dim::Fixed(64), Dim::Fixed(512)];
+        d.check("q", &q, &[3, 64, 512]).unwrap();
+        assert_eq!(d.get("T"), Some(3));
+        d.check("positions", &[Dim::Any("T")], &[3]).unwrap();
+        let e = d.check("positions", &[Dim::Any("T")], &[4]).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("positions") && msg.contains("T=3") && msg.contains("[4]"),
+            "{msg}"
+        );
+        assert!(d.check("q", &q, &[3, 64]).is_err(), "rank mismatch");
+        assert!(
+            d.check("q", &q, &[3, 64, 511]).is_err(),
+            "fixed size mismatch"
+        );
     }
 }

@@ -7,7 +7,7 @@
 use csa2::cache::{CacheConfig, CacheManager, CacheSpec, RecordKind};
 use csa2::ffi::dlpack::{DLDataType, DLDevice, DLTensor, K_DL_CPU};
 use csa2::ffi::*;
-use csa2::{Geometry, KvLayout};
+use csa2::{Geometry, KvScheme};
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -54,7 +54,20 @@ fn geometry() -> *mut Csa2Geometry {
 
 fn cache_of(g: *const Csa2Geometry, blocks: usize, block_tokens: usize) -> *mut Csa2Cache {
     let mut c = null_mut();
-    ok(unsafe { csa2_cache_create(g, 0, blocks, block_tokens, null(), 0, &mut c) });
+    ok(unsafe {
+        csa2_cache_create(
+            &csa2::ffi::Csa2CacheCreateArgs {
+                geometry: g,
+                layout: 0,
+                num_blocks: blocks,
+                block_tokens,
+                model: null(),
+                model_len: 0,
+                ..Default::default()
+            },
+            &mut c,
+        )
+    });
     c
 }
 
@@ -126,7 +139,7 @@ fn read_raw(c: *const Csa2Cache, id: u64, ids: &[i64], out: &mut [u8]) -> Csa2St
 fn finding5_record_io_on_a_never_allocated_block_is_an_error_not_a_panic() {
     let g = Geometry::embedded();
     let c = CacheManager::new(
-        CacheSpec::from_geometry(&g, KvLayout::Nvfp4),
+        CacheSpec::from_geometry(&g, KvScheme::CSA2),
         CacheConfig::host(4),
         b"",
     )
@@ -256,7 +269,20 @@ fn finding6_num_blocks_above_the_bound_is_refused_not_an_abort() {
     let g = geometry();
     for nb in [u32::MAX as usize, (1 << 24) + 1, usize::MAX] {
         let mut c = null_mut();
-        let st = unsafe { csa2_cache_create(g, 0, nb, 256, null(), 0, &mut c) };
+        let st = unsafe {
+            csa2_cache_create(
+                &csa2::ffi::Csa2CacheCreateArgs {
+                    geometry: g,
+                    layout: 0,
+                    num_blocks: nb,
+                    block_tokens: 256,
+                    model: null(),
+                    model_len: 0,
+                    ..Default::default()
+                },
+                &mut c,
+            )
+        };
         assert_eq!(
             st,
             Csa2Status::Csa2ErrInvalidArgument,
@@ -268,7 +294,20 @@ fn finding6_num_blocks_above_the_bound_is_refused_not_an_abort() {
     }
     // block_tokens is bounded too (2^16), so slab sizes cannot overflow.
     let mut c = null_mut();
-    let st = unsafe { csa2_cache_create(g, 0, 4, 1 << 40, null(), 0, &mut c) };
+    let st = unsafe {
+        csa2_cache_create(
+            &csa2::ffi::Csa2CacheCreateArgs {
+                geometry: g,
+                layout: 0,
+                num_blocks: 4,
+                block_tokens: 1 << 40,
+                model: null(),
+                model_len: 0,
+                ..Default::default()
+            },
+            &mut c,
+        )
+    };
     assert_eq!(st, Csa2Status::Csa2ErrInvalidArgument, "{}", last_error());
     unsafe { csa2_geometry_free(g) };
 }
@@ -422,7 +461,7 @@ fn finding8_a_reused_block_does_not_show_the_previous_requests_records() {
 fn finding9_prefix_keys_bind_the_geometry_without_a_fingerprint() {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/assets/deepseek_v41_flash_config.json"
+        "/../assets/deepseek_v41_flash_config.json"
     ))
     .unwrap();
     let mut other: serde_json::Value = serde_json::from_str(&text).unwrap();

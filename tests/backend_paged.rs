@@ -5,15 +5,16 @@
 //! a layer-20 pool past the 16,384-entry candidate pool. Plus the measured 890 B/token and a clean
 //! `OutOfBlocks`.
 
-use csa2::backend::cache::Region;
 use csa2::backend::timing::Timings;
 use csa2::backend::{
     Backend, BackendConfig, ContiguousCache, KvCache, Model, PagedCache, Phase, SeqStep,
 };
+use csa2::cache::RecordKind;
 use csa2::cache::{CacheConfig, CacheManager, CacheSpec};
-use csa2::geometry::{KvLayout, Role};
+use csa2::geometry::Role;
 use csa2::weights::Scale;
 use csa2::Error;
+use csa2::KvScheme;
 use std::sync::{Arc, OnceLock};
 
 fn model() -> Arc<Model> {
@@ -57,7 +58,7 @@ fn decode(req: u64, pos: usize) -> SeqStep {
 /// A paged cache with `block_tokens`-token blocks (small blocks put many page boundaries inside a
 /// short prompt).
 fn paged(b: &Backend, block_tokens: usize, num_blocks: usize) -> PagedCache {
-    let spec = CacheSpec::from_geometry(b.geometry(), KvLayout::Nvfp4);
+    let spec = CacheSpec::from_geometry(b.geometry(), KvScheme::CSA2);
     let cfg = CacheConfig {
         block_tokens,
         ..CacheConfig::host(num_blocks)
@@ -100,7 +101,7 @@ fn same_state(b: &Backend, c: &ContiguousCache, p: &PagedCache, req: u64) {
     for lp in g.layers_with(Role::Full) {
         let n = c.entries(req, lp.id).unwrap();
         assert_eq!(p.entries(req, lp.id).unwrap(), n, "layer {}", lp.id);
-        for region in [Region::Main, Region::Index] {
+        for region in [RecordKind::Main, RecordKind::Index] {
             let x = c.records(req, lp.id, region, 0..n).unwrap();
             let y = p.records(req, lp.id, region, 0..n).unwrap();
             assert!(x[..] == y[..], "layer {} {region:?} records", lp.id);
@@ -256,7 +257,7 @@ fn layer_20_pool_past_16k_entries_is_bit_identical() {
         cache.open(1).unwrap();
         for lp in g.layers_with(Role::Full) {
             let e = n / lp.ratio;
-            for (region, dim) in [(Region::Main, 512), (Region::Index, 128)] {
+            for (region, dim) in [(RecordKind::Main, 512), (RecordKind::Index, 128)] {
                 // Two writes: the second starts mid-block.
                 let rows: Vec<f32> = (0..e * dim)
                     .map(|i| {
@@ -276,8 +277,8 @@ fn layer_20_pool_past_16k_entries_is_bit_identical() {
     assert!(p.entries(1, 20).unwrap() > 16_384);
     let h = step_both(&b, &[decode(1, n)], &mut c, &mut p, "decode past the pool");
     assert_eq!(h.len(), g.hidden_size);
-    let x = c.records(1, 20, Region::Main, 16_000..n).unwrap();
-    let y = p.records(1, 20, Region::Main, 16_000..n).unwrap();
+    let x = c.records(1, 20, RecordKind::Main, 16_000..n).unwrap();
+    let y = p.records(1, 20, RecordKind::Main, 16_000..n).unwrap();
     assert!(x[..] == y[..]);
 }
 
@@ -290,9 +291,9 @@ fn usage_is_890_bytes_per_token_measured_from_the_manager() {
     p.open(1).unwrap();
     for lp in g.layers_with(Role::Full) {
         let e = tokens / lp.ratio;
-        p.write_entries(1, lp.id, Region::Main, 0, &vec![0.5; e * 512])
+        p.write_entries(1, lp.id, RecordKind::Main, 0, &vec![0.5; e * 512])
             .unwrap();
-        p.write_entries(1, lp.id, Region::Index, 0, &vec![-0.25; e * 128])
+        p.write_entries(1, lp.id, RecordKind::Index, 0, &vec![-0.25; e * 128])
             .unwrap();
     }
     let u = p.usage();
@@ -312,9 +313,9 @@ fn usage_is_890_bytes_per_token_measured_from_the_manager() {
     l.open(1).unwrap();
     for lp in g.layers_with(Role::Full) {
         let e = tokens / lp.ratio;
-        l.write_entries(1, lp.id, Region::Main, 0, &vec![0.5; e * 512])
+        l.write_entries(1, lp.id, RecordKind::Main, 0, &vec![0.5; e * 512])
             .unwrap();
-        l.write_entries(1, lp.id, Region::Index, 0, &vec![0.5; e * 128])
+        l.write_entries(1, lp.id, RecordKind::Index, 0, &vec![0.5; e * 128])
             .unwrap();
     }
     assert_eq!(l.usage().global_allocated as f64 / tokens as f64, 1790.0);
@@ -327,11 +328,11 @@ fn a_full_pool_is_a_clean_out_of_blocks() {
     // One 256-token block.
     let mut p = PagedCache::host(&g, b.cfg.formats, 1).unwrap();
     p.open(1).unwrap();
-    p.write_entries(1, 20, Region::Main, 0, &vec![0.5; 200 * 512])
+    p.write_entries(1, 20, RecordKind::Main, 0, &vec![0.5; 200 * 512])
         .unwrap();
     let before = (p.usage(), p.manager().stats());
     let e = p
-        .write_entries(1, 20, Region::Main, 200, &vec![0.5; 100 * 512])
+        .write_entries(1, 20, RecordKind::Main, 200, &vec![0.5; 100 * 512])
         .unwrap_err();
     assert!(
         matches!(
@@ -358,14 +359,14 @@ fn a_full_pool_is_a_clean_out_of_blocks() {
     // Other typed errors.
     assert!(matches!(p.entries(9, 20), Err(Error::NotFound(_))));
     let e = p
-        .write_entries(1, 3, Region::Main, 0, &[0.0; 512])
+        .write_entries(1, 3, RecordKind::Main, 0, &[0.0; 512])
         .unwrap_err();
     assert!(e.to_string().contains("layer 3 owns no global KV"), "{e}");
     let e = p
-        .write_entries(1, 20, Region::Main, 201, &[0.0; 512])
+        .write_entries(1, 20, RecordKind::Main, 201, &[0.0; 512])
         .unwrap_err();
     assert!(e.to_string().contains("gap"), "{e}");
-    let e = p.records(1, 20, Region::Main, 0..201).unwrap_err();
+    let e = p.records(1, 20, RecordKind::Main, 0..201).unwrap_err();
     assert!(e.to_string().contains("200 stored"), "{e}");
     assert!(p.open(1).is_err());
     let bad = CacheManager::new(CacheSpec::v4_flash(), CacheConfig::host(1), b"v4").unwrap();

@@ -2,12 +2,12 @@
 //! invariance, batch independence, decoder bounded replay, launch day vs CSA2, pooled vs dense
 //! Reindex scoring past the candidate-pool size.
 
-use csa2::backend::cache::Region;
 use csa2::backend::launch_day::LAUNCH_DAY;
 use csa2::backend::timing::Timings;
 use csa2::backend::{
     Backend, BackendConfig, ContiguousCache, KvCache, Model, Phase, ReindexMode, SeqStep,
 };
+use csa2::cache::RecordKind;
 use csa2::geometry::Role;
 use csa2::tolerance::{compare, Tolerance};
 use csa2::weights::Scale;
@@ -273,7 +273,7 @@ fn pooled_reindex_equals_dense_then_mask_past_the_pool_size() {
         c.open(1).unwrap();
         for lp in g.layers_with(Role::Full) {
             let e = n / lp.ratio;
-            for region in [Region::Main, Region::Index] {
+            for region in [RecordKind::Main, RecordKind::Index] {
                 c.synthesize_entries(1, lp.id, region, e, |i, r| {
                     for (k, v) in r.iter_mut().enumerate() {
                         *v = (((i * 31 + k * 7 + lp.id) % 97) as f32 / 48.0 - 1.0) * 1.5;

@@ -8,10 +8,10 @@
 //! last 128 of them (docs/SPEC.md §3) before 40 new prompt tokens and 2 more decode tokens. A replay chunk
 //! shorter than the window lies wholly inside the hit (the `csa2 run --chunk 100 --turns 3` failure).
 
-use csa2::backend::cache::Region;
 use csa2::backend::stack::synthetic_layer;
 use csa2::backend::timing::Timings;
 use csa2::backend::{Backend, BackendConfig, ContiguousCache, KvCache, Model, Phase, SeqStep};
+use csa2::cache::RecordKind;
 use csa2::geometry::{Geometry, Role};
 use csa2::replay::{plan as replay_plan, ReplayConfig, ReplayMode};
 use csa2::weights::Scale;
@@ -223,11 +223,11 @@ fn session(chunks: &mut dyn FnMut() -> usize, other: Option<usize>) -> Outcome {
             (
                 lp.id,
                 cache
-                    .records(req, lp.id, Region::Main, 0..n)
+                    .records(req, lp.id, RecordKind::Main, 0..n)
                     .unwrap()
                     .into_owned(),
                 cache
-                    .records(req, lp.id, Region::Index, 0..n)
+                    .records(req, lp.id, RecordKind::Index, 0..n)
                     .unwrap()
                     .into_owned(),
             )

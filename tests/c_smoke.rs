@@ -32,7 +32,7 @@ fn cdylib_dir() -> PathBuf {
 #[test]
 #[cfg(target_os = "linux")]
 fn c_smoke_test_passes() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = Path::new(crate::REPO_ROOT);
     let lib = cdylib_dir();
     let out = tempfile::tempdir().unwrap();
     let exe = out.path().join("smoke");

@@ -2,7 +2,7 @@
 //! leak, no double free, counts return to zero.
 
 use csa2::cache::{Backing, CacheConfig, CacheManager, CacheSpec, RecordKind};
-use csa2::{Error, Geometry, KvLayout};
+use csa2::{Error, Geometry, KvScheme};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -18,7 +18,7 @@ fn concurrent_sessions_leave_no_leak() {
     let g = Geometry::embedded();
     let c = Arc::new(
         CacheManager::new(
-            CacheSpec::from_geometry(&g, KvLayout::Nvfp4),
+            CacheSpec::from_geometry(&g, KvScheme::CSA2),
             CacheConfig {
                 block_tokens: 256,
                 num_blocks: 24,

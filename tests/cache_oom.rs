@@ -49,7 +49,20 @@ fn finding6_allocation_failure_is_out_of_memory_not_an_abort() {
     // A small cache made before the cap, and one request of it.
     let mut small = null_mut();
     assert_eq!(
-        unsafe { csa2_cache_create(g, 0, 4096, 256, null(), 0, &mut small) },
+        unsafe {
+            csa2_cache_create(
+                &csa2::ffi::Csa2CacheCreateArgs {
+                    geometry: g,
+                    layout: 0,
+                    num_blocks: 4096,
+                    block_tokens: 256,
+                    model: null(),
+                    model_len: 0,
+                    ..Default::default()
+                },
+                &mut small,
+            )
+        },
         Csa2Status::Csa2Ok
     );
     assert_eq!(
@@ -61,7 +74,20 @@ fn finding6_allocation_failure_is_out_of_memory_not_an_abort() {
     let old = cap_address_space(vm_bytes() + headroom);
     // (a) The largest pool allowed (2^24 blocks): its bookkeeping (over 1 GiB) does not fit.
     let mut c = null_mut();
-    let st = unsafe { csa2_cache_create(g, 0, 1 << 24, 256, null(), 0, &mut c) };
+    let st = unsafe {
+        csa2_cache_create(
+            &csa2::ffi::Csa2CacheCreateArgs {
+                geometry: g,
+                layout: 0,
+                num_blocks: 1 << 24,
+                block_tokens: 256,
+                model: null(),
+                model_len: 0,
+                ..Default::default()
+            },
+            &mut c,
+        )
+    };
     let msg_a = last_error();
     // (b) Slabs: 4096 blocks of the small cache need far more than the headroom.
     let st_b = unsafe { csa2_cache_allocate(small, 1, 4096 * 256) };

@@ -346,8 +346,8 @@ fn codec_and_op_print_a_one_line_summary() {
     // rope on a small input folder: x [T, H, D] f32 and positions.
     let inp = tmp.path().join("in");
     std::fs::create_dir_all(&inp).unwrap();
-    csa2::npy::write(&inp.join("x.npy"), &[2, 1, 512], &vec![0.5f32; 1024]).unwrap();
-    csa2::npy::write(&inp.join("positions.npy"), &[2], &[0i64, 1]).unwrap();
+    csa2_harness::npy::write(&inp.join("x.npy"), &[2, 1, 512], &vec![0.5f32; 1024]).unwrap();
+    csa2_harness::npy::write(&inp.join("positions.npy"), &[2], &[0i64, 1]).unwrap();
     let outd = tmp.path().join("out");
     let out = run(&[
         "op",

@@ -7,7 +7,7 @@ use std::process::Command;
 fn base() -> Value {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/assets/deepseek_v41_flash_config.json"
+        "/../assets/deepseek_v41_flash_config.json"
     );
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }

@@ -303,7 +303,7 @@ fn device_codec_source_matches_cpu_on_host() {
     let exe = dir.path().join("host_codecs");
     let src = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/cuda_support/host_codecs.cpp"
+        "/../tests/cuda_support/host_codecs.cpp"
     );
     let built = Command::new(&cxx)
         .args(["-O2", "-std=c++17", "-o"])

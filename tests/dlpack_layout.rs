@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn c_layout() -> BTreeMap<String, u64> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = PathBuf::from(crate::REPO_ROOT);
     let dir = root.join("tests/c");
     let out = tempfile::tempdir().expect("tempdir");
     let exe = out.path().join("dlpack_layout");

@@ -100,7 +100,20 @@ fn geometry() -> *mut Csa2Geometry {
 fn cache(blocks: usize) -> *mut Csa2Cache {
     let g = geometry();
     let mut c = null_mut();
-    ok(unsafe { csa2_cache_create(g, 0, blocks, 256, null(), 0, &mut c) });
+    ok(unsafe {
+        csa2_cache_create(
+            &csa2::ffi::Csa2CacheCreateArgs {
+                geometry: g,
+                layout: 0,
+                num_blocks: blocks,
+                block_tokens: 256,
+                model: null(),
+                model_len: 0,
+                ..Default::default()
+            },
+            &mut c,
+        )
+    });
     unsafe { csa2_geometry_free(g) };
     c
 }
@@ -523,19 +536,20 @@ fn step(
     let mut first = u64::MAX;
     let sd = sct.as_mut().map(|s| s.dl());
     let s = unsafe {
-        csa2_compress_step(
-            g,
+        csa2_compress_step(&csa2::ffi::Csa2CompressStepArgs {
+            geometry: g,
             layer,
-            st,
-            &kvt.dl(),
-            sd.as_ref().map_or(null(), |d| d as *const _),
-            &w.0.dl(),
-            &w.1.dl(),
-            &w.2.dl(),
-            &mo.dl(),
-            &io.dl(),
-            &mut first,
-        )
+            state: st,
+            kv: &kvt.dl(),
+            score: sd.as_ref().map_or(null(), |d| d as *const _),
+            norm: &w.0.dl(),
+            wk: &w.1.dl(),
+            k_norm: &w.2.dl(),
+            main_kv_out: &mo.dl(),
+            index_k_out: &io.dl(),
+            first_entry: &mut first,
+            ..Default::default()
+        })
     };
     if s == Csa2Status::Csa2Ok {
         Ok((mo.data, io.data, first))
@@ -560,18 +574,19 @@ fn stateless(
     let mut io = u8t(vec![0; e * 68], &[e, 68]);
     let sd = sct.as_mut().map(|s| s.dl());
     ok(unsafe {
-        csa2_compress(
-            g,
+        csa2_compress(&csa2::ffi::Csa2CompressArgs {
+            geometry: g,
             layer,
-            &kvt.dl(),
-            sd.as_ref().map_or(null(), |d| d as *const _),
-            &w.0.dl(),
-            &w.1.dl(),
-            &w.2.dl(),
-            start,
-            &mo.dl(),
-            &io.dl(),
-        )
+            kv: &kvt.dl(),
+            score: sd.as_ref().map_or(null(), |d| d as *const _),
+            norm: &w.0.dl(),
+            wk: &w.1.dl(),
+            k_norm: &w.2.dl(),
+            start_pos: start,
+            main_kv_out: &mo.dl(),
+            index_k_out: &io.dl(),
+            ..Default::default()
+        })
     });
     (mo.data, io.data)
 }
@@ -829,17 +844,18 @@ fn indexer_in_blocks_matches_the_op_and_its_reference() {
     let mut bt = i32t(blocks.clone(), &[tt, 3]);
     let mut out = f32t(vec![0.0; tt * n], &[tt, n]);
     ok(unsafe {
-        csa2_indexer_logits_in_blocks(
-            &qt.dl(),
-            &wt.dl(),
-            &pt.dl(),
-            &kt.dl(),
-            &bt.dl(),
-            m as u32,
-            bs as u32,
-            0,
-            &out.dl(),
-        )
+        csa2_indexer_logits_in_blocks(&csa2::ffi::Csa2IndexerLogitsInBlocksArgs {
+            q: &qt.dl(),
+            w: &wt.dl(),
+            positions: &pt.dl(),
+            keys: &kt.dl(),
+            blocks: &bt.dl(),
+            ratio: m as u32,
+            block_size: bs as u32,
+            q_quant: 0,
+            logits_out: &out.dl(),
+            ..Default::default()
+        })
     });
     let ip = IndexerParams {
         ratio: m,
@@ -883,17 +899,18 @@ fn indexer_in_blocks_matches_the_op_and_its_reference() {
                 w: &mut T<f32>,
                 p: &mut T<i64>,
                 k: &mut T<f32>| unsafe {
-        csa2_indexer_logits_in_blocks(
-            &q.dl(),
-            &w.dl(),
-            &p.dl(),
-            &k.dl(),
-            b,
-            m as u32,
-            bs,
-            0,
-            &o.dl(),
-        )
+        csa2_indexer_logits_in_blocks(&csa2::ffi::Csa2IndexerLogitsInBlocksArgs {
+            q: &q.dl(),
+            w: &w.dl(),
+            positions: &p.dl(),
+            keys: &k.dl(),
+            blocks: b,
+            ratio: m as u32,
+            block_size: bs,
+            q_quant: 0,
+            logits_out: &o.dl(),
+            ..Default::default()
+        })
     };
     let mut o2 = f32t(vec![1.0; tt * n], &[tt, n]);
     let fd = far.dl();

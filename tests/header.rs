@@ -2,7 +2,7 @@
 
 #[test]
 fn header_is_up_to_date() {
-    let root = env!("CARGO_MANIFEST_DIR");
+    let root = crate::REPO_ROOT;
     let config = cbindgen::Config::from_file(format!("{root}/cbindgen.toml")).unwrap();
     let mut fresh = Vec::new();
     cbindgen::Builder::new()

@@ -1,7 +1,7 @@
 //! `csa2 op` end to end: inputs written as .npy, the binary run, outputs read back and compared with
 //! the library call; bad inputs produce errors that name the file, expected and found shape.
 
-use csa2::npy;
+use csa2_harness::npy;
 use std::path::Path;
 use std::process::Command;
 

@@ -3,12 +3,12 @@
 //! shows zero error, bounded replay differs exactly on the layers and rows docs/SPEC.md §3 says, every
 //! layer runs the rows `replay::plan` says, and the report survives JSON.
 
-use csa2::backend::replay_error::{
-    analyze, settles_at, Report, SessionSpec, SnapshotPolicy, StepError, TurnStats, Variant, FLOOR,
-};
 use csa2::backend::{Backend, BackendConfig, Model};
 use csa2::replay::{plan, ReplayConfig};
 use csa2::weights::Scale;
+use csa2_harness::replay_error::{
+    analyze, settles_at, Report, SessionSpec, SnapshotPolicy, StepError, TurnStats, Variant, FLOOR,
+};
 use std::sync::{Arc, OnceLock};
 
 fn backend() -> Backend {
@@ -47,7 +47,7 @@ fn worst(t: &TurnStats) -> f64 {
 /// Worst error on the rows a replay must get right: new prompt rows, decode rows, the output (the
 /// rows the staircase recomputes below `H` have truncated windows by design).
 fn worst_kept(t: &TurnStats) -> f64 {
-    let c = |a: &csa2::backend::replay_error::Classes| a.prompt.max_rel.max(a.decode.max_rel);
+    let c = |a: &csa2_harness::replay_error::Classes| a.prompt.max_rel.max(a.decode.max_rel);
     t.layers
         .iter()
         .map(|l| c(&l.streams).max(c(&l.input)))

@@ -13,11 +13,12 @@ if [ ! -x "$venv/bin/python" ]; then
     "$venv/bin/pip" install --quiet -r tests/python/requirements.txt
 fi
 
-# Unit tests of the library and the CLI, then the integration suite (one binary, tests/suite.rs:
-# it includes the C smoke test, the header drift check and the seeded C ABI fuzzer). Benches and
-# examples are not built here; CI's `cargo clippy --all-targets` compiles them.
-echo "== cargo test --lib --bins --tests"
-cargo test --lib --bins --tests
+# Unit tests of the workspace's three crates (core library, harness, CLI), then the integration
+# suite (one binary, tests/suite.rs, a test of the CLI crate: it includes the C smoke test, the
+# header drift check and the seeded C ABI fuzzer) and tests/cache_oom.rs. Benches and examples are
+# not built here; CI's `cargo clippy --workspace --all-targets` compiles them.
+echo "== cargo test --workspace --lib --bins --tests"
+cargo test --workspace --lib --bins --tests
 
 echo "== pytest tests/python"
 CSA2_BIN="${CSA2_BIN:-target/debug/csa2}" "$venv/bin/python" -m pytest -q tests/python

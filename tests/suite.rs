@@ -8,6 +8,13 @@
 //! `autotests = false`, so an unlisted file would otherwise never run). A file that must have a
 //! process to itself (it changes process-wide state, like `cache_oom.rs`'s address-space cap) is a
 //! `[[test]]` target of its own in Cargo.toml instead; the guard accepts either.
+//!
+//! The suite is a test of the CLI crate (`cli/Cargo.toml`), the package that owns the `csa2`
+//! binary several tests run (`CARGO_BIN_EXE_csa2` exists only there); files are found from
+//! [`REPO_ROOT`].
+
+/// The repository root: the CLI crate's manifest directory is `cli/`.
+pub const REPO_ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
 #[path = "abi_findings.rs"]
 mod abi_findings;
@@ -35,6 +42,8 @@ mod dlpack_layout;
 mod ffi_fuzz;
 #[path = "ffi_records.rs"]
 mod ffi_records;
+#[path = "ffi_store.rs"]
+mod ffi_store;
 #[path = "header.rs"]
 mod header;
 #[path = "mhc.rs"]
@@ -56,12 +65,10 @@ mod weights;
 
 #[test]
 fn every_test_file_is_a_module_of_the_suite() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let dir = std::path::Path::new(REPO_ROOT).join("tests");
     let suite = std::fs::read_to_string(dir.join("suite.rs")).unwrap();
-    let manifest = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"),
-    )
-    .unwrap();
+    let manifest =
+        std::fs::read_to_string(std::path::Path::new(REPO_ROOT).join("Cargo.toml")).unwrap();
     for entry in std::fs::read_dir(&dir).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
         let Some(stem) = name.strip_suffix(".rs") else {

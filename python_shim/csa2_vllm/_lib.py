@@ -18,7 +18,7 @@ import ctypes
 import glob
 import os
 import threading
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 __all__ = [
     "Csa2Error",
@@ -45,6 +45,8 @@ __all__ = [
     "FORMAT_MXFP8",
     "FORMAT_V4",
     "format_info",
+    "RecordFormat",
+    "record_formats",
     "encode_rows",
     "decode_rows",
 ]
@@ -168,6 +170,58 @@ _PATH: str | None = None
 _T = ctypes.POINTER(DLTensor)
 _C_STATUS = ctypes.c_int32
 
+_U32, _I32, _SZ = ctypes.c_uint32, ctypes.c_int32, ctypes.c_size_t
+
+
+class _Args(ctypes.Structure):
+    """Base of the ``Csa2*Args`` mirrors (include/csa2.h, "Args structs"): every member starts at
+    zero and ``struct_size`` is this mirror's size, so the library reads exactly the members named
+    here. Members are keyword arguments; a tensor member takes a ``DLTensor*`` (or ``None``)."""
+
+    def __init__(self, **members: Any):
+        super().__init__(**members)
+        self.struct_size = ctypes.sizeof(self)
+
+
+def _args(name: str, members: list) -> type:
+    return type(name, (_Args,), {"_fields_": [("struct_size", _SZ)] + members,
+                                 "__doc__": f"``Csa2{name}`` (include/csa2.h)."})
+
+
+AttentionArgs = _args("AttentionArgs", [
+    ("q", _T), ("main_kv", _T), ("main_format", _I32), ("swa", _T), ("swa_format", _I32),
+    ("topk", _T), ("topk_len", _T), ("positions", _T), ("replay_start", _T), ("sink", _T),
+    ("window", _U32), ("ratio", _U32), ("scale", ctypes.c_float), ("out", _T), ("lse", _T)])
+AttentionIndexedArgs = _args("AttentionIndexedArgs", [
+    ("q", _T), ("main_kv", _T), ("main_format", _I32), ("main_idx", _T), ("main_len", _T),
+    ("swa_kv", _T), ("swa_format", _I32), ("swa_idx", _T), ("swa_len", _T), ("sink", _T),
+    ("scale", ctypes.c_float), ("out", _T), ("lse", _T)])
+MhcArgs = _args("MhcArgs", [("params", ctypes.c_void_p)] + [(n, _T) for n in (
+    "x", "y", "post", "comb", "pre_prev", "hc_fn", "hc_base", "hc_scale", "norm", "x_new",
+    "layer_in", "pre_out", "post_out", "comb_out")])
+CompressArgs = _args("CompressArgs", [
+    ("geometry", ctypes.c_void_p), ("layer", _U32), ("kv", _T), ("score", _T), ("norm", _T),
+    ("wk", _T), ("k_norm", _T), ("start_pos", ctypes.c_int64), ("main_kv_out", _T),
+    ("index_k_out", _T)])
+CompressStepArgs = _args("CompressStepArgs", [
+    ("geometry", ctypes.c_void_p), ("layer", _U32), ("state", ctypes.c_void_p), ("kv", _T),
+    ("score", _T), ("norm", _T), ("wk", _T), ("k_norm", _T), ("main_kv_out", _T),
+    ("index_k_out", _T), ("first_entry", ctypes.POINTER(ctypes.c_uint64))])
+IndexerLogitsArgs = _args("IndexerLogitsArgs", [
+    ("q", _T), ("w", _T), ("positions", _T), ("keys", _T), ("ratio", _U32), ("q_quant", _I32),
+    ("logits_out", _T)])
+IndexerLogitsInBlocksArgs = _args("IndexerLogitsInBlocksArgs", [
+    ("q", _T), ("w", _T), ("positions", _T), ("keys", _T), ("blocks", _T), ("ratio", _U32),
+    ("block_size", _U32), ("q_quant", _I32), ("logits_out", _T)])
+CacheCreateArgs = _args("CacheCreateArgs", [
+    ("geometry", ctypes.c_void_p), ("layout", _I32), ("num_blocks", _SZ), ("block_tokens", _SZ),
+    ("model", ctypes.c_char_p), ("model_len", _SZ)])
+
+
+def _p(struct: type) -> Any:
+    return ctypes.POINTER(struct)
+
+
 # name -> (argtypes, restype). Mirrors include/csa2.h; tests/test_lib.py checks each symbol exists.
 SIGNATURES: dict[str, tuple[list, Any]] = {
     "csa2_version": ([], ctypes.c_char_p),
@@ -176,22 +230,16 @@ SIGNATURES: dict[str, tuple[list, Any]] = {
     "csa2_geometry_embedded": ([ctypes.POINTER(ctypes.c_void_p)], _C_STATUS),
     "csa2_geometry_free": ([ctypes.c_void_p], _C_STATUS),
     "csa2_rope": ([ctypes.c_void_p, ctypes.c_uint32, _T, _T, ctypes.c_int32], _C_STATUS),
-    "csa2_compress": ([ctypes.c_void_p, ctypes.c_uint32, _T, _T, _T, _T, _T, ctypes.c_int64,
-                       _T, _T], _C_STATUS),
-    "csa2_indexer_logits": ([_T, _T, _T, _T, ctypes.c_uint32, ctypes.c_int32, _T], _C_STATUS),
+    "csa2_compress": ([_p(CompressArgs)], _C_STATUS),
+    "csa2_indexer_logits": ([_p(IndexerLogitsArgs)], _C_STATUS),
     "csa2_topk": ([_T, _T, ctypes.c_uint32, _T, _T], _C_STATUS),
     "csa2_candidates": ([_T, _T, ctypes.c_uint32, ctypes.c_uint32, _T], _C_STATUS),
-    "csa2_attention": ([_T, _T, ctypes.c_int32, _T, ctypes.c_int32, _T, _T, _T, _T, _T,
-                        ctypes.c_uint32, ctypes.c_uint32, ctypes.c_float, _T, _T], _C_STATUS),
-    "csa2_attention_indexed": ([_T, _T, ctypes.c_int32, _T, _T, _T, ctypes.c_int32, _T, _T, _T,
-                                ctypes.c_float, _T, _T], _C_STATUS),
-    "csa2_mhc": ([ctypes.c_void_p] + [_T] * 14, _C_STATUS),
-    "csa2_indexer_logits_in_blocks": ([_T, _T, _T, _T, _T, ctypes.c_uint32, ctypes.c_uint32,
-                                       ctypes.c_int32, _T], _C_STATUS),
+    "csa2_attention": ([_p(AttentionArgs)], _C_STATUS),
+    "csa2_attention_indexed": ([_p(AttentionIndexedArgs)], _C_STATUS),
+    "csa2_mhc": ([_p(MhcArgs)], _C_STATUS),
+    "csa2_indexer_logits_in_blocks": ([_p(IndexerLogitsInBlocksArgs)], _C_STATUS),
     # KV cache manager (src/ffi/cache.rs) and its record-level access (src/ffi/records.rs).
-    "csa2_cache_create": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_size_t, ctypes.c_size_t,
-                           ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)],
-                          _C_STATUS),
+    "csa2_cache_create": ([_p(CacheCreateArgs), ctypes.POINTER(ctypes.c_void_p)], _C_STATUS),
     "csa2_cache_free": ([ctypes.c_void_p], _C_STATUS),
     "csa2_cache_add_request": ([ctypes.c_void_p, ctypes.c_uint64], _C_STATUS),
     "csa2_cache_allocate": ([ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t], _C_STATUS),
@@ -229,12 +277,13 @@ SIGNATURES: dict[str, tuple[list, Any]] = {
     "csa2_compressor_state_query": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
                                      ctypes.POINTER(ctypes.c_uint64),
                                      ctypes.POINTER(ctypes.c_uint32)], _C_STATUS),
-    "csa2_compress_step": ([ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p] + [_T] * 7
-                           + [ctypes.POINTER(ctypes.c_uint64)], _C_STATUS),
+    "csa2_compress_step": ([_p(CompressStepArgs)], _C_STATUS),
     "csa2_compressor_state_save": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64], _C_STATUS),
     "csa2_compressor_state_load": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64,
                                     ctypes.c_uint64], _C_STATUS),
-    # Record codecs (src/ffi/codec.rs).
+    # Record formats and codecs (src/ffi/formats.rs).
+    "csa2_record_formats": ([ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                             ctypes.POINTER(ctypes.c_size_t)], _C_STATUS),
     "csa2_format_info": ([ctypes.c_int32, ctypes.c_void_p], _C_STATUS),
     "csa2_encode_rows": ([ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                           ctypes.c_size_t], _C_STATUS),
@@ -342,8 +391,9 @@ def _call_tensors(fn: str, build) -> None:
 
 def indexer_logits(q, w, positions, keys, ratio: int, q_quant: int, out) -> None:
     """``csa2_indexer_logits`` into ``out`` (T, N). ``q_quant``: 0 none, 1 MXFP4, 2 FP8."""
-    _call_tensors("csa2_indexer_logits",
-                  lambda t: (t(q), t(w), t(positions), t(keys), ratio, q_quant, t(out)))
+    _call_tensors("csa2_indexer_logits", lambda t: (ctypes.byref(IndexerLogitsArgs(
+        q=t(q), w=t(w), positions=t(positions), keys=t(keys), ratio=ratio, q_quant=q_quant,
+        logits_out=t(out))),))
 
 
 def mhc(x, pre_prev, norm, x_new, layer_in, *, y=None, post=None, comb=None, hc_fn=None,
@@ -351,19 +401,23 @@ def mhc(x, pre_prev, norm, x_new, layer_in, *, y=None, post=None, comb=None, hc_
         params: MhcParams | None = None) -> None:
     """``csa2_mhc``: one mHC boundary (post update when ``y/post/comb`` are given, shifted collapse +
     RMSNorm into ``layer_in``, next coefficients when ``hc_fn/hc_base/hc_scale`` are given)."""
-    pp = None if params is None else ctypes.cast(ctypes.pointer(params), ctypes.c_void_p)
-    _call_tensors("csa2_mhc", lambda t: (
-        pp, t(x), t(y), t(post), t(comb), t(pre_prev), t(hc_fn), t(hc_base), t(hc_scale),
-        t(norm), t(x_new), t(layer_in), t(pre_out), t(post_out), t(comb_out)))
+    pp = None if params is None else ctypes.addressof(params)
+    _call_tensors("csa2_mhc", lambda t: (ctypes.byref(MhcArgs(
+        params=pp, x=t(x), y=t(y), post=t(post), comb=t(comb), pre_prev=t(pre_prev),
+        hc_fn=t(hc_fn), hc_base=t(hc_base), hc_scale=t(hc_scale), norm=t(norm), x_new=t(x_new),
+        layer_in=t(layer_in), pre_out=t(pre_out), post_out=t(post_out),
+        comb_out=t(comb_out))),))
 
 
 def attention(q, main_kv, swa, topk, positions, sink, out, lse, *, main_format: int = 0,
               swa_format: int = 2, topk_len=None, replay_start=None, window: int = 128,
               ratio: int = 0, scale: float = 0.0) -> None:
     """``csa2_attention`` into ``out`` (T, H, 512) and ``lse`` (T, H)."""
-    _call_tensors("csa2_attention", lambda t: (
-        t(q), t(main_kv), main_format, t(swa), swa_format, t(topk), t(topk_len), t(positions),
-        t(replay_start), t(sink), window, ratio, scale, t(out), t(lse)))
+    _call_tensors("csa2_attention", lambda t: (ctypes.byref(AttentionArgs(
+        q=t(q), main_kv=t(main_kv), main_format=main_format, swa=t(swa), swa_format=swa_format,
+        topk=t(topk), topk_len=t(topk_len), positions=t(positions),
+        replay_start=t(replay_start), sink=t(sink), window=window, ratio=ratio, scale=scale,
+        out=t(out), lse=t(lse))),))
 
 
 def attention_indexed(q, main_kv, main_idx, swa_kv, swa_idx, sink, out, lse, *, main_len=None,
@@ -375,9 +429,10 @@ def attention_indexed(q, main_kv, main_idx, swa_kv, swa_idx, sink, out, lse, *, 
     clamped to [0, K], ``None`` = whole row) plus the sink in the denominator. Pools are float
     ``(N, 512)`` or uint8 ``(N, record_bytes)`` records in ``main_format`` / ``swa_format``
     (``FORMAT_*``); either may have 0 rows. ``scale`` ≤ 0 means 512^-0.5."""
-    _call_tensors("csa2_attention_indexed", lambda t: (
-        t(q), t(main_kv), main_format, t(main_idx), t(main_len), t(swa_kv), swa_format,
-        t(swa_idx), t(swa_len), t(sink), scale, t(out), t(lse)))
+    _call_tensors("csa2_attention_indexed", lambda t: (ctypes.byref(AttentionIndexedArgs(
+        q=t(q), main_kv=t(main_kv), main_format=main_format, main_idx=t(main_idx),
+        main_len=t(main_len), swa_kv=t(swa_kv), swa_format=swa_format, swa_idx=t(swa_idx),
+        swa_len=t(swa_len), sink=t(sink), scale=scale, out=t(out), lse=t(lse))),))
 
 
 # ---- record codecs (the Csa2Format values of include/csa2.h) -----------------------------------
@@ -390,6 +445,52 @@ class FormatInfo(ctypes.Structure):
 
     _fields_ = [("dim", ctypes.c_size_t), ("data_bytes", ctypes.c_size_t),
                 ("scale_bytes", ctypes.c_size_t), ("record_bytes", ctypes.c_size_t)]
+
+
+class _RecordFormatEntry(ctypes.Structure):
+    """``Csa2RecordFormatEntry`` (include/csa2.h)."""
+
+    _fields_ = [("format_id", ctypes.c_int32), ("name", ctypes.c_char_p),
+                ("vllm_dtype", ctypes.c_char_p), ("dim", ctypes.c_size_t),
+                ("data_bytes", ctypes.c_size_t), ("scale_bytes", ctypes.c_size_t),
+                ("record_bytes", ctypes.c_size_t), ("vllm_block_planar", ctypes.c_uint8)]
+
+
+class RecordFormat(NamedTuple):
+    """One row of the library's record-format table (``csa2_record_formats``)."""
+
+    format_id: int
+    """The ``Csa2Format`` value."""
+    name: str
+    """csa2's name: ``nvfp4``, ``mxfp4``, ``mxfp8``, ``v4``, ``fp8index``."""
+    vllm_dtype: str
+    """The vLLM setting that selects the record (``nvfp4_ds_mla``, ``fp8_ds_mla``, ``mxfp4``,
+    ``fp8``)."""
+    dim: int
+    data_bytes: int
+    scale_bytes: int
+    record_bytes: int
+    vllm_block_planar: bool
+    """True when vLLM's pages hold the record block-planar (all slots' data, then all slots'
+    scales); False when a record is one row of the page."""
+
+
+_FORMATS: list[RecordFormat] | None = None
+
+
+def record_formats() -> list[RecordFormat]:
+    """The library's record-format table, in ``Csa2Format`` order (asked once per process)."""
+    global _FORMATS
+    if _FORMATS is None:
+        n = ctypes.c_size_t()
+        size = ctypes.sizeof(_RecordFormatEntry)
+        call("csa2_record_formats", None, 0, size, ctypes.byref(n))
+        table = (_RecordFormatEntry * n.value)()
+        call("csa2_record_formats", table, n.value, size, ctypes.byref(n))
+        _FORMATS = [RecordFormat(e.format_id, e.name.decode(), e.vllm_dtype.decode(), e.dim,
+                                 e.data_bytes, e.scale_bytes, e.record_bytes,
+                                 bool(e.vllm_block_planar)) for e in table]
+    return _FORMATS
 
 
 def format_info(format_id: int) -> FormatInfo:
@@ -428,17 +529,19 @@ def indexer_logits_in_blocks(q, w, positions, keys, blocks, ratio: int, block_si
                              q_quant: int, out) -> None:
     """``csa2_indexer_logits_in_blocks`` (the Reindex path): as :func:`indexer_logits`, but row t
     scores only the entries of its candidate blocks ``blocks[t]`` ((T, B) int32, −1 padded)."""
-    _call_tensors("csa2_indexer_logits_in_blocks",
-                  lambda t: (t(q), t(w), t(positions), t(keys), t(blocks), ratio, block_size,
-                             q_quant, t(out)))
+    _call_tensors("csa2_indexer_logits_in_blocks", lambda t: (ctypes.byref(
+        IndexerLogitsInBlocksArgs(q=t(q), w=t(w), positions=t(positions), keys=t(keys),
+                                  blocks=t(blocks), ratio=ratio, block_size=block_size,
+                                  q_quant=q_quant, logits_out=t(out))),))
 
 
 def compress(geometry: "Geometry", layer: int, kv, score, norm, wk, k_norm, start_pos: int,
              main_out, index_out) -> None:
     """``csa2_compress`` (stateless: ``start_pos`` and T multiples of the layer's ratio)."""
-    _call_tensors("csa2_compress", lambda t: (
-        geometry.handle, layer, t(kv), t(score), t(norm), t(wk), t(k_norm), start_pos,
-        t(main_out), t(index_out)))
+    _call_tensors("csa2_compress", lambda t: (ctypes.byref(CompressArgs(
+        geometry=geometry.handle.value, layer=layer, kv=t(kv), score=t(score), norm=t(norm),
+        wk=t(wk), k_norm=t(k_norm), start_pos=start_pos, main_kv_out=t(main_out),
+        index_k_out=t(index_out))),))
 
 
 # ---- handles: geometry, KV cache, compressor state --------------------------------------------
@@ -512,8 +615,10 @@ class Cache(_Handle):
     def __init__(self, geometry: Geometry, num_blocks: int, block_tokens: int = 256,
                  layout: int = 0, model: bytes = b""):
         out = ctypes.c_void_p()
-        call("csa2_cache_create", geometry.handle, layout, num_blocks, block_tokens, model or None,
-             len(model), ctypes.byref(out))
+        args = CacheCreateArgs(geometry=geometry.handle.value, layout=layout, num_blocks=num_blocks,
+                               block_tokens=block_tokens, model=model or None,
+                               model_len=len(model))
+        call("csa2_cache_create", ctypes.byref(args), ctypes.byref(out))
         super().__init__(out.value)
 
     def add_request(self, rid: int) -> None:
@@ -609,9 +714,11 @@ class CompressorState(_Handle):
         """``csa2_compress_step``; returns the first entry id written (outputs hold
         ``(pending + T) // ratio`` rows)."""
         first = ctypes.c_uint64()
-        _call_tensors("csa2_compress_step", lambda t: (
-            self.geometry.handle, self.layer, self.handle, t(kv), t(score), t(norm), t(wk),
-            t(k_norm), t(main_out), t(index_out), ctypes.byref(first)))
+        _call_tensors("csa2_compress_step", lambda t: (ctypes.byref(CompressStepArgs(
+            geometry=self.geometry.handle.value, layer=self.layer, state=self.handle.value,
+            kv=t(kv), score=t(score), norm=t(norm), wk=t(wk), k_norm=t(k_norm),
+            main_kv_out=t(main_out), index_k_out=t(index_out),
+            first_entry=ctypes.pointer(first))),))
         return first.value
 
     def save(self, cache: Cache, rid: int) -> None:

@@ -202,8 +202,8 @@ def csa2_attend(layer, q, positions, swa_md, cmp_md, output) -> None:
         main_rec, main_rows = lists.compact(pool, main_slots, main_lens, "compressed cache")
         main_lens = main_lens.cpu()
     else:  # SWA-only layer
-        main_fmt = 0
-        main_rec = torch.zeros(0, 288, dtype=torch.uint8)
+        main_fmt = _lib.FORMAT_NVFP4
+        main_rec = torch.zeros(0, _lib.format_info(main_fmt).record_bytes, dtype=torch.uint8)
         main_rows = torch.full((t, 1), -1, dtype=torch.int32)
         main_lens = torch.zeros(t, dtype=torch.int32)
     qh = q[:, :h].cpu().contiguous()

@@ -25,23 +25,33 @@ from __future__ import annotations
 
 import torch
 
-#: Record width (bytes per token) → ``Csa2Format`` id (include/csa2.h).
-RECORD_FORMATS = {288: 0, 528: 2, 584: 3}
-_FORMAT_NAMES = {288: "NVFP4 (nvfp4_ds_mla)", 528: "V4.1 MXFP8 (fp8_ds_mla)", 584: "V4 (fp8_ds_mla)"}
+from . import _lib
 
 
-def record_format(pool: torch.Tensor, what: str) -> int:
-    """The ``Csa2Format`` of a packed page pool ``(blocks, slots, record bytes)`` uint8."""
+def _by_width(dim: int | None = None) -> dict[int, "_lib.RecordFormat"]:
+    """Record width (bytes per token) → the library's record format (``csa2_record_formats``;
+    every width is distinct), optionally only the formats of ``dim`` values per row."""
+    return {f.record_bytes: f for f in _lib.record_formats() if dim in (None, f.dim)}
+
+
+def _pool_format(pool: torch.Tensor, what: str, dim: int | None = None) -> "_lib.RecordFormat":
     if pool.dtype != torch.uint8 or pool.dim() != 3:
         raise ValueError(
             f"{what}: expected a packed page pool (blocks, slots, record bytes) uint8, got "
             f"{tuple(pool.shape)} {pool.dtype}")
-    fmt = RECORD_FORMATS.get(pool.shape[-1])
+    known = _by_width(dim)
+    fmt = known.get(pool.shape[-1])
     if fmt is None:
         raise ValueError(
             f"{what}: record width {pool.shape[-1]} B is none of "
-            + ", ".join(f"{w} ({n})" for w, n in _FORMAT_NAMES.items()))
+            + ", ".join(f"{w} ({f.name}, {f.vllm_dtype})" for w, f in known.items()))
     return fmt
+
+
+def record_format(pool: torch.Tensor, what: str) -> int:
+    """The ``Csa2Format`` of a packed page pool ``(blocks, slots, record bytes)`` uint8 of 512-value
+    records (the compressed and SWA caches: NVFP4 288 B, MXFP8 528 B, V4 584 B)."""
+    return _pool_format(pool, what, dim=512).format_id
 
 
 def _slots(local: torch.Tensor, live: torch.Tensor, req: torch.Tensor,
@@ -114,9 +124,9 @@ def compact(pool: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor, what: s
 
 
 def _words(pool: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The pool's bytes as the widest integer words that tile every record (all widths here are
-    multiples of 8: 288, 528, 584, 576, 8), so an indexed copy moves words, not single bytes;
-    falls back to bytes when the pool's offset or strides do not allow the view."""
+    """The pool's bytes as the widest integer words the view allows (the main/SWA widths and their
+    data/scale parts are multiples of 8, the index-K ones of 4), so an indexed copy moves words,
+    not single bytes; falls back to bytes when the pool's offset or strides do not allow it."""
     for dtype, size in ((torch.int64, 8), (torch.int32, 4)):
         try:
             return pool.view(dtype), size
@@ -129,16 +139,18 @@ def gather_records(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Records of ``slots`` (M,) int64 from a packed pool, as ``(M, record bytes)`` uint8 in csa2's
     record layout (data bytes, then scale bytes).
 
-    The V4.1 records (288, 528 B) are interleaved in vLLM's pages, each token's scales after its
-    own data, so a record is one row of the pool. The V4 584-B page is block-planar: the 576 data
-    bytes of every token of the block, then the 8 scale bytes of every token
-    (``_dequantize_and_gather_k_kernel``); the two parts are read from their regions and joined.
-    Only the referenced bytes are read (no copy of the pool); block strides may be padded.
+    The library's format table says how vLLM lays each record out: the V4.1 records (288, 528 B)
+    are interleaved, each token's scales after its own data, so a record is one row of the pool.
+    The V4 584-B page (and the index-K pages) are block-planar: the data bytes of every token of
+    the block, then the scale bytes of every token (``_dequantize_and_gather_k_kernel``); the two
+    parts are read from their regions and joined. Only the referenced bytes are read (no copy of
+    the pool); block strides may be padded. An unknown width raises ``ValueError``.
     """
+    fmt = _pool_format(pool, "pool")
     per_block, width = pool.shape[1], pool.shape[2]
     words, size = _words(pool)
     block, slot = slots // per_block, slots % per_block
-    if width != 584:
+    if not fmt.vllm_block_planar:
         if words.is_contiguous():
             flat = words.reshape(-1, words.shape[-1])
             return flat.index_select(0, slots).view(torch.uint8)
@@ -146,7 +158,7 @@ def gather_records(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     # The block's words as one row (the block stride may be padded past per_block × 584 bytes).
     row = per_block * width // size
     flat = words.as_strided((words.shape[0], row), (words.stride(0), 1))
-    d, sc = 576 // size, 8 // size
+    d, sc = fmt.data_bytes // size, fmt.scale_bytes // size
     data = slot[:, None] * d + torch.arange(d, device=pool.device)
     scale = per_block * d + slot[:, None] * sc + torch.arange(sc, device=pool.device)
     return flat[block[:, None], torch.cat([data, scale], 1)].view(torch.uint8)

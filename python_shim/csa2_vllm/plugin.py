@@ -15,6 +15,9 @@ What it registers (vLLM 0.33 interfaces, see docs/VLLM.md):
   builds vLLM's own model and swaps the attention layer class only when ``CSA2_RS`` is selected.
   Registering the backend alone is not enough for V4.1: the model picks its attention *layer class*
   in ``nvidia/model.py::_select_dsv4_attn_cls`` and never asks the backend registry for an impl.
+* KV connector ``Csa2Connector`` → ``csa2_vllm.connector:Csa2Connector`` (csa2's SSD tier and DRAM
+  SWA-snapshot pool) with ``KVConnectorFactory.register_connector``, so
+  ``--kv-transfer-config '{"kv_connector": "Csa2Connector", ...}'`` finds it by name.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from . import BACKEND_NAME
 MODEL_ARCH = "DeepseekV41ForCausalLM"
 MODEL_PATH = "csa2_vllm.model:Csa2DeepseekV41ForCausalLM"
 BACKEND_PATH = "csa2_vllm.backend.Csa2SparseMLABackend"
+CONNECTOR_NAME = "Csa2Connector"
+CONNECTOR_MODULE = "csa2_vllm.connector"
 
 _lock = threading.Lock()
 _registered = False
@@ -50,7 +55,22 @@ def register() -> None:
         elif member.get_path() != BACKEND_PATH:
             register_backend(member, BACKEND_PATH)
         ModelRegistry.register_model(MODEL_ARCH, MODEL_PATH)
+        _register_connector()
         _registered = True
+
+
+def _register_connector() -> None:
+    """Registers ``Csa2Connector`` by name (lazily imported; a name already taken by our own class
+    path is left alone, one taken by another package is an error naming it)."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    if CONNECTOR_NAME in KVConnectorFactory._registry:
+        cls = KVConnectorFactory._registry[CONNECTOR_NAME]()
+        if cls.__module__ != CONNECTOR_MODULE:
+            raise ValueError(f"KV connector name {CONNECTOR_NAME!r} is already registered by "
+                             f"{cls.__module__}.{cls.__qualname__}")
+        return
+    KVConnectorFactory.register_connector(CONNECTOR_NAME, CONNECTOR_MODULE, CONNECTOR_NAME)
 
 
 def backend_member():

@@ -1,5 +1,7 @@
 """The ctypes layer: library loading, signatures, DLPack descriptors, errors with csa2's text."""
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -76,3 +78,28 @@ def test_unsupported_python_types_are_type_errors():
         _lib.borrow([1.0, 2.0])
     with pytest.raises(TypeError):
         _lib.borrow(torch.zeros(2, dtype=torch.complex64))
+
+
+def test_record_format_table_comes_from_the_library():
+    table = _lib.record_formats()
+    assert [f.format_id for f in table] == list(range(len(table)))
+    assert {f.record_bytes: f.name for f in table} == {
+        288: "nvfp4", 68: "mxfp4", 528: "mxfp8", 584: "v4", 132: "fp8index"}
+    for f in table:
+        info = _lib.format_info(f.format_id)
+        assert (f.dim, f.data_bytes, f.scale_bytes, f.record_bytes) == (
+            info.dim, info.data_bytes, info.scale_bytes, info.record_bytes)
+    by_name = {f.name: f for f in table}
+    assert by_name["nvfp4"].vllm_dtype == "nvfp4_ds_mla" and not by_name["nvfp4"].vllm_block_planar
+    assert by_name["v4"].vllm_dtype == "fp8_ds_mla" and by_name["v4"].vllm_block_planar
+    assert by_name["mxfp4"].vllm_block_planar and by_name["fp8index"].vllm_dtype == "fp8"
+
+
+def test_args_struct_smaller_than_its_first_version_is_refused_by_name():
+    args = _lib.IndexerLogitsArgs(ratio=1)
+    assert args.struct_size == ctypes.sizeof(_lib.IndexerLogitsArgs)
+    args.struct_size = 8
+    with pytest.raises(_lib.Csa2Error) as e:
+        _lib.call("csa2_indexer_logits", ctypes.byref(args))
+    assert e.value.status == 201
+    assert "Csa2IndexerLogitsArgs" in e.value.message and "struct_size is 8" in e.value.message

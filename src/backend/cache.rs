@@ -13,59 +13,14 @@
 //!   be snapshotted to the DRAM tier ([`KvCache::swa_snapshot`]), decoder windows never are;
 //! - per Full layer of ratio > 1 the pending token of an unfinished group (kv and score, f32).
 
+use crate::cache::{RecordKind, RequestId};
 use crate::error::{Error, Result};
-use crate::formats::{decode_rows, encode_rows, RecordFormat};
+use crate::formats::{decode_rows, encode_rows, KvScheme};
 use crate::geometry::{Geometry, Role};
 use crate::ops::compressor::CompressorState;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
-
-/// A request (sequence) handle.
-pub type ReqId = u64;
-
-/// Which global cache region of a KV-source layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Region {
-    /// Main KV: the attended 512-d latent after RoPE (NVFP4-DS, or the V4 record on launch day).
-    Main,
-    /// Index K: the 128-d indexer key (MXFP4, or the FP8 record on launch day).
-    Index,
-}
-
-/// The record formats of one cache (docs/SPEC.md §1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CacheFormats {
-    /// Main-KV record format (512 values).
-    pub main: RecordFormat,
-    /// Index-K record format (128 values).
-    pub index: RecordFormat,
-    /// SWA window record format (512 values).
-    pub swa: RecordFormat,
-}
-
-impl CacheFormats {
-    /// V4.1: NVFP4-DS main KV (288 B), MXFP4 index K (68 B), MXFP8 SWA (528 B).
-    pub const CSA2: CacheFormats = CacheFormats {
-        main: RecordFormat::Nvfp4Ds,
-        index: RecordFormat::Mxfp4Index,
-        swa: RecordFormat::Mxfp8,
-    };
-    /// What vLLM first shipped for V4.1 (docs/SPEC.md §5): V4 record (584 B) for main KV and SWA, FP8 index
-    /// K (132 B).
-    pub const LAUNCH_DAY: CacheFormats = CacheFormats {
-        main: RecordFormat::V4Record,
-        index: RecordFormat::Fp8Index,
-        swa: RecordFormat::V4Record,
-    };
-    /// The format of a region.
-    pub fn of(&self, region: Region) -> RecordFormat {
-        match region {
-            Region::Main => self.main,
-            Region::Index => self.index,
-        }
-    }
-}
 
 /// A saved SWA window of several layers (the DRAM-tier snapshot payload).
 #[derive(Debug, Clone, PartialEq)]
@@ -116,15 +71,15 @@ impl CacheUsage {
 /// at once, so implementations must be `Sync`.
 pub trait KvCache: Send + Sync {
     /// Record formats of this cache.
-    fn formats(&self) -> CacheFormats;
+    fn formats(&self) -> KvScheme;
     /// Registers a request. Errors if it already exists.
-    fn open(&mut self, req: ReqId) -> Result<()>;
+    fn open(&mut self, req: RequestId) -> Result<()>;
     /// Whether a request is registered.
-    fn contains(&self, req: ReqId) -> bool;
+    fn contains(&self, req: RequestId) -> bool;
     /// Frees everything a request holds (global KV, SWA windows, carries).
-    fn close(&mut self, req: ReqId) -> Result<()>;
+    fn close(&mut self, req: RequestId) -> Result<()>;
     /// Compressed entries stored for `req` in KV-source `layer`.
-    fn entries(&self, req: ReqId, layer: usize) -> Result<usize>;
+    fn entries(&self, req: RequestId, layer: usize) -> Result<usize>;
     /// Encodes `rows` (n × dim of the region's format) into entries `first .. first + n`. Entries must
     /// be written in order: `first` ≤ the current count (rewriting the tail is allowed).
     ///
@@ -132,9 +87,9 @@ pub trait KvCache: Send + Sync {
     /// bounded implementation.
     fn write_entries(
         &mut self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
-        region: Region,
+        region: RecordKind,
         first: usize,
         rows: &[f32],
     ) -> Result<()>;
@@ -142,36 +97,37 @@ pub trait KvCache: Send + Sync {
     /// bytes) and in entry order: borrowed when the storage is contiguous, gathered otherwise.
     fn records(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
-        region: Region,
+        region: RecordKind,
         range: Range<usize>,
     ) -> Result<Cow<'_, [u8]>>;
     /// Stores SWA rows (n × 512, already RoPE'd) of `layer` for positions `first .. first + n`. A
     /// write that does not continue the window (`first` ≠ the end held) restarts it at `first`.
     /// Only the last `window` positions are kept.
-    fn swa_write(&mut self, req: ReqId, layer: usize, first: usize, rows: &[f32]) -> Result<()>;
+    fn swa_write(&mut self, req: RequestId, layer: usize, first: usize, rows: &[f32])
+        -> Result<()>;
     /// Positions whose SWA rows `layer` holds for `req` (empty range when none).
-    fn swa_held(&self, req: ReqId, layer: usize) -> Result<Range<usize>>;
+    fn swa_held(&self, req: RequestId, layer: usize) -> Result<Range<usize>>;
     /// Decodes the SWA rows of positions `range` (must be held) into `out` (len × 512).
     fn swa_read(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
         range: Range<usize>,
         out: &mut [f32],
     ) -> Result<()>;
     /// Copies the SWA windows of `layers` (the DRAM snapshot of docs/SPEC.md §0).
-    fn swa_snapshot(&self, req: ReqId, layers: &[usize]) -> Result<SwaSnapshot>;
+    fn swa_snapshot(&self, req: RequestId, layers: &[usize]) -> Result<SwaSnapshot>;
     /// Restores windows from a snapshot (replacing what those layers hold).
-    fn swa_restore(&mut self, req: ReqId, snap: &SwaSnapshot) -> Result<()>;
+    fn swa_restore(&mut self, req: RequestId, snap: &SwaSnapshot) -> Result<()>;
     /// Drops the SWA windows of `layers` (a snapshot miss / a finished turn's decoder state).
-    fn swa_drop(&mut self, req: ReqId, layers: &[usize]) -> Result<()>;
+    fn swa_drop(&mut self, req: RequestId, layers: &[usize]) -> Result<()>;
     /// The compressor state of a KV-source layer (the half-finished group carried between steps),
     /// `None` until first set.
-    fn carry(&mut self, req: ReqId, layer: usize) -> Result<&mut Option<CompressorState>>;
+    fn carry(&mut self, req: RequestId, layer: usize) -> Result<&mut Option<CompressorState>>;
     /// Drops every compressor carry of a request (a snapshot miss: the carry is not persisted).
-    fn carry_drop(&mut self, req: ReqId) -> Result<()>;
+    fn carry_drop(&mut self, req: RequestId) -> Result<()>;
     /// Measured bytes.
     fn usage(&self) -> CacheUsage;
 }
@@ -191,7 +147,7 @@ struct Ring {
 
 #[derive(Debug)]
 struct ReqState {
-    global: HashMap<(usize, Region), Records>,
+    global: HashMap<(usize, RecordKind), Records>,
     swa: Vec<Option<Ring>>,
     carry: HashMap<usize, Option<CompressorState>>,
 }
@@ -202,16 +158,16 @@ struct ReqState {
 /// the paged manager.
 #[derive(Debug)]
 pub struct ContiguousCache {
-    formats: CacheFormats,
+    formats: KvScheme,
     window: usize,
     num_layers: usize,
     kv_layers: Vec<usize>,
-    reqs: HashMap<ReqId, ReqState>,
+    reqs: HashMap<RequestId, ReqState>,
 }
 
 impl ContiguousCache {
     /// An empty cache for a geometry's KV-source layers and windows.
-    pub fn new(g: &Geometry, formats: CacheFormats) -> ContiguousCache {
+    pub fn new(g: &Geometry, formats: KvScheme) -> ContiguousCache {
         ContiguousCache {
             formats,
             window: g.window,
@@ -221,12 +177,12 @@ impl ContiguousCache {
         }
     }
 
-    fn req(&self, req: ReqId) -> Result<&ReqState> {
+    fn req(&self, req: RequestId) -> Result<&ReqState> {
         self.reqs
             .get(&req)
             .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
     }
-    fn req_mut(&mut self, req: ReqId) -> Result<&mut ReqState> {
+    fn req_mut(&mut self, req: RequestId) -> Result<&mut ReqState> {
         self.reqs
             .get_mut(&req)
             .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
@@ -259,15 +215,15 @@ impl ContiguousCache {
     /// contexts in benchmarks without prefilling them: `make(i, row)` fills entry i's f32 row.
     pub fn synthesize_entries(
         &mut self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
-        region: Region,
+        region: RecordKind,
         n: usize,
         make: impl Fn(usize, &mut [f32]) + Sync,
     ) -> Result<()> {
         use rayon::prelude::*;
         self.check_kv_layer(layer)?;
-        let fmt = self.formats.of(region);
+        let fmt = region.format(&self.formats);
         let st = self.req_mut(req)?;
         let p = st.global.entry((layer, region)).or_default();
         let rb = fmt.record_bytes();
@@ -294,7 +250,7 @@ impl ContiguousCache {
 /// Argument checks every [`KvCache`] implementation applies, so the contiguous and the paged cache
 /// refuse the same inputs with the same errors.
 pub(crate) mod checks {
-    use super::Region;
+    use crate::cache::RecordKind;
     use crate::error::{Error, Result};
     use crate::formats::RecordFormat;
     use std::ops::Range;
@@ -312,7 +268,12 @@ pub(crate) mod checks {
     }
 
     /// Entries are written in order: `first` may rewrite the tail but not leave a gap.
-    pub(crate) fn no_gap(layer: usize, region: Region, first: usize, count: usize) -> Result<()> {
+    pub(crate) fn no_gap(
+        layer: usize,
+        region: RecordKind,
+        first: usize,
+        count: usize,
+    ) -> Result<()> {
         if first > count {
             return Err(Error::invalid(
                 "first",
@@ -327,7 +288,7 @@ pub(crate) mod checks {
     /// `range` lies within the `count` stored entries.
     pub(crate) fn stored(
         layer: usize,
-        region: Region,
+        region: RecordKind,
         range: &Range<usize>,
         count: usize,
     ) -> Result<()> {
@@ -366,11 +327,11 @@ pub(crate) mod checks {
 }
 
 impl KvCache for ContiguousCache {
-    fn formats(&self) -> CacheFormats {
+    fn formats(&self) -> KvScheme {
         self.formats
     }
 
-    fn open(&mut self, req: ReqId) -> Result<()> {
+    fn open(&mut self, req: RequestId) -> Result<()> {
         if self.reqs.contains_key(&req) {
             return Err(Error::invalid(
                 "request",
@@ -388,33 +349,36 @@ impl KvCache for ContiguousCache {
         Ok(())
     }
 
-    fn contains(&self, req: ReqId) -> bool {
+    fn contains(&self, req: RequestId) -> bool {
         self.reqs.contains_key(&req)
     }
 
-    fn close(&mut self, req: ReqId) -> Result<()> {
+    fn close(&mut self, req: RequestId) -> Result<()> {
         self.reqs
             .remove(&req)
             .map(|_| ())
             .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
     }
 
-    fn entries(&self, req: ReqId, layer: usize) -> Result<usize> {
+    fn entries(&self, req: RequestId, layer: usize) -> Result<usize> {
         self.check_kv_layer(layer)?;
         let st = self.req(req)?;
-        Ok(st.global.get(&(layer, Region::Main)).map_or(0, |p| p.count))
+        Ok(st
+            .global
+            .get(&(layer, RecordKind::Main))
+            .map_or(0, |p| p.count))
     }
 
     fn write_entries(
         &mut self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
-        region: Region,
+        region: RecordKind,
         first: usize,
         rows: &[f32],
     ) -> Result<()> {
         self.check_kv_layer(layer)?;
-        let fmt = self.formats.of(region);
+        let fmt = region.format(&self.formats);
         let n = checks::row_count(&format!("layer {layer} {region:?} rows"), fmt, rows)?;
         let st = self.req_mut(req)?;
         let p = st.global.entry((layer, region)).or_default();
@@ -429,13 +393,13 @@ impl KvCache for ContiguousCache {
 
     fn records(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
-        region: Region,
+        region: RecordKind,
         range: Range<usize>,
     ) -> Result<Cow<'_, [u8]>> {
         self.check_kv_layer(layer)?;
-        let rb = self.formats.of(region).record_bytes();
+        let rb = region.format(&self.formats).record_bytes();
         let st = self.req(req)?;
         let count = st.global.get(&(layer, region)).map_or(0, |p| p.count);
         checks::stored(layer, region, &range, count)?;
@@ -446,7 +410,13 @@ impl KvCache for ContiguousCache {
         Ok(Cow::Borrowed(&p.bytes[range.start * rb..range.end * rb]))
     }
 
-    fn swa_write(&mut self, req: ReqId, layer: usize, first: usize, rows: &[f32]) -> Result<()> {
+    fn swa_write(
+        &mut self,
+        req: RequestId,
+        layer: usize,
+        first: usize,
+        rows: &[f32],
+    ) -> Result<()> {
         self.check_layer(layer)?;
         let fmt = self.formats.swa;
         let n = checks::row_count(&format!("layer {layer} SWA rows"), fmt, rows)?;
@@ -472,7 +442,7 @@ impl KvCache for ContiguousCache {
         Ok(())
     }
 
-    fn swa_held(&self, req: ReqId, layer: usize) -> Result<Range<usize>> {
+    fn swa_held(&self, req: RequestId, layer: usize) -> Result<Range<usize>> {
         self.check_layer(layer)?;
         Ok(self.req(req)?.swa[layer]
             .as_ref()
@@ -481,7 +451,7 @@ impl KvCache for ContiguousCache {
 
     fn swa_read(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
         range: Range<usize>,
         out: &mut [f32],
@@ -501,7 +471,7 @@ impl KvCache for ContiguousCache {
         decode_rows(fmt, &recs, out)
     }
 
-    fn swa_snapshot(&self, req: ReqId, layers: &[usize]) -> Result<SwaSnapshot> {
+    fn swa_snapshot(&self, req: RequestId, layers: &[usize]) -> Result<SwaSnapshot> {
         let st = self.req(req)?;
         let rb = self.formats.swa.record_bytes();
         let mut out = SwaSnapshot {
@@ -522,7 +492,7 @@ impl KvCache for ContiguousCache {
         Ok(out)
     }
 
-    fn swa_restore(&mut self, req: ReqId, snap: &SwaSnapshot) -> Result<()> {
+    fn swa_restore(&mut self, req: RequestId, snap: &SwaSnapshot) -> Result<()> {
         let (w, rb) = (self.window, self.formats.swa.record_bytes());
         for (l, _, recs) in &snap.layers {
             self.check_layer(*l)?;
@@ -550,7 +520,7 @@ impl KvCache for ContiguousCache {
         Ok(())
     }
 
-    fn swa_drop(&mut self, req: ReqId, layers: &[usize]) -> Result<()> {
+    fn swa_drop(&mut self, req: RequestId, layers: &[usize]) -> Result<()> {
         for &l in layers {
             self.check_layer(l)?;
         }
@@ -561,12 +531,12 @@ impl KvCache for ContiguousCache {
         Ok(())
     }
 
-    fn carry(&mut self, req: ReqId, layer: usize) -> Result<&mut Option<CompressorState>> {
+    fn carry(&mut self, req: RequestId, layer: usize) -> Result<&mut Option<CompressorState>> {
         self.check_kv_layer(layer)?;
         Ok(self.req_mut(req)?.carry.entry(layer).or_default())
     }
 
-    fn carry_drop(&mut self, req: ReqId) -> Result<()> {
+    fn carry_drop(&mut self, req: RequestId) -> Result<()> {
         self.req_mut(req)?.carry.clear();
         Ok(())
     }
@@ -580,8 +550,8 @@ impl KvCache for ContiguousCache {
             for ((_, region), p) in &st.global {
                 let used = p.bytes.len();
                 match region {
-                    Region::Main => u.main_bytes += used,
-                    Region::Index => u.index_bytes += used,
+                    RecordKind::Main => u.main_bytes += used,
+                    RecordKind::Index => u.index_bytes += used,
                 }
                 u.global_allocated += p.bytes.capacity();
             }
@@ -605,6 +575,7 @@ impl KvCache for ContiguousCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::formats::RecordFormat;
     use crate::formats::{decode_rows, encode_rows};
 
     fn rows(n: usize, dim: usize, seed: f32) -> Vec<f32> {
@@ -616,20 +587,20 @@ mod tests {
     #[test]
     fn entries_round_trip_like_the_standalone_codec() {
         let g = Geometry::embedded();
-        for f in [CacheFormats::CSA2, CacheFormats::LAUNCH_DAY] {
+        for f in [KvScheme::CSA2, KvScheme::LAUNCH_DAY] {
             let mut c = ContiguousCache::new(&g, f);
             c.open(1).unwrap();
             let x = rows(5, 512, 0.3);
-            c.write_entries(1, 2, Region::Main, 0, &x[..3 * 512])
+            c.write_entries(1, 2, RecordKind::Main, 0, &x[..3 * 512])
                 .unwrap();
-            c.write_entries(1, 2, Region::Main, 3, &x[3 * 512..])
+            c.write_entries(1, 2, RecordKind::Main, 3, &x[3 * 512..])
                 .unwrap();
             assert_eq!(c.entries(1, 2).unwrap(), 5);
             let mut rec = vec![0u8; 5 * f.main.record_bytes()];
             encode_rows(f.main, &x, &mut rec).unwrap();
             let mut want = vec![0f32; 5 * 512];
             decode_rows(f.main, &rec, &mut want).unwrap();
-            let recs = c.records(1, 2, Region::Main, 1..5).unwrap();
+            let recs = c.records(1, 2, RecordKind::Main, 1..5).unwrap();
             assert_eq!(&recs[..], &rec[f.main.record_bytes()..]);
             let mut got = vec![0f32; 4 * 512];
             decode_rows(f.main, &recs, &mut got).unwrap();
@@ -640,23 +611,23 @@ mod tests {
     #[test]
     fn bad_calls_are_typed_errors() {
         let g = Geometry::embedded();
-        let mut c = ContiguousCache::new(&g, CacheFormats::CSA2);
+        let mut c = ContiguousCache::new(&g, KvScheme::CSA2);
         assert!(matches!(c.entries(9, 2), Err(Error::NotFound(_))));
         c.open(9).unwrap();
         assert!(c.open(9).is_err());
         let e = c
-            .write_entries(9, 3, Region::Main, 0, &[0.0; 512])
+            .write_entries(9, 3, RecordKind::Main, 0, &[0.0; 512])
             .unwrap_err();
         assert!(e.to_string().contains("layer 3 owns no global KV"), "{e}");
         let e = c
-            .write_entries(9, 2, Region::Main, 1, &[0.0; 512])
+            .write_entries(9, 2, RecordKind::Main, 1, &[0.0; 512])
             .unwrap_err();
         assert!(e.to_string().contains("gap"), "{e}");
         let e = c
-            .write_entries(9, 2, Region::Index, 0, &[0.0; 100])
+            .write_entries(9, 2, RecordKind::Index, 0, &[0.0; 100])
             .unwrap_err();
         assert!(e.to_string().contains("multiple of 128"), "{e}");
-        assert!(c.records(9, 2, Region::Main, 0..1).is_err());
+        assert!(c.records(9, 2, RecordKind::Main, 0..1).is_err());
         let mut out = vec![0f32; 512];
         assert!(c.swa_read(9, 0, 0..1, &mut out).is_err());
     }
@@ -665,7 +636,7 @@ mod tests {
     fn swa_ring_keeps_the_last_window_and_restarts_on_a_jump() {
         let g = Geometry::embedded();
         let w = g.window;
-        let mut c = ContiguousCache::new(&g, CacheFormats::CSA2);
+        let mut c = ContiguousCache::new(&g, KvScheme::CSA2);
         c.open(1).unwrap();
         let x = rows(300, 512, 1.0);
         // 127, then 2 more (crosses the window), then 171 more.
@@ -697,15 +668,17 @@ mod tests {
     #[test]
     fn usage_is_measured_per_token() {
         let g = Geometry::embedded();
-        let mut c = ContiguousCache::new(&g, CacheFormats::CSA2);
+        let mut c = ContiguousCache::new(&g, KvScheme::CSA2);
         c.open(1).unwrap();
         let tokens = 4096;
         for l in g.layers_with(Role::Full) {
             let n = tokens / l.ratio;
-            c.synthesize_entries(1, l.id, Region::Main, n, |i, r| r.fill(i as f32 * 1e-3))
+            c.synthesize_entries(1, l.id, RecordKind::Main, n, |i, r| r.fill(i as f32 * 1e-3))
                 .unwrap();
-            c.synthesize_entries(1, l.id, Region::Index, n, |i, r| r.fill(i as f32 * 1e-3))
-                .unwrap();
+            c.synthesize_entries(1, l.id, RecordKind::Index, n, |i, r| {
+                r.fill(i as f32 * 1e-3)
+            })
+            .unwrap();
         }
         let u = c.usage();
         assert_eq!(u.global_bytes() as f64 / tokens as f64, 890.0);

@@ -10,7 +10,7 @@
 //! sum of the 16 lanes. A prefill of any chunking, a decode row, or a row batched beside other
 //! requests' rows therefore gets the same bits (the reduction order is per row, as in
 //! batch-invariant inference kernels). The instruction set is chosen once per process
-//! ([`crate::ops::simd::isa`], `CSA2_ISA` caps it), never by the row count.
+//! ([`crate::isa::level`], `CSA2_ISA` caps it), never by the row count.
 //!
 //! **Fused dequantization.** Weights stay bf16 or FP8 E4M3 in memory and are widened to f32 inside
 //! the kernel, 16 at a time, right before their FMA; accumulation is f32. The widened value is
@@ -23,7 +23,7 @@
 //! output block). Tiles only share loads; they never change an element's arithmetic.
 
 use crate::error::{Error, Result};
-use crate::ops::simd::{isa, Isa};
+use crate::isa::{level, Isa};
 use rayon::prelude::*;
 
 /// FP8 weight block edge (`weight_block_size = [32, 32]`).
@@ -293,7 +293,7 @@ fn run(x: &[f32], rows: usize, w: WeightView<'_>, out: usize, inp: usize, y: &mu
         .min(out.div_ceil(8) * 8);
     let nob = out.div_ceil(ob);
     let yp = OutPtr(y.as_mut_ptr());
-    let isa = isa();
+    let isa = level();
     (0..rb * nob).into_par_iter().for_each(|t| {
         let (bi, bo) = (t / nob, t % nob);
         let r0 = bi * ROW_BLOCK;
@@ -664,71 +664,6 @@ mod avx512 {
                 }
             }
         }
-    }
-}
-
-/// The projections as they were before the batch-invariant kernel, kept only as the same-run
-/// baseline of `csa2 bench gemm`: f32 weights, a rayon GEMV over output rows for ≤ 4 rows, the
-/// `gemm` crate's packed micro-kernels above. Its reduction order depends on the row count, so it
-/// is not batch-invariant and the stack never calls it.
-pub fn linear_previous(x: &[f32], rows: usize, w: &[f32], out: usize, inp: usize, y: &mut [f32]) {
-    assert!(x.len() == rows * inp && w.len() == out * inp && y.len() == rows * out);
-    if rows == 0 || out == 0 || inp == 0 {
-        y.fill(0.0);
-        return;
-    }
-    if rows <= 4 {
-        const CHUNK: usize = 64;
-        let mut yt = vec![0f32; out * rows];
-        yt.par_chunks_mut(CHUNK * rows)
-            .enumerate()
-            .for_each(|(c, ys)| {
-                let o0 = c * CHUNK;
-                for (k, yk) in ys.chunks_exact_mut(rows).enumerate() {
-                    let wr = &w[(o0 + k) * inp..(o0 + k + 1) * inp];
-                    for (r, v) in yk.iter_mut().enumerate() {
-                        *v = dot(wr, &x[r * inp..(r + 1) * inp]);
-                    }
-                }
-            });
-        for r in 0..rows {
-            for o in 0..out {
-                y[r * out + o] = yt[o * rows + r];
-            }
-        }
-        return;
-    }
-    let threads = rayon::current_num_threads();
-    // SAFETY: lengths asserted above: x is [rows, inp] row-major (row stride inp, column stride 1),
-    // w is [out, inp] row-major read as the [inp, out] matrix Wᵀ (row stride 1, column stride inp),
-    // y is [rows, out] row-major. All strides stay inside the slices; `read_dst = false` so y's
-    // previous contents are never read; the borrow of y is unique.
-    unsafe {
-        gemm::gemm(
-            rows,
-            out,
-            inp,
-            y.as_mut_ptr(),
-            1,
-            out as isize,
-            false,
-            x.as_ptr(),
-            1,
-            inp as isize,
-            w.as_ptr(),
-            inp as isize,
-            1,
-            0.0f32,
-            1.0f32,
-            false,
-            false,
-            false,
-            if threads > 1 {
-                gemm::Parallelism::Rayon(threads)
-            } else {
-                gemm::Parallelism::None
-            },
-        );
     }
 }
 

@@ -13,14 +13,15 @@
 //! Everything else — roles, compressor, indexer math, top-k, candidate pool, attention, projections —
 //! is the same code, so outputs differ only by quantization and by what the rows see.
 
-use super::{BackendConfig, CacheFormats, ReindexMode};
+use super::{BackendConfig, ReindexMode};
+use crate::formats::KvScheme;
 use crate::ops::indexer::QueryQuant;
 use crate::ops::mhc::Path as MhcPath;
 
 /// The launch-day configuration.
 pub const LAUNCH_DAY: BackendConfig = BackendConfig {
     name: "launch_day",
-    formats: CacheFormats::LAUNCH_DAY,
+    formats: KvScheme::LAUNCH_DAY,
     reindex: ReindexMode::DenseThenMask,
     mhc: MhcPath::Unfused,
     decoder_replay: false,

@@ -16,11 +16,11 @@
 //! and the grouped output projection (`o_groups` groups of `heads/o_groups` heads →
 //! `o_lora_rank` each, then → hidden).
 
-use super::cache::{KvCache, Region};
+use super::cache::KvCache;
 use super::gemm::linear_w;
-use super::plan::{RowSet, StepPlan};
 use super::timing::{Op, Timings};
 use super::BackendConfig;
+use crate::cache::RecordKind;
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, INDEX_DIM, KV_DIM};
 use crate::geometry::{CandidateUse, Geometry, LayerPlan, Role};
@@ -32,6 +32,7 @@ use crate::ops::indexer::{
 };
 use crate::ops::rope::{Direction, Rope};
 use crate::ops::topk::select_rows;
+use crate::replay::{RowSet, StepPlan};
 use crate::weights::LayerWeights;
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -237,7 +238,7 @@ pub fn attention_sublayer(
                     let n = cache.entries(s.req, src)?;
                     (
                         &topk[span.start * k..span.end * k],
-                        cache.records(s.req, src, Region::Main, 0..n)?,
+                        cache.records(s.req, src, RecordKind::Main, 0..n)?,
                     )
                 }
                 None => (&[][..], std::borrow::Cow::Borrowed(&[][..])),
@@ -441,11 +442,17 @@ fn compress_and_store(
         let skip_e = stored.saturating_sub(out.first_entry).min(out.count);
         let e0 = out.first_entry + skip_e;
         tm.time(Role::Full, Op::Codecs, || -> Result<()> {
-            cache.write_entries(s.req, l, Region::Main, e0, &out.main_kv[skip_e * KV_DIM..])?;
             cache.write_entries(
                 s.req,
                 l,
-                Region::Index,
+                RecordKind::Main,
+                e0,
+                &out.main_kv[skip_e * KV_DIM..],
+            )?;
+            cache.write_entries(
+                s.req,
+                l,
+                RecordKind::Index,
                 e0,
                 &out.index_k[skip_e * INDEX_DIM..],
             )
@@ -550,7 +557,7 @@ fn index_and_select(
             }
             continue;
         }
-        let recs = cache.records(s.req, src, Region::Index, 0..n)?;
+        let recs = cache.records(s.req, src, RecordKind::Index, 0..n)?;
         let decoded;
         let keys = match cache.formats().index {
             RecordFormat::Mxfp4Index => IndexKeys::Mxfp4(&recs),

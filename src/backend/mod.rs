@@ -5,32 +5,31 @@
 //!   contiguous per-request implementation;
 //! - [`paged`]: the same trait over the paged block manager of `crate::cache` (block tables, slot
 //!   mapping, block-planar pages);
-//! - [`plan`]: the rows of one step (prefill chunks and decode tokens of many requests), decoder
-//!   bounded replay (docs/SPEC.md §3) and window floors;
 //! - [`layer`]: one attention sublayer in its role (Full / Reindex / Reuse / SWA-only);
 //! - [`stack`]: the layers with mHC at both sites, embedding and FFN placeholders;
 //! - [`launch_day`]: the configuration vLLM first shipped (docs/SPEC.md §5);
-//! - [`replay_error`]: exact vs bounded replay, measured per layer and per turn;
-//! - [`gemm`]: the dense projections; [`timing`]: per-role, per-op wall time;
-//! - [`reference`]: the f64 reference of a decode step (what `csa2 ab` measures accuracy against).
+//! - [`gemm`]: the dense projections; [`timing`]: per-role, per-op wall time (recorded by the
+//!   layers as they run, so it stays beside them; the harness aggregates it).
+//!
+//! The f64 reference of a decode step and the replay-error analyzer are measurements over this
+//! engine: they live in the `csa2-harness` crate.
 
 pub mod cache;
 pub mod gemm;
 pub mod launch_day;
 pub mod layer;
 pub mod paged;
-pub mod plan;
-pub mod reference;
-pub mod replay_error;
 pub mod stack;
 pub mod timing;
 
-pub use cache::{CacheFormats, ContiguousCache, KvCache};
+pub use cache::{ContiguousCache, KvCache};
 pub use layer::ReindexMode;
 pub use paged::PagedCache;
-pub use plan::{Phase, SeqStep, StepPlan};
+// The engine takes its steps as the replay planner lays them out (`crate::replay::step`).
+pub use crate::replay::{Phase, SeqStep, StepPlan};
 pub use stack::{Backend, Model};
 
+use crate::formats::KvScheme;
 use crate::ops::indexer::QueryQuant;
 use crate::ops::mhc::Path as MhcPath;
 
@@ -41,7 +40,7 @@ pub struct BackendConfig {
     /// Short name for reports (`csa2`, `launch_day`).
     pub name: &'static str,
     /// Cache record formats.
-    pub formats: CacheFormats,
+    pub formats: KvScheme,
     /// Reindex scoring.
     pub reindex: ReindexMode,
     /// mHC: fused single pass (Mega-mHC order) or four passes.
@@ -57,7 +56,7 @@ impl BackendConfig {
     /// scoring, fused mHC, decoder bounded replay on.
     pub const CSA2: BackendConfig = BackendConfig {
         name: "csa2",
-        formats: CacheFormats::CSA2,
+        formats: KvScheme::CSA2,
         reindex: ReindexMode::Pooled,
         mhc: MhcPath::Fused,
         decoder_replay: true,

@@ -3,44 +3,43 @@
 //!
 //! The stack sees exactly what [`super::ContiguousCache`] gives it (same records, same window rules,
 //! so the same hidden states bit for bit); only where the bytes live differs:
-//! - compressed entries are encoded into standalone records, mapped to slots by the manager's slot
-//!   mapping (vLLM's `block_table[i // S]·S + i % S`) and scattered into the block-planar pages;
-//!   blocks are allocated as entries grow (one block covers `block_tokens` tokens of every
-//!   KV-source layer), so a full pool surfaces as [`Error::OutOfBlocks`] before anything changes;
-//! - [`KvCache::records`] gathers a range back into standalone records, one page lock per block;
-//! - SWA rows go to the manager's per-request ring; the held range (window start and restarts on a
-//!   non-continuing write) is tracked here, since the ring itself only knows its newest position;
-//! - the compressor carry is the stack's own [`CompressorState`] and is kept here per request (the
-//!   trait hands out `&mut` to it); its bytes are counted as in the contiguous cache.
+//! - compressed entries are encoded into standalone records and appended through the manager
+//!   ([`CacheManager::append_entries`]: slot mapping, vLLM's `block_table[i // S]·S + i % S`, and
+//!   the scatter into the block-planar pages); blocks are allocated as entries grow (one block
+//!   covers `block_tokens` tokens of every KV-source layer), so a full pool surfaces as
+//!   [`Error::OutOfBlocks`] before anything changes;
+//! - [`KvCache::records`] gathers a range back into standalone records, one page lock per block
+//!   ([`CacheManager::gather_entries`]);
+//! - SWA rows go to the manager's per-request ring, which also keeps the held range; a write that
+//!   does not continue the window restarts it there ([`CacheManager::swa_restart`]);
+//! - the compressor carry is the stack's own [`CompressorState`] (its next position and open
+//!   group; the trait hands out `&mut` to it) and is the one per-request state kept here; its
+//!   bytes are counted as in the contiguous cache. The manager's carries
+//!   ([`CacheManager::set_compressor_state`]) hold the C ABI's form: the open group's rows
+//!   without the position.
 //!
-//! Request ids are the manager's ids unchanged, so a manager shared with other users (the C ABI)
+//! Every entry count, block and window lives in the manager, so a request this adapter opened is,
+//! block for block and window for window, what the C ABI (`csa2_cache_*`) sees through the same
+//! manager. Request ids are the manager's ids unchanged, so a manager shared with other users
 //! must not reuse them. Prefix publishing and adoption stay with the manager's callers: this
 //! adapter never seals a block.
 
-use super::cache::{checks, CacheFormats, CacheUsage, KvCache, Region, ReqId, SwaSnapshot};
-use crate::cache::{CacheConfig, CacheManager, CacheSpec, RecordKind};
+use super::cache::{checks, CacheUsage, KvCache, SwaSnapshot};
+use crate::cache::{CacheConfig, CacheManager, CacheSpec, RecordKind, RequestId};
 use crate::error::{Error, Result};
+use crate::formats::KvScheme;
 use crate::formats::{decode_rows, encode_rows, KV_DIM};
-use crate::geometry::{Geometry, KvLayout};
+use crate::geometry::Geometry;
 use crate::ops::compressor::CompressorState;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-/// One KV-source layer as the adapter sees it.
-#[derive(Debug, Clone, Copy)]
-struct Pool {
-    layer: usize,
-    ratio: usize,
-}
-
-#[derive(Debug)]
+/// The per-request state the manager does not keep: the stack's compressor carry per KV-source
+/// layer.
+#[derive(Debug, Default)]
 struct ReqState {
-    /// Stored entries per pool (index into `PagedCache::pools`): [main, index].
-    entries: Vec<[usize; 2]>,
-    /// Per layer: the SWA positions held (None: no window since open or drop).
-    swa: Vec<Option<Range<usize>>>,
     carry: HashMap<usize, Option<CompressorState>>,
 }
 
@@ -48,44 +47,47 @@ struct ReqState {
 #[derive(Debug)]
 pub struct PagedCache {
     manager: Arc<CacheManager>,
-    formats: CacheFormats,
-    pools: Vec<Pool>,
+    formats: KvScheme,
+    /// KV-source layers, in layer order.
+    kv_layers: Vec<usize>,
     num_layers: usize,
     window: usize,
-    reqs: HashMap<ReqId, ReqState>,
-}
-
-fn kind(region: Region) -> RecordKind {
-    match region {
-        Region::Main => RecordKind::Main,
-        Region::Index => RecordKind::Index,
-    }
+    reqs: HashMap<RequestId, ReqState>,
 }
 
 impl PagedCache {
-    /// The adapter over `manager`. Its spec must give every KV-source layer the same main and
-    /// index formats (one [`CacheFormats`]), as [`CacheSpec::from_geometry`] does.
+    /// The adapter over `manager`. Its spec must be one [`KvScheme`]'s (its `layout` names the
+    /// scheme and every KV-source layer stores that scheme's main and index formats), as
+    /// [`CacheSpec::from_geometry`] makes it.
     ///
-    /// Errors: [`Error::Invalid`] for a spec without KV-source layers, a pool without index K, or
-    /// pools of different formats.
+    /// Errors: [`Error::Invalid`] for a spec without KV-source layers, of no named scheme (e.g.
+    /// V4-Flash, whose HCA layers have no index K), or whose pools disagree with its scheme.
     pub fn new(manager: Arc<CacheManager>) -> Result<PagedCache> {
         let spec = manager.spec();
-        let first = spec.pools.first().ok_or_else(|| {
-            Error::invalid(
+        if spec.pools.is_empty() {
+            return Err(Error::invalid(
                 "cache spec",
                 format!("{} has no KV-source layer", spec.name),
+            ));
+        }
+        let formats = KvScheme::from_name(&spec.layout).map_err(|_| {
+            Error::invalid(
+                "cache spec",
+                format!(
+                    "{} is in layout `{}`, not one of the KV schemes (nvfp4, mxfp8, v4)",
+                    spec.name, spec.layout
+                ),
             )
         })?;
-        let formats = CacheFormats {
-            main: first.main,
-            index: first.index.ok_or_else(|| {
-                Error::invalid(
-                    "cache spec",
-                    format!("layer {} has no index K (CSA2 needs one)", first.layer),
-                )
-            })?,
-            swa: spec.swa_format,
-        };
+        if spec.swa_format != formats.swa {
+            return Err(Error::invalid(
+                "cache spec",
+                format!(
+                    "SWA records are {:?}, scheme {} stores {:?}",
+                    spec.swa_format, formats.name, formats.swa
+                ),
+            ));
+        }
         if let Some(p) = spec
             .pools
             .iter()
@@ -94,21 +96,14 @@ impl PagedCache {
             return Err(Error::invalid(
                 "cache spec",
                 format!(
-                    "layer {} stores {:?}/{:?}, layer {} {:?}/{:?}: one format per region expected",
-                    p.layer, p.main, p.index, first.layer, formats.main, formats.index
+                    "layer {} stores {:?}/{:?}, scheme {} stores {:?}/{:?}",
+                    p.layer, p.main, p.index, formats.name, formats.main, formats.index
                 ),
             ));
         }
         Ok(PagedCache {
             formats,
-            pools: spec
-                .pools
-                .iter()
-                .map(|p| Pool {
-                    layer: p.layer,
-                    ratio: p.ratio,
-                })
-                .collect(),
+            kv_layers: spec.pools.iter().map(|p| p.layer).collect(),
             num_layers: spec.num_layers,
             window: spec.window,
             reqs: HashMap::new(),
@@ -116,27 +111,13 @@ impl PagedCache {
         })
     }
 
-    /// A fresh host-memory manager of `num_blocks` blocks of 256 tokens for geometry `g` in the
-    /// KV layout whose record formats are `formats` (CSA2 → NVFP4, launch day → V4 record), and the
-    /// adapter over it.
+    /// A fresh host-memory manager of `num_blocks` blocks of 256 tokens for geometry `g` in
+    /// `scheme` (the cache spec is the scheme's: [`CacheSpec::from_geometry`]), and the adapter
+    /// over it.
     ///
-    /// Errors: [`Error::Invalid`] when no [`KvLayout`] has `formats`, or from [`CacheManager::new`].
-    pub fn host(g: &Geometry, formats: CacheFormats, num_blocks: usize) -> Result<PagedCache> {
-        let spec = KvLayout::ALL
-            .iter()
-            .map(|&l| CacheSpec::from_geometry(g, l))
-            .find(|s| {
-                s.swa_format == formats.swa
-                    && s.pools
-                        .iter()
-                        .all(|p| p.main == formats.main && p.index == Some(formats.index))
-            })
-            .ok_or_else(|| {
-                Error::invalid(
-                    "formats",
-                    format!("{formats:?} is not one of the KV layouts (nvfp4, mxfp8, v4)"),
-                )
-            })?;
+    /// Errors: from [`CacheManager::new`].
+    pub fn host(g: &Geometry, scheme: KvScheme, num_blocks: usize) -> Result<PagedCache> {
+        let spec = CacheSpec::from_geometry(g, scheme);
         let m = CacheManager::new(spec, CacheConfig::host(num_blocks), b"csa2 backend paged")?;
         PagedCache::new(Arc::new(m))
     }
@@ -146,19 +127,17 @@ impl PagedCache {
         &self.manager
     }
 
-    fn pool(&self, layer: usize) -> Result<usize> {
-        self.pools
-            .iter()
-            .position(|p| p.layer == layer)
-            .ok_or_else(|| {
-                Error::invalid(
-                    "layer",
-                    format!(
-                        "layer {layer} owns no global KV (KV-source layers: {:?})",
-                        self.pools.iter().map(|p| p.layer).collect::<Vec<_>>()
-                    ),
-                )
-            })
+    fn check_kv_layer(&self, layer: usize) -> Result<()> {
+        if self.kv_layers.contains(&layer) {
+            return Ok(());
+        }
+        Err(Error::invalid(
+            "layer",
+            format!(
+                "layer {layer} owns no global KV (KV-source layers: {:?})",
+                self.kv_layers
+            ),
+        ))
     }
     fn check_layer(&self, layer: usize) -> Result<()> {
         if layer < self.num_layers {
@@ -170,33 +149,24 @@ impl PagedCache {
             ))
         }
     }
-    fn req(&self, req: ReqId) -> Result<&ReqState> {
+    fn req(&self, req: RequestId) -> Result<&ReqState> {
         self.reqs
             .get(&req)
             .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
     }
-    fn req_mut(&mut self, req: ReqId) -> Result<&mut ReqState> {
+    fn req_mut(&mut self, req: RequestId) -> Result<&mut ReqState> {
         self.reqs
             .get_mut(&req)
             .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
     }
-
-    /// Points `layer`'s ring at `start` with `records` (oldest first), replacing what it held.
-    fn swa_reset(&mut self, req: ReqId, layer: usize, start: usize, records: &[u8]) -> Result<()> {
-        self.manager.swa_clear(req, layer)?;
-        self.manager.swa_write_rows(req, layer, start, records)?;
-        let n = records.len() / self.formats.swa.record_bytes();
-        self.req_mut(req)?.swa[layer] = Some(start..start + n);
-        Ok(())
-    }
 }
 
 impl KvCache for PagedCache {
-    fn formats(&self) -> CacheFormats {
+    fn formats(&self) -> KvScheme {
         self.formats
     }
 
-    fn open(&mut self, req: ReqId) -> Result<()> {
+    fn open(&mut self, req: RequestId) -> Result<()> {
         if self.reqs.contains_key(&req) {
             return Err(Error::invalid(
                 "request",
@@ -204,146 +174,100 @@ impl KvCache for PagedCache {
             ));
         }
         self.manager.add_request(req)?;
-        self.reqs.insert(
-            req,
-            ReqState {
-                entries: vec![[0; 2]; self.pools.len()],
-                swa: vec![None; self.num_layers],
-                carry: HashMap::new(),
-            },
-        );
+        self.reqs.insert(req, ReqState::default());
         Ok(())
     }
 
-    fn contains(&self, req: ReqId) -> bool {
+    fn contains(&self, req: RequestId) -> bool {
         self.reqs.contains_key(&req)
     }
 
-    fn close(&mut self, req: ReqId) -> Result<()> {
+    fn close(&mut self, req: RequestId) -> Result<()> {
         self.req(req)?;
         self.manager.free_request(req)?;
         self.reqs.remove(&req);
         Ok(())
     }
 
-    fn entries(&self, req: ReqId, layer: usize) -> Result<usize> {
-        let p = self.pool(layer)?;
-        Ok(self.req(req)?.entries[p][0])
+    fn entries(&self, req: RequestId, layer: usize) -> Result<usize> {
+        self.check_kv_layer(layer)?;
+        self.req(req)?;
+        self.manager.stored_entries(req, layer, RecordKind::Main)
     }
 
     fn write_entries(
         &mut self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
-        region: Region,
+        kind: RecordKind,
         first: usize,
         rows: &[f32],
     ) -> Result<()> {
-        let p = self.pool(layer)?;
-        let fmt = self.formats.of(region);
-        let n = checks::row_count(&format!("layer {layer} {region:?} rows"), fmt, rows)?;
-        let r = region as usize;
-        let count = self.req(req)?.entries[p][r];
-        checks::no_gap(layer, region, first, count)?;
+        self.check_kv_layer(layer)?;
+        let fmt = kind.format(&self.formats);
+        let n = checks::row_count(&format!("layer {layer} {kind:?} rows"), fmt, rows)?;
+        self.req(req)?;
+        let count = self.manager.stored_entries(req, layer, kind)?;
+        checks::no_gap(layer, kind, first, count)?;
         if n == 0 {
             return Ok(());
         }
-        let rb = fmt.record_bytes();
-        let mut recs = vec![0u8; n * rb];
+        let mut recs = vec![0u8; n * fmt.record_bytes()];
         encode_rows(fmt, rows, &mut recs)?;
-        // Entry j of a ratio-m layer covers tokens [j·m, j·m + m): grow the block table first, so
-        // an exhausted pool fails before any slot is touched.
-        self.manager
-            .allocate(req, (first + n) * self.pools[p].ratio)?;
-        let slots = self.manager.slot_mapping(req, layer, first..first + n)?;
-        let k = kind(region);
-        self.manager.check_writable(layer, k, &slots)?;
-        for (slot, rec) in slots.iter().zip(recs.chunks_exact(rb)) {
-            self.manager.write_record(layer, k, *slot, rec)?;
-        }
-        let c = &mut self.req_mut(req)?.entries[p][r];
-        *c = (*c).max(first + n);
-        Ok(())
+        self.manager.append_entries(req, layer, kind, first, &recs)
     }
 
     fn records(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
-        region: Region,
+        kind: RecordKind,
         range: Range<usize>,
     ) -> Result<Cow<'_, [u8]>> {
-        let p = self.pool(layer)?;
-        let count = self.req(req)?.entries[p][region as usize];
-        checks::stored(layer, region, &range, count)?;
+        self.check_kv_layer(layer)?;
+        self.req(req)?;
+        let count = self.manager.stored_entries(req, layer, kind)?;
+        checks::stored(layer, kind, &range, count)?;
         if range.is_empty() {
             return Ok(Cow::Borrowed(&[]));
         }
-        let k = kind(region);
-        let place = *self
-            .manager
-            .block_layout()
-            .place(layer, k)
-            .ok_or_else(|| Error::Internal(format!("layer {layer} has no {k:?} page")))?;
-        let (page, slots_per_block) = (place.page, place.page.slots as u64);
-        let fmt = page.format;
-        let (rb, db) = (fmt.record_bytes(), fmt.data_bytes());
-        let slots = self.manager.slot_mapping(req, layer, range)?;
-        let mut out = vec![0u8; slots.len() * rb];
-        // Consecutive entries share a block until the page is full: one page lock per block run.
-        let mut i = 0;
-        while i < slots.len() {
-            let block = slots[i] / slots_per_block;
-            let run = slots[i..]
-                .iter()
-                .take_while(|&&s| s / slots_per_block == block)
-                .count();
-            let dst = &mut out[i * rb..(i + run) * rb];
-            self.manager.with_page(layer, k, block as u32, |pg| {
-                for (s, o) in slots[i..i + run].iter().zip(dst.chunks_exact_mut(rb)) {
-                    let (d, sc) = page.slot_ranges((s % slots_per_block) as usize);
-                    o[..db].copy_from_slice(&pg[d]);
-                    o[db..].copy_from_slice(&pg[sc]);
-                }
-            })?;
-            i += run;
-        }
-        Ok(Cow::Owned(out))
+        Ok(Cow::Owned(
+            self.manager.gather_entries(req, layer, kind, range)?,
+        ))
     }
 
-    fn swa_write(&mut self, req: ReqId, layer: usize, first: usize, rows: &[f32]) -> Result<()> {
+    fn swa_write(
+        &mut self,
+        req: RequestId,
+        layer: usize,
+        first: usize,
+        rows: &[f32],
+    ) -> Result<()> {
         self.check_layer(layer)?;
         let fmt = self.formats.swa;
         let n = checks::row_count(&format!("layer {layer} SWA rows"), fmt, rows)?;
-        let w = self.window;
-        let held = self.req(req)?.swa[layer].clone();
+        self.req(req)?;
         // Only the newest `window` rows can survive: encode just those.
-        let skip = n.saturating_sub(w);
+        let skip = n.saturating_sub(self.window);
         let mut recs = vec![0u8; (n - skip) * fmt.record_bytes()];
         encode_rows(fmt, &rows[skip * fmt.dim()..], &mut recs)?;
-        let start = match held {
-            Some(h) if h.end == first => h.start,
+        let held = self.manager.swa_window(req, layer)?;
+        if held.is_none_or(|h| h.end != first) {
             // A write that does not continue the window restarts it (replay, decoder jump).
-            _ => {
-                self.manager.swa_clear(req, layer)?;
-                first
-            }
-        };
-        self.manager
-            .swa_write_rows(req, layer, first + skip, &recs)?;
-        let end = first + n;
-        self.req_mut(req)?.swa[layer] = Some(start.max(end.saturating_sub(w))..end);
-        Ok(())
+            self.manager.swa_restart(req, layer, first)?;
+        }
+        self.manager.swa_write_rows(req, layer, first + skip, &recs)
     }
 
-    fn swa_held(&self, req: ReqId, layer: usize) -> Result<Range<usize>> {
+    fn swa_held(&self, req: RequestId, layer: usize) -> Result<Range<usize>> {
         self.check_layer(layer)?;
-        Ok(self.req(req)?.swa[layer].clone().unwrap_or(0..0))
+        self.req(req)?;
+        Ok(self.manager.swa_window(req, layer)?.unwrap_or(0..0))
     }
 
     fn swa_read(
         &self,
-        req: ReqId,
+        req: RequestId,
         layer: usize,
         range: Range<usize>,
         out: &mut [f32],
@@ -360,8 +284,8 @@ impl KvCache for PagedCache {
         decode_rows(fmt, &recs, out)
     }
 
-    fn swa_snapshot(&self, req: ReqId, layers: &[usize]) -> Result<SwaSnapshot> {
-        let st = self.req(req)?;
+    fn swa_snapshot(&self, req: RequestId, layers: &[usize]) -> Result<SwaSnapshot> {
+        self.req(req)?;
         let rb = self.formats.swa.record_bytes();
         let mut out = SwaSnapshot {
             end: 0,
@@ -369,7 +293,7 @@ impl KvCache for PagedCache {
         };
         for &l in layers {
             self.check_layer(l)?;
-            let Some(held) = st.swa[l].clone() else {
+            let Some(held) = self.manager.swa_window(req, l)? else {
                 continue;
             };
             let mut recs = vec![0u8; held.len() * rb];
@@ -382,7 +306,7 @@ impl KvCache for PagedCache {
         Ok(out)
     }
 
-    fn swa_restore(&mut self, req: ReqId, snap: &SwaSnapshot) -> Result<()> {
+    fn swa_restore(&mut self, req: RequestId, snap: &SwaSnapshot) -> Result<()> {
         let (w, rb) = (self.window, self.formats.swa.record_bytes());
         for (l, _, recs) in &snap.layers {
             self.check_layer(*l)?;
@@ -396,29 +320,30 @@ impl KvCache for PagedCache {
         }
         self.req(req)?;
         for (l, start, recs) in &snap.layers {
-            self.swa_reset(req, *l, *start, recs)?;
+            // The window restarts at the snapshot's first position with its records.
+            self.manager.swa_restart(req, *l, *start)?;
+            self.manager.swa_write_rows(req, *l, *start, recs)?;
         }
         Ok(())
     }
 
-    fn swa_drop(&mut self, req: ReqId, layers: &[usize]) -> Result<()> {
+    fn swa_drop(&mut self, req: RequestId, layers: &[usize]) -> Result<()> {
         for &l in layers {
             self.check_layer(l)?;
         }
         self.req(req)?;
         for &l in layers {
             self.manager.swa_clear(req, l)?;
-            self.req_mut(req)?.swa[l] = None;
         }
         Ok(())
     }
 
-    fn carry(&mut self, req: ReqId, layer: usize) -> Result<&mut Option<CompressorState>> {
-        self.pool(layer)?;
+    fn carry(&mut self, req: RequestId, layer: usize) -> Result<&mut Option<CompressorState>> {
+        self.check_kv_layer(layer)?;
         Ok(self.req_mut(req)?.carry.entry(layer).or_default())
     }
 
-    fn carry_drop(&mut self, req: ReqId) -> Result<()> {
+    fn carry_drop(&mut self, req: RequestId) -> Result<()> {
         self.req_mut(req)?.carry.clear();
         Ok(())
     }
@@ -438,10 +363,11 @@ impl KvCache for PagedCache {
             self.formats.main.record_bytes(),
             self.formats.index.record_bytes(),
         );
-        for st in self.reqs.values() {
-            for e in &st.entries {
-                u.main_bytes += e[0] * mb;
-                u.index_bytes += e[1] * ib;
+        for (&req, st) in &self.reqs {
+            for &l in &self.kv_layers {
+                let n = |k| self.manager.stored_entries(req, l, k).unwrap_or(0);
+                u.main_bytes += n(RecordKind::Main) * mb;
+                u.index_bytes += n(RecordKind::Index) * ib;
             }
             u.carry_bytes += st
                 .carry
@@ -465,11 +391,17 @@ mod tests {
             .collect()
     }
 
-    /// Every window the two caches hold agrees, range and rows.
-    fn same_windows(c: &ContiguousCache, p: &PagedCache, req: ReqId, layers: &[usize]) {
+    /// Every window the two caches hold agrees, range and rows, and the manager (what the C ABI
+    /// reads) holds the adapter's window: the adapter keeps no window state of its own.
+    fn same_windows(c: &ContiguousCache, p: &PagedCache, req: RequestId, layers: &[usize]) {
         for &l in layers {
             let h = c.swa_held(req, l).unwrap();
             assert_eq!(p.swa_held(req, l).unwrap(), h, "layer {l}");
+            let m = p.manager().swa_window(req, l).unwrap();
+            assert_eq!(m.unwrap_or(0..0), h, "layer {l} in the manager");
+            if let Some(&pos) = h.clone().collect::<Vec<_>>().last() {
+                assert_eq!(p.manager().swa_newest(req, l).unwrap(), Some(pos + 1));
+            }
             let mut x = vec![0f32; h.len() * 512];
             let mut y = vec![1f32; h.len() * 512];
             c.swa_read(req, l, h.clone(), &mut x).unwrap();
@@ -486,8 +418,8 @@ mod tests {
     fn swa_windows_follow_the_contiguous_rules_step_by_step() {
         let g = Geometry::embedded();
         let w = g.window;
-        let mut c = ContiguousCache::new(&g, CacheFormats::CSA2);
-        let mut p = PagedCache::host(&g, CacheFormats::CSA2, 4).unwrap();
+        let mut c = ContiguousCache::new(&g, KvScheme::CSA2);
+        let mut p = PagedCache::host(&g, KvScheme::CSA2, 4).unwrap();
         let x = rows(400, 512, 1.0);
         let r = |a: usize, b: usize| &x[a * 512..b * 512];
         // (first, rows): within the window, across it, more than a window at once, an empty
@@ -547,7 +479,7 @@ mod tests {
     #[test]
     fn entries_round_trip_and_the_tail_can_be_rewritten() {
         let g = Geometry::embedded();
-        for f in [CacheFormats::CSA2, CacheFormats::LAUNCH_DAY] {
+        for f in [KvScheme::CSA2, KvScheme::LAUNCH_DAY] {
             let mut c = ContiguousCache::new(&g, f);
             let mut p = PagedCache::host(&g, f, 4).unwrap();
             let x = rows(300, 512, 0.3);
@@ -556,22 +488,41 @@ mod tests {
                 cache.open(1).unwrap();
                 // Layer 2 (ratio 2): 128 entries per 256-token block; 300 entries span 3 blocks.
                 cache
-                    .write_entries(1, 2, Region::Main, 0, &x[..127 * 512])
+                    .write_entries(1, 2, RecordKind::Main, 0, &x[..127 * 512])
                     .unwrap();
                 cache
-                    .write_entries(1, 2, Region::Main, 127, &x[127 * 512..])
+                    .write_entries(1, 2, RecordKind::Main, 127, &x[127 * 512..])
                     .unwrap();
                 // Rewrite entries 255 and 256 (across a block boundary).
-                cache.write_entries(1, 2, Region::Main, 255, &y).unwrap();
+                cache
+                    .write_entries(1, 2, RecordKind::Main, 255, &y)
+                    .unwrap();
                 assert_eq!(cache.entries(1, 2).unwrap(), 300);
             }
             for range in [0..300, 1..2, 127..129, 250..300, 5..5] {
-                let a = c.records(1, 2, Region::Main, range.clone()).unwrap();
-                let b = p.records(1, 2, Region::Main, range.clone()).unwrap();
+                let a = c.records(1, 2, RecordKind::Main, range.clone()).unwrap();
+                let b = p.records(1, 2, RecordKind::Main, range.clone()).unwrap();
                 assert!(a[..] == b[..], "{f:?} {range:?}");
             }
             assert_eq!(p.manager().block_table(1).unwrap().len(), 3);
             assert_eq!(p.usage().main_bytes, c.usage().main_bytes);
+            // The manager counts the entries, and the C ABI's slot mapping reads them back.
+            let m = p.manager();
+            assert_eq!(m.stored_entries(1, 2, RecordKind::Main).unwrap(), 300);
+            assert_eq!(m.stored_entries(1, 2, RecordKind::Index).unwrap(), 0);
+            let slots = m.slot_mapping(1, 2, 255..257).unwrap();
+            let rb = f.main.record_bytes();
+            let mut rec = vec![0u8; rb];
+            m.read_record(2, RecordKind::Main, slots[1], &mut rec)
+                .unwrap();
+            let want = c.records(1, 2, RecordKind::Main, 256..257).unwrap();
+            assert_eq!(&rec[..], &want[..]);
+            // A gap is refused by the manager as by the adapter, and changes nothing.
+            let e = m
+                .append_entries(1, 2, RecordKind::Main, 301, &vec![0u8; rb])
+                .unwrap_err();
+            assert!(e.to_string().contains("gap"), "{e}");
+            assert_eq!(m.stored_entries(1, 2, RecordKind::Main).unwrap(), 300);
         }
     }
 }

@@ -13,13 +13,13 @@
 
 use super::cache::KvCache;
 use super::layer::{attention_sublayer, StepBuffers};
-use super::plan::{RowSet, SeqStep, StepPlan};
 use super::timing::{Op, Timings};
 use super::BackendConfig;
 use crate::error::{Error, Result};
 use crate::formats::scalar::e8m0_decode;
 use crate::geometry::Geometry;
 use crate::ops::mhc::{boundary, one_hot_pre, BoundaryIn, MhcParams, PostUpdate, HC};
+use crate::replay::{RowSet, SeqStep, StepPlan};
 use crate::weights::synth::{quantize_fp8_block, source_values};
 use crate::weights::{layer_specs, Checkpoint, LayerWeights, Matrix, Scale, Stored, TensorSpec};
 use rand::{Rng, SeedableRng};

@@ -9,6 +9,7 @@
 //! one allocation serve every layer while no two layers share a byte.
 
 use super::spec::{CacheSpec, PAGE_ALIGN};
+use crate::formats::{KvScheme, RecordFormat};
 use crate::formats::page::PageLayout;
 use serde::Serialize;
 
@@ -20,6 +21,16 @@ pub enum RecordKind {
     Main,
     /// The indexer's K.
     Index,
+}
+
+impl RecordKind {
+    /// The record format this kind of cache stores under `scheme` (main KV or index K).
+    pub fn format(self, scheme: &KvScheme) -> RecordFormat {
+        match self {
+            RecordKind::Main => scheme.main,
+            RecordKind::Index => scheme.index,
+        }
+    }
 }
 
 /// One page inside a block slab.

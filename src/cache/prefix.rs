@@ -6,8 +6,15 @@
 //! SHA-256 makes a crafted prompt unable to produce another prompt's key (vLLM's default hash since
 //! v0.10.2; docs/SPEC.md §0.5). The seed is deterministic, so keys survive restarts and
 //! are shared between processes (vLLM #51875).
+//!
+//! [`PrefixIndex`] maps published keys to blocks; the facade's [`CacheManager::lookup_prefix`],
+//! [`CacheManager::adopt_prefix`] and [`CacheManager::publish`] keep it and the block pool in step.
 
+use super::pool::BlockPool;
+use super::{CacheManager, Meta, RequestId};
+use crate::error::{Error, Result};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::fmt;
 
 /// A 32-byte chained prefix key; names a block *and every block before it*.
@@ -102,6 +109,150 @@ impl PrefixHasher {
         h.update(tag.as_bytes());
         h.update(at.0);
         PrefixKey(h.finalize().into())
+    }
+}
+
+/// Published keys → blocks, and the hit counters (under the manager's metadata lock).
+#[derive(Default)]
+pub(super) struct PrefixIndex {
+    map: HashMap<PrefixKey, u32>,
+    pub(super) hits: u64,
+    pub(super) queries: u64,
+}
+
+impl PrefixIndex {
+    pub(super) fn get(&self, k: &PrefixKey) -> Option<u32> {
+        self.map.get(k).copied()
+    }
+    pub(super) fn remove(&mut self, k: &PrefixKey) {
+        self.map.remove(k);
+    }
+
+    /// Length of the leading run of `keys` that is cached as one chain: key `i` is indexed and
+    /// its block was published with key `i − 1` as parent (key 0 with none).
+    ///
+    /// Errors: [`Error::Invalid`] when a cached key's parent is not the key before it (the keys
+    /// were not computed from one token sequence, e.g. two prompts' keys spliced together).
+    fn chain_run(&self, pool: &BlockPool, keys: &[PrefixKey]) -> Result<usize> {
+        let mut parent: Option<&PrefixKey> = None;
+        for (i, k) in keys.iter().enumerate() {
+            let Some(&b) = self.map.get(k) else {
+                return Ok(i);
+            };
+            if pool.blocks[b as usize].parent.as_ref() != parent {
+                let place = match i {
+                    0 => "is cached as a later block of a chain, not its head".to_string(),
+                    _ => format!("is cached but does not follow key {} in its chain", i - 1),
+                };
+                return Err(Error::invalid("keys", format!("key {i} ({k:?}) {place}")));
+            }
+            parent = Some(k);
+        }
+        Ok(keys.len())
+    }
+}
+
+/// Errors with [`Error::Invalid`] naming the first key that repeats an earlier one.
+fn check_distinct(keys: &[PrefixKey]) -> Result<()> {
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    for (i, k) in keys.iter().enumerate() {
+        if !seen.insert(k) {
+            return Err(Error::invalid(
+                "keys",
+                format!("key {i} ({k:?}) repeats an earlier key; prefix keys are one chain"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl CacheManager {
+    /// Longest run of leading `keys` present in the cache (no state change). Only a chain counts:
+    /// key `i` must have been published right after key `i − 1` (key 0 as a prefix head).
+    ///
+    /// Errors: [`Error::Invalid`] when `keys` repeats a key.
+    pub fn lookup_prefix(&self, keys: &[PrefixKey]) -> Result<usize> {
+        check_distinct(keys)?;
+        let m = self.meta.lock();
+        m.index.chain_run(&m.pool, keys)
+    }
+
+    /// Attaches the longest cached run of leading `keys` to request `id`, whose table must be empty;
+    /// each adopted block gains a reference and leaves the LRU. Returns the blocks adopted (the hit
+    /// covers `blocks × block_tokens` tokens).
+    ///
+    /// Only a chain is adopted (as [`CacheManager::lookup_prefix`]): the run stops at the first
+    /// key that is absent or was not published right after the key before it.
+    ///
+    /// Errors: [`Error::NotFound`] for an unknown id; [`Error::Invalid`] when its table is not
+    /// empty or `keys` repeats a key (which would alias one block several times in a table).
+    pub fn adopt_prefix(&self, id: RequestId, keys: &[PrefixKey]) -> Result<usize> {
+        check_distinct(keys)?;
+        let mut guard = self.meta.lock();
+        let m: &mut Meta = &mut guard;
+        let req = m.tables.get(id)?;
+        if !req.table.is_empty() {
+            return Err(Error::invalid(
+                "request",
+                format!(
+                    "{id} already holds {} blocks; adopt a prefix before allocating",
+                    req.table.len()
+                ),
+            ));
+        }
+        let run = m.index.chain_run(&m.pool, keys)?;
+        let mut adopted = Vec::new();
+        for k in &keys[..run] {
+            let b = m.index.get(k).expect("in the chain run");
+            m.pool.adopt(b);
+            adopted.push(b);
+        }
+        m.index.queries += keys.len() as u64;
+        m.index.hits += adopted.len() as u64;
+        let n = adopted.len();
+        let req = m.tables.get_mut(id)?;
+        req.table = adopted;
+        req.tokens = n * self.config.block_tokens;
+        Ok(n)
+    }
+
+    /// Publishes the first `keys.len()` full blocks of request `id` under `keys` (the chained keys of
+    /// its tokens, [`PrefixHasher::keys`]) after their records are written; they become sealed and
+    /// shareable. Blocks already published (adopted) are skipped; a key already owned by another
+    /// block keeps that block (this one stays private, as vLLM allows duplicates). Returns the blocks
+    /// newly published.
+    ///
+    /// Errors: [`Error::NotFound`] for an unknown id; [`Error::Invalid`] when `keys` names more full
+    /// blocks than the request's tokens fill.
+    pub fn publish(&self, id: RequestId, keys: &[PrefixKey]) -> Result<usize> {
+        check_distinct(keys)?;
+        let mut guard = self.meta.lock();
+        let m: &mut Meta = &mut guard;
+        let req = m.tables.get(id)?;
+        let full = req.tokens / self.config.block_tokens;
+        if keys.len() > full.min(req.table.len()) {
+            return Err(Error::invalid(
+                "keys",
+                format!(
+                    "{} keys for request {id}, which fills only {full} full blocks",
+                    keys.len()
+                ),
+            ));
+        }
+        let table = req.table[..keys.len()].to_vec();
+        let mut n = 0;
+        for (i, (k, b)) in keys.iter().zip(table).enumerate() {
+            let bm = &mut m.pool.blocks[b as usize];
+            if bm.key.is_some() || m.index.map.contains_key(k) {
+                continue;
+            }
+            bm.key = Some(*k);
+            bm.parent = i.checked_sub(1).map(|p| keys[p]);
+            m.index.map.insert(*k, b);
+            self.slabs.seal(b, true);
+            n += 1;
+        }
+        Ok(n)
     }
 }
 

@@ -8,8 +8,8 @@
 //! comparison.
 
 use crate::error::{Error, Result};
-use crate::formats::RecordFormat;
-use crate::geometry::{Geometry, KvLayout, Role};
+use crate::formats::{KvScheme, RecordFormat};
+use crate::geometry::{Geometry, Role};
 use serde::Serialize;
 
 /// Page alignment in bytes: every page (data + scale regions) starts on a 512-B boundary, the TMA
@@ -60,33 +60,13 @@ pub struct CacheSpec {
     pub pools: Vec<PoolSpec>,
 }
 
-fn formats(layout: KvLayout) -> (RecordFormat, RecordFormat, RecordFormat) {
-    match layout {
-        KvLayout::Nvfp4 => (
-            RecordFormat::Nvfp4Ds,
-            RecordFormat::Mxfp4Index,
-            RecordFormat::Mxfp8,
-        ),
-        KvLayout::Mxfp8 => (
-            RecordFormat::Mxfp8,
-            RecordFormat::Mxfp4Index,
-            RecordFormat::Mxfp8,
-        ),
-        KvLayout::V4 => (
-            RecordFormat::V4Record,
-            RecordFormat::Fp8Index,
-            RecordFormat::V4Record,
-        ),
-    }
-}
-
 impl CacheSpec {
     /// The CSA2 cache of `g` in `layout`: one pool per Full layer (role and ratio from the
     /// geometry), SWA rings for every layer, snapshots of the encoder layers (docs/SPEC.md §0, §3).
-    pub fn from_geometry(g: &Geometry, layout: KvLayout) -> CacheSpec {
-        let (main, index, swa) = formats(layout);
-        debug_assert_eq!(main.record_bytes(), layout.main_record_bytes());
-        debug_assert_eq!(index.record_bytes(), layout.index_record_bytes());
+    pub fn from_geometry(g: &Geometry, layout: KvScheme) -> CacheSpec {
+        let KvScheme {
+            main, index, swa, ..
+        } = layout;
         CacheSpec {
             name: format!("v41-{}", layout.as_str()),
             layout: layout.as_str().to_string(),
@@ -191,7 +171,7 @@ mod tests {
     #[test]
     fn released_spec_bytes() {
         let g = Geometry::embedded();
-        let s = CacheSpec::from_geometry(&g, KvLayout::Nvfp4);
+        let s = CacheSpec::from_geometry(&g, KvScheme::CSA2);
         assert_eq!(
             s.pools.iter().map(|p| p.layer).collect::<Vec<_>>(),
             vec![2, 8, 14, 20]
@@ -200,11 +180,11 @@ mod tests {
         assert_eq!(s.snapshot_layers.len(), 20);
         assert_eq!(s.snapshot_bytes(), 20 * 128 * 528);
         assert_eq!(
-            CacheSpec::from_geometry(&g, KvLayout::Mxfp8).global_bytes_per_token(),
+            CacheSpec::from_geometry(&g, KvScheme::MXFP8).global_bytes_per_token(),
             1490.0
         );
         assert_eq!(
-            CacheSpec::from_geometry(&g, KvLayout::V4).global_bytes_per_token(),
+            CacheSpec::from_geometry(&g, KvScheme::LAUNCH_DAY).global_bytes_per_token(),
             1790.0
         );
         assert_eq!(s.pools[0].compressor_state_floats(), 1024);

@@ -1,8 +1,9 @@
 use super::*;
+use crate::formats::KvScheme;
 use crate::formats::{encode_rows, RecordFormat};
-use crate::geometry::{Geometry, KvLayout};
+use crate::geometry::Geometry;
 
-fn manager(layout: KvLayout, blocks: usize) -> CacheManager {
+fn manager(layout: KvScheme, blocks: usize) -> CacheManager {
     let g = Geometry::embedded();
     CacheManager::new(
         CacheSpec::from_geometry(&g, layout),
@@ -20,7 +21,7 @@ fn row(seed: usize, dim: usize) -> Vec<f32> {
 
 #[test]
 fn ratio_two_pages_hold_half_the_entries_and_slots_follow_the_table() {
-    let c = manager(KvLayout::Nvfp4, 8);
+    let c = manager(KvScheme::CSA2, 8);
     c.add_request(1).unwrap();
     c.allocate(1, 600).unwrap(); // 3 blocks of 256
     let table = c.block_table(1).unwrap();
@@ -54,7 +55,7 @@ fn ratio_two_pages_hold_half_the_entries_and_slots_follow_the_table() {
 
 #[test]
 fn no_two_layers_alias_a_page_or_a_scale_region() {
-    for layout in KvLayout::ALL {
+    for layout in KvScheme::ALL {
         let c = manager(layout, 2);
         let places = &c.block_layout().pages;
         assert_eq!(places.len(), 8, "4 KV sources × (main, index)");
@@ -97,7 +98,7 @@ fn no_two_layers_alias_a_page_or_a_scale_region() {
 
 #[test]
 fn rows_round_trip_through_the_page_like_the_codec() {
-    let c = manager(KvLayout::Nvfp4, 2);
+    let c = manager(KvScheme::CSA2, 2);
     c.add_request(1).unwrap();
     c.allocate(1, 512).unwrap();
     let slot = c.slot_mapping(1, 8, 200..201).unwrap()[0];
@@ -128,7 +129,7 @@ fn rows_round_trip_through_the_page_like_the_codec() {
 
 #[test]
 fn prefix_blocks_are_shared_sealed_and_evicted_deepest_first() {
-    let c = manager(KvLayout::Nvfp4, 6);
+    let c = manager(KvScheme::CSA2, 6);
     let tokens: Vec<u32> = (0..800).collect();
     let keys = c.hasher().keys(&tokens);
     assert_eq!(keys.len(), 3);
@@ -183,7 +184,7 @@ fn prefix_blocks_are_shared_sealed_and_evicted_deepest_first() {
 
 #[test]
 fn out_of_blocks_is_an_error_that_changes_nothing() {
-    let c = manager(KvLayout::Nvfp4, 4);
+    let c = manager(KvScheme::CSA2, 4);
     c.add_request(1).unwrap();
     c.allocate(1, 3 * 256).unwrap();
     c.add_request(2).unwrap();
@@ -207,9 +208,9 @@ fn out_of_blocks_is_an_error_that_changes_nothing() {
 fn measured_bytes_per_token_at_long_context() {
     let tokens = 64 * 1024;
     for (layout, want) in [
-        (KvLayout::Nvfp4, 890.0),
-        (KvLayout::Mxfp8, 1490.0),
-        (KvLayout::V4, 1790.0),
+        (KvScheme::CSA2, 890.0),
+        (KvScheme::MXFP8, 1490.0),
+        (KvScheme::LAUNCH_DAY, 1790.0),
     ] {
         let c = manager(layout, tokens / 256 + 1);
         c.add_request(1).unwrap();
@@ -234,7 +235,7 @@ fn measured_bytes_per_token_at_long_context() {
 
 #[test]
 fn swa_ring_keeps_the_last_window_and_snapshots_encoder_layers() {
-    let c = manager(KvLayout::Nvfp4, 1);
+    let c = manager(KvScheme::CSA2, 1);
     c.add_request(1).unwrap();
     let rec = |p: usize, l: usize| vec![(p * 7 + l) as u8; 528];
     for p in 0..300 {
@@ -271,7 +272,7 @@ fn swa_ring_keeps_the_last_window_and_snapshots_encoder_layers() {
 
 #[test]
 fn compressor_pair_state_for_ratio_two_layers_only() {
-    let c = manager(KvLayout::Nvfp4, 1);
+    let c = manager(KvScheme::CSA2, 1);
     c.add_request(1).unwrap();
     assert_eq!(c.compressor_state(1, 2).unwrap(), None);
     let half: Vec<f32> = (0..1024).map(|i| i as f32).collect();
@@ -292,7 +293,7 @@ fn compressor_pair_state_for_ratio_two_layers_only() {
 fn accounting_backing_counts_without_memory() {
     let g = Geometry::embedded();
     let c = CacheManager::new(
-        CacheSpec::from_geometry(&g, KvLayout::Nvfp4),
+        CacheSpec::from_geometry(&g, KvScheme::CSA2),
         CacheConfig {
             block_tokens: 512,
             num_blocks: 100,
@@ -314,7 +315,7 @@ fn accounting_backing_counts_without_memory() {
 #[test]
 fn bad_configs_are_typed_errors() {
     let g = Geometry::embedded();
-    let spec = CacheSpec::from_geometry(&g, KvLayout::Nvfp4);
+    let spec = CacheSpec::from_geometry(&g, KvScheme::CSA2);
     for (bt, nb) in [(0, 4), (255, 4), (256, 0)] {
         let e = CacheManager::new(
             spec.clone(),
@@ -328,4 +329,48 @@ fn bad_configs_are_typed_errors() {
         .unwrap_err();
         assert!(matches!(e, Error::Invalid { .. }), "{e}");
     }
+}
+
+#[test]
+fn a_gap_write_restarts_the_window_and_skipped_positions_are_not_readable() {
+    let c = manager(KvScheme::CSA2, 1);
+    c.add_request(1).unwrap();
+    let rec = |p: usize| vec![(p * 3 + 1) as u8; 528];
+    for p in 0..10 {
+        c.swa_write(1, 4, p, &rec(p)).unwrap();
+    }
+    assert_eq!(c.swa_window(1, 4).unwrap(), Some(0..10));
+    // Position 20 leaves 10..20 unwritten: their ring slots hold nothing of this window, so the
+    // window restarts at 20 instead of claiming [21 − 128, 21).
+    c.swa_write(1, 4, 20, &rec(20)).unwrap();
+    assert_eq!(c.swa_window(1, 4).unwrap(), Some(20..21));
+    assert_eq!(c.swa_newest(1, 4).unwrap(), Some(21));
+    let mut out = vec![0u8; 528];
+    for p in [5, 15] {
+        assert!(
+            matches!(c.swa_read(1, 4, p, &mut out), Err(Error::NotFound(_))),
+            "position {p} is not in the restarted window"
+        );
+    }
+    let mut rows = vec![0u8; 2 * 528];
+    assert!(c.swa_read_rows(1, 4, 19, &mut rows).is_err());
+    c.swa_read(1, 4, 20, &mut out).unwrap();
+    assert_eq!(out, rec(20));
+    // A write that overlaps the window (rewriting an older held position) keeps it.
+    c.swa_write_rows(1, 4, 21, &[rec(21), rec(22)].concat())
+        .unwrap();
+    c.swa_write(1, 4, 21, &rec(99)).unwrap();
+    assert_eq!(c.swa_window(1, 4).unwrap(), Some(20..23));
+    c.swa_read(1, 4, 21, &mut out).unwrap();
+    assert_eq!(out, rec(99));
+    // An explicit restart holds nothing until written; a clear forgets the window.
+    c.swa_restart(1, 4, 500).unwrap();
+    assert_eq!(c.swa_window(1, 4).unwrap(), Some(500..500));
+    assert!(c.swa_read(1, 4, 22, &mut out).is_err());
+    c.swa_write(1, 4, 500, &rec(500)).unwrap();
+    assert_eq!(c.swa_window(1, 4).unwrap(), Some(500..501));
+    c.swa_clear(1, 4).unwrap();
+    assert_eq!(c.swa_window(1, 4).unwrap(), None);
+    assert!(c.swa_restart(1, 40, 0).is_err(), "layer past the backbone");
+    assert!(c.swa_restart(2, 4, 0).is_err(), "unknown request");
 }

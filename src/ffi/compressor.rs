@@ -13,12 +13,13 @@
 //! another call on that handle.
 
 use super::cache::{cache, Csa2Cache};
-use super::dlpack::{check_disjoint, DLTensor};
+use super::dlpack::{check_disjoint, host, host_opt, DLTensor, DType, View, FLOATS};
+use super::geometry::layer_plan;
 use super::handle::{self, Handle, Registry};
-use super::ops::{compress_views, layer_plan};
-use super::{arg_out, boundary, boundary_free, Csa2Geometry, Csa2Status};
+use super::{arg_out, guarded, guarded_free, Csa2Geometry, Csa2Status};
 use crate::error::{Error, Result};
-use crate::formats::{KV_DIM, NVFP4_DS_BYTES};
+use crate::formats::{INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
+use crate::shape::{Dim, Dims};
 use crate::ops::compressor::{Compressor, CompressorState, CompressorWeights};
 use crate::ops::rope::Rope;
 use parking_lot::Mutex;
@@ -75,7 +76,7 @@ pub unsafe extern "C" fn csa2_compressor_state_create(
     start_pos: u64,
     out: *mut *mut Csa2CompressorState,
 ) -> Csa2Status {
-    boundary("csa2_compressor_state_create", || {
+    guarded("csa2_compressor_state_create", || {
         let gl = layer_plan(geometry, layer)?;
         let plan = gl.plan();
         // SAFETY: `out` is the caller's writable slot (null checked).
@@ -107,7 +108,7 @@ pub unsafe extern "C" fn csa2_compressor_state_create(
 /// None beyond the C ABI's: any value of `s` is checked (kept `unsafe` for source compatibility).
 #[no_mangle]
 pub unsafe extern "C" fn csa2_compressor_state_free(s: *mut Csa2CompressorState) -> Csa2Status {
-    boundary_free("csa2_compressor_state_free", || handle::free(s, "state"))
+    guarded_free("csa2_compressor_state_free", || handle::free(s, "state"))
 }
 
 /// Drops any open group and sets the next position to `start_pos` (a multiple of the ratio), e.g.
@@ -123,7 +124,7 @@ pub unsafe extern "C" fn csa2_compressor_state_reset(
     s: *const Csa2CompressorState,
     start_pos: u64,
 ) -> Csa2Status {
-    boundary("csa2_compressor_state_reset", || {
+    guarded("csa2_compressor_state_reset", || {
         // SAFETY: the caller's contract.
         let s = unsafe { state(s) }?;
         group_start(start_pos, s.ratio)?;
@@ -145,7 +146,7 @@ pub unsafe extern "C" fn csa2_compressor_state_query(
     pending: *mut u64,
     layer: *mut u32,
 ) -> Csa2Status {
-    boundary("csa2_compressor_state_query", || {
+    guarded("csa2_compressor_state_query", || {
         // SAFETY: the caller's contract.
         let s = unsafe { state(s) }?;
         let st = s.st.lock();
@@ -165,6 +166,50 @@ pub unsafe extern "C" fn csa2_compressor_state_query(
     })
 }
 
+/// Arguments of [`csa2_compress_step`] (shapes there).
+/// Set `struct_size` to `sizeof(Csa2CompressStepArgs)` (rules: "Args structs", header top).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Csa2CompressStepArgs {
+    /// `sizeof(Csa2CompressStepArgs)` as the caller was compiled.
+    pub struct_size: usize,
+    /// Live geometry handle (the state's own).
+    pub geometry: *const Csa2Geometry,
+    /// The state's layer.
+    pub layer: u32,
+    /// Live compressor state of the request.
+    pub state: *const Csa2CompressorState,
+    /// `(T, 512)` float KV projections of the next T tokens.
+    pub kv: *const DLTensor,
+    /// `(T, 512)` float gate for ratio 2; null for ratio 1.
+    pub score: *const DLTensor,
+    /// `(512)` float KV RMSNorm weight.
+    pub norm: *const DLTensor,
+    /// `(128, 512)` float index-K projection.
+    pub wk: *const DLTensor,
+    /// `(128)` float index-K RMSNorm weight.
+    pub k_norm: *const DLTensor,
+    /// Output `(E, 288)` uint8 NVFP4-DS main-KV records.
+    pub main_kv_out: *const DLTensor,
+    /// Output `(E, 68)` uint8 MXFP4 index-K records.
+    pub index_k_out: *const DLTensor,
+    /// Output: the id of the first entry written.
+    pub first_entry: *mut u64,
+}
+
+// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
+unsafe impl super::ArgsStruct for Csa2CompressStepArgs {
+    const NAME: &'static str = "Csa2CompressStepArgs";
+    const V1_SIZE: usize = std::mem::size_of::<Csa2CompressStepArgs>();
+}
+
+impl Default for Csa2CompressStepArgs {
+    /// All members zero, `struct_size` set (the C recipe).
+    fn default() -> Self {
+        super::zeroed_args()
+    }
+}
+
 /// Feeds the next `T` tokens of a request to the compressor of the state's layer: `kv` `(T, 512)`
 /// float (and, for ratio 2, `score` `(T, 512)` float; null for ratio 1), tokens
 /// `next_pos .. next_pos + T`. The groups these tokens complete — together with the group carried
@@ -181,23 +226,27 @@ pub unsafe extern "C" fn csa2_compressor_state_query(
 /// the common errors of `csa2_compress`. On error the state and the outputs are unchanged.
 ///
 /// # Safety
-/// `geometry` and `s` must be live handles; each tensor pointer null or a readable `DLTensor`
+/// `args`: `struct_size` readable bytes of a `Csa2CompressStepArgs`. Its members:
+/// `geometry` and `state` must be live handles; each tensor pointer null or a readable `DLTensor`
 /// whose memory stays valid and unused by other threads for the call.
 #[no_mangle]
-pub unsafe extern "C" fn csa2_compress_step(
-    geometry: *const Csa2Geometry,
-    layer: u32,
-    s: *const Csa2CompressorState,
-    kv: *const DLTensor,
-    score: *const DLTensor,
-    norm: *const DLTensor,
-    wk: *const DLTensor,
-    k_norm: *const DLTensor,
-    main_kv_out: *const DLTensor,
-    index_k_out: *const DLTensor,
-    first_entry: *mut u64,
-) -> Csa2Status {
-    boundary("csa2_compress_step", || {
+pub unsafe extern "C" fn csa2_compress_step(args: *const Csa2CompressStepArgs) -> Csa2Status {
+    guarded("csa2_compress_step", || {
+        // SAFETY: `args` is the caller's (null, alignment and `struct_size` are checked).
+        let Csa2CompressStepArgs {
+            struct_size: _,
+            geometry,
+            layer,
+            state: s,
+            kv,
+            score,
+            norm,
+            wk,
+            k_norm,
+            main_kv_out,
+            index_k_out,
+            first_entry,
+        } = unsafe { super::read_args(args) }?;
         let gl = layer_plan(geometry, layer)?;
         let (plan, eps) = (gl.plan(), gl.eps());
         // SAFETY: the caller's contract.
@@ -280,7 +329,7 @@ pub unsafe extern "C" fn csa2_compressor_state_save(
     c: *const Csa2Cache,
     id: u64,
 ) -> Csa2Status {
-    boundary("csa2_compressor_state_save", || {
+    guarded("csa2_compressor_state_save", || {
         // SAFETY: the caller's contract.
         let (s, m) = unsafe { (state(s)?, cache(c)?) };
         if s.ratio == 1 {
@@ -312,7 +361,7 @@ pub unsafe extern "C" fn csa2_compressor_state_load(
     id: u64,
     next_pos: u64,
 ) -> Csa2Status {
-    boundary("csa2_compressor_state_load", || {
+    guarded("csa2_compressor_state_load", || {
         // SAFETY: the caller's contract.
         let (s, m) = unsafe { (state(s)?, cache(c)?) };
         let carried = if s.ratio == 1 {
@@ -340,6 +389,200 @@ pub unsafe extern "C" fn csa2_compressor_state_load(
         }
         let fresh = CompressorState::with_pending(next_pos, kv, score)?;
         *s.st.lock() = fresh;
+        Ok(())
+    })
+}
+
+/// The validated host views of a compressor call (`csa2_compress`, `csa2_compress_step`): `kv`
+/// `(T, 512)` float, optional `score` `(T, 512)` float, `norm` `(512)`, `wk` `(128, 512)`, `k_norm`
+/// `(128)` float, and the record outputs `(E, 288)` / `(E, 68)` uint8.
+///
+/// # Safety
+/// Each pointer null or a readable `DLTensor` whose memory stays valid for `'a`.
+#[allow(clippy::type_complexity)]
+pub(super) unsafe fn compress_views<'a>(
+    kv: *const DLTensor,
+    score: *const DLTensor,
+    norm: *const DLTensor,
+    wk: *const DLTensor,
+    k_norm: *const DLTensor,
+    main_kv_out: *const DLTensor,
+    index_k_out: *const DLTensor,
+) -> Result<(
+    View<'a>,
+    Option<View<'a>>,
+    View<'a>,
+    View<'a>,
+    View<'a>,
+    View<'a>,
+    View<'a>,
+)> {
+    // SAFETY: forwarded caller contract.
+    let (kv, score, norm, wk, k_norm, main_out, index_out) = unsafe {
+        (
+            host(kv, "kv")?,
+            host_opt(score, "score")?,
+            host(norm, "norm")?,
+            host(wk, "wk")?,
+            host(k_norm, "k_norm")?,
+            host(main_kv_out, "main_kv_out")?,
+            host(index_k_out, "index_k_out")?,
+        )
+    };
+    let mut dims = Dims::default();
+    kv.expect(FLOATS, &[Dim::Any("T"), Dim::Fixed(KV_DIM)], &mut dims)?;
+    if let Some(s) = &score {
+        s.expect(FLOATS, &[Dim::Any("T"), Dim::Fixed(KV_DIM)], &mut dims)?;
+    }
+    norm.expect(FLOATS, &[Dim::Fixed(KV_DIM)], &mut dims)?;
+    wk.expect(
+        FLOATS,
+        &[Dim::Fixed(INDEX_DIM), Dim::Fixed(KV_DIM)],
+        &mut dims,
+    )?;
+    k_norm.expect(FLOATS, &[Dim::Fixed(INDEX_DIM)], &mut dims)?;
+    main_out.expect(
+        &[DType::U8],
+        &[Dim::Any("E"), Dim::Fixed(NVFP4_DS_BYTES)],
+        &mut dims,
+    )?;
+    index_out.expect(
+        &[DType::U8],
+        &[Dim::Any("E"), Dim::Fixed(MXFP4_INDEX_BYTES)],
+        &mut dims,
+    )?;
+    Ok((kv, score, norm, wk, k_norm, main_out, index_out))
+}
+
+/// Arguments of [`csa2_compress`] (shapes there).
+/// Set `struct_size` to `sizeof(Csa2CompressArgs)` (rules: "Args structs", header top).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Csa2CompressArgs {
+    /// `sizeof(Csa2CompressArgs)` as the caller was compiled.
+    pub struct_size: usize,
+    /// Live geometry handle.
+    pub geometry: *const Csa2Geometry,
+    /// A Full layer of `geometry`.
+    pub layer: u32,
+    /// `(T, 512)` float KV projections.
+    pub kv: *const DLTensor,
+    /// `(T, 512)` float gate for ratio 2; null for ratio 1.
+    pub score: *const DLTensor,
+    /// `(512)` float KV RMSNorm weight.
+    pub norm: *const DLTensor,
+    /// `(128, 512)` float index-K projection.
+    pub wk: *const DLTensor,
+    /// `(128)` float index-K RMSNorm weight.
+    pub k_norm: *const DLTensor,
+    /// Position of the first token, a multiple of the ratio.
+    pub start_pos: i64,
+    /// Output `(E, 288)` uint8 NVFP4-DS main-KV records.
+    pub main_kv_out: *const DLTensor,
+    /// Output `(E, 68)` uint8 MXFP4 index-K records.
+    pub index_k_out: *const DLTensor,
+}
+
+// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
+unsafe impl super::ArgsStruct for Csa2CompressArgs {
+    const NAME: &'static str = "Csa2CompressArgs";
+    const V1_SIZE: usize = std::mem::size_of::<Csa2CompressArgs>();
+}
+
+impl Default for Csa2CompressArgs {
+    /// All members zero, `struct_size` set (the C recipe).
+    fn default() -> Self {
+        super::zeroed_args()
+    }
+}
+
+/// KV compressor of Full layer `layer` (docs/SPEC.md §2 "Compressor"): turns `kv` `(T, 512)` float (and, for
+/// ratio 2, the gate `score` `(T, 512)` float; null for ratio 1) of tokens `start_pos ..
+/// start_pos + T` into `E = T / ratio` compressed entries, written as NVFP4-DS main-KV records
+/// `main_kv_out` `(E, 288)` uint8 and MXFP4 index-K records `index_k_out` `(E, 68)` uint8.
+/// Weights: `norm` `(512)`, `wk` `(128, 512)`, `k_norm` `(128)` float.
+///
+/// Stateless: `start_pos` and `T` must be multiples of the ratio (a caller that splits a pair across
+/// calls keeps the odd token and sends it with the next call).
+/// Errors: `CSA2_ERR_INVALID_ARGUMENT` (not a compressed layer, misaligned `start_pos`/`T`,
+/// `score` given or missing, non-finite values), plus the common ones.
+///
+/// # Safety
+/// `args`: `struct_size` readable bytes of a `Csa2CompressArgs`. Its members:
+/// As [`csa2_rope`].
+#[no_mangle]
+pub unsafe extern "C" fn csa2_compress(args: *const Csa2CompressArgs) -> Csa2Status {
+    guarded("csa2_compress", || {
+        // SAFETY: `args` is the caller's (null, alignment and `struct_size` are checked).
+        let Csa2CompressArgs {
+            struct_size: _,
+            geometry,
+            layer,
+            kv,
+            score,
+            norm,
+            wk,
+            k_norm,
+            start_pos,
+            main_kv_out,
+            index_k_out,
+        } = unsafe { super::read_args(args) }?;
+        let gl = layer_plan(geometry, layer)?;
+        let (plan, eps) = (gl.plan(), gl.eps());
+        let m = plan.ratio;
+        // SAFETY: caller's contract (see above).
+        let (kv, score, norm, wk, k_norm, mut main_out, mut index_out) =
+            unsafe { compress_views(kv, score, norm, wk, k_norm, main_kv_out, index_k_out) }?;
+        let t = kv.shape()[0];
+        if m == 0 {
+            return Err(Error::invalid(
+                "layer",
+                format!("layer {layer} has no compressor (ratio 0)"),
+            ));
+        }
+        if start_pos < 0 || !(start_pos as u64).is_multiple_of(m as u64) || !t.is_multiple_of(m) {
+            return Err(Error::invalid(
+                "start_pos",
+                format!(
+                    "start_pos and T must be multiples of the ratio {m} (stateless call), \
+                     found start_pos {start_pos}, T {t}"
+                ),
+            ));
+        }
+        if main_out.shape()[0] != t / m {
+            return Err(Error::shape(
+                "main_kv_out",
+                format!("[E={}, {NVFP4_DS_BYTES}] (T / ratio)", t / m),
+                format!("{:?}", main_out.shape()),
+            ));
+        }
+        let mut inputs = vec![&kv, &norm, &wk, &k_norm];
+        inputs.extend(score.as_ref());
+        check_disjoint(&inputs, &[&main_out, &index_out])?;
+        let (normv, wkv, knv) = (norm.f32s()?, wk.f32s()?, k_norm.f32s()?);
+        let c = Compressor::new(
+            m,
+            eps,
+            Rope::new(&plan.rope)?,
+            CompressorWeights {
+                norm: &normv,
+                wk: &wkv,
+                k_norm: &knv,
+            },
+        )?;
+        let kvv = kv.f32s()?;
+        let sv = score.as_ref().map(|s| s.f32s()).transpose()?;
+        let mut st = CompressorState::new(start_pos as u64);
+        let out = c.compress(&mut st, &kvv, sv.as_deref())?;
+        if out.count != t / m || st.pending_tokens() != 0 {
+            return Err(Error::Internal(format!(
+                "compressor emitted {} entries ({} pending) for T={t}, ratio {m}",
+                out.count,
+                st.pending_tokens()
+            )));
+        }
+        main_out.bytes_mut()?.copy_from_slice(&out.main_kv_nvfp4);
+        index_out.bytes_mut()?.copy_from_slice(&out.index_k_mxfp4);
         Ok(())
     })
 }

@@ -673,7 +673,7 @@ pub unsafe extern "C" fn csa2_dlpack_describe(
     buf: *mut std::ffi::c_char,
     len: usize,
 ) -> super::Csa2Status {
-    super::boundary("csa2_dlpack_describe", || {
+    super::guarded("csa2_dlpack_describe", || {
         // SAFETY: forwarded caller contract (see above).
         let v = unsafe { View::from_raw(t, "tensor") }?;
         let place = match v.device() {
@@ -691,6 +691,49 @@ pub unsafe extern "C" fn csa2_dlpack_describe(
         }
         Ok(())
     })
+}
+
+/// The float element types an op accepts (converted to f32 on entry).
+pub(super) const FLOATS: &[DType] = &[DType::F32, DType::Bf16, DType::F16];
+/// The integer element types an op accepts.
+pub(super) const INTS: &[DType] = &[DType::I32, DType::I64];
+
+/// A required host tensor.
+///
+/// # Safety
+/// As [`View::from_raw`].
+pub(super) unsafe fn host<'a>(t: *const DLTensor, name: &'static str) -> Result<View<'a>> {
+    // SAFETY: forwarded caller contract.
+    let v = unsafe { View::from_raw(t, name) }?;
+    v.require_host()?;
+    Ok(v)
+}
+
+/// An optional host tensor (null → `None`).
+///
+/// # Safety
+/// As [`View::from_raw`].
+pub(super) unsafe fn host_opt<'a>(
+    t: *const DLTensor,
+    name: &'static str,
+) -> Result<Option<View<'a>>> {
+    if t.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: forwarded caller contract.
+    unsafe { host(t, name) }.map(Some)
+}
+
+/// Writes `f`'s f32 results into a float output: straight into float32 memory, through a temporary
+/// for bfloat16/float16.
+pub(super) fn fill_floats(out: &mut View, f: impl FnOnce(&mut [f32]) -> Result<()>) -> Result<()> {
+    if out.dtype() == DType::F32 {
+        f(out.f32s_mut()?)
+    } else {
+        let mut tmp = vec![0.0f32; out.numel()];
+        f(&mut tmp)?;
+        out.write_f32s(&tmp)
+    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,10 @@
 //! Geometry handle: the per-layer CSA2 plan and byte accounting over the C ABI.
 
 use super::handle::{self, Handle, Registry};
-use super::{arg_out, arg_slice, boundary, boundary_free, Csa2Status};
+use super::{arg_out, arg_slice, guarded, guarded_free, Csa2Status};
 use crate::error::{Error, Result};
-use crate::geometry::{Geometry, KvLayout, Role};
+use crate::formats::KvScheme;
+use crate::geometry::{Geometry, LayerPlan, Role};
 use std::ffi::c_char;
 
 /// Opaque geometry handle (a parsed `config.json`). Free with [`csa2_geometry_free`]. A checked
@@ -70,18 +71,6 @@ pub struct Csa2LayerInfo {
     pub encoder: u8,
 }
 
-pub(super) fn layout(v: i32) -> Result<KvLayout> {
-    match v {
-        0 => Ok(KvLayout::Nvfp4),
-        1 => Ok(KvLayout::Mxfp8),
-        2 => Ok(KvLayout::V4),
-        _ => Err(Error::invalid(
-            "layout",
-            format!("{v} is not a Csa2KvLayout (0 nvfp4, 1 mxfp8, 2 v4)"),
-        )),
-    }
-}
-
 fn publish(out: *mut *mut Csa2Geometry, g: Geometry) -> Result<()> {
     // SAFETY: `out` is a caller-provided slot for one pointer (null checked by `arg_out`).
     let slot = unsafe { arg_out(out, "out") }?;
@@ -103,7 +92,7 @@ pub unsafe extern "C" fn csa2_geometry_from_json(
     len: usize,
     out: *mut *mut Csa2Geometry,
 ) -> Csa2Status {
-    boundary("csa2_geometry_from_json", || {
+    guarded("csa2_geometry_from_json", || {
         if json.is_null() {
             return Err(Error::NullPointer("json"));
         }
@@ -121,7 +110,7 @@ pub unsafe extern "C" fn csa2_geometry_from_json(
 /// `out` must point to a writable pointer slot.
 #[no_mangle]
 pub unsafe extern "C" fn csa2_geometry_embedded(out: *mut *mut Csa2Geometry) -> Csa2Status {
-    boundary("csa2_geometry_embedded", || {
+    guarded("csa2_geometry_embedded", || {
         publish(out, Geometry::embedded())
     })
 }
@@ -136,7 +125,7 @@ pub unsafe extern "C" fn csa2_geometry_embedded(out: *mut *mut Csa2Geometry) -> 
 /// None beyond the C ABI's: any value of `g` is checked (kept `unsafe` for source compatibility).
 #[no_mangle]
 pub unsafe extern "C" fn csa2_geometry_free(g: *mut Csa2Geometry) -> Csa2Status {
-    boundary_free("csa2_geometry_free", || handle::free(g, "geometry"))
+    guarded_free("csa2_geometry_free", || handle::free(g, "geometry"))
 }
 
 /// Writes the number of backbone layers to `*out`.
@@ -148,7 +137,7 @@ pub unsafe extern "C" fn csa2_geometry_num_layers(
     g: *const Csa2Geometry,
     out: *mut usize,
 ) -> Csa2Status {
-    boundary("csa2_geometry_num_layers", || {
+    guarded("csa2_geometry_num_layers", || {
         // SAFETY: pointer validity is the caller's contract; null is checked.
         let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
         *out = g.g.num_layers;
@@ -168,7 +157,7 @@ pub unsafe extern "C" fn csa2_geometry_layer(
     layer: usize,
     out: *mut Csa2LayerInfo,
 ) -> Csa2Status {
-    boundary("csa2_geometry_layer", || {
+    guarded("csa2_geometry_layer", || {
         // SAFETY: pointer validity is the caller's contract; null is checked.
         let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
         let l = g.g.layers.get(layer).ok_or_else(|| {
@@ -205,10 +194,11 @@ pub unsafe extern "C" fn csa2_geometry_global_kv_bytes_per_token(
     layout_id: i32,
     out: *mut f64,
 ) -> Csa2Status {
-    boundary("csa2_geometry_global_kv_bytes_per_token", || {
+    guarded("csa2_geometry_global_kv_bytes_per_token", || {
         // SAFETY: pointer validity is the caller's contract; null is checked.
         let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
-        *out = g.g.global_kv_bytes_per_token(layout(layout_id)?);
+        *out =
+            g.g.global_kv_bytes_per_token(KvScheme::from_abi_id(layout_id)?);
         Ok(())
     })
 }
@@ -224,10 +214,42 @@ pub unsafe extern "C" fn csa2_geometry_swa_bytes_per_request(
     layout_id: i32,
     out: *mut u64,
 ) -> Csa2Status {
-    boundary("csa2_geometry_swa_bytes_per_request", || {
+    guarded("csa2_geometry_swa_bytes_per_request", || {
         // SAFETY: pointer validity is the caller's contract; null is checked.
         let (g, out) = (geometry(g)?, unsafe { arg_out(out, "out") }?);
-        *out = g.g.swa_bytes_per_request(layout(layout_id)?) as u64;
+        *out = g.g.swa_bytes_per_request(KvScheme::from_abi_id(layout_id)?) as u64;
         Ok(())
+    })
+}
+
+/// A checked geometry handle and one of its layers.
+pub(super) struct GeoLayer {
+    g: std::sync::Arc<Csa2Geometry>,
+    layer: usize,
+}
+
+impl GeoLayer {
+    /// The layer's plan.
+    pub(super) fn plan(&self) -> &LayerPlan {
+        &self.g.g.layers[self.layer]
+    }
+    /// The model's RMSNorm epsilon.
+    pub(super) fn eps(&self) -> f64 {
+        self.g.g.rms_norm_eps
+    }
+}
+
+pub(super) fn layer_plan(g: *const Csa2Geometry, layer: u32) -> Result<GeoLayer> {
+    let g = geometry(g)?;
+    let n = g.g.layers.len();
+    if layer as usize >= n {
+        return Err(Error::invalid(
+            "layer",
+            format!("{layer} is past the {n} backbone layers"),
+        ));
+    }
+    Ok(GeoLayer {
+        g,
+        layer: layer as usize,
     })
 }

@@ -62,8 +62,14 @@ pub(crate) trait Handle: Sized + Send + Sync + 'static {
 
 /// The handle type whose tag is `tag`, for "a Csa2Geometry passed as a Csa2Cache" messages.
 fn tag_name(tag: u8) -> Option<&'static str> {
-    use super::{Csa2Cache, Csa2CompressorState, Csa2Geometry, Csa2ReplayPlan};
+    use super::{
+        Csa2Cache, Csa2Clock, Csa2CompressorState, Csa2DramPool, Csa2Geometry, Csa2ReplayPlan,
+        Csa2SsdStore,
+    };
     [
+        (Csa2Clock::TAG, Csa2Clock::NAME),
+        (Csa2SsdStore::TAG, Csa2SsdStore::NAME),
+        (Csa2DramPool::TAG, Csa2DramPool::NAME),
         (Csa2Geometry::TAG, Csa2Geometry::NAME),
         (Csa2Cache::TAG, Csa2Cache::NAME),
         (Csa2ReplayPlan::TAG, Csa2ReplayPlan::NAME),
@@ -150,8 +156,14 @@ fn live_count<T: Handle>() -> usize {
 /// Live handles of every type now (created and not yet freed), for leak checks in tests and
 /// fuzzing. Not exported over the C ABI.
 pub fn live_handles() -> usize {
-    use super::{Csa2Cache, Csa2CompressorState, Csa2Geometry, Csa2ReplayPlan};
-    live_count::<Csa2Geometry>()
+    use super::{
+        Csa2Cache, Csa2Clock, Csa2CompressorState, Csa2DramPool, Csa2Geometry, Csa2ReplayPlan,
+        Csa2SsdStore,
+    };
+    live_count::<Csa2Clock>()
+        + live_count::<Csa2SsdStore>()
+        + live_count::<Csa2DramPool>()
+        + live_count::<Csa2Geometry>()
         + live_count::<Csa2Cache>()
         + live_count::<Csa2ReplayPlan>()
         + live_count::<Csa2CompressorState>()

@@ -8,6 +8,9 @@
 //! - pointers are checked for null, buffers come with explicit lengths, and nothing is written to
 //!   an output unless the call succeeds;
 //! - a panic never crosses the boundary: it is caught and reported as `CSA2_ERR_PANIC`;
+//! - an export with many parameters takes one `#[repr(C)]` args struct whose first field is
+//!   `size_t struct_size` (see [`ArgsStruct`] and [`read_args`]), so the struct can grow without
+//!   breaking callers built against an older header;
 //! - enum arguments are taken as `int32_t` and validated (a bad value is `CSA2_ERR_INVALID_ARGUMENT`,
 //!   never undefined behaviour); the enums in the header name the values.
 //!
@@ -15,23 +18,58 @@
 //! A handle is a checked token, not an address ([`handle`]): a freed, foreign-typed or garbage
 //! handle is `CSA2_ERR_INVALID_HANDLE`, never undefined behaviour.
 //! Tensors cross as borrowed DLPack descriptors, validated in [`dlpack`].
+//!
+//! # Op exports
+//! `ffi/<family>.rs` is the C face of `ops/<family>` (rope, compressor, indexer, topk, candidates,
+//! attention, mhc): thin wrappers around the fast CPU paths of [`crate::ops`]. Common contract of
+//! every op export (the per-function docs add their shapes):
+//! - **Ownership and lifetimes**: every `DLTensor*` is borrowed for the duration of the call only;
+//!   csa2 neither frees nor retains the descriptor, its `shape`/`strides` arrays or its data.
+//!   Optional tensors are passed as null.
+//! - **Host/device**: all tensors must be host-readable (`kDLCPU`, `kDLCUDAHost`,
+//!   `kDLCUDAManaged`) and on the same device; a `kDLCUDA` tensor is `CSA2_ERR_UNSUPPORTED` (these
+//!   are the CPU paths; the CUDA kernels live behind the `cuda` feature).
+//! - **Layouts**: compact row-major (null strides or the row-major ones); element types as listed per
+//!   argument (`float` = float32, bfloat16 or float16, converted to f32 on entry and rounded back to
+//!   the output's dtype on exit; `int` = int32 or int64).
+//! - **Aliasing**: an output may not overlap any other argument (`CSA2_ERR_INVALID_ARGUMENT`); the one
+//!   in-place op, [`csa2_rope`], says so.
+//! - **Errors**: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_SHAPE` (names the tensor, expected and found
+//!   shapes), `CSA2_ERR_INVALID_ARGUMENT`, `CSA2_ERR_UNSUPPORTED`; the message is in
+//!   `csa2_last_error_message`. Outputs are written only after every check passed.
+//! - **Threads**: each call is independent and may run concurrently with any other call on other
+//!   tensors; the work itself uses the crate's rayon pool.
 
+mod attention;
 mod cache;
-mod codec;
+mod candidates;
 mod compressor;
 pub mod dlpack;
+mod formats;
 mod geometry;
 mod handle;
-mod ops;
-mod records;
+mod indexer;
+mod mhc;
+#[cfg(test)]
+mod op_tests;
+mod replay;
+mod rope;
+mod store;
+mod topk;
 
+pub use attention::*;
 pub use cache::*;
-pub use codec::*;
+pub use candidates::*;
 pub use compressor::*;
+pub use formats::*;
 pub use geometry::*;
 pub use handle::live_handles;
-pub use ops::*;
-pub use records::*;
+pub use indexer::*;
+pub use mhc::*;
+pub use replay::*;
+pub use rope::*;
+pub use store::*;
+pub use topk::*;
 
 use crate::error::{Error, Result};
 use std::cell::RefCell;
@@ -131,17 +169,18 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "non-string panic payload".into())
 }
 
-/// Runs the body of an exported function: clears the last error, catches panics, and turns an
-/// [`Error`] into its status plus the last-error text `"<function>: <message>"`.
-pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> Result<()>) -> Csa2Status {
+/// Runs the body of an exported function guarded against panics: clears the last error, catches a
+/// panic (`CSA2_ERR_PANIC`), and turns an [`Error`] into its status plus the last-error text
+/// `"<function>: <message>"`. (Named for what it does, not "boundary", which is the mHC term.)
+pub(crate) fn guarded(name: &'static str, body: impl FnOnce() -> Result<()>) -> Csa2Status {
     clear_last_error();
-    boundary_free(name, body)
+    guarded_free(name, body)
 }
 
-/// [`boundary`] for the `_free` functions: a successful free leaves the last error alone (as it
+/// [`guarded`] for the `_free` functions: a successful free leaves the last error alone (as it
 /// always did, so freeing between a failure and reading its message does not lose it); a refused
 /// free (invalid handle) sets it.
-pub(crate) fn boundary_free(name: &'static str, body: impl FnOnce() -> Result<()>) -> Csa2Status {
+pub(crate) fn guarded_free(name: &'static str, body: impl FnOnce() -> Result<()>) -> Csa2Status {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => Csa2Status::Csa2Ok,
         Ok(Err(e)) => {
@@ -158,10 +197,10 @@ pub(crate) fn boundary_free(name: &'static str, body: impl FnOnce() -> Result<()
     }
 }
 
-/// [`boundary`] for functions that cannot report a status (queries, `_free`): a panic is recorded
+/// [`guarded`] for functions that cannot report a status (queries, `_free`): a panic is recorded
 /// in the last error and `fallback` is returned. The last error is otherwise left alone, so such a
 /// call between a failure and reading its message does not lose it.
-pub(crate) fn boundary_value<T>(name: &'static str, fallback: T, body: impl FnOnce() -> T) -> T {
+pub(crate) fn guarded_value<T>(name: &'static str, fallback: T, body: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|p| {
         set_last_error(format!(
             "{name}: panic (a csa2 bug): {}",
@@ -237,11 +276,111 @@ pub(crate) unsafe fn arg_slice_mut<'a, T>(
     Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
 }
 
+/// The output-buffer convention of the exports that return a variable-length array: they take
+/// `out` and its capacity `cap` (in elements) and write the element count to `*n_out`. Call with
+/// `out = NULL, cap = 0` to learn the count (status `CSA2_OK`, nothing else written). A non-zero
+/// `cap` smaller than the count is `CSA2_ERR_INVALID_ARGUMENT`, whose message gives the count
+/// needed; then nothing is written (not even `*n_out`).
+///
+/// Checks `cap` against `need` and returns the output slice, or `None` in count-only mode.
+///
+/// # Safety
+/// A non-null `out` must have room for `cap` `T`s.
+pub(crate) unsafe fn sized_out<'a, T>(
+    out: *mut T,
+    cap: usize,
+    need: usize,
+    what: &'static str,
+) -> Result<Option<&'a mut [T]>> {
+    if out.is_null() && cap == 0 {
+        return Ok(None);
+    }
+    if cap < need {
+        return Err(Error::invalid(
+            "cap",
+            format!("{what} needs {need} elements, cap is {cap}"),
+        ));
+    }
+    // SAFETY: room for `cap` elements is the caller's contract; null with cap > 0 is rejected.
+    let s = unsafe { arg_slice_mut(out, cap, what) }?;
+    Ok(Some(&mut s[..need]))
+}
+
+/// A `#[repr(C)]` argument struct of a C ABI export (the convention for exports with many
+/// parameters; `include/csa2.h` documents it on each `Csa2*Args`):
+/// - the first field is `size_t struct_size`, which the caller sets to `sizeof(Csa2XArgs)` of the
+///   header it was built against;
+/// - the callee refuses a `struct_size` below [`ArgsStruct::V1_SIZE`] (the size of the first
+///   version) with `CSA2_ERR_INVALID_ARGUMENT` naming the struct;
+/// - fields are only ever appended; a field past the caller's `struct_size` (an older caller) reads
+///   as zero (null pointer, 0), and bytes past the callee's own size (a newer caller) are not read.
+///
+/// # Safety
+/// An implementor is `#[repr(C)]`, its first field is `struct_size: usize`, and all-zero bytes are
+/// a valid value of it (every field a raw pointer, an integer or a float).
+pub(crate) unsafe trait ArgsStruct: Copy {
+    /// The C name, for error messages.
+    const NAME: &'static str;
+    /// `sizeof` of the first version, the smallest `struct_size` accepted. While a struct has one
+    /// version this is its size; when a field is appended, it stays at the old size.
+    const V1_SIZE: usize;
+}
+
+/// The C recipe for an args struct: every member zero (null, 0), `struct_size` set to this
+/// version's size. Rust callers start from it (`..Default::default()`).
+pub(crate) fn zeroed_args<T: ArgsStruct>() -> T {
+    let mut v = std::mem::MaybeUninit::<T>::zeroed();
+    // SAFETY: all-zero bytes are a valid `T` and its first field is a `usize` (trait contract).
+    unsafe {
+        v.as_mut_ptr()
+            .cast::<usize>()
+            .write(std::mem::size_of::<T>());
+        v.assume_init()
+    }
+}
+
+/// Reads the args struct at `p` under the [`ArgsStruct`] rules: null is
+/// [`Error::NullPointer`], a misaligned pointer or a `struct_size` below the first version
+/// [`Error::Invalid`] naming the struct.
+///
+/// # Safety
+/// A non-null, aligned `p` must point to at least `min(struct_size, size_of::<T>())` readable
+/// bytes, the first of them a `usize`.
+pub(crate) unsafe fn read_args<T: ArgsStruct>(p: *const T) -> Result<T> {
+    if p.is_null() {
+        return Err(Error::NullPointer(T::NAME));
+    }
+    check_aligned(p, T::NAME)?;
+    // SAFETY: non-null and aligned; the struct starts with `struct_size: usize` (trait contract).
+    let size = unsafe { p.cast::<usize>().read() };
+    if size < T::V1_SIZE {
+        return Err(Error::invalid(
+            T::NAME,
+            format!(
+                "struct_size is {size}, smaller than the first version of {} ({} bytes): set it \
+                 to sizeof({})",
+                T::NAME,
+                T::V1_SIZE,
+                T::NAME
+            ),
+        ));
+    }
+    let known = size.min(std::mem::size_of::<T>());
+    let mut v = std::mem::MaybeUninit::<T>::zeroed();
+    // SAFETY: the caller's struct has `size` ≥ `known` readable bytes; `v` has `size_of::<T>()` ≥
+    // `known`; the two cannot overlap (`v` is a local). All-zero bytes are a valid `T` (trait
+    // contract) and the copied prefix holds valid fields, so `v` is initialised.
+    unsafe {
+        std::ptr::copy_nonoverlapping(p.cast::<u8>(), v.as_mut_ptr().cast::<u8>(), known);
+        Ok(v.assume_init())
+    }
+}
+
 /// The library version, `"MAJOR.MINOR.PATCH"`, as a static NUL-terminated string (never free it).
 #[no_mangle]
 pub extern "C" fn csa2_version() -> *const c_char {
     static VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
-    boundary_value("csa2_version", std::ptr::null(), || VERSION.as_ptr().cast())
+    guarded_value("csa2_version", std::ptr::null(), || VERSION.as_ptr().cast())
 }
 
 /// Copies the calling thread's last error message into `buf` (capacity `len` bytes), always
@@ -255,7 +394,7 @@ pub extern "C" fn csa2_version() -> *const c_char {
 /// A non-null `buf` must have room for `len` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn csa2_last_error_message(buf: *mut c_char, len: usize) -> usize {
-    // Not through `boundary_value`: reading the last error must not clear it.
+    // Not through `guarded_value`: reading the last error must not clear it.
     catch_unwind(|| {
         LAST_ERROR.with(|e| {
             let e = e.borrow();
@@ -323,7 +462,7 @@ mod tests {
         codes.dedup();
         assert_eq!(codes.len(), errs.len());
 
-        let s = boundary("t", || panic!("boom"));
+        let s = guarded("t", || panic!("boom"));
         assert_eq!(s, Csa2Status::Csa2ErrPanic);
         let n = unsafe { csa2_last_error_message(std::ptr::null_mut(), 0) };
         let mut buf = vec![0 as c_char; n];
@@ -332,16 +471,72 @@ mod tests {
             .to_str()
             .unwrap();
         assert!(text.contains("boom"), "{text}");
-        assert_eq!(boundary("t", || Ok(())), Csa2Status::Csa2Ok);
+        assert_eq!(guarded("t", || Ok(())), Csa2Status::Csa2Ok);
         assert_eq!(
             unsafe { csa2_last_error_message(std::ptr::null_mut(), 0) },
             0
         );
     }
 
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct TwoArgs {
+        struct_size: usize,
+        a: u64,
+        b: *const u8,
+    }
+    // SAFETY: repr(C), starts with struct_size, all fields valid when zero.
+    unsafe impl ArgsStruct for TwoArgs {
+        const NAME: &'static str = "TwoArgs";
+        // As if version 1 had only `a`.
+        const V1_SIZE: usize = 16;
+    }
+
+    #[test]
+    fn args_structs_are_size_checked_and_older_callers_read_as_zero() {
+        let b = 7u8;
+        let full = TwoArgs {
+            struct_size: std::mem::size_of::<TwoArgs>(),
+            a: 3,
+            b: &b,
+        };
+        let got = unsafe { read_args(&full) }.unwrap();
+        assert_eq!((got.a, got.b), (3, &b as *const u8));
+        // A version-1 caller: `b` lies past its struct_size and reads as null.
+        let old = TwoArgs {
+            struct_size: 16,
+            ..full
+        };
+        let got = unsafe { read_args(&old) }.unwrap();
+        assert_eq!((got.a, got.b), (3, std::ptr::null()));
+        // A newer caller's larger struct_size is accepted; only the known fields are read.
+        let newer = TwoArgs {
+            struct_size: 64,
+            ..full
+        };
+        assert_eq!(unsafe { read_args(&newer) }.unwrap().a, 3);
+        let Err(e) = (unsafe {
+            read_args(&TwoArgs {
+                struct_size: 8,
+                ..full
+            })
+        }) else {
+            panic!("a struct_size below version 1 was accepted")
+        };
+        assert_eq!(Csa2Status::of(&e), Csa2Status::Csa2ErrInvalidArgument);
+        assert!(
+            e.to_string().contains("TwoArgs") && e.to_string().contains("16"),
+            "{e}"
+        );
+        let Err(e) = (unsafe { read_args::<TwoArgs>(std::ptr::null()) }) else {
+            panic!("null accepted")
+        };
+        assert_eq!(Csa2Status::of(&e), Csa2Status::Csa2ErrNullPointer);
+    }
+
     #[test]
     fn truncation_keeps_utf8_and_terminates() {
-        let _ = boundary("t", || Err(Error::invalid("x", "ééé")));
+        let _ = guarded("t", || Err(Error::invalid("x", "ééé")));
         let need = unsafe { csa2_last_error_message(std::ptr::null_mut(), 0) };
         for cap in 1..need {
             let mut buf = vec![0x55 as c_char; cap];

@@ -5,6 +5,7 @@
 //! - [`fast`]: the SIMD row codecs (AVX-512 / AVX2, run-time detection), bit-identical to the
 //!   scalar reference, used by every bulk entry point.
 //! - [`page`]: block-planar cache pages (all slots' data, then all slots' scales).
+//! - [`scheme`]: [`KvScheme`], which record format each cache region stores.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -12,11 +13,13 @@ pub mod fast;
 pub mod page;
 pub mod records;
 pub mod scalar;
+pub mod scheme;
 
 pub use records::{
     decode_rows, decode_rows_with, encode_rows, encode_rows_with, RecordFormat, FP8_INDEX_BYTES,
     INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, MXFP8_BYTES, NOPE_DIM, NVFP4_DS_BYTES, V4_RECORD_BYTES,
 };
+pub use scheme::KvScheme;
 
 use rayon::prelude::*;
 

@@ -13,17 +13,18 @@ use serde::Serialize;
 /// A KV record format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[repr(i32)]
 pub enum RecordFormat {
     /// V4.1 main KV "NVFP4 without global scale": 512 values → 256 B E2M1 + 32 × E4M3 (per 16).
-    Nvfp4Ds,
+    Nvfp4Ds = 0,
     /// V4.1 index K: 128 values → 64 B E2M1 + 4 × E8M0 (per 32, DeepSeek ceil rule).
-    Mxfp4Index,
+    Mxfp4Index = 1,
     /// SWA window (and MXFP8 main) KV: 512 values → 512 B E4M3 + 16 × E8M0 (per 32).
-    Mxfp8,
+    Mxfp8 = 2,
     /// Launch-day V4 main record: 448 E4M3 NoPE + 64 bf16 RoPE values + 7 × E8M0 (per 64) + 1 pad.
-    V4Record,
+    V4Record = 3,
     /// Launch-day index K: 128 E4M3 + one fp32 power-of-two scale.
-    Fp8Index,
+    Fp8Index = 4,
 }
 
 /// Bytes of one NVFP4-DS main-KV record.
@@ -53,6 +54,29 @@ impl RecordFormat {
         RecordFormat::V4Record,
         RecordFormat::Fp8Index,
     ];
+
+    /// The `Csa2Format` value of this format in the C ABI (the discriminant; the header's enum
+    /// names the same numbers, checked by the ffi tests).
+    pub const fn abi_id(self) -> i32 {
+        self as i32
+    }
+
+    /// The format of a `Csa2Format` value.
+    ///
+    /// Errors: [`Error::Invalid`] (named `what`) for any other value.
+    pub fn from_abi_id(v: i32, what: &str) -> Result<RecordFormat> {
+        RecordFormat::ALL
+            .into_iter()
+            .find(|f| f.abi_id() == v)
+            .ok_or_else(|| {
+                Error::invalid(
+                    what,
+                    format!(
+                        "{v} is not a Csa2Format (0 nvfp4, 1 mxfp4, 2 mxfp8, 3 v4, 4 fp8index)"
+                    ),
+                )
+            })
+    }
 
     /// Values per row (512 or 128).
     pub const fn dim(self) -> usize {
@@ -94,6 +118,27 @@ impl RecordFormat {
             RecordFormat::V4Record => "v4",
             RecordFormat::Fp8Index => "fp8index",
         }
+    }
+    /// The vLLM 0.33 setting that selects this record: `--kv-cache-dtype` for the main-KV / SWA
+    /// records (`nvfp4_ds_mla`; `fp8_ds_mla`, which is the MXFP8 record on SM100 and the V4 record
+    /// elsewhere), `attention_config.indexer_kv_dtype` for index K (`mxfp4`, `fp8`).
+    pub const fn vllm_dtype(self) -> &'static str {
+        match self {
+            RecordFormat::Nvfp4Ds => "nvfp4_ds_mla",
+            RecordFormat::Mxfp8 | RecordFormat::V4Record => "fp8_ds_mla",
+            RecordFormat::Mxfp4Index => "mxfp4",
+            RecordFormat::Fp8Index => "fp8",
+        }
+    }
+    /// Whether vLLM 0.33 stores this record block-planar in its pages (every slot's data bytes,
+    /// then every slot's scale bytes: the V4 record and both index-K records) rather than
+    /// interleaved (each slot's data then its own scales, so a record is one row of the page: the
+    /// V4.1 NVFP4 and MXFP8 records).
+    pub const fn vllm_block_planar(self) -> bool {
+        matches!(
+            self,
+            RecordFormat::V4Record | RecordFormat::Mxfp4Index | RecordFormat::Fp8Index
+        )
     }
     /// Parses a CLI name (`nvfp4`, `mxfp4`, `mxfp8`, `v4`, `fp8index`).
     pub fn from_name(s: &str) -> Result<RecordFormat> {

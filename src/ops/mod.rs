@@ -12,5 +12,4 @@ pub mod indexer;
 pub mod mhc;
 pub mod rope;
 pub mod simd;
-pub mod testutil;
 pub mod topk;

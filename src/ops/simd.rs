@@ -1,118 +1,11 @@
-//! Instruction-set detection shared by the fast paths.
+//! Lane types and the `multiversion!` dispatcher of the op kernels.
 //!
 //! Kernels are written once as `#[inline(always)]` generic bodies over a lane count and compiled
-//! three times: inside an `avx512f` wrapper, an `avx2,fma` wrapper and a portable one. This module
-//! only decides which wrapper runs; the wrappers live next to their kernels.
+//! three times: inside an `avx512f` wrapper, an `avx2,fma` wrapper and a portable one. Which one
+//! runs is [`crate::isa::level`] (detection and the `CSA2_ISA` cap live there, for every kernel
+//! family); this module holds the lane types, the peak probes and the dispatch macro.
 
 use std::sync::OnceLock;
-
-/// The instruction set the fast paths use on this machine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isa {
-    /// AVX-512F present: 16 f32 lanes.
-    Avx512,
-    /// AVX2 + FMA: 8 f32 lanes.
-    Avx2,
-    /// Whatever the baseline target gives (SSE2 on x86-64, NEON on aarch64).
-    Portable,
-}
-
-/// Detected once; `CSA2_ISA=portable|scalar|avx2|avx512|avx512dot` caps it (for tests and
-/// benchmarks; `scalar` is a synonym of `portable`, and `avx512dot`, like no value, is the top).
-pub fn isa() -> Isa {
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        let detected = detect();
-        let cap = match std::env::var("CSA2_ISA").as_deref() {
-            Ok("portable" | "scalar") => Isa::Portable,
-            Ok("avx2") => Isa::Avx2,
-            _ => Isa::Avx512,
-        };
-        match (detected, cap) {
-            (Isa::Avx512, c) => c,
-            (Isa::Avx2, Isa::Avx512) => Isa::Avx2,
-            (Isa::Avx2, c) => c,
-            (Isa::Portable, _) => Isa::Portable,
-        }
-    })
-}
-
-/// The narrow dot-product units, beyond AVX-512F, that the kernels may use: AVX-512 VNNI
-/// (`vpdpbusd`, 64 int8 MACs per instruction) and AVX-512 BF16 (`vdpbf16ps`, 32 bf16 MACs), against
-/// 16 f32 MACs for an FMA.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct DotUnits {
-    /// AVX-512F/BW + VNNI present and not capped off.
-    pub vnni: bool,
-    /// AVX-512F/BW + BF16 present and not capped off.
-    pub bf16: bool,
-}
-
-/// Detected once. Any `CSA2_ISA` cap (`portable`, `scalar`, `avx2`, `avx512`) switches both off, so
-/// that `CSA2_ISA=avx512` runs the f32 AVX-512 kernels (the reference-grade path, and the A/B
-/// baseline); no value, or `avx512dot`, uses whatever the CPU has.
-pub fn dot_units() -> DotUnits {
-    static UNITS: OnceLock<DotUnits> = OnceLock::new();
-    *UNITS.get_or_init(|| {
-        let capped = matches!(
-            std::env::var("CSA2_ISA").as_deref(),
-            Ok("portable" | "scalar" | "avx2" | "avx512")
-        );
-        if capped || isa() != Isa::Avx512 {
-            return DotUnits::default();
-        }
-        detect_dot_units()
-    })
-}
-
-#[cfg(target_arch = "x86_64")]
-fn detect_dot_units() -> DotUnits {
-    let bw = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
-    DotUnits {
-        vnni: bw && is_x86_feature_detected!("avx512vnni"),
-        bf16: bw && is_x86_feature_detected!("avx512bf16"),
-    }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn detect_dot_units() -> DotUnits {
-    DotUnits::default()
-}
-
-/// The row-codec level (`formats::fast`) that matches [`isa`], so that a capped run (`CSA2_ISA`)
-/// also caps the record decoders the kernels call.
-pub(crate) fn codec_isa() -> crate::formats::fast::Isa {
-    use crate::formats::fast::Isa as C;
-    let want = match isa() {
-        Isa::Avx512 => C::Avx512,
-        Isa::Avx2 => C::Avx2,
-        Isa::Portable => C::Scalar,
-    };
-    if want.is_supported() {
-        want
-    } else {
-        C::Scalar
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn detect() -> Isa {
-    if is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-    {
-        Isa::Avx512
-    } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-        Isa::Avx2
-    } else {
-        Isa::Portable
-    }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn detect() -> Isa {
-    Isa::Portable
-}
 
 /// Calls `$body::<V>(args…)` compiled for the detected ISA: V = [`F32x16`] (AVX-512F), [`F32x8`]
 /// (AVX2 + FMA) or [`Portable8`].
@@ -139,12 +32,12 @@ macro_rules! multiversion {
                 unsafe fn v256($($arg: $ty),*) $(-> $ret)? {
                     $body::<$crate::ops::simd::F32x8>($($arg),*)
                 }
-                match $crate::ops::simd::isa() {
-                    // SAFETY: `isa()` reported AVX-512F, AVX2 and FMA present at run time.
-                    $crate::ops::simd::Isa::Avx512 => return unsafe { v512($($arg),*) },
-                    // SAFETY: `isa()` reported AVX2 and FMA present at run time.
-                    $crate::ops::simd::Isa::Avx2 => return unsafe { v256($($arg),*) },
-                    $crate::ops::simd::Isa::Portable => {}
+                match $crate::isa::level() {
+                    // SAFETY: `level()` reported AVX-512F, AVX2 and FMA present at run time.
+                    $crate::isa::Isa::Avx512 => return unsafe { v512($($arg),*) },
+                    // SAFETY: `level()` reported AVX2 and FMA present at run time.
+                    $crate::isa::Isa::Avx2 => return unsafe { v256($($arg),*) },
+                    $crate::isa::Isa::Scalar => {}
                 }
             }
             $body::<$crate::ops::simd::Portable8>($($arg),*)
@@ -154,42 +47,63 @@ macro_rules! multiversion {
 #[allow(unused_imports)]
 pub(crate) use multiversion;
 
+/// CPU time of the calling thread, in seconds (`CLOCK_THREAD_CPUTIME_ID`): the clock of the peak
+/// probes and kernel breakdowns, so that a machine shared with other builds (time slices lost to
+/// them) does not deflate the figures; wall time where the platform lacks it.
+pub fn thread_cpu_seconds() -> f64 {
+    #[cfg(unix)]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid out-pointer; the clock id is a constant the platform defines.
+        if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0 {
+            return ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+        }
+    }
+    static T0: OnceLock<std::time::Instant> = OnceLock::new();
+    T0.get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
+}
+
 /// Measures this machine's f32 FMA throughput on the calling thread, in GFLOP/s (2 flop per FMA):
 /// the "peak" that benchmark GMAC/s figures are compared to. Runs about `millis` milliseconds.
 pub fn fma_peak_gflops(millis: u64) -> f64 {
     multiversion!(peak_mv, fn(iters: usize) -> (f32, usize), peak_body);
-    let t0 = std::time::Instant::now();
+    let t0 = thread_cpu_seconds();
     let mut iters = 0usize;
     let mut sink = 0f32;
     let mut lanes = 8;
-    while t0.elapsed().as_millis() < millis as u128 {
+    while thread_cpu_seconds() - t0 < millis as f64 * 1e-3 {
         let (s, l) = peak_mv(1 << 16);
         sink += s;
         lanes = l;
         iters += 1 << 16;
     }
-    let secs = t0.elapsed().as_secs_f64();
+    let secs = thread_cpu_seconds() - t0;
     std::hint::black_box(sink);
     // Each iteration: 12 accumulators × `lanes` FMAs.
     iters as f64 * 12.0 * lanes as f64 * 2.0 / secs / 1e9
 }
 
-/// Measured MAC rates (GMAC/s, calling thread, about `millis` ms each) of the dot units
-/// [`dot_units`] enables: (`vpdpbusd` int8, `vdpbf16ps` bf16); `None` where a unit is off. Each
+/// Measured MAC rates (GMAC/s, calling thread's CPU time, about `millis` ms each) of the dot units
+/// [`crate::isa::dot_units`] enables: (`vpdpbusd` int8, `vdpbf16ps` bf16); `None` where a unit is off. Each
 /// probe runs 12 independent accumulator chains, as [`fma_peak_gflops`] (which gives the f32 rate:
 /// GFLOP/s ÷ 2).
 pub fn dot_peak_gmacs(millis: u64) -> (Option<f64>, Option<f64>) {
-    let u = dot_units();
+    let u = crate::isa::dot_units();
     let rate = |f: &dyn Fn(usize) -> u64, macs_per_instr: f64| {
-        let t0 = std::time::Instant::now();
+        let t0 = thread_cpu_seconds();
         let mut iters = 0usize;
         let mut sink = 0u64;
-        while t0.elapsed().as_millis() < millis as u128 {
+        while thread_cpu_seconds() - t0 < millis as f64 * 1e-3 {
             sink = sink.wrapping_add(f(1 << 16));
             iters += 1 << 16;
         }
         std::hint::black_box(sink);
-        iters as f64 * 12.0 * macs_per_instr / t0.elapsed().as_secs_f64() / 1e9
+        iters as f64 * 12.0 * macs_per_instr / (thread_cpu_seconds() - t0) / 1e9
     };
     #[cfg(target_arch = "x86_64")]
     {
@@ -502,20 +416,10 @@ mod tests {
         }
     }
 
-    /// The dot units are off under any `CSA2_ISA` cap and otherwise exactly what the CPU has; the
-    /// peak probe measures exactly the units that are on.
+    /// The peak probe measures exactly the dot units that are on, at a finite positive rate.
     #[test]
-    fn dot_units_follow_the_cap_and_the_cpu() {
-        let u = dot_units();
-        let capped = matches!(
-            std::env::var("CSA2_ISA").as_deref(),
-            Ok("portable" | "scalar" | "avx2" | "avx512")
-        );
-        if capped || isa() != Isa::Avx512 {
-            assert_eq!(u, DotUnits::default());
-        } else {
-            assert_eq!(u, detect_dot_units());
-        }
+    fn dot_probes_follow_the_enabled_units() {
+        let u = crate::isa::dot_units();
         let (vnni, bf16) = dot_peak_gmacs(5);
         assert_eq!((vnni.is_some(), bf16.is_some()), (u.vnni, u.bf16));
         assert!(vnni

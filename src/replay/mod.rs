@@ -17,11 +17,19 @@
 //! - `Off`: the encoder as in `Bounded`, the decoder layers on every row.
 //!
 //! Decode rows are always kept; this planner covers prefill steps.
+//!
+//! [`step`] turns one engine step (prefill chunks and decode tokens of many requests) into row
+//! sets: the decoder's kept rows (decoder bounded replay), the encoder replay's window floors and
+//! the exact staircase's per-layer rows. Every replay decision of the tree is made in this module;
+//! the engine (`crate::backend`) only runs the rows it is given.
 
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, Role};
 use serde::Serialize;
 use std::ops::Range;
+
+pub mod step;
+pub use step::{Phase, RowSet, SeqStep, StepPlan};
 
 /// How a prefix hit rebuilds SWA state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -249,6 +249,17 @@ impl DramPool {
         Some(snap)
     }
 
+    /// Whether `key` holds a snapshot that has not expired. Changes nothing (no recency, no
+    /// counter): for a planner that decides before it reads.
+    pub fn contains(&self, key: &PrefixKey) -> bool {
+        let now = self.clock.monotonic_ms();
+        self.inner
+            .lock()
+            .map
+            .get(key)
+            .is_some_and(|it| it.expires > now)
+    }
+
     /// Reclaims every expired snapshot now.
     pub fn sweep(&self) {
         let now = self.clock.monotonic_ms();

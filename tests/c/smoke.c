@@ -21,6 +21,9 @@ static int failures = 0;
         }                                                                 \
     } while (0)
 
+/* An args struct as the header asks: zero-initialised, struct_size set, then the named members. */
+#define ARGS(T, ...) (&(T){.struct_size = sizeof(T), __VA_ARGS__})
+
 static const char *last_error(void) {
     static char buf[1024];
     size_t need = csa2_last_error_message(buf, sizeof buf);
@@ -143,27 +146,33 @@ int main(void) {
     /* pages: rows 0 and 2 into slots 5 and 0 of a 2-page pool of 4 slots, row 1 skipped */
     uint8_t *pool = calloc(2 * 4 * 288, 1);
     int64_t map[ROWS] = {5, -1, 0};
-    expect_status(csa2_encode_into_pages(CSA2_FORMAT_NVFP4, 4, x, map, ROWS, pool, 2 * 4 * 288), CSA2_OK, NULL,
+    expect_status(csa2_encode_into_pages(ARGS(Csa2EncodeIntoPagesArgs, .format_id = CSA2_FORMAT_NVFP4, .slots_per_page = 4, .x = x, .slot_mapping = map, .n_rows = ROWS, .pool = pool, .pool_len = 2 * 4 * 288)), CSA2_OK, NULL,
                   "pages");
     /* slot 5 = page 1, offset 1: data at 4*288 + 1*256, scales at 4*288 + 4*256 + 1*32 */
     CHECK(memcmp(pool + 4 * 288 + 256, rec, 256) == 0, "page data of slot 5");
     CHECK(memcmp(pool + 4 * 288 + 4 * 256 + 32, rec + 256, 32) == 0, "page scales of slot 5");
     CHECK(memcmp(pool, rec + 2 * 288, 256) == 0, "page data of slot 0");
+    /* A struct_size below the first version (a caller that never set it) is refused, naming the
+     * struct; a null args pointer is a null-pointer error. */
+    Csa2EncodeIntoPagesArgs unsized = {0};
+    expect_status(csa2_encode_into_pages(&unsized), CSA2_ERR_INVALID_ARGUMENT, "Csa2EncodeIntoPagesArgs",
+                  "struct_size 0");
+    expect_status(csa2_encode_into_pages(NULL), CSA2_ERR_NULL_POINTER, "Csa2EncodeIntoPagesArgs", "null args");
     int64_t dup[ROWS] = {1, 1, -1};
-    expect_status(csa2_encode_into_pages(CSA2_FORMAT_NVFP4, 4, x, dup, ROWS, pool, 2 * 4 * 288),
+    expect_status(csa2_encode_into_pages(ARGS(Csa2EncodeIntoPagesArgs, .format_id = CSA2_FORMAT_NVFP4, .slots_per_page = 4, .x = x, .slot_mapping = dup, .n_rows = ROWS, .pool = pool, .pool_len = 2 * 4 * 288)),
                   CSA2_ERR_INVALID_ARGUMENT, "slot 1", "duplicate slot");
     int64_t far[ROWS] = {8, -1, -1};
-    expect_status(csa2_encode_into_pages(CSA2_FORMAT_NVFP4, 4, x, far, ROWS, pool, 2 * 4 * 288),
+    expect_status(csa2_encode_into_pages(ARGS(Csa2EncodeIntoPagesArgs, .format_id = CSA2_FORMAT_NVFP4, .slots_per_page = 4, .x = x, .slot_mapping = far, .n_rows = ROWS, .pool = pool, .pool_len = 2 * 4 * 288)),
                   CSA2_ERR_INVALID_ARGUMENT, "slot_mapping", "slot out of range");
 
     /* --- KV cache manager and replay planner ------------------------------------------------ */
     Csa2Geometry *cg = NULL;
     expect_status(csa2_geometry_embedded(&cg), CSA2_OK, NULL, "embedded for cache");
     Csa2Cache *cache = NULL;
-    expect_status(csa2_cache_create(cg, CSA2_LAYOUT_NVFP4, 0, 256, NULL, 0, &cache), CSA2_ERR_INVALID_ARGUMENT,
+    expect_status(csa2_cache_create(ARGS(Csa2CacheCreateArgs, .geometry = cg, .layout = CSA2_LAYOUT_NVFP4, .num_blocks = 0, .block_tokens = 256, .model = NULL, .model_len = 0), &cache), CSA2_ERR_INVALID_ARGUMENT,
                   "num_blocks", "cache 0 blocks");
     CHECK(cache == NULL, "no cache handle on error");
-    expect_status(csa2_cache_create(cg, CSA2_LAYOUT_NVFP4, 3, 256, NULL, 0, &cache), CSA2_OK, NULL, "cache");
+    expect_status(csa2_cache_create(ARGS(Csa2CacheCreateArgs, .geometry = cg, .layout = CSA2_LAYOUT_NVFP4, .num_blocks = 3, .block_tokens = 256, .model = NULL, .model_len = 0), &cache), CSA2_OK, NULL, "cache");
     expect_status(csa2_cache_allocate(cache, 42, 10), CSA2_ERR_NOT_FOUND, "request 42", "unknown request");
     expect_status(csa2_cache_add_request(cache, 42), CSA2_OK, NULL, "add request");
     expect_status(csa2_cache_allocate(cache, 42, 513), CSA2_OK, NULL, "allocate 513 tokens");
@@ -209,7 +218,7 @@ int main(void) {
     /* --- record-level cache access, stateful compressor, candidate-restricted indexer ------ */
     {
         Csa2Cache *rc = NULL;
-        expect_status(csa2_cache_create(cg, CSA2_LAYOUT_NVFP4, 4, 256, NULL, 0, &rc), CSA2_OK, NULL, "rec cache");
+        expect_status(csa2_cache_create(ARGS(Csa2CacheCreateArgs, .geometry = cg, .layout = CSA2_LAYOUT_NVFP4, .num_blocks = 4, .block_tokens = 256, .model = NULL, .model_len = 0), &rc), CSA2_OK, NULL, "rec cache");
         Csa2CacheLayerInfo ci;
         expect_status(csa2_cache_layer_info(rc, 2, &ci), CSA2_OK, NULL, "layer info");
         CHECK(ci.kv_source == 1 && ci.ratio == 2 && ci.main_record_bytes == 288 && ci.entries_per_block == 128 &&
@@ -278,7 +287,7 @@ int main(void) {
         DLTensor kv2 = tensor(x, 2, kv2_shape, kDLFloat, 32), sc2 = tensor(x + 512, 2, kv2_shape, kDLFloat, 32);
         uint8_t main_all[288], idx_all[68], main_b[288], idx_b[68];
         DLTensor tma = tensor(main_all, 2, m1_shape, kDLUInt, 8), tia = tensor(idx_all, 2, i1_shape, kDLUInt, 8);
-        expect_status(csa2_compress(cg, 2, &kv2, &sc2, &tn, &tw, &tk, 0, &tma, &tia), CSA2_OK, NULL, "stateless");
+        expect_status(csa2_compress(ARGS(Csa2CompressArgs, .geometry = cg, .layer = 2, .kv = &kv2, .score = &sc2, .norm = &tn, .wk = &tw, .k_norm = &tk, .start_pos = 0, .main_kv_out = &tma, .index_k_out = &tia)), CSA2_OK, NULL, "stateless");
         Csa2CompressorState *cs = NULL;
         expect_status(csa2_compressor_state_create(cg, 2, 1, &cs), CSA2_ERR_INVALID_ARGUMENT, "multiple",
                       "state at odd start");
@@ -288,9 +297,9 @@ int main(void) {
         DLTensor tm0 = tensor(main_b, 2, m0_shape, kDLUInt, 8), ti0 = tensor(idx_b, 2, i0_shape, kDLUInt, 8);
         DLTensor tm1 = tensor(main_b, 2, m1_shape, kDLUInt, 8), ti1 = tensor(idx_b, 2, i1_shape, kDLUInt, 8);
         uint64_t first = 99, next_pos = 0, pending = 0;
-        expect_status(csa2_compress_step(cg, 2, cs, &kva, &sca, &tn, &tw, &tk, &tm1, &ti1, &first), CSA2_ERR_SHAPE,
+        expect_status(csa2_compress_step(ARGS(Csa2CompressStepArgs, .geometry = cg, .layer = 2, .state = cs, .kv = &kva, .score = &sca, .norm = &tn, .wk = &tw, .k_norm = &tk, .main_kv_out = &tm1, .index_k_out = &ti1, .first_entry = &first)), CSA2_ERR_SHAPE,
                       "main_kv_out", "step with wrong E");
-        expect_status(csa2_compress_step(cg, 2, cs, &kva, &sca, &tn, &tw, &tk, &tm0, &ti0, &first), CSA2_OK, NULL,
+        expect_status(csa2_compress_step(ARGS(Csa2CompressStepArgs, .geometry = cg, .layer = 2, .state = cs, .kv = &kva, .score = &sca, .norm = &tn, .wk = &tw, .k_norm = &tk, .main_kv_out = &tm0, .index_k_out = &ti0, .first_entry = &first)), CSA2_OK, NULL,
                       "step 1");
         expect_status(csa2_compressor_state_query(cs, &next_pos, &pending, NULL), CSA2_OK, NULL, "query");
         CHECK(next_pos == 1 && pending == 1, "after step 1: next %llu pending %llu", (unsigned long long)next_pos,
@@ -304,7 +313,7 @@ int main(void) {
         /* the second token: the pair's kv row is x[512..1024) in the stateless call */
         kvb.data = x + 512;
         scb.data = x + 1024;
-        expect_status(csa2_compress_step(cg, 2, cs, &kvb, &scb, &tn, &tw, &tk, &tm1, &ti1, &first), CSA2_OK, NULL,
+        expect_status(csa2_compress_step(ARGS(Csa2CompressStepArgs, .geometry = cg, .layer = 2, .state = cs, .kv = &kvb, .score = &scb, .norm = &tn, .wk = &tw, .k_norm = &tk, .main_kv_out = &tm1, .index_k_out = &ti1, .first_entry = &first)), CSA2_OK, NULL,
                       "step 2");
         CHECK(first == 0, "first entry %llu", (unsigned long long)first);
         CHECK(memcmp(main_b, main_all, 288) == 0 && memcmp(idx_b, idx_all, 68) == 0,
@@ -322,12 +331,12 @@ int main(void) {
         DLTensor tq = tensor(q, 3, q_shape, kDLFloat, 32), tw1 = tensor(&w1, 2, w_shape, kDLFloat, 32),
                  tp = tensor(pos, 1, p_shape, kDLInt, 64), tkk = tensor(keys, 2, k_shape, kDLFloat, 32),
                  tbl = tensor(blocks, 2, b_shape, kDLInt, 32), tl = tensor(logits, 2, l_shape, kDLFloat, 32);
-        expect_status(csa2_indexer_logits_in_blocks(&tq, &tw1, &tp, &tkk, &tbl, 1, 8, 0, &tl), CSA2_OK, NULL,
+        expect_status(csa2_indexer_logits_in_blocks(ARGS(Csa2IndexerLogitsInBlocksArgs, .q = &tq, .w = &tw1, .positions = &tp, .keys = &tkk, .blocks = &tbl, .ratio = 1, .block_size = 8, .q_quant = 0, .logits_out = &tl)), CSA2_OK, NULL,
                       "indexer in blocks");
         int ok_mask = 1;
         for (int j = 0; j < 16; j++) ok_mask &= (j >= 8 && j <= 9) ? isfinite(logits[j]) : isinf(logits[j]);
         CHECK(ok_mask, "only entries 8 and 9 (block 1, visible) are scored");
-        expect_status(csa2_indexer_logits_in_blocks(&tq, &tw1, &tp, &tkk, NULL, 1, 8, 0, &tl), CSA2_ERR_NULL_POINTER,
+        expect_status(csa2_indexer_logits_in_blocks(ARGS(Csa2IndexerLogitsInBlocksArgs, .q = &tq, .w = &tw1, .positions = &tp, .keys = &tkk, .blocks = NULL, .ratio = 1, .block_size = 8, .q_quant = 0, .logits_out = &tl)), CSA2_ERR_NULL_POINTER,
                       "blocks", "null blocks");
         free(norm);
         free(wk);
@@ -352,8 +361,7 @@ int main(void) {
                  tmi = tensor(mi, 2, mi_shape, kDLInt, 32), tas = tensor(aswa, 2, as_shape, kDLFloat, 32),
                  tsi = tensor(si, 2, si_shape, kDLInt, 32), tsk = tensor(&asink, 1, sk_shape, kDLFloat, 32),
                  tao = tensor(aout, 3, aq_shape, kDLFloat, 32), tal = tensor(&alse, 2, lse_shape, kDLFloat, 32);
-        expect_status(csa2_attention_indexed(&taq, &tam, CSA2_FORMAT_NVFP4, &tmi, NULL, &tas, CSA2_FORMAT_MXFP8,
-                                             &tsi, NULL, &tsk, 0.0f, &tao, &tal),
+        expect_status(csa2_attention_indexed(ARGS(Csa2AttentionIndexedArgs, .q = &taq, .main_kv = &tam, .main_format = CSA2_FORMAT_NVFP4, .main_idx = &tmi, .main_len = NULL, .swa_kv = &tas, .swa_format = CSA2_FORMAT_MXFP8, .swa_idx = &tsi, .swa_len = NULL, .sink = &tsk, .scale = 0.0f, .out = &tao, .lse = &tal)),
                       CSA2_OK, NULL, "attention indexed");
         const float *rows[2] = {amain + 512, aswa};
         double z[2], scale = 1.0 / sqrt(512.0);
@@ -372,8 +380,7 @@ int main(void) {
         CHECK(worst < 1e-5, "indexed attention out differs by %g", worst);
         CHECK(fabs((double)alse - (m + log(e0 + e1))) < 1e-5, "indexed attention lse %g", (double)alse);
         mi[0] = 2; /* past the 2 main rows */
-        expect_status(csa2_attention_indexed(&taq, &tam, CSA2_FORMAT_NVFP4, &tmi, NULL, &tas, CSA2_FORMAT_MXFP8,
-                                             &tsi, NULL, &tsk, 0.0f, &tao, &tal),
+        expect_status(csa2_attention_indexed(ARGS(Csa2AttentionIndexedArgs, .q = &taq, .main_kv = &tam, .main_format = CSA2_FORMAT_NVFP4, .main_idx = &tmi, .main_len = NULL, .swa_kv = &tas, .swa_format = CSA2_FORMAT_MXFP8, .swa_idx = &tsi, .swa_len = NULL, .sink = &tsk, .scale = 0.0f, .out = &tao, .lse = &tal)),
                       CSA2_ERR_INVALID_ARGUMENT, "main_idx", "attention indexed bad id");
     }
 

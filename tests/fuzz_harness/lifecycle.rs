@@ -180,12 +180,15 @@ fn step(r: &mut Source<'_>, pool: &mut Vec<Slot>, t: &mut Tally, ctx: &str) {
                 let st = match which {
                     0 => csa2_geometry_embedded((&mut out as *mut *mut std::ffi::c_void).cast()),
                     1 => csa2_cache_create(
-                        g,
-                        0,
-                        r.random_range(1..6usize),
-                        256,
-                        null(),
-                        0,
+                        &csa2::ffi::Csa2CacheCreateArgs {
+                            geometry: g,
+                            layout: 0,
+                            num_blocks: r.random_range(1..6usize),
+                            block_tokens: 256,
+                            model: null(),
+                            model_len: 0,
+                            ..Default::default()
+                        },
                         (&mut out as *mut *mut std::ffi::c_void).cast(),
                     ),
                     2 => csa2_replay_plan(
@@ -400,7 +403,20 @@ pub fn run_sequence(r: &mut Source<'_>, steps: usize, ctx: &str) -> Tally {
     );
     let mut c = null_mut();
     assert_eq!(
-        unsafe { csa2_cache_create(g, 0, 4, 256, null(), 0, &mut c) },
+        unsafe {
+            csa2_cache_create(
+                &csa2::ffi::Csa2CacheCreateArgs {
+                    geometry: g,
+                    layout: 0,
+                    num_blocks: 4,
+                    block_tokens: 256,
+                    model: null(),
+                    model_len: 0,
+                    ..Default::default()
+                },
+                &mut c,
+            )
+        },
         Csa2Status::Csa2Ok
     );
     pool.push(Slot {
@@ -462,7 +478,20 @@ pub fn run_concurrent(seed: u64, threads: usize, steps: usize) -> Tally {
     let new_cache = |g: *const Csa2Geometry| {
         let mut c = null_mut();
         assert_eq!(
-            unsafe { csa2_cache_create(g, 0, 16, 256, null(), 0, &mut c) },
+            unsafe {
+                csa2_cache_create(
+                    &csa2::ffi::Csa2CacheCreateArgs {
+                        geometry: g,
+                        layout: 0,
+                        num_blocks: 16,
+                        block_tokens: 256,
+                        model: null(),
+                        model_len: 0,
+                        ..Default::default()
+                    },
+                    &mut c,
+                )
+            },
             Csa2Status::Csa2Ok
         );
         c as usize

@@ -390,7 +390,18 @@ impl Ctx {
         let tokens: Vec<u32> = (0..256).collect();
         unsafe {
             assert_eq!(
-                csa2_cache_create(g, 0, 64, 256, std::ptr::null(), 0, &mut cache),
+                csa2_cache_create(
+                    &csa2::ffi::Csa2CacheCreateArgs {
+                        geometry: g,
+                        layout: 0,
+                        num_blocks: 64,
+                        block_tokens: 256,
+                        model: std::ptr::null(),
+                        model_len: 0,
+                        ..Default::default()
+                    },
+                    &mut cache
+                ),
                 Csa2Status::Csa2Ok
             );
             assert_eq!(csa2_cache_add_request(cache, 99), Csa2Status::Csa2Ok);
@@ -1029,85 +1040,100 @@ fn call(c: &mut Case, x: &Ctx) -> (Csa2Status, String) {
     let status = unsafe {
         match EXPORTS[c.export] {
             "rope" => csa2_rope(g, s[0] as u32, p[0], p[1], s[1] as i32),
-            "compress" => csa2_compress(
-                g,
-                s[0] as u32,
-                p[0],
-                p[1],
-                p[2],
-                p[3],
-                p[4],
-                s[1],
-                p[5],
-                p[6],
-            ),
-            "indexer_logits" => {
-                csa2_indexer_logits(p[0], p[1], p[2], p[3], s[0] as u32, s[1] as i32, p[4])
-            }
+            "compress" => csa2_compress(&csa2::ffi::Csa2CompressArgs {
+                geometry: g,
+                layer: s[0] as u32,
+                kv: p[0],
+                score: p[1],
+                norm: p[2],
+                wk: p[3],
+                k_norm: p[4],
+                start_pos: s[1],
+                main_kv_out: p[5],
+                index_k_out: p[6],
+                ..Default::default()
+            }),
+            "indexer_logits" => csa2_indexer_logits(&csa2::ffi::Csa2IndexerLogitsArgs {
+                q: p[0],
+                w: p[1],
+                positions: p[2],
+                keys: p[3],
+                ratio: s[0] as u32,
+                q_quant: s[1] as i32,
+                logits_out: p[4],
+                ..Default::default()
+            }),
             "topk" => csa2_topk(p[0], p[1], s[0] as u32, p[2], p[3]),
             "candidates" => csa2_candidates(p[0], p[1], s[0] as u32, s[1] as u32, p[2]),
-            "attention" => csa2_attention(
-                p[0],
-                p[1],
-                s[0] as i32,
-                p[2],
-                s[1] as i32,
-                p[3],
-                p[4],
-                p[5],
-                p[6],
-                p[7],
-                s[2] as u32,
-                s[3] as u32,
-                f32::from_bits(s[4] as u32),
-                p[8],
-                p[9],
-            ),
-            "mhc" => csa2_mhc(
-                c.mhc_params
+            "attention" => csa2_attention(&csa2::ffi::Csa2AttentionArgs {
+                q: p[0],
+                main_kv: p[1],
+                main_format: s[0] as i32,
+                swa: p[2],
+                swa_format: s[1] as i32,
+                topk: p[3],
+                topk_len: p[4],
+                positions: p[5],
+                replay_start: p[6],
+                sink: p[7],
+                window: s[2] as u32,
+                ratio: s[3] as u32,
+                scale: f32::from_bits(s[4] as u32),
+                out: p[8],
+                lse: p[9],
+                ..Default::default()
+            }),
+            "mhc" => csa2_mhc(&csa2::ffi::Csa2MhcArgs {
+                params: c
+                    .mhc_params
                     .as_ref()
                     .map_or(std::ptr::null(), |m| m as *const _),
-                p[0],
-                p[1],
-                p[2],
-                p[3],
-                p[4],
-                p[5],
-                p[6],
-                p[7],
-                p[8],
-                p[9],
-                p[10],
-                p[11],
-                p[12],
-                p[13],
-            ),
-            "indexer_in_blocks" => csa2_indexer_logits_in_blocks(
-                p[0],
-                p[1],
-                p[2],
-                p[3],
-                p[4],
-                s[0] as u32,
-                s[1] as u32,
-                s[2] as i32,
-                p[5],
-            ),
-            "attention_indexed" => csa2_attention_indexed(
-                p[0],
-                p[1],
-                s[0] as i32,
-                p[2],
-                p[3],
-                p[4],
-                s[1] as i32,
-                p[5],
-                p[6],
-                p[7],
-                f32::from_bits(s[2] as u32),
-                p[8],
-                p[9],
-            ),
+                x: p[0],
+                y: p[1],
+                post: p[2],
+                comb: p[3],
+                pre_prev: p[4],
+                hc_fn: p[5],
+                hc_base: p[6],
+                hc_scale: p[7],
+                norm: p[8],
+                x_new: p[9],
+                layer_in: p[10],
+                pre_out: p[11],
+                post_out: p[12],
+                comb_out: p[13],
+                ..Default::default()
+            }),
+            "indexer_in_blocks" => {
+                csa2_indexer_logits_in_blocks(&csa2::ffi::Csa2IndexerLogitsInBlocksArgs {
+                    q: p[0],
+                    w: p[1],
+                    positions: p[2],
+                    keys: p[3],
+                    blocks: p[4],
+                    ratio: s[0] as u32,
+                    block_size: s[1] as u32,
+                    q_quant: s[2] as i32,
+                    logits_out: p[5],
+                    ..Default::default()
+                })
+            }
+            "attention_indexed" => csa2_attention_indexed(&csa2::ffi::Csa2AttentionIndexedArgs {
+                q: p[0],
+                main_kv: p[1],
+                main_format: s[0] as i32,
+                main_idx: p[2],
+                main_len: p[3],
+                swa_kv: p[4],
+                swa_format: s[1] as i32,
+                swa_idx: p[5],
+                swa_len: p[6],
+                sink: p[7],
+                scale: f32::from_bits(s[2] as u32),
+                out: p[8],
+                lse: p[9],
+                ..Default::default()
+            }),
             "compress_step" => compress_step(c, x, &p),
             "cache_write" | "cache_read" | "swa_write" | "swa_read" | "compressor_slot" => {
                 return cache_call(c, x, &p);
@@ -1167,19 +1193,20 @@ unsafe fn compress_step(c: &Case, x: &Ctx, p: &[*const DLTensor]) -> Csa2Status 
         let mod_ = d(mo.as_mut_ptr().cast(), s5, 2, 1, 8);
         let iod = d(io.as_mut_ptr().cast(), s6, 2, 1, 8);
         let first = unsafe {
-            csa2_compress_step(
-                g,
-                s[0] as u32,
-                st,
-                &kvd,
-                if m == 2 { &scd } else { std::ptr::null() },
-                &nd,
-                &wkd,
-                &knd,
-                &mod_,
-                &iod,
-                std::ptr::null_mut(),
-            )
+            csa2_compress_step(&csa2::ffi::Csa2CompressStepArgs {
+                geometry: g,
+                layer: s[0] as u32,
+                state: st,
+                kv: &kvd,
+                score: if m == 2 { &scd } else { std::ptr::null() },
+                norm: &nd,
+                wk: &wkd,
+                k_norm: &knd,
+                main_kv_out: &mod_,
+                index_k_out: &iod,
+                first_entry: std::ptr::null_mut(),
+                ..Default::default()
+            })
         };
         assert_ne!(
             first,
@@ -1195,19 +1222,20 @@ unsafe fn compress_step(c: &Case, x: &Ctx, p: &[*const DLTensor]) -> Csa2Status 
     }
     let mut first_entry = 0u64;
     let status = unsafe {
-        csa2_compress_step(
-            g,
-            s[0] as u32,
-            if c.null_handle { std::ptr::null() } else { st },
-            p[0],
-            p[1],
-            p[2],
-            p[3],
-            p[4],
-            p[5],
-            p[6],
-            &mut first_entry,
-        )
+        csa2_compress_step(&csa2::ffi::Csa2CompressStepArgs {
+            geometry: g,
+            layer: s[0] as u32,
+            state: if c.null_handle { std::ptr::null() } else { st },
+            kv: p[0],
+            score: p[1],
+            norm: p[2],
+            wk: p[3],
+            k_norm: p[4],
+            main_kv_out: p[5],
+            index_k_out: p[6],
+            first_entry: &mut first_entry,
+            ..Default::default()
+        })
     };
     unsafe { csa2_compressor_state_free(st) };
     status
@@ -1345,5 +1373,5 @@ fn wk_pool() -> Vec<f32> {
 
 /// `tests/fuzz_corpus/` of this repository.
 pub fn corpus_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz_corpus")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fuzz_corpus")
 }

@@ -1,7 +1,7 @@
 //! AVX2 row codecs: 8 lanes, for x86-64 CPUs without AVX-512.
 //!
 //! Same operation order as the scalar reference in [`crate::formats::records`] (bit-identical
-//! records; tested in `fast::tests`). Callers must have checked `is_x86_feature_detected!("avx2")`.
+//! records; tested in `fast::tests`). Callers must have checked `Isa::Avx2.is_supported()` ([`crate::isa`]).
 //! `_mm256_cvtps_epi32` rounds with MXCSR, which Rust code always runs at its default (RNE).
 
 use crate::formats::records::{RecordFormat, NOPE_DIM};

@@ -5,7 +5,7 @@
 //! bit-identical; the tests in `fast::tests` check that over random and special rows.
 //!
 //! Only the loads and stores are `unsafe`; the intrinsics are safe inside `#[target_feature]`
-//! functions. Callers must have checked `is_x86_feature_detected!("avx512f")`.
+//! functions. Callers must have checked `Isa::Avx512.is_supported()` ([`crate::isa`]).
 
 use crate::formats::records::{RecordFormat, NOPE_DIM};
 use crate::formats::scalar::{ceil_log2, e4m3_decode, e4m3_encode, e8m0_decode, pow2, E4M3_MAX};

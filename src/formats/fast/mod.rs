@@ -11,91 +11,10 @@ mod avx2;
 mod avx512;
 
 use super::RecordFormat;
-use crate::error::{Error, Result};
-use std::sync::OnceLock;
 
-/// An instruction-set level of the row codecs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Isa {
-    /// The scalar reference (any CPU).
-    Scalar,
-    /// x86-64 AVX2, 8 lanes.
-    Avx2,
-    /// x86-64 AVX-512F, 16 lanes.
-    Avx512,
-}
-
-impl Isa {
-    /// Every level, slowest first.
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
-
-    /// Whether this CPU can run the level (checked at run time; cached by std).
-    pub fn is_supported(self) -> bool {
-        match self {
-            Isa::Scalar => true,
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => false,
-        }
-    }
-
-    /// The levels this CPU supports, slowest first.
-    pub fn supported() -> Vec<Isa> {
-        Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
-    }
-
-    /// The fastest supported level, detected once. The environment variable `CSA2_ISA`
-    /// (`scalar`, `avx2`, `avx512`) caps it, for A/B runs; an unsupported or unknown value is
-    /// ignored.
-    pub fn best() -> Isa {
-        static BEST: OnceLock<Isa> = OnceLock::new();
-        *BEST.get_or_init(|| {
-            let top = Isa::supported().pop().unwrap_or(Isa::Scalar);
-            match std::env::var("CSA2_ISA")
-                .ok()
-                .and_then(|s| Isa::from_name(&s).ok())
-            {
-                Some(cap) if cap.is_supported() => cap,
-                _ => top,
-            }
-        })
-    }
-
-    /// Name used by the CLI and in benchmark output.
-    pub fn name(self) -> &'static str {
-        match self {
-            Isa::Scalar => "scalar",
-            Isa::Avx2 => "avx2",
-            Isa::Avx512 => "avx512",
-        }
-    }
-
-    /// Parses `scalar`, `avx2` or `avx512`.
-    pub fn from_name(s: &str) -> Result<Isa> {
-        Isa::ALL.into_iter().find(|i| i.name() == s).ok_or_else(|| {
-            Error::invalid(
-                "isa",
-                format!("unknown ISA `{s}` (expected scalar, avx2 or avx512)"),
-            )
-        })
-    }
-
-    /// Errors with [`Error::Unsupported`] when this CPU cannot run the level.
-    pub fn check(self) -> Result<Isa> {
-        if self.is_supported() {
-            Ok(self)
-        } else {
-            Err(Error::Unsupported(format!(
-                "ISA {} is not available on this CPU",
-                self.name()
-            )))
-        }
-    }
-}
+/// The instruction-set level of the row codecs: the crate's one level ([`crate::isa`]), so that
+/// `CSA2_ISA` caps the codecs and the kernels that call them alike.
+pub use crate::isa::Isa;
 
 fn check_row(fmt: RecordFormat, values: usize, data: usize, scale: usize) {
     // Internal callers validate user input first; a mismatch here is a bug, and it must stop before
@@ -268,15 +187,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn isa_names_round_trip_and_bad_names_fail() {
-        for isa in Isa::ALL {
-            assert_eq!(Isa::from_name(isa.name()).unwrap(), isa);
-        }
-        assert!(Isa::from_name("sse9").is_err());
-        assert!(Isa::Scalar.check().is_ok());
-        assert!(Isa::supported().contains(&Isa::best()));
     }
 }

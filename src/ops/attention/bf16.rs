@@ -48,14 +48,7 @@ fn scratch16_len(n: usize, hp: usize) -> usize {
 
 /// Whether this CPU runs the bf16 path.
 pub(super) fn supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    crate::isa::cpu().dots.bf16
 }
 
 /// One token on bf16 dots; same contract as the f32 path's `token` (`buf` is its f32 scratch).
@@ -106,7 +99,7 @@ pub(super) fn token(
         // kernels assert.
         unsafe { x86::query_pairs(q, h, hp, scale, qt) };
         let qt = &*qt;
-        let isa = crate::ops::simd::codec_isa();
+        let isa = crate::isa::level();
         let score = |(c, (((k, kb16), (vb16, s)), (m, e))): ScoreChunk16| {
             let rows = s.len() / hp;
             super::cpu::gather(isa, r, &kv.0, &kv.1, c * CHUNK, k);

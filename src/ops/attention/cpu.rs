@@ -21,7 +21,8 @@
 
 use super::{AttentionDots, AttentionParams, KvRows, TokenRows};
 use crate::formats::{fast, KV_DIM};
-use crate::ops::simd::{codec_isa, multiversion, Vf32};
+use crate::isa::level;
+use crate::ops::simd::{multiversion, Vf32};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -182,7 +183,7 @@ fn token(
             }
         }
     }
-    let isa = codec_isa();
+    let isa = level();
     let qt = &*qt;
     let score = |(c, ((k, s), (m, e))): ScoreChunk| {
         gather(isa, r, &kv.0, &kv.1, c * CHUNK, k);

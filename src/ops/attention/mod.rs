@@ -136,11 +136,11 @@ pub enum AttentionDots {
 
 impl AttentionDots {
     /// Whether this CPU runs `self` (f32: always; bf16: AVX-512 BF16 present and not capped off by
-    /// `CSA2_ISA`, see [`crate::ops::simd::dot_units`]).
+    /// `CSA2_ISA`, see [`crate::isa::dot_units`]).
     pub fn is_supported(self) -> bool {
         match self {
             AttentionDots::F32 => true,
-            AttentionDots::Bf16 => crate::ops::simd::dot_units().bf16 && bf16::supported(),
+            AttentionDots::Bf16 => crate::isa::dot_units().bf16 && bf16::supported(),
         }
     }
 

@@ -1,7 +1,7 @@
 use super::*;
 use crate::formats::{encode_rows, MXFP8_BYTES, NVFP4_DS_BYTES};
-use crate::ops::testutil::{rand_normal, NewRng, Rng};
 use crate::tolerance::{compare, F32_VS_F64, QUANT_VS_EXACT};
+use csa2_harness::gen::{rand_normal, NewRng, Rng};
 
 struct Case {
     q: Vec<f32>,

@@ -1,8 +1,8 @@
 use super::*;
 use crate::formats::{decode_rows, RecordFormat};
 use crate::geometry::Geometry;
-use crate::ops::testutil::{rand_normal, NewRng, Rng};
 use crate::tolerance::{compare, Tolerance, F32_VS_F64, QUANT_VS_EXACT};
+use csa2_harness::gen::{rand_normal, NewRng, Rng};
 
 const BF16_STEP: Tolerance = crate::tolerance::BF16_ROUNDED;
 

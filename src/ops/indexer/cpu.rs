@@ -10,7 +10,7 @@
 //!
 //! Every query quantisation (`none`, `mxfp4`, `fp8`, `bf16`) can run this f32 path on the exact
 //! (de)quantised values: the results agree with the f64 reference within the tolerance table.
-//! Where the CPU has them (see [`crate::ops::simd::dot_units`]), MXFP4 queries against MXFP4 keys
+//! Where the CPU has them (see [`crate::isa::dot_units`]), MXFP4 queries against MXFP4 keys
 //! run the integer kernel and bf16 queries against MXFP4 keys the bf16 kernel ([`super::dot`]);
 //! [`DotKernel`] names the three, and [`Prepared::with_kernel`] picks one explicitly.
 
@@ -18,7 +18,8 @@ use super::dot::{self, Bf16Queries, Bf16Row, IntKeys, IntQueries};
 use super::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant, INDEX_DIM};
 use crate::error::{Error, Result};
 use crate::formats::{fast, RecordFormat, MXFP4_INDEX_BYTES};
-use crate::ops::simd::{codec_isa, dot_units, multiversion, Vf32};
+use crate::isa::{dot_units, level};
+use crate::ops::simd::{multiversion, Vf32};
 use rayon::prelude::*;
 
 /// Heads are padded to a multiple of this: two 16-lane vectors (or four 8-lane ones).
@@ -242,7 +243,7 @@ pub fn score_ids(pr: &Prepared, t0: usize, keys: &IndexKeys, ids: &[u32], outs: 
         (DotKernel::Bf16, IndexKeys::Mxfp4(k)) => return score_ids_bf16(pr, t0, k, ids, outs),
         _ => {}
     }
-    let isa = codec_isa();
+    let isa = level();
     let mut kbuf = [[0f32; INDEX_DIM]; KB];
     let mut next = ids.chunks(KB).skip(1);
     for (ci, chunk) in ids.chunks(KB).enumerate() {
@@ -489,4 +490,56 @@ fn logits_body<V: Vf32>(
             *o = v.hsum();
         }
     }
+}
+
+/// Where one thread's time goes in the integer kernel (benchmarks: `csa2 bench ops`), in thread
+/// CPU time, the minimum of `reps` runs each.
+#[derive(Debug, Clone, Copy)]
+pub struct Int8Breakdown {
+    /// Unpacking MXFP4 records into kernel order (nibbles → bytes, scales, offset sums), ns/key.
+    pub unpack_ns: f64,
+    /// Scoring one L1-resident batch of unpacked keys over and over, ns/key.
+    pub score_hot_ns: f64,
+    /// The whole per-batch loop (prefetch, unpack, score, visibility) over `n` keys, ns/key.
+    pub total_ns: f64,
+}
+
+/// Times the integer kernel's parts on the calling thread over the first `n` records of `k`
+/// (entries, 68), query 0 of `pr`; `None` unless `pr` runs [`DotKernel::Int8`].
+pub fn int8_breakdown(pr: &Prepared, k: &[u8], n: usize, reps: usize) -> Option<Int8Breakdown> {
+    use crate::ops::simd::thread_cpu_seconds as now;
+    if pr.kernel != DotKernel::Int8 || n < KB || k.len() < n * MXFP4_INDEX_BYTES {
+        return None;
+    }
+    let n = n / KB * KB;
+    let ids: Vec<u32> = (0..n as u32).collect();
+    let mut keys = Box::new(IntKeys::<KB>::new());
+    let iq = pr.iq.as_ref().expect("int8 kernel prepared");
+    let w = &pr.w[..pr.hp];
+    let mut out = vec![0f32; n];
+    let mut best = [f64::INFINITY; 3];
+    for _ in 0..reps.max(1) {
+        let t0 = now();
+        for c in ids.chunks_exact(KB) {
+            dot::unpack_int(k, c, &mut keys);
+            std::hint::black_box(&keys);
+        }
+        let t1 = now();
+        for o in out.chunks_exact_mut(KB) {
+            dot::int_logits(iq, 0, w, pr.hp, &keys, KB, o);
+        }
+        std::hint::black_box(&out);
+        let t2 = now();
+        score_ids(pr, 0, &IndexKeys::Mxfp4(k), &ids, &mut [&mut out[..]]);
+        let t3 = now();
+        for (b, t) in best.iter_mut().zip([t1 - t0, t2 - t1, t3 - t2]) {
+            *b = b.min(t);
+        }
+    }
+    let per = 1e9 / n as f64;
+    Some(Int8Breakdown {
+        unpack_ns: best[0] * per,
+        score_hot_ns: best[1] * per,
+        total_ns: best[2] * per,
+    })
 }

@@ -40,9 +40,13 @@ const BLK: usize = 32;
 const NB: usize = D / BLK;
 /// 4-dim groups per block (one int32 lane of `vpdpbusd` each).
 const NG: usize = BLK / 4;
-/// Keys scored together: 6 keys × 2 head vectors = 12 int32 and 12 f32 accumulators (24 of the
-/// 32 vector registers), enough independent chains to keep both dot ports busy.
-pub(super) const NK: usize = 6;
+/// Keys scored together: 5 keys × 2 head vectors = 10 int32 and 10 f32 accumulators. Measured
+/// (thread CPU time, `csa2 bench ops`' int8 breakdown, 2026-12-01): 5 × 2 scores hot keys at
+/// 66–69 % of the probed `vpdpbusd` rate, 6 × 2 at 57–65 %, 4 × 2 and 3 × 2 at 62 %, 8, 6 or 10
+/// keys × 1 head vector at 54–55 %, 12 × 1 at 42 % (register spills).
+pub(super) const NK: usize = 5;
+/// Keys scored together by the bf16 kernel: 6 keys × 2 head vectors = 12 f32 accumulators.
+const NKB: usize = 6;
 
 /// `2 · e2m1(code)` for the 16 codes, as the bytes of i8: the signed key bytes of the integer path.
 const KEY_S8: [u8; 16] = {
@@ -142,26 +146,12 @@ impl Bf16Queries {
 
 /// Whether this CPU runs the integer kernel (AVX-512F/BW + VNNI).
 pub(super) fn int8_supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    crate::isa::cpu().dots.vnni
 }
 
 /// Whether this CPU runs the bf16 kernel (AVX-512F/BW + BF16).
 pub(super) fn bf16_supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    crate::isa::cpu().dots.bf16
 }
 
 /// MXFP4 key records unpacked for the integer kernel: kernel-order signed bytes `2k`, block
@@ -190,6 +180,23 @@ fn record(k: &[u8], j: u32) -> &[u8; MXFP4_INDEX_BYTES] {
         .expect("68-byte record")
 }
 
+/// `0.5 · e8m0_decode(e)` = 2^(e − 128) for every scale byte (NaN for 0xFF): the key block scale
+/// of the integer kernel, by table (subnormal for e ≤ 1, exact).
+const HALF_E8M0: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        t[e] = f32::from_bits(match e {
+            0 => 0x0020_0000,
+            1 => 0x0040_0000,
+            255 => 0x7FC0_0000,
+            _ => ((e as u32) - 1) << 23,
+        });
+        e += 1;
+    }
+    t
+};
+
 /// Unpacks records `ids[i]` of `k` (entries, 68) into slot i of `dst`. Requires
 /// [`int8_supported`].
 pub(super) fn unpack_int<const N: usize>(k: &[u8], ids: &[u32], dst: &mut IntKeys<N>) {
@@ -197,7 +204,7 @@ pub(super) fn unpack_int<const N: usize>(k: &[u8], ids: &[u32], dst: &mut IntKey
     for (i, &j) in ids.iter().enumerate() {
         let rec = record(k, j);
         for b in 0..NB {
-            dst.scale[i][b] = 0.5 * e8m0_decode(rec[64 + b]);
+            dst.scale[i][b] = HALF_E8M0[rec[64 + b] as usize];
         }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512F/BW/VNNI were detected (asserted above).
@@ -279,6 +286,24 @@ pub(super) fn bf16_logits(
     };
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table is `0.5 · e8m0_decode` for every byte, bit for bit (the scalar form it replaced).
+    #[test]
+    fn half_e8m0_table_is_the_decoder_halved() {
+        for e in 0..=255u8 {
+            let want = 0.5 * e8m0_decode(e);
+            let got = HALF_E8M0[e as usize];
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "e = {e}: {got:e} vs {want:e}"
+            );
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
@@ -305,14 +330,14 @@ mod x86 {
             let s = _mm512_add_epi8(lo, hi);
             let s4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), s);
             let s2 = _mm512_add_epi32(s4, _mm512_shuffle_epi32::<0b10_11_00_01>(s4));
-            _mm512_add_epi32(s2, _mm512_shuffle_epi32::<0b01_00_11_10>(s2))
+            let s1 = _mm512_add_epi32(s2, _mm512_shuffle_epi32::<0b01_00_11_10>(s2));
+            // Lanes 0, 4, 8, 12 hold the four block sums: gather them, times −12, one store.
+            let idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+            let c = _mm512_castsi512_si128(_mm512_permutexvar_epi32(idx, s1));
+            _mm_mullo_epi32(c, _mm_set1_epi32(-12))
         };
-        let mut lanes = [0i32; 16];
-        // SAFETY: 16 writable i32.
-        unsafe { _mm512_storeu_si512(lanes.as_mut_ptr() as *mut _, sums) };
-        for (b, c) in corr.iter_mut().enumerate() {
-            *c = -12 * lanes[4 * b];
-        }
+        // SAFETY: `corr` holds 4 writable i32.
+        unsafe { _mm_storeu_si128(corr.as_mut_ptr() as *mut _, sums) };
     }
 
     /// f32 row (exact in bf16) → bf16 bit patterns.
@@ -330,14 +355,8 @@ mod x86 {
         }
     }
 
-    #[inline(always)]
-    fn bcast_u32(p: &[u8; D], off: usize) -> __m512i {
-        // SAFETY: off + 4 ≤ 128 (group offsets), unaligned read; AVX-512F is enabled by callers.
-        unsafe { _mm512_set1_epi32(std::ptr::read_unaligned(p.as_ptr().add(off) as *const i32)) }
-    }
-
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn int_logits(
         q: &[u8],
         qscale: &[f32],
@@ -348,74 +367,105 @@ mod x86 {
         kcorr: &[[i32; NB]],
         out: &mut [f32],
     ) {
-        let zero = _mm512_setzero_ps();
         let n = keys.len();
-        for (g0, dst) in out.chunks_mut(NK).enumerate() {
+        assert!(kscale.len() == n && kcorr.len() == n && out.len() == n && n > 0);
+        assert!(q.len() == NB * NG * hp * 4 && qscale.len() == NB * hp && w.len() == hp);
+        assert!(hp.is_multiple_of(32));
+        let (q, qs, w, k, ks, kc, o) = (
+            q.as_ptr(),
+            qscale.as_ptr(),
+            w.as_ptr(),
+            keys.as_ptr(),
+            kscale.as_ptr(),
+            kcorr.as_ptr(),
+            out.as_mut_ptr(),
+        );
+        // SAFETY: lengths asserted above; the features are enabled on this function.
+        unsafe { int_logits_k::<NK, 2>(q, qs, w, hp, k, ks, kc, n, o) }
+    }
+
+    /// `K` keys × `HV` 16-head vectors per pass. Every key's logit is the same instruction
+    /// sequence whatever `K`, `HV` or the other keys of its group: per head lane, the four block
+    /// terms are added in block order and the head terms in head order.
+    ///
+    /// SAFETY: `q` (NB·NG·hp·4), `qscale` (NB·hp), `w` (hp) readable; `keys`, `kscale`, `kcorr`
+    /// hold `n ≥ 1` entries; `out` has `n` writable floats; hp a multiple of 16·HV.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    unsafe fn int_logits_k<const K: usize, const HV: usize>(
+        q: *const u8,
+        qscale: *const f32,
+        w: *const f32,
+        hp: usize,
+        keys: *const [u8; D],
+        kscale: *const [f32; NB],
+        kcorr: *const [i32; NB],
+        n: usize,
+        out: *mut f32,
+    ) {
+        let zero = _mm512_setzero_ps();
+        let mut g0 = 0;
+        while g0 < n {
             // A short last group repeats its last key; the extra results are not stored.
-            let ix: [usize; NK] = std::array::from_fn(|i| (g0 * NK + i).min(n - 1));
-            let kr: [&[u8; D]; NK] = std::array::from_fn(|i| &keys[ix[i]]);
-            let sr: [&[f32; NB]; NK] = std::array::from_fn(|i| &kscale[ix[i]]);
-            let cr: [&[i32; NB]; NK] = std::array::from_fn(|i| &kcorr[ix[i]]);
-            let mut lv = [zero; NK];
-            for h0 in (0..hp).step_by(32) {
-                let mut f = [[zero; 2]; NK];
-                for b in 0..NB {
-                    // SAFETY: (b · hp + h0 + 32) ≤ NB · hp = qscale.len().
-                    let (s0, s1) = unsafe {
-                        let ps = qscale.as_ptr().add(b * hp + h0);
-                        (_mm512_loadu_ps(ps), _mm512_loadu_ps(ps.add(16)))
-                    };
-                    let mut acc: [[__m512i; 2]; NK] = std::array::from_fn(|i| {
-                        let c = _mm512_set1_epi32(cr[i][b]);
-                        [c, c]
-                    });
-                    for g in 0..NG {
-                        // SAFETY: ((b · NG + g) · hp + h0 + 32) · 4 ≤ q.len().
-                        let (q0, q1) = unsafe {
-                            let p = q.as_ptr().add(((b * NG + g) * hp + h0) * 4);
-                            (
-                                _mm512_loadu_si512(p as *const _),
-                                _mm512_loadu_si512(p.add(64) as *const _),
-                            )
-                        };
-                        let off = group_offset(b, g);
-                        for i in 0..NK {
-                            // The signed operand: a broadcast the instruction can take from memory.
-                            let kv = bcast_u32(kr[i], off);
-                            acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], q0, kv);
-                            acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], q1, kv);
+            let ix: [usize; K] = std::array::from_fn(|i| (g0 + i).min(n - 1));
+            // SAFETY (whole body): every index below is < n or inside the lengths above.
+            unsafe {
+                let kp: [*const u8; K] = std::array::from_fn(|i| keys.add(ix[i]) as *const u8);
+                let sp: [*const f32; K] = std::array::from_fn(|i| kscale.add(ix[i]) as *const f32);
+                let cp: [*const i32; K] = std::array::from_fn(|i| kcorr.add(ix[i]) as *const i32);
+                let mut lv = [zero; K];
+                let mut h0 = 0;
+                while h0 < hp {
+                    let mut f = [[zero; HV]; K];
+                    for b in 0..NB {
+                        let mut acc: [[__m512i; HV]; K] =
+                            std::array::from_fn(|i| [_mm512_set1_epi32(*cp[i].add(b)); HV]);
+                        for g in 0..NG {
+                            let qv: [__m512i; HV] = std::array::from_fn(|j| {
+                                _mm512_loadu_si512(
+                                    q.add(((b * NG + g) * hp + h0 + 16 * j) * 4) as *const _
+                                )
+                            });
+                            let off = group_offset(b, g);
+                            for i in 0..K {
+                                // The signed operand: a broadcast the instruction can take from
+                                // memory.
+                                let kv = _mm512_set1_epi32(std::ptr::read_unaligned(
+                                    kp[i].add(off) as *const i32,
+                                ));
+                                for j in 0..HV {
+                                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], qv[j], kv);
+                                }
+                            }
+                        }
+                        let sq: [__m512; HV] = std::array::from_fn(|j| {
+                            _mm512_loadu_ps(qscale.add(b * hp + h0 + 16 * j))
+                        });
+                        for i in 0..K {
+                            let sk = _mm512_set1_ps(*sp[i].add(b));
+                            for j in 0..HV {
+                                f[i][j] = _mm512_fmadd_ps(
+                                    _mm512_cvtepi32_ps(acc[i][j]),
+                                    _mm512_mul_ps(sq[j], sk),
+                                    f[i][j],
+                                );
+                            }
                         }
                     }
-                    for i in 0..NK {
-                        let sk = _mm512_set1_ps(sr[i][b]);
-                        f[i][0] = _mm512_fmadd_ps(
-                            _mm512_cvtepi32_ps(acc[i][0]),
-                            _mm512_mul_ps(s0, sk),
-                            f[i][0],
-                        );
-                        f[i][1] = _mm512_fmadd_ps(
-                            _mm512_cvtepi32_ps(acc[i][1]),
-                            _mm512_mul_ps(s1, sk),
-                            f[i][1],
-                        );
+                    for j in 0..HV {
+                        let wv = _mm512_loadu_ps(w.add(h0 + 16 * j));
+                        for i in 0..K {
+                            // max(x, 0) returns 0 for NaN, as the f32 kernel's ReLU.
+                            lv[i] = _mm512_fmadd_ps(wv, _mm512_max_ps(f[i][j], zero), lv[i]);
+                        }
                     }
+                    h0 += 16 * HV;
                 }
-                // SAFETY: h0 + 32 ≤ hp = w.len().
-                let (w0, w1) = unsafe {
-                    (
-                        _mm512_loadu_ps(w.as_ptr().add(h0)),
-                        _mm512_loadu_ps(w.as_ptr().add(h0 + 16)),
-                    )
-                };
-                for i in 0..NK {
-                    // max(x, 0) returns 0 for NaN, as the f32 kernel's ReLU.
-                    lv[i] = _mm512_fmadd_ps(w0, _mm512_max_ps(f[i][0], zero), lv[i]);
-                    lv[i] = _mm512_fmadd_ps(w1, _mm512_max_ps(f[i][1], zero), lv[i]);
+                for i in 0..K.min(n - g0) {
+                    *out.add(g0 + i) = _mm512_reduce_add_ps(lv[i]);
                 }
             }
-            for (o, v) in dst.iter_mut().zip(lv) {
-                *o = _mm512_reduce_add_ps(v);
-            }
+            g0 += K;
         }
     }
 
@@ -423,11 +473,11 @@ mod x86 {
     #[allow(clippy::needless_range_loop)]
     pub(super) fn bf16_logits(q: &[u16], w: &[f32], hp: usize, keys: &[Bf16Row], out: &mut [f32]) {
         let zero = _mm512_setzero_ps();
-        for (kk, dst) in keys.chunks(NK).zip(out.chunks_mut(NK)) {
-            let kr: [&Bf16Row; NK] = std::array::from_fn(|i| &kk[i.min(kk.len() - 1)]);
-            let mut lv = [zero; NK];
+        for (kk, dst) in keys.chunks(NKB).zip(out.chunks_mut(NKB)) {
+            let kr: [&Bf16Row; NKB] = std::array::from_fn(|i| &kk[i.min(kk.len() - 1)]);
+            let mut lv = [zero; NKB];
             for h0 in (0..hp).step_by(32) {
-                let mut acc = [[zero; 2]; NK];
+                let mut acc = [[zero; 2]; NKB];
                 for j in 0..D / 2 {
                     // SAFETY: ((j · hp + h0 + 32) · 2 ≤ 64 · hp · 2 = q.len().
                     let (q0, q1) = unsafe {
@@ -441,7 +491,7 @@ mod x86 {
                             )),
                         )
                     };
-                    for i in 0..NK {
+                    for i in 0..NKB {
                         // SAFETY: 2j + 2 ≤ 128.
                         let kv: __m512bh = unsafe {
                             std::mem::transmute(_mm512_set1_epi32(std::ptr::read_unaligned(
@@ -459,7 +509,7 @@ mod x86 {
                         _mm512_loadu_ps(w.as_ptr().add(h0 + 16)),
                     )
                 };
-                for i in 0..NK {
+                for i in 0..NKB {
                     lv[i] = _mm512_fmadd_ps(w0, _mm512_max_ps(acc[i][0], zero), lv[i]);
                     lv[i] = _mm512_fmadd_ps(w1, _mm512_max_ps(acc[i][1], zero), lv[i]);
                 }

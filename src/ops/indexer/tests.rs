@@ -1,8 +1,8 @@
 use super::*;
 use crate::formats::encode_rows;
-use crate::ops::testutil::{rand_normal, NewRng, Rng};
 use crate::ops::topk;
 use crate::tolerance::{compare, F32_VS_F64};
+use csa2_harness::gen::{rand_normal, NewRng, Rng};
 
 struct Case {
     q: Vec<f32>,

@@ -1,5 +1,5 @@
 //! The fast CPU path of mHC: threads over token tiles (rayon), AVX-512 / AVX2+FMA inner loops picked
-//! at run time through [`crate::ops::simd::isa`] (`CSA2_ISA=avx2|portable` caps it), scalar fallback.
+//! at run time through [`crate::isa::level`] (`CSA2_ISA=avx2|scalar` caps it), scalar fallback.
 //!
 //! Both paths share the same inner kernels, so they differ only in how often the streams travel
 //! through memory:
@@ -21,7 +21,7 @@
 
 use super::{BoundaryIn, BoundaryOut, CoeffsMut, MhcParams, MixWeights, PostUpdate, HC, MIX};
 use crate::error::Result;
-use crate::ops::simd::{isa, Isa};
+use crate::isa::{level, Isa};
 use rayon::prelude::*;
 
 /// Most tokens per tile: one `hc_fn` chunk (24 × 4 × [`CHUNK`] f32 = 192 KiB) serves this many
@@ -35,9 +35,9 @@ const MIX_ACC: usize = MIX + 1;
 
 // ---- inner kernels: dispatch --------------------------------------------------------------------
 
-/// AVX2 + FMA usable (also true on AVX-512 machines unless `CSA2_ISA=portable`).
+/// AVX2 + FMA usable (also true on AVX-512 machines unless `CSA2_ISA=scalar`).
 fn has_avx2_fma() -> bool {
-    cfg!(target_arch = "x86_64") && isa() != Isa::Portable
+    cfg!(target_arch = "x86_64") && level() != Isa::Scalar
 }
 
 /// Tokens per tile for `t` tokens: at most [`MAX_TILE`], few enough that every rayon thread gets a
@@ -239,20 +239,20 @@ fn mix_block(
 ) {
     assert!(hc_fn.len() == MIX * HC * d && xs.len().is_multiple_of(HC * d));
     assert!(acc.len() == xs.len() / (HC * d) * MIX_ACC && c0 <= c1 && c1 <= d);
-    match isa() {
+    match level() {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
             if let Some(chunk) = packed.and_then(|pk| pk.chunk(d, c0, c1)) {
-                // SAFETY: `isa()` reported AVX-512F; `chunk` is the packed c0..c1 of a table of
+                // SAFETY: `level()` reported AVX-512F; `chunk` is the packed c0..c1 of a table of
                 // this d (24·4·⌈(c1−c0)/16⌉·16 values, checked by `chunk`); lengths asserted above.
                 return unsafe { avx512::mix_block_packed(d, chunk, xs, c0, c1, acc) };
             }
-            // SAFETY: `isa()` reported AVX-512F at run time; lengths asserted above.
+            // SAFETY: `level()` reported AVX-512F at run time; lengths asserted above.
             unsafe { avx512::mix_block(d, hc_fn, xs, c0, c1, acc) }
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => {
-            // SAFETY: `isa()` reported AVX2 + FMA at run time; lengths asserted above.
+            // SAFETY: `level()` reported AVX2 + FMA at run time; lengths asserted above.
             unsafe { avx2::mix_block(d, hc_fn, xs, c0, c1, acc) }
         }
         _ => scalar::mix_block(d, hc_fn, xs, c0, c1, acc),
@@ -821,11 +821,11 @@ pub fn fma_peak_gflops(millis: u64) -> f64 {
         .into_par_iter()
         .map(|_| {
             #[cfg(target_arch = "x86_64")]
-            if isa() == Isa::Avx512 {
+            if level() == Isa::Avx512 {
                 let t0 = std::time::Instant::now();
                 let (mut iters, mut sink) = (0usize, 0f32);
                 while t0.elapsed().as_millis() < millis as u128 {
-                    // SAFETY: `isa()` reported AVX-512F at run time.
+                    // SAFETY: `level()` reported AVX-512F at run time.
                     sink += unsafe { avx512::fma_probe(1 << 16) };
                     iters += 1 << 16;
                 }
@@ -1124,13 +1124,13 @@ mod tests {
         let mut k: Vec<(&'static str, Kernel)> = vec![("portable", scalar::mix_block)];
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            if Isa::Avx2.is_supported() {
                 // SAFETY: AVX2 + FMA detected just above.
                 k.push(("avx2", |d, f, x, c0, c1, a| unsafe {
                     avx2::mix_block(d, f, x, c0, c1, a)
                 }));
             }
-            if is_x86_feature_detected!("avx512f") {
+            if Isa::Avx512.is_supported() {
                 // SAFETY: AVX-512F detected just above.
                 k.push(("avx512", |d, f, x, c0, c1, a| unsafe {
                     avx512::mix_block(d, f, x, c0, c1, a)
@@ -1195,7 +1195,7 @@ mod tests {
                     mix_block(d, &hc_fn, None, &xs, c0, c1, &mut a);
                     mix_block(d, &hc_fn, Some(&pk), &xs, c0, c1, &mut b);
                     #[cfg(target_arch = "x86_64")]
-                    if is_x86_feature_detected!("avx512f") {
+                    if Isa::Avx512.is_supported() {
                         let mut r = vec![0.25f32; nt * MIX_ACC];
                         let mut q = vec![0.25f32; nt * MIX_ACC];
                         let ch = pk.chunk(d, c0, c1).unwrap();

@@ -11,7 +11,7 @@
 //! With the buffer at 4k entries a random row costs a handful of partial selects over 2k keys, so
 //! the time is the read pass plus a small constant.
 
-use crate::ops::simd::{isa, Isa};
+use crate::isa::{level, Isa};
 
 /// Buffer capacity in units of k.
 const CAP_MULT: usize = 4;
@@ -59,12 +59,12 @@ pub fn select_scored(values: &[f32], out: &mut [i32]) -> usize {
     }
     let cap = CAP_MULT * k + STEP;
     let mut buf: Vec<u64> = Vec::with_capacity(cap + STEP);
-    match isa() {
+    match level() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `isa()` reported AVX-512F (and AVX2) present at run time.
+        // SAFETY: `level()` reported AVX-512F (and AVX2) present at run time.
         Isa::Avx512 => unsafe { scan_avx512(values, k, cap, &mut buf) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `isa()` reported AVX2 present at run time.
+        // SAFETY: `level()` reported AVX2 present at run time.
         Isa::Avx2 => unsafe { scan_avx2(values, k, cap, &mut buf) },
         _ => scan::<Portable>(values, k, cap, &mut buf),
     }
@@ -248,11 +248,11 @@ mod tests {
                     go("portable", &|b| scan::<Portable>(row, k, cap, b));
                     #[cfg(target_arch = "x86_64")]
                     {
-                        if is_x86_feature_detected!("avx2") {
+                        if Isa::Avx2.is_supported() {
                             // SAFETY: AVX2 detected.
                             go("avx2", &|b| unsafe { scan_avx2(row, k, cap, b) });
                         }
-                        if is_x86_feature_detected!("avx512f") {
+                        if Isa::Avx512.is_supported() {
                             // SAFETY: AVX-512F and AVX2 detected.
                             go("avx512", &|b| unsafe { scan_avx512(row, k, cap, b) });
                         }

@@ -1,0 +1,279 @@
+//! `csa2_indexer_logits` and `csa2_indexer_logits_in_blocks`: the C face of [`crate::ops::indexer`]
+//! (conventions: the op section of [`super`]).
+
+use super::dlpack::{check_disjoint, fill_floats, host, DLTensor, DType, FLOATS, INTS};
+use super::{guarded, Csa2Status};
+use crate::error::{Error, Result};
+use crate::formats::{INDEX_DIM, MXFP4_INDEX_BYTES};
+use crate::shape::{Dim, Dims};
+use crate::ops::candidates::CandidateParams;
+use crate::ops::indexer::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
+
+/// Arguments of [`csa2_indexer_logits`] (shapes there).
+/// Set `struct_size` to `sizeof(Csa2IndexerLogitsArgs)` (rules: "Args structs", header top).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Csa2IndexerLogitsArgs {
+    /// `sizeof(Csa2IndexerLogitsArgs)` as the caller was compiled.
+    pub struct_size: usize,
+    /// `(T, H, 128)` float RoPE'd index Q.
+    pub q: *const DLTensor,
+    /// `(T, H)` float head weights (already scaled).
+    pub w: *const DLTensor,
+    /// `(T)` int token positions.
+    pub positions: *const DLTensor,
+    /// `(N, 128)` float or `(N, 68)` uint8 MXFP4 index-K records.
+    pub keys: *const DLTensor,
+    /// Compression ratio (≥ 1).
+    pub ratio: u32,
+    /// Fake quantisation of Q: 0 none, 1 MXFP4 (V4.1), 2 FP8 E4M3 (launch day).
+    pub q_quant: i32,
+    /// Output `(T, N)` float.
+    pub logits_out: *const DLTensor,
+}
+
+// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
+unsafe impl super::ArgsStruct for Csa2IndexerLogitsArgs {
+    const NAME: &'static str = "Csa2IndexerLogitsArgs";
+    const V1_SIZE: usize = std::mem::size_of::<Csa2IndexerLogitsArgs>();
+}
+
+impl Default for Csa2IndexerLogitsArgs {
+    /// All members zero, `struct_size` set (the C recipe).
+    fn default() -> Self {
+        super::zeroed_args()
+    }
+}
+
+/// Lightning-indexer logits (docs/SPEC.md §2 "Indexer"): `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)`
+/// for the visible entries `j < (positions[t] + 1) div ratio`, −∞ elsewhere.
+///
+/// `q` `(T, H, 128)` float (RoPE'd index Q), `w` `(T, H)` float (already scaled), `positions` `(T)`
+/// int; `keys` either `(N, 128)` float or `(N, 68)` uint8 MXFP4 index-K records; `q_quant`: 0 none,
+/// 1 MXFP4 (V4.1), 2 FP8 E4M3 (the launch-day path) fake-quantisation of Q; `logits_out` `(T, N)`
+/// float. Errors: `CSA2_ERR_INVALID_ARGUMENT` (ratio 0, `q_quant`, negative position),
+/// `CSA2_ERR_SHAPE` (too few keys for a position), plus the common ones.
+///
+/// # Safety
+/// `args`: `struct_size` readable bytes of a `Csa2IndexerLogitsArgs`. Its members:
+/// Each tensor pointer null or a readable `DLTensor` whose memory stays valid and unused by other
+/// threads for the call.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_indexer_logits(args: *const Csa2IndexerLogitsArgs) -> Csa2Status {
+    guarded("csa2_indexer_logits", || {
+        // SAFETY: `args` is the caller's (null, alignment and `struct_size` are checked).
+        let Csa2IndexerLogitsArgs {
+            struct_size: _,
+            q,
+            w,
+            positions,
+            keys,
+            ratio,
+            q_quant,
+            logits_out,
+        } = unsafe { super::read_args(args) }?;
+        // SAFETY: caller's contract (see above).
+        unsafe { indexer(q, w, positions, keys, None, ratio, q_quant, logits_out) }
+    })
+}
+
+/// Arguments of [`csa2_indexer_logits_in_blocks`] (shapes there).
+/// Set `struct_size` to `sizeof(Csa2IndexerLogitsInBlocksArgs)` (rules: "Args structs", header top).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Csa2IndexerLogitsInBlocksArgs {
+    /// `sizeof(Csa2IndexerLogitsInBlocksArgs)` as the caller was compiled.
+    pub struct_size: usize,
+    /// `(T, H, 128)` float RoPE'd index Q.
+    pub q: *const DLTensor,
+    /// `(T, H)` float head weights (already scaled).
+    pub w: *const DLTensor,
+    /// `(T)` int token positions.
+    pub positions: *const DLTensor,
+    /// `(N, 128)` float or `(N, 68)` uint8 MXFP4 index-K records.
+    pub keys: *const DLTensor,
+    /// `(T, B)` int32 candidate blocks per row (−1 ends the list), from `csa2_candidates`.
+    pub blocks: *const DLTensor,
+    /// Compression ratio (≥ 1).
+    pub ratio: u32,
+    /// Entries per candidate block (≥ 1; 8 in V4.1).
+    pub block_size: u32,
+    /// Fake quantisation of Q: 0 none, 1 MXFP4, 2 FP8 E4M3.
+    pub q_quant: i32,
+    /// Output `(T, N)` float.
+    pub logits_out: *const DLTensor,
+}
+
+// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
+unsafe impl super::ArgsStruct for Csa2IndexerLogitsInBlocksArgs {
+    const NAME: &'static str = "Csa2IndexerLogitsInBlocksArgs";
+    const V1_SIZE: usize = std::mem::size_of::<Csa2IndexerLogitsInBlocksArgs>();
+}
+
+impl Default for Csa2IndexerLogitsInBlocksArgs {
+    /// All members zero, `struct_size` set (the C recipe).
+    fn default() -> Self {
+        super::zeroed_args()
+    }
+}
+
+/// Candidate-restricted lightning-indexer logits (docs/SPEC.md §2 "Indexer", the Reindex path): as
+/// [`csa2_indexer_logits`], but row t scores only the entries inside its candidate blocks
+/// `blocks[t, :]` (block b = entries `[b·block_size, (b+1)·block_size)`, −1 ends the list early;
+/// only visible entries count); every other entry is −∞. This is `csa2 op indexer` with `blocks`.
+///
+/// `blocks` `(T, B)` int32 from `csa2_candidates`; `block_size` ≥ 1 (the geometry's
+/// `candidate_block_size`, 8). Errors: a block id past the keys (`CSA2_ERR_INVALID_ARGUMENT`),
+/// `block_size` 0, plus those of [`csa2_indexer_logits`].
+///
+/// # Safety
+/// `args`: `struct_size` readable bytes of a `Csa2IndexerLogitsInBlocksArgs`. Its members:
+/// As [`csa2_indexer_logits`].
+#[no_mangle]
+pub unsafe extern "C" fn csa2_indexer_logits_in_blocks(
+    args: *const Csa2IndexerLogitsInBlocksArgs,
+) -> Csa2Status {
+    guarded("csa2_indexer_logits_in_blocks", || {
+        // SAFETY: `args` is the caller's (null, alignment and `struct_size` are checked).
+        let Csa2IndexerLogitsInBlocksArgs {
+            struct_size: _,
+            q,
+            w,
+            positions,
+            keys,
+            blocks,
+            ratio,
+            block_size,
+            q_quant,
+            logits_out,
+        } = unsafe { super::read_args(args) }?;
+        // SAFETY: a null `blocks` is refused here; the rest is the caller's contract.
+        unsafe {
+            if blocks.is_null() {
+                return Err(Error::NullPointer("blocks"));
+            }
+            indexer(
+                q,
+                w,
+                positions,
+                keys,
+                Some((blocks, block_size)),
+                ratio,
+                q_quant,
+                logits_out,
+            )
+        }
+    })
+}
+
+/// The body of both indexer exports; `blocks` = (candidate blocks, block size) for the Reindex path.
+///
+/// # Safety
+/// As [`csa2_indexer_logits`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn indexer(
+    q: *const DLTensor,
+    w: *const DLTensor,
+    positions: *const DLTensor,
+    keys: *const DLTensor,
+    blocks: Option<(*const DLTensor, u32)>,
+    ratio: u32,
+    q_quant: i32,
+    logits_out: *const DLTensor,
+) -> Result<()> {
+    let query_quant = match q_quant {
+        0 => QueryQuant::None,
+        1 => QueryQuant::Mxfp4,
+        2 => QueryQuant::Fp8,
+        v => {
+            return Err(Error::invalid(
+                "q_quant",
+                format!("0 none, 1 mxfp4 or 2 fp8, found {v}"),
+            ))
+        }
+    };
+    // SAFETY: caller's contract (see above).
+    let (qv, wv, pv, kv, mut out) = unsafe {
+        (
+            host(q, "q")?,
+            host(w, "w")?,
+            host(positions, "positions")?,
+            host(keys, "keys")?,
+            host(logits_out, "logits_out")?,
+        )
+    };
+    let mut dims = Dims::default();
+    qv.expect(
+        FLOATS,
+        &[Dim::Any("T"), Dim::Any("H"), Dim::Fixed(INDEX_DIM)],
+        &mut dims,
+    )?;
+    wv.expect(FLOATS, &[Dim::Any("T"), Dim::Any("H")], &mut dims)?;
+    pv.expect(INTS, &[Dim::Any("T")], &mut dims)?;
+    if kv.dtype() == DType::U8 {
+        kv.expect(
+            &[DType::U8],
+            &[Dim::Any("N"), Dim::Fixed(MXFP4_INDEX_BYTES)],
+            &mut dims,
+        )?;
+    } else {
+        kv.expect(FLOATS, &[Dim::Any("N"), Dim::Fixed(INDEX_DIM)], &mut dims)?;
+    }
+    out.expect(FLOATS, &[Dim::Any("T"), Dim::Any("N")], &mut dims)?;
+    let bv = match blocks {
+        // SAFETY: caller's contract (see above).
+        Some((b, _)) => Some(unsafe { host(b, "blocks") }?),
+        None => None,
+    };
+    if let Some(b) = &bv {
+        b.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("B")], &mut dims)?;
+    }
+    let mut inputs = vec![&qv, &wv, &pv, &kv];
+    inputs.extend(bv.as_ref());
+    check_disjoint(&inputs, &[&out])?;
+    let params = IndexerParams {
+        ratio: ratio as usize,
+        heads: qv.shape()[1],
+        query_quant,
+    };
+    let (qf, wf, pos) = (qv.f32s()?, wv.f32s()?, pv.i64s()?);
+    let kf;
+    let keys = if kv.dtype() == DType::U8 {
+        IndexKeys::Mxfp4(kv.bytes()?)
+    } else {
+        kf = kv.f32s()?;
+        IndexKeys::F32(&kf)
+    };
+    let qs = IndexerQueries {
+        q: &qf,
+        w: &wf,
+        positions: &pos,
+    };
+    match (&bv, blocks) {
+        (Some(b), Some((_, block_size))) => {
+            let cp = CandidateParams {
+                block_size: block_size as usize,
+                num_blocks: b.shape()[1].max(1),
+            };
+            let ids = b.i32s()?;
+            fill_floats(&mut out, |o| {
+                crate::ops::indexer::logits_in_blocks(&params, &qs, keys, ids, &cp, o)
+            })
+        }
+        _ => fill_floats(&mut out, |o| {
+            crate::ops::indexer::logits(&params, &qs, keys, o)
+        }),
+    }
+}
+
+/// The visible entries of each row, `(p + 1) div ratio` (shared by top-k and the candidate pool).
+pub(super) fn visible_rows(pos: &[i64], ratio: u32) -> Result<Vec<usize>> {
+    if ratio == 0 {
+        return Err(Error::invalid("ratio", "must be ≥ 1, found 0"));
+    }
+    crate::ops::rope::check_positions(pos)?;
+    Ok(pos
+        .iter()
+        .map(|&p| crate::ops::indexer::visible(p, ratio as usize))
+        .collect())
+}
