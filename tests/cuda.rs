@@ -139,12 +139,13 @@ fn nvrtc_jits_a_kernel_module() {
         return;
     }
     let m = EmbeddedModule::get("topk").unwrap();
-    let opts = cudarc::nvrtc::CompileOptions {
+    let opts = csa2::cuda::cudarc::nvrtc::CompileOptions {
         arch: Some("sm_90a"),
         options: vec!["-std=c++17".into()],
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(m.source, opts).expect("NVRTC compile");
+    let ptx =
+        csa2::cuda::cudarc::nvrtc::compile_ptx_with_opts(m.source, opts).expect("NVRTC compile");
     let text = ptx.to_src();
     assert_eq!(ptx_entries(&text), vec!["topk_f32".to_string()]);
 }
@@ -194,9 +195,9 @@ fn unsupported_codec_is_a_typed_error() {
 /// (the memory a framework hands over through DLPack) writes the CPU codec's bytes.
 #[test]
 fn codec_dispatch_on_cuda_views_matches_cpu() {
+    use csa2::cuda::cudarc::driver::DevicePtr;
     use csa2::formats::page::PageLayout;
     use csa2::tensor::{DType, Device as Place, TensorView, TensorViewMut};
-    use cudarc::driver::DevicePtr;
     let Some(dev) = device() else { return };
     let layout = PageLayout {
         format: RecordFormat::Nvfp4Ds,

@@ -17,5 +17,9 @@ pub mod attention;
 pub(crate) mod device;
 pub mod modules;
 
+/// The driver crate the launches use, for the CUDA tests and the validation binary (events,
+/// device pointers) in packages that do not depend on it themselves (the suite lives in the CLI
+/// package).
+pub use cudarc;
 pub use device::{Device, DeviceBuffer};
 pub use modules::{LoadPath, EXPECTED_KERNELS};
