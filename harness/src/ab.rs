@@ -9,14 +9,14 @@
 
 use crate::reference::{self, ExactCache, RefStep};
 use crate::sim::trace::TraceRequest;
-use csa2::cache::RecordKind;
 use csa2::backend::launch_day::LAUNCH_DAY;
-use csa2::replay::StepPlan;
 use csa2::backend::stack::FfnPlaceholder;
 use csa2::backend::timing::{Op, Timings, ROLES};
 use csa2::backend::{Backend, BackendConfig, ContiguousCache, KvCache, Model, Phase, SeqStep};
+use csa2::cache::RecordKind;
 use csa2::geometry::Role;
 use csa2::ops::compressor::CompressorState;
+use csa2::replay::StepPlan;
 use csa2::weights::Scale;
 use csa2::{Error, Result};
 use std::sync::Arc;

@@ -9,8 +9,8 @@
 //! one allocation serve every layer while no two layers share a byte.
 
 use super::spec::{CacheSpec, PAGE_ALIGN};
-use crate::formats::{KvScheme, RecordFormat};
 use crate::formats::page::PageLayout;
+use crate::formats::{KvScheme, RecordFormat};
 use serde::Serialize;
 
 /// Which of a KV-source layer's two caches.

@@ -7,8 +7,8 @@ use super::dlpack::{
 use super::{guarded, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, KV_DIM};
-use crate::shape::{Dim, Dims};
 use crate::ops::attention::{AttentionInputs, AttentionParams, IndexedInputs, KvRows};
+use crate::shape::{Dim, Dims};
 use std::borrow::Cow;
 
 /// A 512-value record format (main KV or SWA) from its `Csa2Format` id.

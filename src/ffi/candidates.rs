@@ -4,8 +4,8 @@
 use super::dlpack::{check_disjoint, host, DLTensor, DType, FLOATS, INTS};
 use super::indexer::visible_rows;
 use super::{guarded, Csa2Status};
-use crate::shape::{Dim, Dims};
 use crate::ops::candidates::CandidateParams;
+use crate::shape::{Dim, Dims};
 
 /// Hierarchical candidate pool of the candidate-source layer (docs/SPEC.md §2 "Candidate pool"): per row,
 /// blocks of `block_size` entries scored by their max visible logit, the newest block pinned, the

@@ -19,9 +19,9 @@ use super::handle::{self, Handle, Registry};
 use super::{arg_out, guarded, guarded_free, Csa2Geometry, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
-use crate::shape::{Dim, Dims};
 use crate::ops::compressor::{Compressor, CompressorState, CompressorWeights};
 use crate::ops::rope::Rope;
+use crate::shape::{Dim, Dims};
 use parking_lot::Mutex;
 
 /// Opaque compressor state of one request and one Full layer: the next token position and the

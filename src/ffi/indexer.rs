@@ -5,9 +5,9 @@ use super::dlpack::{check_disjoint, fill_floats, host, DLTensor, DType, FLOATS, 
 use super::{guarded, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{INDEX_DIM, MXFP4_INDEX_BYTES};
-use crate::shape::{Dim, Dims};
 use crate::ops::candidates::CandidateParams;
 use crate::ops::indexer::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
+use crate::shape::{Dim, Dims};
 
 /// Arguments of [`csa2_indexer_logits`] (shapes there).
 /// Set `struct_size` to `sizeof(Csa2IndexerLogitsArgs)` (rules: "Args structs", header top).

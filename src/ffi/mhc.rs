@@ -3,8 +3,8 @@
 use super::dlpack::{check_disjoint, host, host_opt, DLTensor, FLOATS};
 use super::{guarded, Csa2Status};
 use crate::error::Error;
-use crate::shape::{Dim, Dims};
 use crate::ops::mhc::{self, BoundaryIn, MhcParams, MixWeights, PostUpdate, HC, MIX};
+use crate::shape::{Dim, Dims};
 
 /// Scalars of [`csa2_mhc`] (docs/SPEC.md §4; config `hc_*`, `rms_norm_eps`). Pass null for the V4.1 values
 /// (2.0, 20, 1e-6, 1e-20).

@@ -4,8 +4,8 @@ use super::dlpack::{check_disjoint, host, DLTensor, DType, FLOATS, INTS};
 use super::geometry::layer_plan;
 use super::{guarded, Csa2Geometry, Csa2Status};
 use crate::error::Error;
-use crate::shape::{Dim, Dims};
 use crate::ops::rope::{Direction, Rope};
+use crate::shape::{Dim, Dims};
 
 /// Rotary embedding in place on `x` `(tokens, heads, dim)` float, token t at `positions[t]`
 /// (`(tokens)` int, ≥ 0), with the rotary of layer `layer` of `geometry` (θ, YaRN, rope_dim on the
