@@ -163,9 +163,6 @@ typedef struct Csa2ReplayPlan Csa2ReplayPlan;
 // Opaque SSD-tier handle. Free with [`csa2_ssd_free`] (this releases the directory's lock).
 typedef struct Csa2SsdStore Csa2SsdStore;
 
-// The element types csa2 reads or writes.
-typedef struct DType DType;
-
 // A vector level of the kernels, slowest first (the order is the cap order).
 typedef struct Isa Isa;
 

@@ -86,6 +86,40 @@ fn e2m1_hardware_convert_only_on_sm100() {
     assert!(m.ptx_sm100a.contains("cvt.rn.satfinite.e2m1x2.f32"));
 }
 
+/// The released geometry's parameters are what the kernels were compiled for; others are refused.
+#[test]
+fn kernels_accept_the_released_geometry_and_refuse_other_parameters() {
+    use csa2::ops::{candidates, compressor, indexer, mhc};
+    let g = csa2::Geometry::embedded();
+    let p = mhc::MhcParams::from_geometry(&g).unwrap();
+    mhc::cuda::kernel_supports(&p).unwrap();
+    let r = mhc::cuda::kernel_supports(&mhc::MhcParams {
+        sinkhorn_iters: 3,
+        ..p
+    });
+    assert!(matches!(r, Err(csa2::Error::Unsupported(_))), "{r:?}");
+    indexer::cuda::kernel_supports(&indexer::IndexerParams::new(2)).unwrap();
+    let mut ip = indexer::IndexerParams::new(2);
+    ip.query_quant = indexer::QueryQuant::Mxfp4;
+    assert!(indexer::cuda::kernel_supports(&ip).is_err());
+    let (norm, wk, k_norm) = (vec![1f32; 512], vec![0f32; 128 * 512], vec![1f32; 128]);
+    let w = compressor::CompressorWeights {
+        norm: &norm,
+        wk: &wk,
+        k_norm: &k_norm,
+    };
+    let layer = g.layers.iter().find(|l| l.ratio == 2).unwrap();
+    let rope = csa2::ops::rope::Rope::for_layer(layer);
+    let c = compressor::Compressor::new(2, g.rms_norm_eps, rope.clone(), w).unwrap();
+    compressor::cuda::kernel_supports(&c).unwrap();
+    let c = compressor::Compressor::new(2, 1e-6, rope, w).unwrap();
+    assert!(compressor::cuda::kernel_supports(&c).is_err());
+    assert_eq!(
+        candidates::cuda::KERNEL_BLOCK_SIZE,
+        candidates::CandidateParams::default().block_size
+    );
+}
+
 #[test]
 fn open_without_driver_is_a_typed_error() {
     if Device::driver_present() {
@@ -105,12 +139,13 @@ fn nvrtc_jits_a_kernel_module() {
         return;
     }
     let m = EmbeddedModule::get("topk").unwrap();
-    let opts = cudarc::nvrtc::CompileOptions {
+    let opts = csa2::cuda::cudarc::nvrtc::CompileOptions {
         arch: Some("sm_90a"),
         options: vec!["-std=c++17".into()],
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(m.source, opts).expect("NVRTC compile");
+    let ptx =
+        csa2::cuda::cudarc::nvrtc::compile_ptx_with_opts(m.source, opts).expect("NVRTC compile");
     let text = ptx.to_src();
     assert_eq!(ptx_entries(&text), vec!["topk_f32".to_string()]);
 }
@@ -160,9 +195,9 @@ fn unsupported_codec_is_a_typed_error() {
 /// (the memory a framework hands over through DLPack) writes the CPU codec's bytes.
 #[test]
 fn codec_dispatch_on_cuda_views_matches_cpu() {
+    use csa2::cuda::cudarc::driver::DevicePtr;
     use csa2::formats::page::PageLayout;
     use csa2::tensor::{DType, Device as Place, TensorView, TensorViewMut};
-    use cudarc::driver::DevicePtr;
     let Some(dev) = device() else { return };
     let layout = PageLayout {
         format: RecordFormat::Nvfp4Ds,

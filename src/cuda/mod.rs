@@ -19,5 +19,9 @@ pub mod modules;
 /// The attention kernels' launch code lives with the family (`ops::attention::cuda`).
 pub use crate::ops::attention::cuda as attention;
 
+/// The driver crate the launches use, for the CUDA tests and the validation binary (events,
+/// device pointers) in packages that do not depend on it themselves (the suite lives in the CLI
+/// package).
+pub use cudarc;
 pub use device::{Device, DeviceBuffer};
 pub use modules::{LoadPath, EXPECTED_KERNELS};

@@ -323,9 +323,14 @@ unsafe fn read_descriptor(t: *const DLTensor, name: &'static str) -> Result<Desc
             .collect();
         let mut v = Vec::with_capacity(ndim);
         for (i, &st) in raw.iter().enumerate() {
-            // A size-1 (or empty) dim never steps, so its stride is irrelevant: torch gives such
-            // dims arbitrary strides. Any other negative stride is refused.
-            let st = if shape[i] <= 1 { st.max(0) } else { st };
+            // A size-1 dim (or any dim of an empty tensor) never steps, so its stride is
+            // irrelevant: torch gives such dims arbitrary strides. Any other negative stride is
+            // refused.
+            let st = if shape[i] <= 1 || numel == 0 {
+                st.max(0)
+            } else {
+                st
+            };
             v.push(usize::try_from(st).map_err(|_| {
                 Error::shape(
                     format!("{name}.strides"),

@@ -95,12 +95,12 @@ fn bits_eq_f32(a: &[f32], b: &[f32]) -> bool {
 
 /// Median wall time (µs) of `f` over `iters` runs, timed with CUDA events after 3 warm-ups.
 pub fn time_us(dev: &Device, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    use cudarc::driver::sys::CUevent_flags;
+    use csa2::cuda::cudarc::driver::sys::CUevent_flags;
     for _ in 0..3 {
         f()?;
     }
     let ctx = dev.context();
-    let err = |e: cudarc::driver::DriverError| csa2::Error::Cuda {
+    let err = |e: csa2::cuda::cudarc::driver::DriverError| csa2::Error::Cuda {
         op: "event".into(),
         reason: e.to_string(),
     };
