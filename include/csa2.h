@@ -134,9 +134,6 @@ typedef enum {
   CSA2_REPLAY_OFF = 2,
 } Csa2ReplayMode;
 
-// A parsed `CSA2_ISA` value: the highest vector level, and whether the dot units may be used.
-typedef struct Cap Cap;
-
 // Opaque KV cache manager handle (paged block pool, block tables, prefix index). Free with
 // [`csa2_cache_free`]. Internally locked: see the module docs for what may run concurrently.
 typedef struct Csa2Cache Csa2Cache;
@@ -162,21 +159,6 @@ typedef struct Csa2ReplayPlan Csa2ReplayPlan;
 
 // Opaque SSD-tier handle. Free with [`csa2_ssd_free`] (this releases the directory's lock).
 typedef struct Csa2SsdStore Csa2SsdStore;
-
-// A vector level of the kernels, slowest first (the order is the cap order).
-typedef struct Isa Isa;
-
-// How a module was loaded on a device.
-typedef struct LoadPath LoadPath;
-
-// The op buckets of the attention sublayer and its boundaries.
-typedef struct Op Op;
-
-// What one attention layer does in CSA2 (docs/SPEC.md §0 table).
-typedef struct Role Role;
-
-// Allowed error of a path against its reference.
-typedef struct Tolerance Tolerance;
 
 // Arguments of [`csa2_attention`] (shapes there).
 // Set `struct_size` to `sizeof(Csa2AttentionArgs)` (rules: "Args structs", header top).
