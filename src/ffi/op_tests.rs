@@ -246,7 +246,8 @@ fn attention_indexed_export_equals_direct_call_and_checks_ids() {
         desc(&mut out, s7, DType::F32),
         desc(&mut lse, s8, DType::F32),
     ];
-    let call = |d: &[DLTensor; 9]| unsafe {
+    // `swa_len`: `&d[5]`, or null to leave the SWA lengths out.
+    let call_swa_len = |d: &[DLTensor; 9], swa_len: *const DLTensor| unsafe {
         csa2_attention_indexed(&crate::ffi::Csa2AttentionIndexedArgs {
             q: &d[0],
             main_kv: &d[1],
@@ -256,7 +257,7 @@ fn attention_indexed_export_equals_direct_call_and_checks_ids() {
             swa_kv: &d[3],
             swa_format: 2,
             swa_idx: &d[4],
-            swa_len: &d[5],
+            swa_len,
             sink: &d[6],
             scale: 0.0,
             out: &d[7],
@@ -264,6 +265,7 @@ fn attention_indexed_export_equals_direct_call_and_checks_ids() {
             ..Default::default()
         })
     };
+    let call = |d: &[DLTensor; 9]| call_swa_len(d, &d[5]);
     assert_eq!(call(&d), Csa2Status::Csa2Ok);
     assert_eq!(out, want);
     assert_eq!(lse, want_lse);
@@ -271,24 +273,7 @@ fn attention_indexed_export_equals_direct_call_and_checks_ids() {
     // Without the SWA lengths token 1's stale id 9 (of 5 rows) is read: refused, named, and
     // nothing written.
     out.fill(7.0);
-    let st = unsafe {
-        csa2_attention_indexed(&crate::ffi::Csa2AttentionIndexedArgs {
-            q: &d[0],
-            main_kv: &d[1],
-            main_format: 0,
-            main_idx: &d[2],
-            main_len: std::ptr::null(),
-            swa_kv: &d[3],
-            swa_format: 2,
-            swa_idx: &d[4],
-            swa_len: std::ptr::null(),
-            sink: &d[6],
-            scale: 0.0,
-            out: &d[7],
-            lse: &d[8],
-            ..Default::default()
-        })
-    };
+    let st = call_swa_len(&d, std::ptr::null());
     assert_eq!(st, Csa2Status::Csa2ErrInvalidArgument);
     let msg = last_error();
     assert!(
