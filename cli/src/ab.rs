@@ -88,11 +88,7 @@ fn parse_len(s: &str) -> Result<usize> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(a.threads)
-        .build()
-        .map_err(|e| Error::invalid("threads", e.to_string()))?;
-    pool.install(|| run_in_pool(a))
+    crate::out::in_pool(a.threads, || run_in_pool(a))
 }
 
 fn run_in_pool(a: Args) -> Result<()> {
