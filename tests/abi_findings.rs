@@ -4,6 +4,7 @@
 //! `CSA2_ERR_INVALID_HANDLE`, 404 `CSA2_ERR_OUT_OF_MEMORY`) so the file also builds against the
 //! old ABI, where the `_free` functions returned nothing.
 
+use crate::ffi_support::{geometry, last_error};
 use csa2::cache::{CacheConfig, CacheManager, CacheSpec, RecordKind};
 use csa2::ffi::dlpack::{DLDataType, DLDevice, DLTensor, K_DL_CPU};
 use csa2::ffi::*;
@@ -32,24 +33,9 @@ impl Code for () {
     }
 }
 
-fn last_error() -> String {
-    let n = unsafe { csa2_last_error_message(null_mut(), 0) };
-    let mut buf = vec![0 as std::ffi::c_char; n.max(1)];
-    unsafe { csa2_last_error_message(buf.as_mut_ptr(), buf.len()) };
-    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
 #[track_caller]
 fn ok(s: Csa2Status) {
     assert_eq!(s, Csa2Status::Csa2Ok, "{}", last_error());
-}
-
-fn geometry() -> *mut Csa2Geometry {
-    let mut g = null_mut();
-    ok(unsafe { csa2_geometry_embedded(&mut g) });
-    g
 }
 
 fn cache_of(g: *const Csa2Geometry, blocks: usize, block_tokens: usize) -> *mut Csa2Cache {

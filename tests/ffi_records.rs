@@ -2,6 +2,7 @@
 //! the C ABI (`src/ffi/{records,compressor}.rs`, `csa2_indexer_logits_in_blocks`), checked against
 //! the Rust ops and codecs they wrap.
 
+use crate::ffi_support::{geometry, last_error};
 use csa2::ffi::dlpack::{DLDataType, DLDevice, DLTensor, K_DL_CPU, K_DL_CUDA};
 use csa2::ffi::*;
 use csa2::formats::{decode_rows, encode_rows, RecordFormat};
@@ -66,15 +67,6 @@ fn randn(r: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| r.random_range(-2.0f32..2.0)).collect()
 }
 
-fn last_error() -> String {
-    let n = unsafe { csa2_last_error_message(null_mut(), 0) };
-    let mut buf = vec![0 as std::ffi::c_char; n.max(1)];
-    unsafe { csa2_last_error_message(buf.as_mut_ptr(), buf.len()) };
-    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
 #[track_caller]
 fn ok(s: Csa2Status) {
     assert_eq!(s, Csa2Status::Csa2Ok, "{}", last_error());
@@ -88,12 +80,6 @@ fn err(s: Csa2Status, want: Csa2Status, needle: &str) {
         "`{}` lacks `{needle}`",
         last_error()
     );
-}
-
-fn geometry() -> *mut Csa2Geometry {
-    let mut g = null_mut();
-    ok(unsafe { csa2_geometry_embedded(&mut g) });
-    g
 }
 
 /// A cache of `blocks` 256-token blocks (NVFP4 layout).

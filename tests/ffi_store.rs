@@ -3,21 +3,10 @@
 //! manual clock, and every refusal (bad arguments, wrong handles, small buffers, damaged records,
 //! a second writer) reported as a status with a message, never a panic or wrong bytes.
 
+use crate::ffi_support::last_error;
 use csa2::ffi::*;
-use std::ffi::{c_char, CString};
+use std::ffi::CString;
 use std::ptr::{null, null_mut};
-
-fn last_error() -> String {
-    let n = unsafe { csa2_last_error_message(null_mut(), 0) };
-    if n == 0 {
-        return String::new();
-    }
-    let mut buf = vec![0 as c_char; n];
-    unsafe { csa2_last_error_message(buf.as_mut_ptr(), n) };
-    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned()
-}
 
 fn ok(s: Csa2Status) {
     assert_eq!(s, Csa2Status::Csa2Ok, "{}", last_error());

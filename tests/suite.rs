@@ -44,6 +44,8 @@ mod ffi_fuzz;
 mod ffi_records;
 #[path = "ffi_store.rs"]
 mod ffi_store;
+#[path = "ffi_support.rs"]
+mod ffi_support;
 #[path = "header.rs"]
 mod header;
 #[path = "mhc.rs"]

@@ -88,11 +88,7 @@ fn parse_len(s: &str) -> Result<usize> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(a.threads)
-        .build()
-        .map_err(|e| Error::invalid("threads", e.to_string()))?;
-    pool.install(|| run_in_pool(a))
+    crate::out::in_pool(a.threads, || run_in_pool(a))
 }
 
 fn run_in_pool(a: Args) -> Result<()> {
@@ -533,7 +529,6 @@ fn plots(
     backends: &[Backend],
 ) -> Result<()> {
     use plotters::prelude::*;
-    let colors = [BLUE, RED];
     // x = log2(context) on a linear axis with a tick per power of two: plotters' own log-scale
     // ticks crowd and repeat labels between powers of ten (the plot test caught `10K` twice).
     let xs: Vec<f64> = rows.iter().map(|(c, _)| (*c as f64).log2()).collect();
@@ -582,21 +577,7 @@ fn plots(
             .y_label_formatter(&|v| bytes_label(*v))
             .draw()
             .map_err(|e| err(e.to_string()))?;
-        for (bi, b) in backends.iter().enumerate() {
-            let c = colors[bi];
-            let pts: Vec<(f64, f64)> = rows
-                .iter()
-                .map(|(x, p)| ((*x as f64).log2(), bytes(&p[bi], *x as f64)))
-                .collect();
-            ch.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
-                .map_err(|e| err(e.to_string()))?
-                .label(short(b.cfg.name))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                });
-            ch.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled())))
-                .map_err(|e| err(e.to_string()))?;
-        }
+        backend_series(&mut ch, rows, backends, bytes).map_err(err)?;
         ch.draw_series(LineSeries::new(
             vec![(x0, H200_BYTES), (x1, H200_BYTES)],
             BLACK.stroke_width(1),
@@ -604,12 +585,7 @@ fn plots(
         .map_err(|e| err(e.to_string()))?
         .label("141 GB (one H200)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
-        ch.configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(|e| err(e.to_string()))?;
+        legend(&mut ch).map_err(err)?;
         root.present().map_err(|e| err(e.to_string()))?;
     }
     {
@@ -640,30 +616,55 @@ fn plots(
             .y_label_formatter(&|v| tick(*v))
             .draw()
             .map_err(|e| err(e.to_string()))?;
-        for (bi, b) in backends.iter().enumerate() {
-            let c = colors[bi];
-            let pts: Vec<(f64, f64)> = rows
-                .iter()
-                .map(|(x, p)| ((*x as f64).log2(), p[bi].step_secs))
-                .collect();
-            ch.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
-                .map_err(|e| err(e.to_string()))?
-                .label(short(b.cfg.name))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                });
-            ch.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled())))
-                .map_err(|e| err(e.to_string()))?;
-        }
-        ch.configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(|e| err(e.to_string()))?;
+        backend_series(&mut ch, rows, backends, |d, _| d.step_secs).map_err(err)?;
+        legend(&mut ch).map_err(err)?;
         root.present().map_err(|e| err(e.to_string()))?;
     }
     Ok(())
+}
+
+/// The chart type of both plots: an SVG with x = log2(context), y linear or log.
+type Chart<'a, 'b, Y> = plotters::chart::ChartContext<
+    'a,
+    plotters::backend::SVGBackend<'b>,
+    plotters::coord::cartesian::Cartesian2d<plotters::coord::types::RangedCoordf64, Y>,
+>;
+
+/// One line with point markers per backend (blue, red: the order of `backends`), `y(d, context)`
+/// of its measurement `d` at each context, each labelled with the backend's short name.
+fn backend_series<Y: plotters::coord::ranged1d::Ranged<ValueType = f64>>(
+    ch: &mut Chart<'_, '_, Y>,
+    rows: &[(usize, Vec<Decoded>)],
+    backends: &[Backend],
+    y: impl Fn(&Decoded, f64) -> f64,
+) -> std::result::Result<(), String> {
+    use plotters::prelude::*;
+    for (bi, (b, c)) in backends.iter().zip([BLUE, RED]).enumerate() {
+        let pts: Vec<(f64, f64)> = rows
+            .iter()
+            .map(|(x, p)| ((*x as f64).log2(), y(&p[bi], *x as f64)))
+            .collect();
+        ch.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(short(b.cfg.name))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+        ch.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled())))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The legend box of both plots, upper left.
+fn legend<'a, Y: plotters::coord::ranged1d::Ranged<ValueType = f64>>(
+    ch: &mut Chart<'a, 'a, Y>,
+) -> std::result::Result<(), String> {
+    use plotters::prelude::*;
+    ch.configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

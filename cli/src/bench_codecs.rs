@@ -37,11 +37,7 @@ pub fn run(a: Args) -> csa2::Result<()> {
     if a.rows == 0 {
         return Err(csa2::Error::invalid("rows", "must be > 0"));
     }
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(a.threads)
-        .build()
-        .map_err(|e| csa2::Error::invalid("threads", e.to_string()))?;
-    pool.install(|| codecs(&a))
+    crate::out::in_pool(a.threads, || codecs(&a))
 }
 
 fn codecs(a: &Args) -> csa2::Result<()> {

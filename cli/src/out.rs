@@ -40,6 +40,18 @@ impl std::str::FromStr for JsonOut {
 
 static HUMAN_TO_STDERR: AtomicBool = AtomicBool::new(false);
 
+/// Runs `f` on a rayon pool of `threads` workers (`--threads`; 0: one per core, rayon's default),
+/// so the kernels' parallel loops use the count the command was given.
+///
+/// Errors: [`Error::Invalid`] naming `threads` when the pool cannot be built.
+pub fn in_pool<T: Send>(threads: usize, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| Error::invalid("threads", e.to_string()))?;
+    pool.install(f)
+}
+
 /// Call first in a command with a `--json` flag: with `--json -` the human report moves to stderr.
 pub fn json_dest(j: &Option<JsonOut>) {
     HUMAN_TO_STDERR.store(matches!(j, Some(JsonOut::Stdout)), Ordering::Relaxed);

@@ -8,7 +8,7 @@
 use crate::out::{JsonOut, Progress};
 use csa2::backend::{Backend, BackendConfig, Model};
 use csa2::weights::Scale;
-use csa2::{Error, Result};
+use csa2::Result;
 use csa2_harness::replay_error::{
     analyze, Report, SessionSpec, SnapshotPolicy, TurnStats, Variant,
 };
@@ -60,11 +60,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(a.threads)
-        .build()
-        .map_err(|e| Error::invalid("threads", e.to_string()))?;
-    pool.install(|| run_in_pool(a))
+    crate::out::in_pool(a.threads, || run_in_pool(a))
 }
 
 fn run_in_pool(a: Args) -> Result<()> {

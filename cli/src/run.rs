@@ -138,11 +138,7 @@ pub fn load_trace(a: &Args) -> Result<Vec<TraceRequest>> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(a.threads)
-        .build()
-        .map_err(|e| Error::invalid("threads", e.to_string()))?;
-    pool.install(|| run_in_pool(a))
+    crate::out::in_pool(a.threads, || run_in_pool(a))
 }
 
 fn run_in_pool(a: Args) -> Result<()> {

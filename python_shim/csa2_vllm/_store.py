@@ -199,7 +199,30 @@ class ManualClock(_Handle):
         return v.value
 
 
-class SsdStore(_Handle):
+class _KeyedTier(_Handle):
+    """What both tiers read the same way: ``get`` over the tier's ``get_into``, and ``contains``
+    through the export named by ``_contains``."""
+
+    _contains = ""
+
+    def get_into(self, key: bytes, addr: int, cap: int) -> int | None:
+        raise NotImplementedError
+
+    def get(self, key: bytes, cap: int) -> bytes | None:
+        """The payload of ``key`` (at most ``cap`` bytes), or None on a miss."""
+        buf = ctypes.create_string_buffer(max(cap, 1))
+        n = self.get_into(key, ctypes.addressof(buf), cap)
+        return None if n is None else buf.raw[:n]
+
+    def contains(self, key: bytes) -> bool:
+        """Whether ``key`` is held (the DRAM pool: and not expired); no I/O, no recency or
+        counter change."""
+        f = ctypes.c_uint8()
+        _call(self._contains, self.handle, _key(key), ctypes.byref(f))
+        return bool(f.value)
+
+
+class SsdStore(_KeyedTier):
     """``Csa2SsdStore``: the SSD tier in ``directory`` (see the module docs).
 
     ``read_only=False`` takes the directory's lock: a second writer raises :class:`Csa2Error` with
@@ -208,6 +231,7 @@ class SsdStore(_Handle):
     """
 
     _free = "csa2_ssd_free"
+    _contains = "csa2_ssd_contains"
 
     def __init__(self, directory: str, capacity_bytes: int, *, min_lifetime_ms: int = 0,
                  segment_bytes: int = 0, fsync: int = FSYNC_ALWAYS, verify_on_open: bool = True,
@@ -245,17 +269,6 @@ class SsdStore(_Handle):
         _call("csa2_ssd_get", self.handle, k, addr, cap, ctypes.byref(n), ctypes.byref(f))
         return n.value if f.value else None
 
-    def get(self, key: bytes, cap: int) -> bytes | None:
-        """The payload of ``key`` (at most ``cap`` bytes), or None."""
-        buf = ctypes.create_string_buffer(max(cap, 1))
-        n = self.get_into(key, ctypes.addressof(buf), cap)
-        return None if n is None else buf.raw[:n]
-
-    def contains(self, key: bytes) -> bool:
-        f = ctypes.c_uint8()
-        _call("csa2_ssd_contains", self.handle, _key(key), ctypes.byref(f))
-        return bool(f.value)
-
     def remove(self, key: bytes) -> bool:
         f = ctypes.c_uint8()
         _call("csa2_ssd_remove", self.handle, _key(key), ctypes.byref(f))
@@ -267,10 +280,11 @@ class SsdStore(_Handle):
         return SsdStats(**_struct_dict(s))
 
 
-class DramPool(_Handle):
+class DramPool(_KeyedTier):
     """``Csa2DramPool``: SWA snapshots in host memory, ``capacity_bytes`` with a TTL of ``ttl_ms``."""
 
     _free = "csa2_dram_pool_free"
+    _contains = "csa2_dram_pool_contains"
 
     def __init__(self, capacity_bytes: int, ttl_ms: int, clock: ManualClock | None = None):
         h = _P()
@@ -299,17 +313,6 @@ class DramPool(_Handle):
         _call("csa2_dram_pool_get", self.handle, _key(key), addr, cap, ctypes.byref(n),
               ctypes.byref(f))
         return n.value if f.value else None
-
-    def get(self, key: bytes, cap: int) -> bytes | None:
-        buf = ctypes.create_string_buffer(max(cap, 1))
-        n = self.get_into(key, ctypes.addressof(buf), cap)
-        return None if n is None else buf.raw[:n]
-
-    def contains(self, key: bytes) -> bool:
-        """Whether an unexpired snapshot is held (no recency or counter change)."""
-        f = ctypes.c_uint8()
-        _call("csa2_dram_pool_contains", self.handle, _key(key), ctypes.byref(f))
-        return bool(f.value)
 
     def sweep(self) -> None:
         _call("csa2_dram_pool_sweep", self.handle)

@@ -486,8 +486,8 @@ fn preload(_ordinal: i32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::csa2_last_error_message;
-    use crate::ffi::dlpack::{DLDataType, DLDevice, K_DL_FLOAT};
+    use crate::ffi::dlpack::K_DL_FLOAT;
+    use crate::ffi::test_support::{host_tensor, last_error};
     use half::bf16;
 
     fn tensor<T>(
@@ -497,31 +497,7 @@ mod tests {
         code: u8,
         bits: u8,
     ) -> DLTensor {
-        DLTensor {
-            data: data.as_mut_ptr().cast(),
-            device: DLDevice {
-                device_type: K_DL_CPU,
-                device_id: 0,
-            },
-            ndim: shape.len() as i32,
-            dtype: DLDataType {
-                code,
-                bits,
-                lanes: 1,
-            },
-            shape: shape.as_mut_ptr(),
-            strides: strides.map_or(std::ptr::null_mut(), |s| s.as_mut_ptr()),
-            byte_offset: 0,
-        }
-    }
-
-    fn last_error() -> String {
-        let n = unsafe { csa2_last_error_message(std::ptr::null_mut(), 0) };
-        let mut buf = vec![0 as std::ffi::c_char; n];
-        unsafe { csa2_last_error_message(buf.as_mut_ptr(), n) };
-        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned()
+        host_tensor(data.as_mut_ptr().cast(), code, bits, shape, strides)
     }
 
     /// Through the C ABI on a strided, offset SWA pool (MXFP8, interleaved) of an SWA-only layer:

@@ -19,6 +19,7 @@ use super::handle::{self, Handle, Registry};
 use super::{arg_out, guarded, guarded_free, Csa2Geometry, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
+use crate::geometry::RopeParams;
 use crate::ops::compressor::{Compressor, CompressorState, CompressorWeights};
 use crate::ops::rope::Rope;
 use crate::shape::{Dim, Dims};
@@ -267,46 +268,43 @@ pub unsafe extern "C" fn csa2_compress_step(args: *const Csa2CompressStepArgs) -
         let mut inputs = vec![&kv, &norm, &wk, &k_norm];
         inputs.extend(score.as_ref());
         check_disjoint(&inputs, &[&main_out, &index_out])?;
-        let (normv, wkv, knv) = (norm.f32s()?, wk.f32s()?, k_norm.f32s()?);
-        let c = Compressor::new(
+        with_compressor(
             m,
             eps,
-            Rope::new(&plan.rope)?,
-            CompressorWeights {
-                norm: &normv,
-                wk: &wkv,
-                k_norm: &knv,
+            &plan.rope,
+            [&norm, &wk, &k_norm],
+            &kv,
+            score.as_ref(),
+            |c, kvv, sv| {
+                let t = kv.shape()[0];
+                let mut guard = s.st.lock();
+                let e = (guard.pending_tokens() + t) / m;
+                if main_out.shape()[0] != e {
+                    return Err(Error::shape(
+                        "main_kv_out",
+                        format!("[E={e}, {NVFP4_DS_BYTES}] ((pending + T) / ratio)"),
+                        format!("{:?}", main_out.shape()),
+                    ));
+                }
+                // Work on a copy so that an error leaves the caller's state as it was.
+                let mut next = guard.clone();
+                let out = c.compress(&mut next, kvv, sv)?;
+                if out.count != e {
+                    return Err(Error::Internal(format!(
+                        "compressor emitted {} entries, expected {e}",
+                        out.count
+                    )));
+                }
+                main_out.bytes_mut()?.copy_from_slice(&out.main_kv_nvfp4);
+                index_out.bytes_mut()?.copy_from_slice(&out.index_k_mxfp4);
+                // SAFETY: a non-null `first_entry` is writable (caller's contract).
+                if let Some(p) = unsafe { first_entry.as_mut() } {
+                    *p = out.first_entry as u64;
+                }
+                *guard = next;
+                Ok(())
             },
-        )?;
-        let kvv = kv.f32s()?;
-        let sv = score.as_ref().map(|x| x.f32s()).transpose()?;
-        let t = kv.shape()[0];
-        let mut guard = s.st.lock();
-        let e = (guard.pending_tokens() + t) / m;
-        if main_out.shape()[0] != e {
-            return Err(Error::shape(
-                "main_kv_out",
-                format!("[E={e}, {NVFP4_DS_BYTES}] ((pending + T) / ratio)"),
-                format!("{:?}", main_out.shape()),
-            ));
-        }
-        // Work on a copy so that an error leaves the caller's state as it was.
-        let mut next = guard.clone();
-        let out = c.compress(&mut next, &kvv, sv.as_deref())?;
-        if out.count != e {
-            return Err(Error::Internal(format!(
-                "compressor emitted {} entries, expected {e}",
-                out.count
-            )));
-        }
-        main_out.bytes_mut()?.copy_from_slice(&out.main_kv_nvfp4);
-        index_out.bytes_mut()?.copy_from_slice(&out.index_k_mxfp4);
-        // SAFETY: a non-null `first_entry` is writable (caller's contract).
-        if let Some(p) = unsafe { first_entry.as_mut() } {
-            *p = out.first_entry as u64;
-        }
-        *guard = next;
-        Ok(())
+        )
     })
 }
 
@@ -391,6 +389,35 @@ pub unsafe extern "C" fn csa2_compressor_state_load(
         *s.st.lock() = fresh;
         Ok(())
     })
+}
+
+/// The compressor of both compress exports, built from their checked views: reads the weights
+/// `[norm, wk, k_norm]`, `kv` and the optional `score` as float and runs `body` with the
+/// compressor of ratio `m` and those inputs (the weights outlive the compressor, which borrows
+/// them).
+fn with_compressor<R>(
+    m: usize,
+    eps: f64,
+    rope: &RopeParams,
+    [norm, wk, k_norm]: [&View<'_>; 3],
+    kv: &View<'_>,
+    score: Option<&View<'_>>,
+    body: impl FnOnce(&Compressor<'_>, &[f32], Option<&[f32]>) -> Result<R>,
+) -> Result<R> {
+    let (normv, wkv, knv) = (norm.f32s()?, wk.f32s()?, k_norm.f32s()?);
+    let c = Compressor::new(
+        m,
+        eps,
+        Rope::new(rope)?,
+        CompressorWeights {
+            norm: &normv,
+            wk: &wkv,
+            k_norm: &knv,
+        },
+    )?;
+    let kvv = kv.f32s()?;
+    let sv = score.map(|x| x.f32s()).transpose()?;
+    body(&c, &kvv, sv.as_deref())
 }
 
 /// The validated host views of a compressor call (`csa2_compress`, `csa2_compress_step`): `kv`
@@ -559,30 +586,27 @@ pub unsafe extern "C" fn csa2_compress(args: *const Csa2CompressArgs) -> Csa2Sta
         let mut inputs = vec![&kv, &norm, &wk, &k_norm];
         inputs.extend(score.as_ref());
         check_disjoint(&inputs, &[&main_out, &index_out])?;
-        let (normv, wkv, knv) = (norm.f32s()?, wk.f32s()?, k_norm.f32s()?);
-        let c = Compressor::new(
+        with_compressor(
             m,
             eps,
-            Rope::new(&plan.rope)?,
-            CompressorWeights {
-                norm: &normv,
-                wk: &wkv,
-                k_norm: &knv,
+            &plan.rope,
+            [&norm, &wk, &k_norm],
+            &kv,
+            score.as_ref(),
+            |c, kvv, sv| {
+                let mut st = CompressorState::new(start_pos as u64);
+                let out = c.compress(&mut st, kvv, sv)?;
+                if out.count != t / m || st.pending_tokens() != 0 {
+                    return Err(Error::Internal(format!(
+                        "compressor emitted {} entries ({} pending) for T={t}, ratio {m}",
+                        out.count,
+                        st.pending_tokens()
+                    )));
+                }
+                main_out.bytes_mut()?.copy_from_slice(&out.main_kv_nvfp4);
+                index_out.bytes_mut()?.copy_from_slice(&out.index_k_mxfp4);
+                Ok(())
             },
-        )?;
-        let kvv = kv.f32s()?;
-        let sv = score.as_ref().map(|s| s.f32s()).transpose()?;
-        let mut st = CompressorState::new(start_pos as u64);
-        let out = c.compress(&mut st, &kvv, sv.as_deref())?;
-        if out.count != t / m || st.pending_tokens() != 0 {
-            return Err(Error::Internal(format!(
-                "compressor emitted {} entries ({} pending) for T={t}, ratio {m}",
-                out.count,
-                st.pending_tokens()
-            )));
-        }
-        main_out.bytes_mut()?.copy_from_slice(&out.main_kv_nvfp4);
-        index_out.bytes_mut()?.copy_from_slice(&out.index_k_mxfp4);
-        Ok(())
+        )
     })
 }

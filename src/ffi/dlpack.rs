@@ -760,22 +760,7 @@ mod tests {
         strides: Option<&mut [i64]>,
     ) -> DLTensor {
         let (code, bits) = dtype.code_bits();
-        DLTensor {
-            data,
-            device: DLDevice {
-                device_type: K_DL_CPU,
-                device_id: 0,
-            },
-            ndim: shape.len() as i32,
-            dtype: DLDataType {
-                code,
-                bits,
-                lanes: 1,
-            },
-            shape: shape.as_mut_ptr(),
-            strides: strides.map_or(std::ptr::null_mut(), |s| s.as_mut_ptr()),
-            byte_offset: 0,
-        }
+        crate::ffi::test_support::host_tensor(data, code, bits, shape, strides)
     }
 
     #[test]

@@ -65,6 +65,8 @@ mod op_tests;
 mod replay;
 mod rope;
 mod store;
+#[cfg(test)]
+mod test_support;
 mod topk;
 
 pub use attention::*;

@@ -1,7 +1,7 @@
 //! Each op export against a direct call of the op it wraps, on the same data: the wrappers must add
 //! checks, never change results.
-use super::dlpack::{DLDataType, DLDevice, K_DL_CPU};
 use super::dlpack::{DLTensor, DType};
+use super::test_support::last_error;
 use super::*;
 use super::{Csa2Geometry, Csa2Status};
 use crate::formats::RecordFormat;
@@ -15,22 +15,7 @@ use csa2_rng::{rand_normal, NewRng, Rng};
 /// A float32/int/uint8 host descriptor over `data` with `shape` (kept alive by the caller).
 fn desc<T>(data: &mut [T], shape: &mut [i64], dtype: DType) -> DLTensor {
     let (code, bits) = dtype.code_bits();
-    DLTensor {
-        data: data.as_mut_ptr().cast(),
-        device: DLDevice {
-            device_type: K_DL_CPU,
-            device_id: 0,
-        },
-        ndim: shape.len() as i32,
-        dtype: DLDataType {
-            code,
-            bits,
-            lanes: 1,
-        },
-        shape: shape.as_mut_ptr(),
-        strides: std::ptr::null_mut(),
-        byte_offset: 0,
-    }
+    super::test_support::host_tensor(data.as_mut_ptr().cast(), code, bits, shape, None)
 }
 
 /// A registered geometry handle (`p`) and the geometry it holds (`g`), freed on drop.
@@ -46,13 +31,8 @@ impl Drop for TestGeometry {
 }
 
 fn geometry() -> TestGeometry {
-    let mut p = std::ptr::null_mut();
-    assert_eq!(
-        unsafe { crate::ffi::csa2_geometry_embedded(&mut p) },
-        Csa2Status::Csa2Ok
-    );
     TestGeometry {
-        p,
+        p: super::test_support::geometry(),
         g: Geometry::embedded(),
     }
 }
@@ -266,7 +246,8 @@ fn attention_indexed_export_equals_direct_call_and_checks_ids() {
         desc(&mut out, s7, DType::F32),
         desc(&mut lse, s8, DType::F32),
     ];
-    let call = |d: &[DLTensor; 9]| unsafe {
+    // `swa_len`: `&d[5]`, or null to leave the SWA lengths out.
+    let call_swa_len = |d: &[DLTensor; 9], swa_len: *const DLTensor| unsafe {
         csa2_attention_indexed(&crate::ffi::Csa2AttentionIndexedArgs {
             q: &d[0],
             main_kv: &d[1],
@@ -276,7 +257,7 @@ fn attention_indexed_export_equals_direct_call_and_checks_ids() {
             swa_kv: &d[3],
             swa_format: 2,
             swa_idx: &d[4],
-            swa_len: &d[5],
+            swa_len,
             sink: &d[6],
             scale: 0.0,
             out: &d[7],
@@ -284,6 +265,7 @@ fn attention_indexed_export_equals_direct_call_and_checks_ids() {
             ..Default::default()
         })
     };
+    let call = |d: &[DLTensor; 9]| call_swa_len(d, &d[5]);
     assert_eq!(call(&d), Csa2Status::Csa2Ok);
     assert_eq!(out, want);
     assert_eq!(lse, want_lse);
@@ -291,29 +273,9 @@ fn attention_indexed_export_equals_direct_call_and_checks_ids() {
     // Without the SWA lengths token 1's stale id 9 (of 5 rows) is read: refused, named, and
     // nothing written.
     out.fill(7.0);
-    let st = unsafe {
-        csa2_attention_indexed(&crate::ffi::Csa2AttentionIndexedArgs {
-            q: &d[0],
-            main_kv: &d[1],
-            main_format: 0,
-            main_idx: &d[2],
-            main_len: std::ptr::null(),
-            swa_kv: &d[3],
-            swa_format: 2,
-            swa_idx: &d[4],
-            swa_len: std::ptr::null(),
-            sink: &d[6],
-            scale: 0.0,
-            out: &d[7],
-            lse: &d[8],
-            ..Default::default()
-        })
-    };
+    let st = call_swa_len(&d, std::ptr::null());
     assert_eq!(st, Csa2Status::Csa2ErrInvalidArgument);
-    let n = unsafe { crate::ffi::csa2_last_error_message(std::ptr::null_mut(), 0) };
-    let mut buf = vec![0 as std::ffi::c_char; n];
-    unsafe { crate::ffi::csa2_last_error_message(buf.as_mut_ptr(), n) };
-    let msg = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
+    let msg = last_error();
     assert!(
         msg.contains("swa_idx") && msg.contains("token 1, slot 2: row 9"),
         "{msg}"
@@ -334,10 +296,7 @@ fn attention_indexed_export_equals_direct_call_and_checks_ids() {
     // token, not a NaN output.
     swa[4 * 512 + 7] = f32::NAN;
     assert_eq!(call(&d), Csa2Status::Csa2ErrInvalidArgument);
-    let n = unsafe { crate::ffi::csa2_last_error_message(std::ptr::null_mut(), 0) };
-    let mut buf = vec![0 as std::ffi::c_char; n];
-    unsafe { crate::ffi::csa2_last_error_message(buf.as_mut_ptr(), n) };
-    let msg = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
+    let msg = last_error();
     assert!(msg.contains("non-finite result at token 0"), "{msg}");
 }
 
@@ -346,20 +305,12 @@ fn attention_indexed_export_equals_direct_call_and_checks_ids() {
 #[test]
 fn every_args_struct_export_checks_null_and_struct_size() {
     use crate::ffi::*;
-    fn last() -> String {
-        let n = unsafe { csa2_last_error_message(std::ptr::null_mut(), 0) };
-        let mut buf = vec![0 as std::ffi::c_char; n.max(1)];
-        unsafe { csa2_last_error_message(buf.as_mut_ptr(), buf.len()) };
-        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned()
-    }
     macro_rules! check {
         ($f:ident, $T:ident $(, $extra:expr)?) => {{
             let name = stringify!($T);
             let st = unsafe { $f(std::ptr::null() $(, $extra)?) };
             assert_eq!(st, Csa2Status::Csa2ErrNullPointer, "{name}");
-            assert!(last().contains(name), "{name}: {}", last());
+            assert!(last_error().contains(name), "{name}: {}", last_error());
             for size in [0, 8, std::mem::size_of::<$T>() - 1] {
                 let a = $T {
                     struct_size: size,
@@ -367,7 +318,7 @@ fn every_args_struct_export_checks_null_and_struct_size() {
                 };
                 let st = unsafe { $f(&a $(, $extra)?) };
                 assert_eq!(st, Csa2Status::Csa2ErrInvalidArgument, "{name} size {size}");
-                let msg = last();
+                let msg = last_error();
                 assert!(
                     msg.contains(name) && msg.contains(&format!("struct_size is {size}")),
                     "{msg}"
@@ -376,7 +327,7 @@ fn every_args_struct_export_checks_null_and_struct_size() {
             // The full size passes the size check and fails on the (null) members instead.
             let st = unsafe { $f(&$T::default() $(, $extra)?) };
             assert_ne!(st, Csa2Status::Csa2Ok, "{name}");
-            assert!(!last().contains("struct_size"), "{name}: {}", last());
+            assert!(!last_error().contains("struct_size"), "{name}: {}", last_error());
         }};
     }
     check!(csa2_attention, Csa2AttentionArgs);

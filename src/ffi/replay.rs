@@ -241,27 +241,10 @@ pub unsafe extern "C" fn csa2_replay_plan_protected_entries(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{csa2_geometry_embedded, csa2_geometry_free, csa2_last_error_message};
+    use super::super::csa2_geometry_free;
+    use super::super::test_support::{geometry, last_error};
     use super::*;
     use std::ptr::null_mut;
-
-    fn last_error() -> String {
-        let n = unsafe { csa2_last_error_message(null_mut(), 0) };
-        let mut buf = vec![0 as std::ffi::c_char; n.max(1)];
-        unsafe { csa2_last_error_message(buf.as_mut_ptr(), buf.len()) };
-        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned()
-    }
-
-    fn geometry() -> *mut Csa2Geometry {
-        let mut g = null_mut();
-        assert_eq!(
-            unsafe { csa2_geometry_embedded(&mut g) },
-            Csa2Status::Csa2Ok
-        );
-        g
-    }
 
     #[test]
     fn replay_plan_matches_the_planner_and_rejects_bad_input() {

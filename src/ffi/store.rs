@@ -268,6 +268,32 @@ unsafe fn key_arg(p: *const u8) -> Result<PrefixKey> {
     Ok(PrefixKey(k))
 }
 
+/// The live handle `h` (named `what` in errors) and the 32-byte key at `key`: the two checks every
+/// keyed call of both tiers starts with.
+///
+/// # Safety
+/// A non-null `key` must point to 32 readable bytes.
+unsafe fn keyed<T: handle::Handle>(
+    h: *const T,
+    what: &'static str,
+    key: *const u8,
+) -> Result<(Arc<T>, PrefixKey)> {
+    let h = handle::get(h, what)?;
+    // SAFETY: this function's contract.
+    Ok((h, unsafe { key_arg(key) }?))
+}
+
+/// Writes `v` to the optional output `p`; a null `p` means the caller does not want it.
+///
+/// # Safety
+/// `p` must be null or writable.
+unsafe fn write_opt<T>(p: *mut T, v: T) {
+    if !p.is_null() {
+        // SAFETY: non-null and writable by contract.
+        unsafe { *p = v };
+    }
+}
+
 /// Copies `payload` into the caller's buffer, or refuses (nothing written) when it does not fit.
 ///
 /// # Safety
@@ -453,10 +479,8 @@ pub unsafe extern "C" fn csa2_ssd_open(
         } else {
             SsdStore::open(cfg, clock)?
         };
-        if !report.is_null() {
-            // SAFETY: non-null and writable by contract.
-            unsafe { *report = Csa2SsdRecovery::from(&rep) };
-        }
+        // SAFETY: null or writable is the caller's contract.
+        unsafe { write_opt(report, Csa2SsdRecovery::from(&rep)) };
         *out = handle::register(Csa2SsdStore { s })?;
         Ok(())
     })
@@ -490,15 +514,12 @@ pub unsafe extern "C" fn csa2_ssd_put(
     written: *mut u8,
 ) -> Csa2Status {
     guarded("csa2_ssd_put", || {
-        let st = handle::get(store, "store")?;
         // SAFETY: the caller's contract.
-        let k = unsafe { key_arg(key) }?;
+        let (st, k) = unsafe { keyed(store, "store", key) }?;
         let d = unsafe { arg_slice(data, len, "data") }?;
         let w = st.s.put(&k, d)?;
-        if !written.is_null() {
-            // SAFETY: non-null and writable by contract.
-            unsafe { *written = w as u8 };
-        }
+        // SAFETY: null or writable is the caller's contract.
+        unsafe { write_opt(written, w as u8) };
         Ok(())
     })
 }
@@ -520,9 +541,8 @@ pub unsafe extern "C" fn csa2_ssd_get(
     found: *mut u8,
 ) -> Csa2Status {
     guarded("csa2_ssd_get", || {
-        let st = handle::get(store, "store")?;
         // SAFETY: the caller's contract.
-        let k = unsafe { key_arg(key) }?;
+        let (st, k) = unsafe { keyed(store, "store", key) }?;
         let got = st.s.get(&k)?;
         let n = got.as_ref().map_or(0, Vec::len);
         // SAFETY: the caller's contract.
@@ -541,9 +561,8 @@ pub unsafe extern "C" fn csa2_ssd_contains(
     found: *mut u8,
 ) -> Csa2Status {
     guarded("csa2_ssd_contains", || {
-        let st = handle::get(store, "store")?;
         // SAFETY: the caller's contract.
-        let k = unsafe { key_arg(key) }?;
+        let (st, k) = unsafe { keyed(store, "store", key) }?;
         *unsafe { arg_out(found, "found") }? = st.s.contains(&k) as u8;
         Ok(())
     })
@@ -562,14 +581,11 @@ pub unsafe extern "C" fn csa2_ssd_remove(
     removed: *mut u8,
 ) -> Csa2Status {
     guarded("csa2_ssd_remove", || {
-        let st = handle::get(store, "store")?;
         // SAFETY: the caller's contract.
-        let k = unsafe { key_arg(key) }?;
+        let (st, k) = unsafe { keyed(store, "store", key) }?;
         let r = st.s.remove(&k)?;
-        if !removed.is_null() {
-            // SAFETY: non-null and writable by contract.
-            unsafe { *removed = r as u8 };
-        }
+        // SAFETY: null or writable is the caller's contract.
+        unsafe { write_opt(removed, r as u8) };
         Ok(())
     })
 }
@@ -662,9 +678,8 @@ pub unsafe extern "C" fn csa2_dram_pool_put(
     len: usize,
 ) -> Csa2Status {
     guarded("csa2_dram_pool_put", || {
-        let p = handle::get(pool, "pool")?;
         // SAFETY: the caller's contract.
-        let k = unsafe { key_arg(key) }?;
+        let (p, k) = unsafe { keyed(pool, "pool", key) }?;
         let d = unsafe { arg_slice(data, len, "data") }?;
         if len as u64 > p.p.config().capacity_bytes {
             // Refused by the pool below without copying; skip the allocation.
@@ -693,9 +708,8 @@ pub unsafe extern "C" fn csa2_dram_pool_put_sized(
     len: u64,
 ) -> Csa2Status {
     guarded("csa2_dram_pool_put_sized", || {
-        let p = handle::get(pool, "pool")?;
         // SAFETY: the caller's contract.
-        let k = unsafe { key_arg(key) }?;
+        let (p, k) = unsafe { keyed(pool, "pool", key) }?;
         let len = usize::try_from(len)
             .map_err(|_| Error::invalid("len", format!("{len} does not fit usize")))?;
         p.p.put(k, Snapshot::Sized(len))
@@ -720,9 +734,8 @@ pub unsafe extern "C" fn csa2_dram_pool_get(
     found: *mut u8,
 ) -> Csa2Status {
     guarded("csa2_dram_pool_get", || {
-        let p = handle::get(pool, "pool")?;
         // SAFETY: the caller's contract.
-        let k = unsafe { key_arg(key) }?;
+        let (p, k) = unsafe { keyed(pool, "pool", key) }?;
         match p.p.get(&k) {
             None => unsafe { copy_out(None, 0, buf, cap, len, found) },
             Some(Snapshot::Sized(n)) => {
@@ -752,9 +765,8 @@ pub unsafe extern "C" fn csa2_dram_pool_contains(
     found: *mut u8,
 ) -> Csa2Status {
     guarded("csa2_dram_pool_contains", || {
-        let p = handle::get(pool, "pool")?;
         // SAFETY: the caller's contract.
-        let k = unsafe { key_arg(key) }?;
+        let (p, k) = unsafe { keyed(pool, "pool", key) }?;
         *unsafe { arg_out(found, "found") }? = p.p.contains(&k) as u8;
         Ok(())
     })

@@ -132,6 +132,29 @@ unsafe fn keys_arg(keys: *const u8, n: usize) -> Result<Vec<PrefixKey>> {
         .collect())
 }
 
+/// The one body of the calls that take a key list and write a block count to `*n_out`
+/// ([`csa2_cache_lookup_prefix`], [`csa2_cache_adopt_prefix`], [`csa2_cache_publish`]): checks the
+/// handle, the keys and `n_out`, runs `op` and writes its count, all under [`guarded`] as `name`.
+///
+/// # Safety
+/// A non-null `keys` must point to `n_keys × 32` readable bytes; a non-null `n_out` writable.
+unsafe fn keys_call(
+    name: &'static str,
+    c: *const Csa2Cache,
+    keys: *const u8,
+    n_keys: usize,
+    n_out: *mut usize,
+    op: impl FnOnce(&Csa2Cache, &[PrefixKey]) -> Result<usize>,
+) -> Csa2Status {
+    guarded(name, || {
+        // SAFETY: pointer validity is the caller's contract; nulls are checked.
+        let (m, keys, n_out) =
+            unsafe { (cache(c)?, keys_arg(keys, n_keys)?, arg_out(n_out, "n_out")?) };
+        *n_out = op(&m, &keys)?;
+        Ok(())
+    })
+}
+
 /// The live cache behind handle `c` (null: `CSA2_ERR_NULL_POINTER`; freed, garbage or another
 /// handle type: `CSA2_ERR_INVALID_HANDLE`). Derefs to the [`CacheManager`].
 ///
@@ -375,13 +398,17 @@ pub unsafe extern "C" fn csa2_cache_lookup_prefix(
     n_keys: usize,
     n_out: *mut usize,
 ) -> Csa2Status {
-    guarded("csa2_cache_lookup_prefix", || {
-        // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (m, keys, n_out) =
-            unsafe { (cache(c)?, keys_arg(keys, n_keys)?, arg_out(n_out, "n_out")?) };
-        *n_out = m.lookup_prefix(&keys)?;
-        Ok(())
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        keys_call(
+            "csa2_cache_lookup_prefix",
+            c,
+            keys,
+            n_keys,
+            n_out,
+            |m, k| m.lookup_prefix(k),
+        )
+    }
 }
 
 /// Attaches the longest cached run of leading keys to request `id` (whose table must be empty) and
@@ -399,13 +426,12 @@ pub unsafe extern "C" fn csa2_cache_adopt_prefix(
     n_keys: usize,
     n_out: *mut usize,
 ) -> Csa2Status {
-    guarded("csa2_cache_adopt_prefix", || {
-        // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (m, keys, n_out) =
-            unsafe { (cache(c)?, keys_arg(keys, n_keys)?, arg_out(n_out, "n_out")?) };
-        *n_out = m.adopt_prefix(id, &keys)?;
-        Ok(())
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        keys_call("csa2_cache_adopt_prefix", c, keys, n_keys, n_out, |m, k| {
+            m.adopt_prefix(id, k)
+        })
+    }
 }
 
 /// Publishes the first `n_keys` full blocks of request `id` under `keys` once their records are
@@ -424,13 +450,12 @@ pub unsafe extern "C" fn csa2_cache_publish(
     n_keys: usize,
     n_out: *mut usize,
 ) -> Csa2Status {
-    guarded("csa2_cache_publish", || {
-        // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (m, keys, n_out) =
-            unsafe { (cache(c)?, keys_arg(keys, n_keys)?, arg_out(n_out, "n_out")?) };
-        *n_out = m.publish(id, &keys)?;
-        Ok(())
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        keys_call("csa2_cache_publish", c, keys, n_keys, n_out, |m, k| {
+            m.publish(id, k)
+        })
+    }
 }
 
 /// Copies request `id`'s block table (block ids, one per `block_tokens` tokens) to `out` (`cap`
@@ -558,26 +583,9 @@ pub unsafe extern "C" fn csa2_cache_request_bytes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::{csa2_geometry_embedded, csa2_geometry_free, csa2_last_error_message};
+    use crate::ffi::csa2_geometry_free;
+    use crate::ffi::test_support::{geometry, last_error};
     use std::ptr::{null, null_mut};
-
-    fn last_error() -> String {
-        let n = unsafe { csa2_last_error_message(null_mut(), 0) };
-        let mut buf = vec![0 as std::ffi::c_char; n.max(1)];
-        unsafe { csa2_last_error_message(buf.as_mut_ptr(), buf.len()) };
-        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned()
-    }
-
-    fn geometry() -> *mut Csa2Geometry {
-        let mut g = null_mut();
-        assert_eq!(
-            unsafe { csa2_geometry_embedded(&mut g) },
-            Csa2Status::Csa2Ok
-        );
-        g
-    }
 
     fn new_cache(num_blocks: usize) -> *mut Csa2Cache {
         let g = geometry();
