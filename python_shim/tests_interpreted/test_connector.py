@@ -267,6 +267,10 @@ def test_restart_in_a_new_process_finds_the_ssd_entries(world, tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run([sys.executable, "-c", _CHILD, str(pk), json.dumps(_extra(d)), here,
                           str(turn)], capture_output=True, text=True, timeout=600,
+                         # Not the source tree's directory: `python -c` puts the working directory
+                         # first on sys.path, and there `csa2_vllm` is the source package without the
+                         # bundled library the installed wheel carries.
+                         cwd=str(tmp_path),
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
                              [here] + [p for p in sys.path if p])})
     assert out.returncode == 0, out.stderr[-4000:]
