@@ -19,10 +19,8 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-/// Query heads.
-pub const HEADS: usize = 64;
-/// SWA window.
-pub const WINDOW: usize = 128;
+// The kernels are compiled for the family's head count (one definition: `ops::attention::HEADS`).
+use super::HEADS;
 
 /// One paged cache as the attention kernel reads it.
 #[derive(Debug, Clone, Copy)]
