@@ -623,9 +623,9 @@ typedef struct {
   uint64_t entry_end;
 } Csa2ProtectedEntries;
 
-// Arguments of [`csa2_ssd_open`]. Set `struct_size = sizeof(Csa2SsdOpenArgs)`: a caller built
-// against an older, shorter version of this struct is read up to its own size (later fields take
-// their defaults); a larger size than this build knows is refused.
+// Arguments of [`csa2_ssd_open`], under the header's args-struct rules: set `struct_size =
+// sizeof(Csa2SsdOpenArgs)`; a shorter struct (at least up to `capacity_bytes`) is read up to its
+// own size, the members past it taking their defaults; bytes past this build's size are ignored.
 typedef struct {
   // `sizeof(Csa2SsdOpenArgs)` as the caller compiled it.
   size_t struct_size;

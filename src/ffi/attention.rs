@@ -63,18 +63,7 @@ pub struct Csa2AttentionArgs {
     pub lse: *const DLTensor,
 }
 
-// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
-unsafe impl super::ArgsStruct for Csa2AttentionArgs {
-    const NAME: &'static str = "Csa2AttentionArgs";
-    const V1_SIZE: usize = std::mem::size_of::<Csa2AttentionArgs>();
-}
-
-impl Default for Csa2AttentionArgs {
-    /// All members zero, `struct_size` set (the C recipe).
-    fn default() -> Self {
-        super::zeroed_args()
-    }
-}
+args_struct!(Csa2AttentionArgs);
 
 /// Sparse + sliding-window attention with a sink (docs/SPEC.md §2 "Attention"): per token and head, one
 /// softmax over the selected main-KV entries ∪ the SWA window `[max(p − window + 1, 0,
@@ -326,18 +315,7 @@ pub struct Csa2AttentionIndexedArgs {
     pub lse: *const DLTensor,
 }
 
-// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
-unsafe impl super::ArgsStruct for Csa2AttentionIndexedArgs {
-    const NAME: &'static str = "Csa2AttentionIndexedArgs";
-    const V1_SIZE: usize = std::mem::size_of::<Csa2AttentionIndexedArgs>();
-}
-
-impl Default for Csa2AttentionIndexedArgs {
-    /// All members zero, `struct_size` set (the C recipe).
-    fn default() -> Self {
-        super::zeroed_args()
-    }
-}
+args_struct!(Csa2AttentionIndexedArgs);
 
 /// Sparse attention over explicit slot lists with a sink — the contract of FlashMLA's sparse
 /// `flash_mla_with_kvcache(q, k_cache=swa, indices=swa_idx, topk_length=swa_len,

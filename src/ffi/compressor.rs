@@ -15,7 +15,7 @@
 use super::cache::{cache, Csa2Cache};
 use super::dlpack::{check_disjoint, host, host_opt, DLTensor, DType, View, FLOATS};
 use super::geometry::layer_plan;
-use super::handle::{self, Handle, Registry};
+use super::handle;
 use super::{arg_out, guarded, guarded_free, Csa2Geometry, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
@@ -33,14 +33,7 @@ pub struct Csa2CompressorState {
     st: Mutex<CompressorState>,
 }
 
-static STATES: Registry<Csa2CompressorState> = Registry::new();
-impl Handle for Csa2CompressorState {
-    const NAME: &'static str = "Csa2CompressorState";
-    const TAG: u8 = 0xC4;
-    fn registry() -> &'static Registry<Self> {
-        &STATES
-    }
-}
+handle_type!(Csa2CompressorState, 0xC4);
 
 fn group_start(start_pos: u64, m: usize) -> Result<()> {
     if !start_pos.is_multiple_of(m as u64) {
@@ -198,18 +191,7 @@ pub struct Csa2CompressStepArgs {
     pub first_entry: *mut u64,
 }
 
-// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
-unsafe impl super::ArgsStruct for Csa2CompressStepArgs {
-    const NAME: &'static str = "Csa2CompressStepArgs";
-    const V1_SIZE: usize = std::mem::size_of::<Csa2CompressStepArgs>();
-}
-
-impl Default for Csa2CompressStepArgs {
-    /// All members zero, `struct_size` set (the C recipe).
-    fn default() -> Self {
-        super::zeroed_args()
-    }
-}
+args_struct!(Csa2CompressStepArgs);
 
 /// Feeds the next `T` tokens of a request to the compressor of the state's layer: `kv` `(T, 512)`
 /// float (and, for ratio 2, `score` `(T, 512)` float; null for ratio 1), tokens
@@ -510,18 +492,7 @@ pub struct Csa2CompressArgs {
     pub index_k_out: *const DLTensor,
 }
 
-// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
-unsafe impl super::ArgsStruct for Csa2CompressArgs {
-    const NAME: &'static str = "Csa2CompressArgs";
-    const V1_SIZE: usize = std::mem::size_of::<Csa2CompressArgs>();
-}
-
-impl Default for Csa2CompressArgs {
-    /// All members zero, `struct_size` set (the C recipe).
-    fn default() -> Self {
-        super::zeroed_args()
-    }
-}
+args_struct!(Csa2CompressArgs);
 
 /// KV compressor of Full layer `layer` (docs/SPEC.md §2 "Compressor"): turns `kv` `(T, 512)` float (and, for
 /// ratio 2, the gate `score` `(T, 512)` float; null for ratio 1) of tokens `start_pos ..

@@ -270,18 +270,7 @@ pub struct Csa2EncodeIntoPagesArgs {
     pub pool_len: usize,
 }
 
-// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
-unsafe impl super::ArgsStruct for Csa2EncodeIntoPagesArgs {
-    const NAME: &'static str = "Csa2EncodeIntoPagesArgs";
-    const V1_SIZE: usize = std::mem::size_of::<Csa2EncodeIntoPagesArgs>();
-}
-
-impl Default for Csa2EncodeIntoPagesArgs {
-    /// All members zero, `struct_size` set (the C recipe).
-    fn default() -> Self {
-        super::zeroed_args()
-    }
-}
+args_struct!(Csa2EncodeIntoPagesArgs);
 
 /// Encodes `n_rows` rows of `x` straight into a pool of block-planar pages (`pool_len` bytes, a
 /// whole number of pages of `slots_per_page` records): row i → slot `slot_mapping[i]`

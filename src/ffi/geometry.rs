@@ -1,6 +1,6 @@
 //! Geometry handle: the per-layer CSA2 plan and byte accounting over the C ABI.
 
-use super::handle::{self, Handle, Registry};
+use super::handle;
 use super::{arg_out, arg_slice, guarded, guarded_free, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::KvScheme;
@@ -14,14 +14,7 @@ pub struct Csa2Geometry {
     pub(super) g: Geometry,
 }
 
-static GEOMETRIES: Registry<Csa2Geometry> = Registry::new();
-impl Handle for Csa2Geometry {
-    const NAME: &'static str = "Csa2Geometry";
-    const TAG: u8 = 0xC1;
-    fn registry() -> &'static Registry<Self> {
-        &GEOMETRIES
-    }
-}
+handle_type!(Csa2Geometry, 0xC1);
 
 /// The live geometry behind `g` (null: `CSA2_ERR_NULL_POINTER`; freed, garbage or another
 /// handle type: `CSA2_ERR_INVALID_HANDLE`).

@@ -32,18 +32,7 @@ pub struct Csa2IndexerLogitsArgs {
     pub logits_out: *const DLTensor,
 }
 
-// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
-unsafe impl super::ArgsStruct for Csa2IndexerLogitsArgs {
-    const NAME: &'static str = "Csa2IndexerLogitsArgs";
-    const V1_SIZE: usize = std::mem::size_of::<Csa2IndexerLogitsArgs>();
-}
-
-impl Default for Csa2IndexerLogitsArgs {
-    /// All members zero, `struct_size` set (the C recipe).
-    fn default() -> Self {
-        super::zeroed_args()
-    }
-}
+args_struct!(Csa2IndexerLogitsArgs);
 
 /// Lightning-indexer logits (docs/SPEC.md §2 "Indexer"): `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)`
 /// for the visible entries `j < (positions[t] + 1) div ratio`, −∞ elsewhere.
@@ -104,18 +93,7 @@ pub struct Csa2IndexerLogitsInBlocksArgs {
     pub logits_out: *const DLTensor,
 }
 
-// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
-unsafe impl super::ArgsStruct for Csa2IndexerLogitsInBlocksArgs {
-    const NAME: &'static str = "Csa2IndexerLogitsInBlocksArgs";
-    const V1_SIZE: usize = std::mem::size_of::<Csa2IndexerLogitsInBlocksArgs>();
-}
-
-impl Default for Csa2IndexerLogitsInBlocksArgs {
-    /// All members zero, `struct_size` set (the C recipe).
-    fn default() -> Self {
-        super::zeroed_args()
-    }
-}
+args_struct!(Csa2IndexerLogitsInBlocksArgs);
 
 /// Candidate-restricted lightning-indexer logits (docs/SPEC.md §2 "Indexer", the Reindex path): as
 /// [`csa2_indexer_logits`], but row t scores only the entries inside its candidate blocks

@@ -60,18 +60,7 @@ pub struct Csa2MhcArgs {
     pub comb_out: *const DLTensor,
 }
 
-// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number.
-unsafe impl super::ArgsStruct for Csa2MhcArgs {
-    const NAME: &'static str = "Csa2MhcArgs";
-    const V1_SIZE: usize = std::mem::size_of::<Csa2MhcArgs>();
-}
-
-impl Default for Csa2MhcArgs {
-    /// All members zero, `struct_size` set (the C recipe).
-    fn default() -> Self {
-        super::zeroed_args()
-    }
-}
+args_struct!(Csa2MhcArgs);
 
 /// One mHC boundary between two sublayer sites (docs/SPEC.md §4, V4.1 single-pass shift; fused CPU path):
 ///

@@ -49,6 +49,45 @@
 //! - **Threads**: each call is independent and may run concurrently with any other call on other
 //!   tensors; the work itself uses the crate's rayon pool.
 
+/// Makes `$t` a C ABI handle type with type tag `$tag`: its registry and its [`handle::Handle`]
+/// impl (every handle type is exactly this; tags must be distinct, see `handle.rs`).
+macro_rules! handle_type {
+    ($t:ident, $tag:expr) => {
+        const _: () = {
+            static REGISTRY: $crate::ffi::handle::Registry<$t> =
+                $crate::ffi::handle::Registry::new();
+            impl $crate::ffi::handle::Handle for $t {
+                const NAME: &'static str = stringify!($t);
+                const TAG: u8 = $tag;
+                fn registry() -> &'static $crate::ffi::handle::Registry<Self> {
+                    &REGISTRY
+                }
+            }
+        };
+    };
+}
+
+/// Makes `$t` a one-version args struct ([`ArgsStruct`]: `V1_SIZE` is its size) with the C recipe
+/// as its `Default` ([`zeroed_args`]).
+///
+/// The caller of the macro vouches for the [`ArgsStruct`] contract: `#[repr(C)]`, `struct_size:
+/// usize` first, every field a raw pointer or a number (all-zero bytes valid).
+macro_rules! args_struct {
+    ($t:ident) => {
+        // SAFETY: the invoking module's struct meets the contract (see the macro's docs).
+        unsafe impl $crate::ffi::ArgsStruct for $t {
+            const NAME: &'static str = stringify!($t);
+            const V1_SIZE: usize = std::mem::size_of::<$t>();
+        }
+        impl Default for $t {
+            /// All members zero, `struct_size` set (the C recipe).
+            fn default() -> Self {
+                $crate::ffi::zeroed_args()
+            }
+        }
+    };
+}
+
 mod attention;
 mod attention_pools;
 mod cache;

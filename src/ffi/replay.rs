@@ -6,7 +6,7 @@
 //! `csa2_replay_plan_protected_entries` follows [`super::sized_out`]'s output-buffer convention.
 
 use super::geometry::geometry;
-use super::handle::{self, Handle, Registry};
+use super::handle;
 use super::Csa2Status;
 use super::{arg_out, guarded, guarded_free, sized_out, Csa2Geometry};
 use crate::error::{Error, Result};
@@ -17,14 +17,7 @@ use std::sync::Arc;
 pub struct Csa2ReplayPlan {
     p: ReplayPlan,
 }
-static PLANS: Registry<Csa2ReplayPlan> = Registry::new();
-impl Handle for Csa2ReplayPlan {
-    const NAME: &'static str = "Csa2ReplayPlan";
-    const TAG: u8 = 0xC3;
-    fn registry() -> &'static Registry<Self> {
-        &PLANS
-    }
-}
+handle_type!(Csa2ReplayPlan, 0xC3);
 
 fn replay_plan(p: *const Csa2ReplayPlan) -> Result<Arc<Csa2ReplayPlan>> {
     handle::get(p, "plan")

@@ -22,7 +22,7 @@
 //! # Thread safety
 //! Every handle may be used from several threads at once (the tiers lock internally).
 
-use super::handle::{self, Handle, Registry};
+use super::handle;
 use super::{arg_out, arg_slice, arg_slice_mut, guarded, guarded_free, Csa2Status};
 use crate::cache::PrefixKey;
 use crate::error::{Error, Result};
@@ -49,32 +49,11 @@ pub struct Csa2DramPool {
     p: DramPool,
 }
 
-static CLOCKS: Registry<Csa2Clock> = Registry::new();
-impl Handle for Csa2Clock {
-    const NAME: &'static str = "Csa2Clock";
-    const TAG: u8 = 0xC5;
-    fn registry() -> &'static Registry<Self> {
-        &CLOCKS
-    }
-}
+handle_type!(Csa2Clock, 0xC5);
 
-static SSD_STORES: Registry<Csa2SsdStore> = Registry::new();
-impl Handle for Csa2SsdStore {
-    const NAME: &'static str = "Csa2SsdStore";
-    const TAG: u8 = 0xC6;
-    fn registry() -> &'static Registry<Self> {
-        &SSD_STORES
-    }
-}
+handle_type!(Csa2SsdStore, 0xC6);
 
-static DRAM_POOLS: Registry<Csa2DramPool> = Registry::new();
-impl Handle for Csa2DramPool {
-    const NAME: &'static str = "Csa2DramPool";
-    const TAG: u8 = 0xC7;
-    fn registry() -> &'static Registry<Self> {
-        &DRAM_POOLS
-    }
-}
+handle_type!(Csa2DramPool, 0xC7);
 
 /// When SSD writes reach stable storage (pass as `int32_t`; see `FsyncPolicy`).
 #[repr(C)]
@@ -86,9 +65,9 @@ pub enum Csa2Fsync {
     Csa2FsyncNever = 1,
 }
 
-/// Arguments of [`csa2_ssd_open`]. Set `struct_size = sizeof(Csa2SsdOpenArgs)`: a caller built
-/// against an older, shorter version of this struct is read up to its own size (later fields take
-/// their defaults); a larger size than this build knows is refused.
+/// Arguments of [`csa2_ssd_open`], under the header's args-struct rules: set `struct_size =
+/// sizeof(Csa2SsdOpenArgs)`; a shorter struct (at least up to `capacity_bytes`) is read up to its
+/// own size, the members past it taking their defaults; bytes past this build's size are ignored.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct Csa2SsdOpenArgs {
@@ -385,45 +364,25 @@ pub unsafe extern "C" fn csa2_manual_clock_free(clock: *mut Csa2Clock) -> Csa2St
 
 // ---- SSD tier -----------------------------------------------------------------------------------
 
-/// The fields of `args` this build knows, defaults beyond the caller's `struct_size`.
+// SAFETY: repr(C), `struct_size: usize` first, every field a raw pointer or a number. The first
+// version a caller must pass covers `dir` and `capacity_bytes`.
+unsafe impl super::ArgsStruct for Csa2SsdOpenArgs {
+    const NAME: &'static str = "Csa2SsdOpenArgs";
+    const V1_SIZE: usize = std::mem::offset_of!(Csa2SsdOpenArgs, min_lifetime_ms);
+}
+
+/// `args` under the shared args-struct rules ([`super::read_args`]); a member past the caller's
+/// `struct_size` reads as zero, which means its default for every member but `verify_on_open`,
+/// whose default (verify) is 1.
 ///
 /// # Safety
-/// `args` must be null or point to `struct_size` readable bytes.
+/// As [`super::read_args`].
 unsafe fn read_open_args(args: *const Csa2SsdOpenArgs) -> Result<Csa2SsdOpenArgs> {
-    if args.is_null() {
-        return Err(Error::NullPointer("args"));
+    // SAFETY: forwarded from the caller's contract.
+    let mut v = unsafe { super::read_args(args) }?;
+    if v.struct_size <= std::mem::offset_of!(Csa2SsdOpenArgs, verify_on_open) {
+        v.verify_on_open = 1;
     }
-    // SAFETY: the first field is readable for any version of the struct.
-    let size = unsafe { std::ptr::read_unaligned(args.cast::<usize>()) };
-    let full = std::mem::size_of::<Csa2SsdOpenArgs>();
-    let min = std::mem::offset_of!(Csa2SsdOpenArgs, capacity_bytes) + 8;
-    if size < min || size > full {
-        return Err(Error::invalid(
-            "args.struct_size",
-            format!(
-                "must be in {min}..={full} (sizeof(Csa2SsdOpenArgs) of this build), found {size}"
-            ),
-        ));
-    }
-    let mut v = Csa2SsdOpenArgs {
-        struct_size: size,
-        dir: std::ptr::null(),
-        capacity_bytes: 0,
-        min_lifetime_ms: 0,
-        segment_bytes: 0,
-        fsync: Csa2Fsync::Csa2FsyncAlways as i32,
-        verify_on_open: 1,
-        read_only: 0,
-        clock: std::ptr::null(),
-    };
-    // SAFETY: `size` ≤ sizeof(v) readable bytes (caller's contract), copied over the defaults.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            args.cast::<u8>(),
-            (&mut v as *mut Csa2SsdOpenArgs).cast::<u8>(),
-            size,
-        )
-    };
     Ok(v)
 }
 

@@ -25,7 +25,7 @@ pub use records::*;
 use crate::cache::{Backing, CacheConfig, CacheManager, CacheSpec, PrefixKey, RequestId};
 use crate::error::{Error, Result};
 use crate::ffi::geometry::geometry;
-use crate::ffi::handle::{self, Handle, Registry};
+use crate::ffi::handle;
 use crate::ffi::Csa2Status;
 use crate::ffi::{
     arg_out, arg_slice, arg_slice_mut, guarded, guarded_free, sized_out, Csa2Geometry,
@@ -59,14 +59,7 @@ impl std::ops::Deref for Csa2Cache {
     }
 }
 
-static CACHES: Registry<Csa2Cache> = Registry::new();
-impl Handle for Csa2Cache {
-    const NAME: &'static str = "Csa2Cache";
-    const TAG: u8 = 0xC2;
-    fn registry() -> &'static Registry<Self> {
-        &CACHES
-    }
-}
+handle_type!(Csa2Cache, 0xC2);
 /// Cache-wide block and byte counts, measured from the allocator (see `CacheStats`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
