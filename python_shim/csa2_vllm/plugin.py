@@ -18,6 +18,9 @@ What it registers (vLLM 0.33 interfaces, see docs/VLLM.md):
 * KV connector ``Csa2Connector`` → ``csa2_vllm.connector:Csa2Connector`` (csa2's SSD tier and DRAM
   SWA-snapshot pool) with ``KVConnectorFactory.register_connector``, so
   ``--kv-transfer-config '{"kv_connector": "Csa2Connector", ...}'`` finds it by name.
+* secondary tier ``Csa2SsdTier`` → ``csa2_vllm.offload:Csa2SsdTier`` (csa2's SSD store under vLLM's
+  ``OffloadingConnector``) with ``SecondaryTierFactory.register_tier``, so a ``secondary_tiers``
+  entry ``{"type": "Csa2SsdTier", ...}`` needs no ``module_path``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ MODEL_PATH = "csa2_vllm.model:Csa2DeepseekV41ForCausalLM"
 BACKEND_PATH = "csa2_vllm.backend.Csa2SparseMLABackend"
 CONNECTOR_NAME = "Csa2Connector"
 CONNECTOR_MODULE = "csa2_vllm.connector"
+TIER_TYPE = "Csa2SsdTier"
+TIER_MODULE = "csa2_vllm.offload"
 
 _lock = threading.Lock()
 _registered = False
@@ -56,6 +61,7 @@ def register() -> None:
             register_backend(member, BACKEND_PATH)
         ModelRegistry.register_model(MODEL_ARCH, MODEL_PATH)
         _register_connector()
+        _register_offload_tier()
         _registered = True
 
 
@@ -71,6 +77,20 @@ def _register_connector() -> None:
                              f"{cls.__module__}.{cls.__qualname__}")
         return
     KVConnectorFactory.register_connector(CONNECTOR_NAME, CONNECTOR_MODULE, CONNECTOR_NAME)
+
+
+def _register_offload_tier() -> None:
+    """Registers ``Csa2SsdTier`` with vLLM's secondary-tier factory (a name already taken by our
+    own class is left alone, one taken by another package is an error naming it)."""
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    if TIER_TYPE in SecondaryTierFactory._registry:
+        cls = SecondaryTierFactory._registry[TIER_TYPE]()
+        if cls.__module__ != TIER_MODULE:
+            raise ValueError(f"secondary tier type {TIER_TYPE!r} is already registered by "
+                             f"{cls.__module__}.{cls.__qualname__}")
+        return
+    SecondaryTierFactory.register_tier(TIER_TYPE, TIER_MODULE, TIER_TYPE)
 
 
 def backend_member():
