@@ -9,8 +9,8 @@ decodes, the same model as ``csa2 trace``; requests arrive at their trace timest
 
 Tokens: trace block ``h`` (512 tokens) is the token ids ``h·512 … h·512 + 511``, so equal hash ids
 give equal tokens and vLLM's chained block hashes (256-token blocks) agree exactly where the
-trace's prefixes do. Output tokens are unique per request (a later turn never reuses them), as in
-``csa2 trace``.
+trace's prefixes do. Output tokens are unique per request and never prompt tokens (a later turn
+never reuses them; :class:`OutputTokens`), as in ``csa2 trace``.
 
     CUDA_VISIBLE_DEVICES= python connector_trace.py --trace <trace.jsonl[.gz]> --requests N --json out.json
 """
@@ -51,6 +51,60 @@ def tokens_of(rec) -> list[int]:
     return toks[:n]
 
 
+class OutputTokens:
+    """The synthetic sampled tokens: output token ``n`` of request ``r<i>`` is
+    ``base + (outputs of the requests before i) + n``, with ``base`` past every prompt token (trace
+    block ``h`` is tokens ``h·512 … h·512 + 511``). So no two requests ever share an output token
+    and none equals a prompt token, as in ``csa2 trace`` — a later turn never reuses an output.
+    (The engine's own sampler, a function of the request id's character sum and the step, gave
+    ``r12`` and ``r21`` the same outputs: two such requests with the same prompt saved the same
+    output blocks once, and the run counted fewer records than the traffic has.)"""
+
+    def __init__(self, trace):
+        self.base = (max((max(r["hash_ids"], default=0) for r in trace), default=0) + 1) * 512
+        self.start = []
+        at = 0
+        for r in trace:
+            self.start.append(at)
+            at += max(1, r["output_length"])
+
+    def __call__(self, rid: str, n: int) -> int:
+        return self.base + self.start[int(rid[1:])] + n
+
+
+def account_records(eng, sc, trace) -> dict:
+    """Which full blocks the connector saved, against two rules computed from the requests
+    themselves: vLLM's (a finished request has computed ``prompt + output − 1`` tokens: the last
+    sampled token is never fed back, so its KV is never written) and ``csa2 trace``'s (the output
+    end counts ``prompt + output`` tokens). Lists the requests whose blocks differ from vLLM's
+    rule, so every record apart is accounted for."""
+    per = sc.layout.prefix_block_tokens
+    want_vllm, want_sim, owner = set(), set(), {}
+    for i, r in enumerate(trace):
+        req = eng.requests[f"r{i}"]
+        n_out = max(1, r["output_length"])
+        vk = sc._block_keys(req, r["input_length"] + n_out - 1)
+        want_vllm.update(vk)
+        for k in vk:
+            owner.setdefault(k, i)
+        # csa2 trace hashes exactly the prompt + output_length tokens (0 outputs: the prompt).
+        want_sim.update(sc._block_keys(req, r["input_length"] + r["output_length"]))
+    got = sc._ssd_added
+    missing = want_vllm - got
+    extra = got - want_vllm
+    who = sorted({owner[k] for k in missing})
+    return {"saved": len(got), "vllm_rule": len(want_vllm), "sim_rule": len(want_sim),
+            "sim_rule_minus_vllm_rule": len(want_sim - want_vllm),
+            "requests_ending_on_a_block_boundary": sum(
+                (r["input_length"] + r["output_length"]) % per == 0 and r["output_length"] > 0
+                for r in trace),
+            "missing_vs_vllm_rule": len(missing), "extra_vs_vllm_rule": len(extra),
+            "requests_with_missing": [
+                {"request": i, "input": trace[i]["input_length"],
+                 "output": trace[i]["output_length"],
+                 "missing": sum(owner[k] == i for k in missing)} for i in who[:50]]}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", required=True)
@@ -80,6 +134,7 @@ def main(argv=None) -> dict:
     eng = E.Engine(tiny, extra, worker=False)
     sc = eng.sched_conn
     trace = read_trace(a.trace, a.requests)
+    eng.sampled = OutputTokens(trace)
     prompt_tokens = sum(r["input_length"] for r in trace)
     nxt = 0
     dram_peak = dram_sum = samples = 0
@@ -138,6 +193,7 @@ def main(argv=None) -> dict:
         "dram_peak_gib": dram_peak / 2**30, "dram_mean_gib": dram_sum / max(samples, 1) / 2**30,
         "dram_pool_gib": sc.config.dram_pool_bytes / 2**30,
     }
+    res["records"] = account_records(eng, sc, trace)
     pcs = eng.scheduler.kv_cache_manager.make_prefix_cache_stats()
     if pcs is not None:
         res["hbm_prefix_cache"] = {"queries": pcs.queries, "hits": pcs.hits}
