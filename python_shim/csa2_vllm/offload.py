@@ -172,7 +172,7 @@ def run_fingerprint(offloading_spec: "OffloadingSpec", chunk_bytes: int,
     """(32-byte fingerprint, directory) of a run: vLLM's storage identity of the offloaded bytes
     (``FileMapper``: model, dtype, tokens per hash, chunk size, parallel layout, KV cache groups)
     plus the chunk's byte length; the directory is ``FileMapper``'s base path under ``root_dir``
-    (``<model>_<digest>``)."""
+    (``<model>_<digest>``) with ``_c<chunk bytes>`` appended."""
     fm = FileMapper.from_offloading_spec(root_dir=root_dir, offloading_spec=offloading_spec,
                                          blocks_per_file=offloading_spec.blocks_per_chunk)
     ident = dict(fm.get_run_config(), chunk_bytes=int(chunk_bytes))

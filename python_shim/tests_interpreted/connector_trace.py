@@ -139,6 +139,7 @@ def main(argv=None) -> dict:
     nxt = 0
     dram_peak = dram_sum = samples = 0
     computed_at_admission = 0
+    replays = hits_at_admission = 0  # requests admitted with a hit; those vLLM rewound 128 tokens
     seen = set()
     steps = idle = 0
     while nxt < len(trace) or eng.scheduler.has_requests() or sc.has_pending_push_work():
@@ -171,6 +172,8 @@ def main(argv=None) -> dict:
             if nr.req_id not in seen:
                 seen.add(nr.req_id)
                 computed_at_admission += nr.num_computed_tokens
+                hits_at_admission += nr.num_computed_tokens > 0
+                replays += nr.replay_start > 0
         prefill = sum(n for n in so.num_scheduled_tokens.values() if n > 1)
         decode = any(n == 1 for n in so.num_scheduled_tokens.values())
         clock.advance(int(prefill / 20.0) + (30 if decode else 0) or 1)
@@ -186,6 +189,8 @@ def main(argv=None) -> dict:
         "block_bytes": sc.layout.block_bytes, "num_gpu_blocks": tiny.kv_cache_config.num_blocks,
         "hbm_prefix_cache_hits_tokens": None,
         "computed_at_admission_tokens": computed_at_admission,
+        "requests_admitted_with_a_hit": hits_at_admission,
+        "bounded_replays": replays,
         "connector": dict(c),
         "ssd_records": len(sc._ssd_added), "ssd_gib": len(sc._ssd_added) * rec_bytes / 2**30,
         "dram": vars(sc._dram_mirror.stats()) if hasattr(sc._dram_mirror.stats(), "__dict__")
