@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
-import numpy as np
 import torch
 from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig,
                          VllmConfig, set_current_vllm_config)
@@ -302,17 +300,3 @@ class Engine:
     def close(self) -> None:
         self.scheduler.shutdown()
         self.worker.shutdown()
-
-
-def wait_for(pred, what: str, tries: int = 2000) -> None:
-    """Polls ``pred`` (a tier thread's outcome) without a timed assertion: a bounded count of
-    short sleeps, failing with ``what`` when it never holds."""
-    for _ in range(tries):
-        if pred():
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"never happened: {what}")
-
-
-__all__ = ["Engine", "CpuTieringSpec", "CpuChunkWorker", "tier_config", "extra_config",
-           "make_config", "wait_for", "np"]
