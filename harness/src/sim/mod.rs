@@ -376,7 +376,11 @@ pub fn run(trace: &[TraceRequest], cfg: &SimConfig, progress: &dyn Fn(usize)) ->
     // Completion: persist the output end, free the request.
     let complete = |t: &mut Tiers, p: Pending| -> Result<()> {
         let stream = (1u64 << 40) + p.index as u64;
-        let out_tokens = p.total_tokens - (p.prompt_blocks * bt + p.prompt_tail.len());
+        // The cache holds prompt + output − 1 tokens when a request finishes: the last sampled
+        // token's KV is only computed when it is fed back (the next turn's prompt), so a block that
+        // that token would complete is not persisted (vLLM's connector sees the same count).
+        let out_tokens =
+            (p.total_tokens - (p.prompt_blocks * bt + p.prompt_tail.len())).saturating_sub(1);
         let mut tail = p.prompt_tail;
         tail.extend((0..out_tokens).map(|i| token(stream, i)));
         let mut parent = p.last_key;
@@ -601,5 +605,36 @@ fn store_snapshot(t: &mut Tiers, tier: Tier, key: &PrefixKey, bytes: usize) -> R
             }
         }
         Tier::Ssd => t.persist(key, bytes),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A finished request has prompt + output − 1 tokens in its cache (the last sampled token's KV
+    /// is written only when it is fed back), so the block that token would complete is not
+    /// persisted. Before the fix the simulation counted prompt + output and persisted one block
+    /// more than a real engine can (found comparing with vLLM's scheduler on the Mooncake trace).
+    #[test]
+    fn completion_persists_prompt_plus_output_minus_one_tokens() {
+        let puts = |input: usize, output: usize| {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = SimConfig::new(Design::V41, dir.path().join("ssd")).unwrap();
+            cfg.block_tokens = 256;
+            let req = TraceRequest {
+                timestamp: 0,
+                input_length: input,
+                output_length: output,
+                hash_ids: vec![7],
+            };
+            run(&[req], &cfg, &|_| {}).unwrap().ssd_puts
+        };
+        // 256 + 256 tokens: the second block lacks its last token's KV → one block, not two.
+        assert_eq!(puts(256, 256), 1);
+        // One more output token completes the second block.
+        assert_eq!(puts(256, 257), 2);
+        // A prompt of full blocks and one output token persists the prompt blocks only.
+        assert_eq!(puts(512, 1), 2);
     }
 }
