@@ -42,13 +42,17 @@ def _extra(d: str) -> dict:
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
     root = tmp_path_factory.mktemp("mooncake")
-    saved_env = {k: os.environ.get(k) for k in ("MOONCAKE_CONFIG_PATH", "VLLM_HOST_IP")}
+    saved_env = {k: os.environ.get(k)
+                 for k in ("MOONCAKE_CONFIG_PATH", "VLLM_HOST_IP", "MC_TCP_BIND_ADDRESS")}
     master = M.Master(str(root / "master.log"))
     eng = None
     try:
         os.environ["MOONCAKE_CONFIG_PATH"] = master.client_config(str(root / "mooncake.json"))
-        # The transfer engine's own address: loopback, not the machine's outward interface.
+        # The addresses each engine's transfer engine announces (its segment name, its RPC
+        # endpoint): loopback, not the machine's outward interface. (Mooncake 0.3.13 still listens
+        # on every interface; the traffic goes to 127.0.0.1.)
         os.environ["VLLM_HOST_IP"] = "127.0.0.1"
+        os.environ["MC_TCP_BIND_ADDRESS"] = "127.0.0.1"
         M.cpu_cuda_event()
         tiny = E.Tiny(str(root / "model"))
         eng = M.MultiEngine(tiny, _extra(str(root / "ssd-engine1")), lookup_port=M.free_port())
@@ -103,6 +107,8 @@ for rid in ("remote", "local"):
                 "csa2_ssd_hits": eng.csa2.counters["ssd_hits"] - ssd_hits,
                 **{k: eng.counted(M.MOONCAKE_NAME, k) - v for k, v in before.items()}}
 out["csa2_worker"] = dict(eng.csa2_worker.counters)
+import csa2_vllm
+out["csa2_vllm"] = os.path.dirname(os.path.abspath(csa2_vllm.__file__))
 eng.close()
 M.shutdown_single_rank()
 print(json.dumps(out))
@@ -127,6 +133,10 @@ def test_second_engine_process_gets_the_prefix_from_the_pool_then_locally(pool, 
     assert out.returncode == 0, out.stderr[-4000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     want = hashlib.sha256(pool["prefix"].numpy().tobytes()).hexdigest()
+    if os.environ.get("CSA2_EXPECT_WHEEL") == "1":
+        # run_tests.sh's wheel mode: the second engine runs the installed package too.
+        src = os.path.join(os.path.dirname(here), "csa2_vllm")
+        assert not os.path.samefile(res["csa2_vllm"], src), res["csa2_vllm"]
     assert res["local_records"] == 0  # engine 2's local tiers do not hold the prefix
     remote, local = res["remote"], res["local"]
     # From the distributed pool: two blocks fetched by Mooncake, csa2 missed; Mooncake restores
