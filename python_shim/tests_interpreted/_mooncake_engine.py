@@ -26,6 +26,7 @@ import torch
 
 from vllm.config import KVTransferConfig, set_current_vllm_config
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.worker.utils import allocate_kv_cache
@@ -189,7 +190,6 @@ class MultiEngine(E.Engine):
             # The worker first: its rank-0 lookup server is what the scheduler side asks.
             self.kv = allocate_kv_cache(tiny.kv_cache_config, torch.device("cpu"),
                                         vc.cache_config.get_resolved_kv_cache_layout())
-            from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
             self.worker = MultiConnector(vc, KVConnectorRole.WORKER, tiny.kv_cache_config)
             self.worker.register_kv_caches(self.kv)
             self.scheduler = Scheduler(vllm_config=vc,
@@ -207,8 +207,18 @@ class MultiEngine(E.Engine):
         self.finished: set[str] = set()
         self.steps = 0
         self._synthetic_model()
-        # Every worker stats interval, per child connector, as MultiConnector reports them.
+        # Every worker stats interval, per child connector, as MultiConnector reports them:
+        # E.Engine.step hands them to the scheduler once per step; keep a copy for the tests.
         self.stats: list[dict] = []
+        report = self.worker.get_kv_connector_stats
+
+        def keep():
+            s = report()
+            if s is not None:
+                self.stats.append({k: v.reduce() for k, v in s.data.items()})
+            return s
+
+        self.worker.get_kv_connector_stats = keep
 
     def _synthetic_model(self) -> None:
         # E.Engine's synthetic model (the same seed and draws, so the same tokens give the same
@@ -224,23 +234,6 @@ class MultiEngine(E.Engine):
         ang = pos * freqs[None, :]
         self.cos_sin = torch.cat([ang.cos(), ang.sin()], dim=1).contiguous()
         self.k_norm = torch.ones(128, dtype=torch.bfloat16)
-
-    def step(self):
-        # The Mooncake worker's stats leave through get_kv_connector_stats, which E.Engine.step
-        # calls once per step; keep them (per child) so the tests can count remote gets.
-        orig = self.worker.get_kv_connector_stats
-
-        def keep():
-            s = orig()
-            if s is not None:
-                self.stats.append({k: v.reduce() for k, v in s.data.items()})
-            return s
-
-        self.worker.get_kv_connector_stats = keep
-        try:
-            return super().step()
-        finally:
-            self.worker.get_kv_connector_stats = orig
 
     def counted(self, connector: str, key: str) -> int:
         return sum(int(s.get(connector, {}).get(key, 0)) for s in self.stats)
@@ -272,4 +265,37 @@ class MultiEngine(E.Engine):
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.scheduler.shutdown()
+        # vLLM 0.33 closes neither end of the Mooncake lookup channel (see stop_lookup_server).
+        client = self.mooncake.connector_scheduler.client
+        client.close()
+        client.ctx.term()
+        stop_lookup_server(self.mooncake_worker.connector_worker.lookup_server)
         self.worker.shutdown()
+
+
+def stop_lookup_server(server) -> None:
+    """Stops the Mooncake worker's lookup server thread and frees its ZMQ context.
+
+    vLLM 0.33 never stops it (``MooncakeStoreWorker.close`` leaves ``lookup_server`` alone,
+    ``mooncake/store/worker.py:2266``; the thread is a daemon, ended with the engine process), nor
+    closes the scheduler's ``LookupKeyClient`` (its ``close``, line 2462, has no caller). In a
+    process that goes on — this test process — the garbage collector later finalizes their
+    ``zmq.Context``s, whose ``term()`` waits forever for a socket still open (found hanging in
+    test_pools.py after this module, stuck in ``Context.__del__``). So: clear ``running``, wake the thread with one request (an unknown message,
+    answered with an error), join it, then close the socket and the context."""
+    if server is None:
+        return
+    import zmq
+    server.running = False
+    ctx = zmq.Context()
+    try:
+        s = ctx.socket(zmq.REQ)
+        s.connect("ipc://" + server._ipc_path)
+        s.send(b"csa2-test-stop")
+        s.recv()
+        s.close(linger=0)
+    finally:
+        ctx.term()
+    server.thread.join()
+    server.close()
+    server.ctx.term()
