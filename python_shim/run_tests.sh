@@ -18,6 +18,12 @@ if ! "$venv/bin/python" -c 'import vllm, sys; sys.exit(vllm.__version__ != "0.33
 fi
 "$venv/bin/python" -c 'import pytest' 2>/dev/null || "$venv/bin/pip" install "pytest==9.2.0"
 "$venv/bin/python" -c 'import setuptools_rust' 2>/dev/null || "$venv/bin/pip" install "setuptools-rust==1.13.0"
+# Mooncake's store client and master (tests_interpreted/test_mooncake.py: vLLM's MultiConnector with
+# MooncakeStoreConnector). The non-CUDA EFA build runs over TCP on a CPU machine (the plain package
+# needs libcuda); it loads the system's libfabric1 and libibverbs1 (.ci/run installs them).
+mooncake_pkg="mooncake-transfer-engine-efa-non-cuda==0.3.13.post1"
+"$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version(sys.argv[1].split("==")[0]) != sys.argv[1].split("==")[1])' "$mooncake_pkg" 2>/dev/null \
+    || "$venv/bin/pip" install "$mooncake_pkg"
 # -P (wheel mode): keep the working directory off sys.path, so `import csa2_vllm` finds the installed
 # package, not the source tree next to the tests. Editable mode imports the source tree on purpose.
 safe_path=-P
