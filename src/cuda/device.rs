@@ -324,6 +324,21 @@ impl Device {
         Ok(d)
     }
 
+    /// The process-wide handle of the GPU a CUDA tensor view lives on (`what` names the view).
+    ///
+    /// Errors: [`Error::Internal`] for a host view (a dispatch took its CUDA branch for host
+    /// tensors), [`Error::Invalid`] for a negative ordinal, those of [`Device::open`].
+    pub fn of_view(v: &crate::tensor::TensorView<'_>, what: &str) -> Result<Arc<Device>> {
+        let crate::tensor::Device::Cuda(ordinal) = v.device() else {
+            return Err(Error::Internal(format!(
+                "CUDA branch called with `{what}` in host memory"
+            )));
+        };
+        let ordinal = usize::try_from(ordinal)
+            .map_err(|_| Error::invalid(what, format!("CUDA device {ordinal} does not exist")))?;
+        Device::shared(ordinal)
+    }
+
     /// Waits for all work on the device's context (every stream), so memory a framework wrote on
     /// its own stream is complete before a csa2 launch reads it.
     pub fn synchronize_context(&self) -> Result<()> {
@@ -443,4 +458,41 @@ pub(crate) fn check_len(what: &str, found: usize, expected: usize) -> Result<()>
 pub(crate) fn as_i32(what: &str, v: usize) -> Result<i32> {
     i32::try_from(v)
         .map_err(|_| Error::invalid(what, format!("{v} does not fit the kernel's 32-bit int")))
+}
+
+/// Errors with [`Error::Shape`] naming the first buffer shorter than its launch needs; `lens` are
+/// `(name, elements found, elements needed)`, `family` prefixes the name ("mHC x").
+pub(crate) fn check_lens<'n>(
+    family: &str,
+    lens: impl IntoIterator<Item = (&'n str, usize, usize)>,
+) -> Result<()> {
+    match lens.into_iter().find(|(_, found, want)| found < want) {
+        Some((what, found, want)) => Err(Error::shape(
+            format!("{family} {what}"),
+            format!("≥ {want} elements"),
+            found,
+        )),
+        None => Ok(()),
+    }
+}
+
+/// An optional device buffer as a kernel's pointer argument: the buffer's device pointer, or
+/// null (`launch!(…, &OrNull(opt), …)`; bind it to a local first, the launch borrows it).
+pub(crate) struct OrNull<'b, T>(pub Option<&'b CudaSlice<T>>);
+
+/// The null device pointer [`OrNull`] passes for `None`.
+static NULL_DEVICE_PTR: u64 = 0;
+
+// SAFETY: pushes exactly what the two existing impls push — the slice's own argument (with its
+// stream-synchronization events) or a pointer to a static zero `CUdeviceptr` — both valid for 'b.
+unsafe impl<'a, 'b: 'a, T> cudarc::driver::PushKernelArg<&'b OrNull<'b, T>>
+    for cudarc::driver::LaunchArgs<'a>
+{
+    #[inline(always)]
+    fn arg(&mut self, a: &'b OrNull<'b, T>) -> &mut Self {
+        match a.0 {
+            Some(s) => self.arg(s),
+            None => self.arg(&NULL_DEVICE_PTR),
+        }
+    }
 }
