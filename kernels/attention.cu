@@ -204,18 +204,57 @@ struct Pool {
     int layout;
 };
 
+// The arguments of both pool kernels: one ABI, pushed in this order by
+// src/ops/attention/cuda.rs::attention_pools_launch whichever kernel it picks.
+#define ATTN_POOLS_ARGS                                                                                  \
+    const u16 *__restrict__ q, int hp, int n_heads, const i32 *__restrict__ main_idx, int km,             \
+        const i32 *__restrict__ main_len, const u8 *__restrict__ main_pool, i64 main_stride,               \
+        int main_states, i64 main_blocks, int main_fmt, int main_layout, const i32 *__restrict__ swa_idx,  \
+        int ks, const i32 *__restrict__ swa_len, const u8 *__restrict__ swa_pool, i64 swa_stride,          \
+        int swa_states, i64 swa_blocks, int swa_fmt, int swa_layout, const float *__restrict__ sink,       \
+        float scale, u16 *__restrict__ out, float *__restrict__ lse, i32 *__restrict__ err
+
 // A per-token length: len[t] (or `cap` without a length array), clamped to 0..cap.
 __device__ __forceinline__ int clamp_len(const i32* len, int t, int cap) {
     int n = len ? len[t] : cap;
     return n < 0 ? 0 : (n > cap ? cap : n);
 }
 
-// Slot and kind (1 compressed, 2 SWA, 0 past the keys) of key k of token t: the first nm keys are
-// main_idx[t, :nm], the rest swa_idx[t, :]. A slot outside −1..cap is recorded in err (first writer
-// wins) and becomes −1 (skipped).
-__device__ __forceinline__ void pools_key_slot(int t, int k, int nm, int n_keys, const i32* main_idx, int km,
-                                               i64 main_cap, const i32* swa_idx, int ks, i64 swa_cap,
-                                               i32* err, i64* slot_out, int* kind_out) {
+// Token t's keys in the two pools: the first nm are main_idx[t, :nm], then swa_idx[t, :n_keys − nm];
+// a slot must lie in −1..cap of its pool.
+struct PoolsRow {
+    int nm, n_keys;
+    i64 main_cap, swa_cap;
+    Pool mp, sp;
+};
+
+__device__ __forceinline__ PoolsRow pools_row(int t, int km, const i32* main_len, const u8* main_pool,
+                                              i64 main_stride, int main_states, i64 main_blocks, int main_fmt,
+                                              int main_layout, int ks, const i32* swa_len, const u8* swa_pool,
+                                              i64 swa_stride, int swa_states, i64 swa_blocks, int swa_fmt,
+                                              int swa_layout) {
+    PoolsRow r;
+    r.nm = clamp_len(main_len, t, km);
+    r.n_keys = r.nm + clamp_len(swa_len, t, ks);
+    r.main_cap = main_pool ? main_blocks * (i64)main_states : 0;
+    r.swa_cap = swa_blocks * (i64)swa_states;
+    r.mp = {main_pool, main_stride, main_states, main_fmt, main_layout};
+    r.sp = {swa_pool, swa_stride, swa_states, swa_fmt, swa_layout};
+    return r;
+}
+
+// The row of the kernel's own arguments (inside a pool kernel).
+#define POOLS_ROW(t)                                                                                    \
+    pools_row(t, km, main_len, main_pool, main_stride, main_states, main_blocks, main_fmt, main_layout, \
+              ks, swa_len, swa_pool, swa_stride, swa_states, swa_blocks, swa_fmt, swa_layout)
+
+// Slot and kind (1 compressed, 2 SWA, 0 past the keys) of key k of row `pr`. A slot outside its
+// pool is recorded in err (first writer wins) and becomes −1 (skipped).
+__device__ __forceinline__ void pools_key_slot(int t, int k, const PoolsRow& pr, const i32* main_idx, int km,
+                                               const i32* swa_idx, int ks, i32* err, i64* slot_out,
+                                               int* kind_out) {
+    int nm = pr.nm, n_keys = pr.n_keys;
+    i64 main_cap = pr.main_cap, swa_cap = pr.swa_cap;
     i64 slot = -1;
     int kind = 0, col = 0;
     i64 cap = 0;
@@ -262,28 +301,15 @@ __device__ __forceinline__ void pools_dequant32(i64 slot, int kind, int c, const
     }
 }
 
-extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf16(
-    const u16* __restrict__ q, int hp, int n_heads,
-    const i32* __restrict__ main_idx, int km, const i32* __restrict__ main_len,
-    const u8* __restrict__ main_pool, i64 main_stride, int main_states, i64 main_blocks, int main_fmt,
-    int main_layout,
-    const i32* __restrict__ swa_idx, int ks, const i32* __restrict__ swa_len,
-    const u8* __restrict__ swa_pool, i64 swa_stride, int swa_states, i64 swa_blocks, int swa_fmt,
-    int swa_layout,
-    const float* __restrict__ sink, float scale, u16* __restrict__ out, float* __restrict__ lse,
-    i32* __restrict__ err) {
+extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf16(ATTN_POOLS_ARGS) {
     __shared__ float ks_s[KT][D];
     __shared__ i64 slot_s[KT];
     __shared__ int kind_s[KT];
     __shared__ float z_s[GROUP][KT];
     int t = blockIdx.y, tid = threadIdx.x;
     int hl = tid / PARTS, part = tid % PARTS, h = blockIdx.x * GROUP + hl;
-    int nm = clamp_len(main_len, t, km);
-    int n_keys = nm + clamp_len(swa_len, t, ks);
-    i64 main_cap = main_pool ? main_blocks * (i64)main_states : 0;
-    i64 swa_cap = swa_blocks * (i64)swa_states;
-    Pool mp = {main_pool, main_stride, main_states, main_fmt, main_layout};
-    Pool sp = {swa_pool, swa_stride, swa_states, swa_fmt, swa_layout};
+    PoolsRow pr = POOLS_ROW(t);
+    int n_keys = pr.n_keys;
     bool live = h < n_heads;
 
     float qr[PER], o[PER];
@@ -298,12 +324,11 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
     for (int k0 = 0; k0 < n_keys; k0 += KT) {
         __syncthreads();
         if (tid < KT)
-            pools_key_slot(t, k0 + tid, nm, n_keys, main_idx, km, main_cap, swa_idx, ks, swa_cap, err,
-                           &slot_s[tid], &kind_s[tid]);
+            pools_key_slot(t, k0 + tid, pr, main_idx, km, swa_idx, ks, err, &slot_s[tid], &kind_s[tid]);
         __syncthreads();
         {
             int kk = tid / 16, c = tid % 16;
-            pools_dequant32(slot_s[kk], kind_s[kk], c, mp, sp, &ks_s[kk][32 * c]);
+            pools_dequant32(slot_s[kk], kind_s[kk], c, pr.mp, pr.sp, &ks_s[kk][32 * c]);
         }
         __syncthreads();
         f32_tile_update(ks_s, slot_s, z_s, qr, o, m, l, k0, n_keys, scale);
@@ -350,16 +375,7 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
     return (u32)f32_to_bf16_bits(lo) | ((u32)f32_to_bf16_bits(hi) << 16);
 }
 
-extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf16_mma(
-    const u16* __restrict__ q, int hp, int n_heads,
-    const i32* __restrict__ main_idx, int km, const i32* __restrict__ main_len,
-    const u8* __restrict__ main_pool, i64 main_stride, int main_states, i64 main_blocks, int main_fmt,
-    int main_layout,
-    const i32* __restrict__ swa_idx, int ks, const i32* __restrict__ swa_len,
-    const u8* __restrict__ swa_pool, i64 swa_stride, int swa_states, i64 swa_blocks, int swa_fmt,
-    int swa_layout,
-    const float* __restrict__ sink, float scale, u16* __restrict__ out, float* __restrict__ lse,
-    i32* __restrict__ err) {
+extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf16_mma(ATTN_POOLS_ARGS) {
     __shared__ __align__(16) u16 kt[TC_KT * TC_KS];
     __shared__ i64 slot_s[TC_KT];
     __shared__ int kind_s[TC_KT];
@@ -367,12 +383,8 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
     int g = lane >> 2, tg = lane & 3;
     int h0 = blockIdx.x * CSA2_ATTN_MMA_HEADS_PER_BLOCK + (warp & 3) * 16;  // first head of this warp's tile
     int d0 = (warp >> 2) * (D / 2);                                        // first output dim of this warp
-    int nm = clamp_len(main_len, t, km);
-    int n_keys = nm + clamp_len(swa_len, t, ks);
-    i64 main_cap = main_pool ? main_blocks * (i64)main_states : 0;
-    i64 swa_cap = swa_blocks * (i64)swa_states;
-    Pool mp = {main_pool, main_stride, main_states, main_fmt, main_layout};
-    Pool sp = {swa_pool, swa_stride, swa_states, swa_fmt, swa_layout};
+    PoolsRow pr = POOLS_ROW(t);
+    int n_keys = pr.n_keys;
     // Rows g and g + 8 of the head tile; heads past hp do not exist (hp is 64 or 128).
     const u16* q0 = q + ((i64)t * hp + h0 + g) * D;
     const u16* q1 = q0 + 8 * D;
@@ -384,13 +396,12 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
     for (int k0 = 0; k0 < n_keys; k0 += TC_KT) {
         __syncthreads();
         if (tid < TC_KT)
-            pools_key_slot(t, k0 + tid, nm, n_keys, main_idx, km, main_cap, swa_idx, ks, swa_cap, err,
-                           &slot_s[tid], &kind_s[tid]);
+            pools_key_slot(t, k0 + tid, pr, main_idx, km, swa_idx, ks, err, &slot_s[tid], &kind_s[tid]);
         __syncthreads();
         {
             int kk = tid / 16, c = tid % 16;
             float f[32];  // this thread's 32 dims of its key, then converted to bf16 (exact)
-            pools_dequant32(slot_s[kk], kind_s[kk], c, mp, sp, f);
+            pools_dequant32(slot_s[kk], kind_s[kk], c, pr.mp, pr.sp, f);
             u16* dst = kt + kk * TC_KS + 32 * c;
             for (int i = 0; i < 32; ++i) dst[i] = f32_to_bf16_bits(f[i]);
         }
