@@ -2,7 +2,10 @@
 
 use super::modules::{EmbeddedModule, LoadPath, MODULES};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr};
+use crate::tensor::{Device as Place, Element, TensorView, TensorViewMut};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
+};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -361,7 +364,6 @@ impl Device {
         v: &crate::tensor::TensorView<'_>,
         what: &str,
     ) -> Result<Borrowed<T>> {
-        use crate::tensor::Device as Place;
         match v.device() {
             Place::Cuda(n) if n >= 0 && n as usize == self.ctx.ordinal() => {}
             other => {
@@ -494,5 +496,90 @@ unsafe impl<'a, 'b: 'a, T> cudarc::driver::PushKernelArg<&'b OrNull<'b, T>>
             Some(s) => self.arg(s),
             None => self.arg(&NULL_DEVICE_PTR),
         }
+    }
+}
+
+/// A tensor's memory as a device buffer for one launch: a host tensor's copy, or a device
+/// tensor's memory borrowed in place ([`Device::stage`], [`Device::stage_out`]): what lets one
+/// launch function serve host and device tensor views.
+pub(crate) enum Staged<T: DeviceRepr> {
+    Copied(CudaSlice<T>),
+    Borrowed(Borrowed<T>),
+}
+
+impl<T: DeviceRepr> std::ops::Deref for Staged<T> {
+    type Target = CudaSlice<T>;
+    fn deref(&self) -> &CudaSlice<T> {
+        match self {
+            Staged::Copied(s) => s,
+            Staged::Borrowed(b) => b,
+        }
+    }
+}
+
+impl<T: DeviceRepr> std::ops::DerefMut for Staged<T> {
+    fn deref_mut(&mut self) -> &mut CudaSlice<T> {
+        match self {
+            Staged::Copied(s) => s,
+            Staged::Borrowed(b) => b,
+        }
+    }
+}
+
+impl Device {
+    /// `v` on this device: uploaded from the host, or borrowed in place (dense `T` only).
+    pub(crate) fn stage<T: Element + DeviceRepr + Default>(
+        &self,
+        v: &TensorView<'_>,
+        what: &str,
+    ) -> Result<Staged<T>> {
+        match v.device() {
+            Place::Cpu => Ok(Staged::Copied(self.upload(v.as_slice::<T>(what)?)?)),
+            // SAFETY: a device view's contract (TensorView::from_raw_parts) is live memory of
+            // its device for the view's lifetime, which outlives this call; `borrow` checks the
+            // device, dtype and density.
+            Place::Cuda(_) => Ok(Staged::Borrowed(unsafe { self.borrow::<T>(v, what)? })),
+        }
+    }
+
+    /// An output `v` on this device: a zeroed buffer for a host tensor (copied back by
+    /// [`Device::unstage`]), or the device tensor borrowed in place.
+    pub(crate) fn stage_out<T: Element + DeviceRepr + ValidAsZeroBits>(
+        &self,
+        v: &TensorViewMut<'_>,
+        what: &str,
+    ) -> Result<Staged<T>> {
+        match v.device() {
+            Place::Cpu => {
+                if v.dtype() != T::DTYPE || !v.is_contiguous() {
+                    return Err(Error::shape(
+                        what,
+                        format!("a dense {} tensor", T::DTYPE.name()),
+                        format!("{} with strides {:?}", v.dtype().name(), v.strides()),
+                    ));
+                }
+                Ok(Staged::Copied(self.zeros::<T>(v.numel())?))
+            }
+            // SAFETY: as in `stage`; the mutable view's contract also makes it exclusive.
+            Place::Cuda(_) => Ok(Staged::Borrowed(unsafe {
+                self.borrow::<T>(&v.as_view(), what)?
+            })),
+        }
+    }
+
+    /// Copies a staged host output back into its tensor (waits for the stream); nothing for a
+    /// device tensor.
+    pub(crate) fn unstage<T: Element + DeviceRepr + Default + Clone>(
+        &self,
+        s: &Staged<T>,
+        v: &mut TensorViewMut<'_>,
+        what: &str,
+    ) -> Result<()> {
+        if let Staged::Copied(buf) = s {
+            let host = self.download(buf)?;
+            let dst = v.as_mut_slice::<T>(what)?;
+            dst.copy_from_slice(&host[..dst.len()]);
+        }
+        Ok(())
     }
 }

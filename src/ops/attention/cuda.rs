@@ -9,7 +9,7 @@
 //!   pages and block tables (docs/SPEC.md §2 "Attention"), one function over tensor views in host
 //!   or device memory.
 
-use crate::cuda::device::{as_i32, cfg, check_len, cuda_error, launch, Borrowed, OrNull};
+use crate::cuda::device::{as_i32, cfg, check_len, cuda_error, launch, OrNull};
 use crate::cuda::shapes::{ATTN_HEADS_PER_BLOCK, ATTN_MMA_HEADS_PER_BLOCK, ATTN_THREADS};
 use crate::cuda::Device;
 use crate::error::{Error, Result};
@@ -17,8 +17,7 @@ use crate::ffi::dlpack::View;
 use crate::ffi::Checked;
 use crate::formats::{KV_DIM, MXFP8_BYTES, NVFP4_DS_BYTES};
 use crate::geometry::consts::ROPE_DIM;
-use crate::tensor::{Device as Place, Element, TensorView, TensorViewMut};
-use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use crate::tensor::{Device as Place, TensorView, TensorViewMut};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -61,89 +60,7 @@ pub struct DecodeBatch<'a> {
     pub scale: f32,
 }
 
-/// A tensor's memory as a device buffer for one launch: a host tensor's copy, or a device
-/// tensor's memory borrowed in place.
-enum Staged<T: DeviceRepr> {
-    Copied(CudaSlice<T>),
-    Borrowed(Borrowed<T>),
-}
-
-impl<T: DeviceRepr> std::ops::Deref for Staged<T> {
-    type Target = CudaSlice<T>;
-    fn deref(&self) -> &CudaSlice<T> {
-        match self {
-            Staged::Copied(s) => s,
-            Staged::Borrowed(b) => b,
-        }
-    }
-}
-
-impl<T: DeviceRepr> std::ops::DerefMut for Staged<T> {
-    fn deref_mut(&mut self) -> &mut CudaSlice<T> {
-        match self {
-            Staged::Copied(s) => s,
-            Staged::Borrowed(b) => b,
-        }
-    }
-}
-
 impl Device {
-    /// `v` on this device: uploaded from the host, or borrowed in place (dense `T` only).
-    fn stage<T: Element + DeviceRepr + Default>(
-        &self,
-        v: &TensorView<'_>,
-        what: &str,
-    ) -> Result<Staged<T>> {
-        match v.device() {
-            Place::Cpu => Ok(Staged::Copied(self.upload(v.as_slice::<T>(what)?)?)),
-            // SAFETY: a device view's contract (TensorView::from_raw_parts) is live memory of
-            // its device for the view's lifetime, which outlives this call; `borrow` checks the
-            // device, dtype and density.
-            Place::Cuda(_) => Ok(Staged::Borrowed(unsafe { self.borrow::<T>(v, what)? })),
-        }
-    }
-
-    /// An output `v` on this device: a zeroed buffer for a host tensor (copied back by
-    /// [`Device::unstage`]), or the device tensor borrowed in place.
-    fn stage_out<T: Element + DeviceRepr + ValidAsZeroBits>(
-        &self,
-        v: &TensorViewMut<'_>,
-        what: &str,
-    ) -> Result<Staged<T>> {
-        match v.device() {
-            Place::Cpu => {
-                if v.dtype() != T::DTYPE || !v.is_contiguous() {
-                    return Err(Error::shape(
-                        what,
-                        format!("a dense {} tensor", T::DTYPE.name()),
-                        format!("{} with strides {:?}", v.dtype().name(), v.strides()),
-                    ));
-                }
-                Ok(Staged::Copied(self.zeros::<T>(v.numel())?))
-            }
-            // SAFETY: as in `stage`; the mutable view's contract also makes it exclusive.
-            Place::Cuda(_) => Ok(Staged::Borrowed(unsafe {
-                self.borrow::<T>(&v.as_view(), what)?
-            })),
-        }
-    }
-
-    /// Copies a staged host output back into its tensor (waits for the stream); nothing for a
-    /// device tensor.
-    fn unstage<T: Element + DeviceRepr + Default + Clone>(
-        &self,
-        s: &Staged<T>,
-        v: &mut TensorViewMut<'_>,
-        what: &str,
-    ) -> Result<()> {
-        if let Staged::Copied(buf) = s {
-            let host = self.download(buf)?;
-            let dst = v.as_mut_slice::<T>(what)?;
-            dst.copy_from_slice(&host[..dst.len()]);
-        }
-        Ok(())
-    }
-
     /// Sparse decode attention into `out` (T, 64, 512) f32 and `lse` (T, 64) f32 (natural-log
     /// log-sum-exp over the attended keys without the sink; −Inf for an empty row, whose output
     /// is 0). Every tensor may be in host memory (copied to the device; the host outputs are
