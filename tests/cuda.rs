@@ -306,17 +306,31 @@ fn device_codec_source_matches_cpu_on_host() {
         env!("CARGO_MANIFEST_DIR"),
         "/../tests/cuda_support/host_codecs.cpp"
     );
+    // The kernels' compile-time constants, as build.rs passes them to nvcc (common.cuh refuses
+    // to compile without them).
+    let defines = (csa2::geometry::consts::KERNEL_DEFINES.iter())
+        .map(|d| format!("-D{}={}", d.name(), d.c_value()))
+        .chain((csa2::cuda::shapes::LAUNCH_DEFINES.iter()).map(|(n, v)| format!("-D{n}={v}")));
     let built = Command::new(&cxx)
-        .args(["-O2", "-std=c++17", "-o"])
+        .args(["-O2", "-std=c++17"])
+        .args(defines)
+        .arg("-o")
         .arg(&exe)
         .arg(src)
-        .status();
-    if !built.is_ok_and(|s| s.success()) {
+        .output();
+    // No compiler at all is a skip; a compiler that rejects the device source is a failure (a
+    // skip here once hid exactly that).
+    let Ok(built) = built else {
         println!(
             "SKIPPED: no working C++ compiler `{cxx}` for the host build of the device codecs"
         );
         return;
-    }
+    };
+    assert!(
+        built.status.success(),
+        "the host build of kernels/common.cuh failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
     let mut words: Vec<u32> = (0..=0xffffu32).collect();
     for f in [
         0.25f32,
