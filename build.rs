@@ -8,8 +8,36 @@
 //     under that ISA — what a CUDA 12.x driver can still JIT,
 //   - the flattened source (headers inlined) for a last-resort NVRTC compile at run time.
 // src/cuda/modules.rs tries them in that order; docs/DESIGN.md explains why.
+//
+// Every kernel is compiled with the model constants of src/geometry/consts.rs and the launch
+// shapes of src/cuda/shapes.rs as `-D CSA2_<NAME>=<value>` (the same lines head the NVRTC source):
+// the crate reads the same two files, so a kernel's dims and tiles have one definition.
+//
+// `CSA2_PTXAS_REPORT=1` prints ptxas' register / stack / spill figures of every entry point as
+// build warnings (scripts/ci-cuda.sh sets it); a spill is always reported.
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+// The two files are the crate's own modules; build.rs reads only their define lists.
+#[allow(dead_code)]
+#[path = "src/geometry/consts.rs"]
+mod consts;
+#[allow(dead_code)]
+#[path = "src/cuda/shapes.rs"]
+mod shapes;
+
+/// `(name, C value)` of every define the kernels are compiled with.
+fn kernel_defines() -> Vec<(String, String)> {
+    consts::KERNEL_DEFINES
+        .iter()
+        .map(|d| (d.name().to_string(), d.c_value()))
+        .chain(
+            shapes::LAUNCH_DEFINES
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string())),
+        )
+        .collect()
+}
 
 /// Kernel files (kernels/<name>.cu), one per op family. Explicit on purpose: a new file is a
 /// deliberate act, and the Rust side lists the entry points it expects from each.
@@ -28,12 +56,17 @@ const ARCHS: &[(&str, &str)] = &[("sm_90a", "8.0"), ("sm_100a", "8.6")];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/geometry/consts.rs");
+    println!("cargo:rerun-if-changed=src/cuda/shapes.rs");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
     println!("cargo:rerun-if-env-changed=NVCC");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     println!("cargo:rerun-if-env-changed=PATH");
+    println!("cargo:rerun-if-env-changed=CSA2_PTXAS_REPORT");
+    let report = std::env::var_os("CSA2_PTXAS_REPORT").is_some_and(|v| v != "0");
+    let defines = kernel_defines();
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let kdir = root.join("kernels");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
@@ -63,7 +96,8 @@ fn main() {
                 ));
             }
             let fat = out.join(format!("{k}.fatbin")).display().to_string();
-            let mut fa = vec!["-fatbin".to_string()];
+            // ptxas -v on the SASS build: its figures feed the spill check and the report.
+            let mut fa = vec!["-fatbin".to_string(), "-Xptxas".into(), "-v".into()];
             for (arch, _) in ARCHS {
                 let a = arch.trim_start_matches("sm_");
                 fa.push("-gencode".into());
@@ -74,7 +108,8 @@ fn main() {
             v
         })
         .collect();
-    let common = args(&["-O3", "-std=c++17"]);
+    let mut common = args(&["-O3", "-std=c++17"]);
+    common.extend(defines.iter().map(|(n, v)| format!("-D{n}={v}")));
     std::thread::scope(|s| {
         let handles: Vec<_> = jobs
             .iter()
@@ -96,9 +131,10 @@ fn main() {
                             String::from_utf8_lossy(&o.stderr)
                         );
                     }
-                    let err = String::from_utf8_lossy(&o.stderr);
-                    if err.contains("spill") {
-                        println!("cargo:warning=csa2 kernels: {what}: {}", err.trim());
+                    for line in ptxas_summary(&String::from_utf8_lossy(&o.stderr)) {
+                        if report || line.contains("SPILLS") {
+                            println!("cargo:warning=csa2 kernels: {what}: {line}");
+                        }
                     }
                 })
             })
@@ -138,9 +174,13 @@ fn main() {
                 std::fs::write(&path, "").unwrap();
             }
         }
+        let head: String = defines
+            .iter()
+            .map(|(n, v)| format!("#define {n} {v}\n"))
+            .collect();
         std::fs::write(
             out.join(format!("{k}.flat.cu")),
-            flatten(&kdir, &format!("{k}.cu")),
+            head + &flatten(&kdir, &format!("{k}.cu")),
         )
         .unwrap();
     }
@@ -221,6 +261,37 @@ fn nvcc_version(nvcc: &Path) -> String {
         .unwrap_or("unknown")
         .trim()
         .to_string()
+}
+
+/// One line per entry point and arch from `ptxas -v` output: registers, stack, spills (the
+/// line says SPILLS when a store or load spilled).
+fn ptxas_summary(stderr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur: Option<(String, String)> = None;
+    let mut frame = String::new();
+    for l in stderr.lines() {
+        if let Some(rest) = l.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or("?").to_string();
+            let arch = rest
+                .split("for '")
+                .nth(1)
+                .unwrap_or("?")
+                .trim_end_matches('\'');
+            cur = Some((name, arch.to_string()));
+            frame.clear();
+        } else if l.contains("bytes stack frame") && frame.is_empty() {
+            frame = l.split(':').next_back().unwrap_or("").trim().to_string();
+        } else if let (Some(regs), Some((name, arch))) = (l.split("Used ").nth(1), &cur) {
+            let regs = regs.split(',').next().unwrap_or("?");
+            let spills = !frame.contains(" 0 bytes spill stores, 0 bytes spill loads");
+            out.push(format!(
+                "{name} {arch}: {regs}; {frame}{}",
+                if spills { " — SPILLS" } else { "" }
+            ));
+            cur = None;
+        }
+    }
+    out
 }
 
 /// Replaces the `.version X.Y` line of a PTX module; None when the module has none.

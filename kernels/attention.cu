@@ -17,15 +17,78 @@
 // Launch: grid = (4, T), block = 256.
 #include "common.cuh"
 
-#define D 512
-#define HEADS 64
-#define GROUP 16
-#define PARTS 16
+// Dims, heads and window from the geometry (build.rs defines); the tiles below are built for them.
+#define D CSA2_KV_DIM
+#define HEADS CSA2_HEADS
+#define GROUP CSA2_ATTN_HEADS_PER_BLOCK
+#define PARTS (CSA2_ATTN_THREADS / GROUP)
 #define PER (D / PARTS)
 #define KT 16
-#define WINDOW 128
+#define WINDOW CSA2_WINDOW
+// The dequantizing split gives each thread 32 dims of one key: KT keys × D / 32 chunks = a block.
+#if KT * (D / 32) != CSA2_ATTN_THREADS || PARTS > 32 || D % PARTS != 0
+#error "attention tiles: KT · D / 32 must equal the block's threads, and a head's parts fit one warp"
+#endif
 
-extern "C" __global__ void __launch_bounds__(256, 1) sparse_decode_attn_f32(
+// ---- shared by the f32 kernels: one tile of KT keys for head h, and the sink -------------------
+
+// Scores of the tile's keys for head h (reduced over the PARTS threads of the head, broadcast from
+// the group leader) and the online-softmax update of (m, l, o). ks holds the dequantized keys,
+// slot_s[kk] < 0 marks a missing key; z_s is this block's score scratch.
+__device__ __forceinline__ void f32_tile_update(const float (*ks)[D], const i64* slot_s, float (*z_s)[KT],
+                                                const float* qr, float* o, float& m, float& l, int k0,
+                                                int n_keys, float scale) {
+    int tid = threadIdx.x, hl = tid / PARTS, part = tid % PARTS;
+    // Group leader lane within the warp (PARTS threads per head, 32 / PARTS heads per warp).
+    int leader = (tid & 31) & ~(PARTS - 1);
+    float tmax = CSA2_NEG_INF;
+#pragma unroll 1
+    for (int kk = 0; kk < KT; ++kk) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) acc += qr[i] * ks[kk][i * PARTS + part];
+        for (int off = PARTS / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(CSA2_FULL_MASK, acc, off);
+        acc = __shfl_sync(CSA2_FULL_MASK, acc, leader);
+        bool valid = (k0 + kk) < n_keys && slot_s[kk] >= 0;
+        float zk = valid ? acc * scale : CSA2_NEG_INF;
+        if (part == 0) z_s[hl][kk] = zk;
+        tmax = fmaxf(tmax, zk);
+    }
+    __syncwarp();
+    if (tmax == CSA2_NEG_INF) return;
+    float m_new = fmaxf(m, tmax);
+    float corr = expf(m - m_new);  // m = -Inf → 0
+    l *= corr;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) o[i] *= corr;
+#pragma unroll 1
+    for (int kk = 0; kk < KT; ++kk) {
+        float pk = expf(z_s[hl][kk] - m_new);
+        l += pk;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) o[i] += pk * ks[kk][i * PARTS + part];
+    }
+    m = m_new;
+}
+
+// The output factor of a head with running max m (finite) and sum l: the sink sk enters the
+// denominator only (sk = -Inf: no sink).
+__device__ __forceinline__ float sink_factor(float m, float l, float sk) {
+    float M = fmaxf(m, sk);
+    float a = expf(m - M);
+    return a / (l * a + expf(sk - M));
+}
+
+// Applies the sink to a finished head (empty rows stay zero) and returns its lse (-Inf if empty).
+__device__ __forceinline__ float f32_finish(float* o, float m, float l, float sk) {
+    if (m == CSA2_NEG_INF) return CSA2_NEG_INF;
+    float f = sink_factor(m, l, sk);
+#pragma unroll
+    for (int i = 0; i < PER; ++i) o[i] *= f;
+    return m + logf(l);
+}
+
+extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) sparse_decode_attn_f32(
     const float* __restrict__ q, const i32* __restrict__ topk, int topk_len, const i32* __restrict__ pos,
     const i32* __restrict__ req, const i32* __restrict__ window_start, const u8* __restrict__ main_pages,
     const i32* __restrict__ main_bt, int main_max_blocks, int main_page_slots, const u8* __restrict__ swa_pages,
@@ -54,8 +117,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_decode_attn_f32(
         o[i] = 0.0f;
     }
     float m = CSA2_NEG_INF, l = 0.0f;
-    // Group leader lane within the warp (16 threads per head, two heads per warp).
-    int leader = (tid & 31) & ~(PARTS - 1);
 
     for (int k0 = 0; k0 < n_keys; k0 += KT) {
         __syncthreads();
@@ -84,80 +145,33 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_decode_attn_f32(
             if (slot < 0) {
                 for (int i = 0; i < 32; ++i) dst[i] = 0.0f;
             } else if (kind_s[kk] == 0) {
-                SlotPtr sp = slot_ptr((u8*)main_pages, slot, main_page_slots, 256, 32);
-                float s0 = e4m3_decode(sp.scale[2 * c]), s1 = e4m3_decode(sp.scale[2 * c + 1]);
-                const u8* d = sp.data + 16 * c;
-                for (int i = 0; i < 16; ++i) {
-                    u32 b = d[i];
-                    float s = i < 8 ? s0 : s1;
-                    dst[2 * i] = e2m1_decode(b & 0xf) * s;
-                    dst[2 * i + 1] = e2m1_decode(b >> 4) * s;
-                }
+                nvfp4_dequant32(slot_ptr((u8*)main_pages, slot, main_page_slots, CSA2_NVFP4_DATA, CSA2_NVFP4_SCALE),
+                                c, dst);
             } else {
-                SlotPtr sp = slot_ptr((u8*)swa_pages, slot, swa_page_slots, 512, 16);
-                float s = e8m0_decode(sp.scale[c]);
-                const u8* d = sp.data + 32 * c;
-                for (int i = 0; i < 32; ++i) dst[i] = e4m3_decode(d[i]) * s;
+                mxfp8_dequant32(slot_ptr((u8*)swa_pages, slot, swa_page_slots, CSA2_MXFP8_DATA, CSA2_MXFP8_SCALE),
+                                c, dst);
             }
         }
         __syncthreads();
-        // Scores of this tile for head h (reduced over the 16 parts, then broadcast from the leader).
-        float tmax = CSA2_NEG_INF;
-#pragma unroll 1
-        for (int kk = 0; kk < KT; ++kk) {
-            float acc = 0.0f;
-#pragma unroll
-            for (int i = 0; i < PER; ++i) acc += qr[i] * ks[kk][i * PARTS + part];
-            for (int off = PARTS / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(CSA2_FULL_MASK, acc, off);
-            acc = __shfl_sync(CSA2_FULL_MASK, acc, leader);
-            bool valid = (k0 + kk) < n_keys && slot_s[kk] >= 0;
-            float zk = valid ? acc * scale : CSA2_NEG_INF;
-            if (part == 0) z_s[hl][kk] = zk;
-            tmax = fmaxf(tmax, zk);
-        }
-        __syncwarp();
-        if (tmax == CSA2_NEG_INF) continue;
-        float m_new = fmaxf(m, tmax);
-        float corr = expf(m - m_new);  // m = -Inf → 0
-        l *= corr;
-#pragma unroll
-        for (int i = 0; i < PER; ++i) o[i] *= corr;
-#pragma unroll 1
-        for (int kk = 0; kk < KT; ++kk) {
-            float pk = expf(z_s[hl][kk] - m_new);
-            l += pk;
-#pragma unroll
-            for (int i = 0; i < PER; ++i) o[i] += pk * ks[kk][i * PARTS + part];
-        }
-        m = m_new;
+        f32_tile_update(ks, slot_s, z_s, qr, o, m, l, k0, n_keys, scale);
     }
 
     // Sink in the denominator only; empty rows stay zero.
-    float lse_h = CSA2_NEG_INF;
-    if (m != CSA2_NEG_INF) {
-        float sk = sink ? sink[h] : CSA2_NEG_INF;
-        float M = fmaxf(m, sk);
-        float a = expf(m - M);
-        float denom = l * a + expf(sk - M);
-        float f = a / denom;
-#pragma unroll
-        for (int i = 0; i < PER; ++i) o[i] *= f;
-        lse_h = m + logf(l);
-    }
+    float lse_h = f32_finish(o, m, l, sink ? sink[h] : CSA2_NEG_INF);
     __syncthreads();
-    // Stage the 16 heads' outputs through shared memory (ks is exactly 16 × 512) for the inverse RoPE.
+    // Stage the GROUP heads' outputs through shared memory (ks is exactly KT × D) for the inverse RoPE.
 #pragma unroll
     for (int i = 0; i < PER; ++i) ks[hl][i * PARTS + part] = o[i];
     __syncthreads();
     float* oh = out + ((i64)t * HEADS + blockIdx.x * GROUP) * D;
-    for (int idx = tid; idx < GROUP * D; idx += 256) {
+    for (int idx = tid; idx < GROUP * D; idx += CSA2_ATTN_THREADS) {
         int hh = idx / D, d = idx % D;
         float v = ks[hh][d];
-        if (inv_freq && d >= 448) {
-            int pi = (d - 448) / 2;
+        if (inv_freq && d >= CSA2_NOPE_DIM) {
+            int pi = (d - CSA2_NOPE_DIM) / 2;
             double ang = (double)p * inv_freq[pi];
             float c = (float)cos(ang), s = (float)sin(ang);
-            float a = ks[hh][448 + 2 * pi], b = ks[hh][449 + 2 * pi];
+            float a = ks[hh][CSA2_NOPE_DIM + 2 * pi], b = ks[hh][CSA2_NOPE_DIM + 1 + 2 * pi];
             v = (d & 1) == 0 ? a * c + b * s : -a * s + b * c;
         }
         oh[(i64)hh * D + d] = v;
@@ -181,66 +195,121 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_decode_attn_f32(
 // part = tid % 16) owns dims {i·16 + part} of head h; keys are dequantized 16 at a time into
 // shared memory (exact f32 images of the records).
 
-#define CSA2_FMT_NVFP4 0
-#define CSA2_FMT_MXFP8 2
-#define CSA2_FMT_V4 3
+// One strided pool as the kernels' arguments give it.
+struct Pool {
+    const u8* base;
+    i64 stride;
+    int states;
+    int fmt;
+    int layout;
+};
 
-// Dims [32c, 32c + 32) of the record at `sp` in format `fmt` (exact: E2M1·E4M3, E4M3·2^e and
-// bf16 values are all f32).
-__device__ __forceinline__ void dequant32(SlotPtr sp, int fmt, int c, float* dst) {
-    if (fmt == CSA2_FMT_NVFP4) {  // 256 B E2M1 pairs (even element low), 32 E4M3 scales per 16
-        float s0 = e4m3_decode(sp.scale[2 * c]), s1 = e4m3_decode(sp.scale[2 * c + 1]);
-        const u8* d = sp.data + 16 * c;
-        for (int i = 0; i < 16; ++i) {
-            u32 b = d[i];
-            float s = i < 8 ? s0 : s1;
-            dst[2 * i] = e2m1_decode(b & 0xf) * s;
-            dst[2 * i + 1] = e2m1_decode(b >> 4) * s;
+// The arguments of both pool kernels: one ABI, pushed in this order by
+// src/ops/attention/cuda.rs::attention_pools_launch whichever kernel it picks.
+#define ATTN_POOLS_ARGS                                                                                  \
+    const u16 *__restrict__ q, int hp, int n_heads, const i32 *__restrict__ main_idx, int km,             \
+        const i32 *__restrict__ main_len, const u8 *__restrict__ main_pool, i64 main_stride,               \
+        int main_states, i64 main_blocks, int main_fmt, int main_layout, const i32 *__restrict__ swa_idx,  \
+        int ks, const i32 *__restrict__ swa_len, const u8 *__restrict__ swa_pool, i64 swa_stride,          \
+        int swa_states, i64 swa_blocks, int swa_fmt, int swa_layout, const float *__restrict__ sink,       \
+        float scale, u16 *__restrict__ out, float *__restrict__ lse, i32 *__restrict__ err
+
+// A per-token length: len[t] (or `cap` without a length array), clamped to 0..cap.
+__device__ __forceinline__ int clamp_len(const i32* len, int t, int cap) {
+    int n = len ? len[t] : cap;
+    return n < 0 ? 0 : (n > cap ? cap : n);
+}
+
+// Token t's keys in the two pools: the first nm are main_idx[t, :nm], then swa_idx[t, :n_keys − nm];
+// a slot must lie in −1..cap of its pool.
+struct PoolsRow {
+    int nm, n_keys;
+    i64 main_cap, swa_cap;
+    Pool mp, sp;
+};
+
+__device__ __forceinline__ PoolsRow pools_row(int t, int km, const i32* main_len, const u8* main_pool,
+                                              i64 main_stride, int main_states, i64 main_blocks, int main_fmt,
+                                              int main_layout, int ks, const i32* swa_len, const u8* swa_pool,
+                                              i64 swa_stride, int swa_states, i64 swa_blocks, int swa_fmt,
+                                              int swa_layout) {
+    PoolsRow r;
+    r.nm = clamp_len(main_len, t, km);
+    r.n_keys = r.nm + clamp_len(swa_len, t, ks);
+    r.main_cap = main_pool ? main_blocks * (i64)main_states : 0;
+    r.swa_cap = swa_blocks * (i64)swa_states;
+    r.mp = {main_pool, main_stride, main_states, main_fmt, main_layout};
+    r.sp = {swa_pool, swa_stride, swa_states, swa_fmt, swa_layout};
+    return r;
+}
+
+// The row of the kernel's own arguments (inside a pool kernel).
+#define POOLS_ROW(t)                                                                                    \
+    pools_row(t, km, main_len, main_pool, main_stride, main_states, main_blocks, main_fmt, main_layout, \
+              ks, swa_len, swa_pool, swa_stride, swa_states, swa_blocks, swa_fmt, swa_layout)
+
+// Slot and kind (1 compressed, 2 SWA, 0 past the keys) of key k of row `pr`. A slot outside its
+// pool is recorded in err (first writer wins) and becomes −1 (skipped).
+__device__ __forceinline__ void pools_key_slot(int t, int k, const PoolsRow& pr, const i32* main_idx, int km,
+                                               const i32* swa_idx, int ks, i32* err, i64* slot_out,
+                                               int* kind_out) {
+    int nm = pr.nm, n_keys = pr.n_keys;
+    i64 main_cap = pr.main_cap, swa_cap = pr.swa_cap;
+    i64 slot = -1;
+    int kind = 0, col = 0;
+    i64 cap = 0;
+    if (k < nm) {
+        col = k;
+        slot = main_idx[(i64)t * km + col];
+        kind = 1;
+        cap = main_cap;
+    } else if (k < n_keys) {
+        col = k - nm;
+        slot = swa_idx[(i64)t * ks + col];
+        kind = 2;
+        cap = swa_cap;
+    }
+    if (kind != 0 && slot != -1 && (slot < -1 || slot >= cap)) {
+        if (err && atomicCAS(&err[0], 0, kind) == 0) {
+            err[1] = t;
+            err[2] = col;
+            err[3] = (i32)slot;
         }
-    } else if (fmt == CSA2_FMT_MXFP8) {  // 512 E4M3, 16 UE8M0 per 32
-        float s = e8m0_decode(sp.scale[c]);
-        const u8* d = sp.data + 32 * c;
-        for (int i = 0; i < 32; ++i) dst[i] = e4m3_decode(d[i]) * s;
-    } else if (c < 14) {  // V4: 448 E4M3 NoPE dims, 7 UE8M0 per 64
-        float s = e8m0_decode(sp.scale[c / 2]);
-        const u8* d = sp.data + 32 * c;
-        for (int i = 0; i < 32; ++i) dst[i] = e4m3_decode(d[i]) * s;
-    } else {  // V4: dims 448..511 are bf16 (little-endian) at byte 448 + 2·(dim − 448)
-        const u8* d = sp.data + 448 + 64 * (c - 14);
-        for (int i = 0; i < 32; ++i) dst[i] = bf16_bits_to_f32((u16)(d[2 * i] | (d[2 * i + 1] << 8)));
+        slot = -1;
+    }
+    *slot_out = slot;
+    *kind_out = kind;
+}
+
+// Dims [32c, 32c + 32) of the record at `slot` of pool p.
+__device__ __forceinline__ void pool_dequant32(const Pool& p, i64 slot, int c, float* dst) {
+    dequant32(pool_slot_ptr((u8*)p.base, p.stride, slot, p.states, fmt_data_bytes(p.fmt), fmt_scale_bytes(p.fmt),
+                            p.layout),
+              p.fmt, c, dst);
+}
+
+// Dims [32c, 32c + 32) of a key from the pool its kind names (1 compressed, 2 SWA); zeros for a
+// missing one (slot < 0).
+__device__ __forceinline__ void pools_dequant32(i64 slot, int kind, int c, const Pool& mp, const Pool& sp,
+                                                float* dst) {
+    if (slot < 0) {
+        for (int i = 0; i < 32; ++i) dst[i] = 0.0f;
+    } else if (kind == 1) {
+        pool_dequant32(mp, slot, c, dst);
+    } else {
+        pool_dequant32(sp, slot, c, dst);
     }
 }
 
-__device__ __forceinline__ int fmt_data_bytes(int fmt) {
-    return fmt == CSA2_FMT_NVFP4 ? 256 : fmt == CSA2_FMT_MXFP8 ? 512 : 576;
-}
-__device__ __forceinline__ int fmt_scale_bytes(int fmt) {
-    return fmt == CSA2_FMT_NVFP4 ? 32 : fmt == CSA2_FMT_MXFP8 ? 16 : 8;
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1) attn_pools_bf16(
-    const u16* __restrict__ q, int hp, int n_heads,
-    const i32* __restrict__ main_idx, int km, const i32* __restrict__ main_len,
-    const u8* __restrict__ main_pool, i64 main_stride, int main_states, i64 main_blocks, int main_fmt,
-    int main_layout,
-    const i32* __restrict__ swa_idx, int ks, const i32* __restrict__ swa_len,
-    const u8* __restrict__ swa_pool, i64 swa_stride, int swa_states, i64 swa_blocks, int swa_fmt,
-    int swa_layout,
-    const float* __restrict__ sink, float scale, u16* __restrict__ out, float* __restrict__ lse,
-    i32* __restrict__ err) {
+extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf16(ATTN_POOLS_ARGS) {
     __shared__ float ks_s[KT][D];
     __shared__ i64 slot_s[KT];
     __shared__ int kind_s[KT];
     __shared__ float z_s[GROUP][KT];
     int t = blockIdx.y, tid = threadIdx.x;
     int hl = tid / PARTS, part = tid % PARTS, h = blockIdx.x * GROUP + hl;
-    int nm = main_len ? main_len[t] : km;
-    nm = nm < 0 ? 0 : (nm > km ? km : nm);
-    int ns = swa_len ? swa_len[t] : ks;
-    ns = ns < 0 ? 0 : (ns > ks ? ks : ns);
-    int n_keys = nm + ns;
-    i64 main_cap = main_pool ? main_blocks * (i64)main_states : 0;
-    i64 swa_cap = swa_blocks * (i64)swa_states;
+    PoolsRow pr = POOLS_ROW(t);
+    int n_keys = pr.n_keys;
     bool live = h < n_heads;
 
     float qr[PER], o[PER];
@@ -251,95 +320,21 @@ extern "C" __global__ void __launch_bounds__(256, 1) attn_pools_bf16(
         o[i] = 0.0f;
     }
     float m = CSA2_NEG_INF, l = 0.0f;
-    int leader = (tid & 31) & ~(PARTS - 1);
 
     for (int k0 = 0; k0 < n_keys; k0 += KT) {
         __syncthreads();
-        if (tid < KT) {
-            int k = k0 + tid;
-            i64 slot = -1;
-            int kind = 0, col = 0;
-            i64 cap = 0;
-            if (k < nm) {
-                col = k;
-                slot = main_idx[(i64)t * km + col];
-                kind = 1;
-                cap = main_cap;
-            } else if (k < n_keys) {
-                col = k - nm;
-                slot = swa_idx[(i64)t * ks + col];
-                kind = 2;
-                cap = swa_cap;
-            }
-            if (kind != 0 && slot != -1 && (slot < -1 || slot >= cap)) {
-                if (err && atomicCAS(&err[0], 0, kind) == 0) {
-                    err[1] = t;
-                    err[2] = col;
-                    err[3] = (i32)slot;
-                }
-                slot = -1;
-            }
-            slot_s[tid] = slot;
-            kind_s[tid] = kind;
-        }
+        if (tid < KT)
+            pools_key_slot(t, k0 + tid, pr, main_idx, km, swa_idx, ks, err, &slot_s[tid], &kind_s[tid]);
         __syncthreads();
         {
             int kk = tid / 16, c = tid % 16;
-            i64 slot = slot_s[kk];
-            float* dst = &ks_s[kk][32 * c];
-            if (slot < 0) {
-                for (int i = 0; i < 32; ++i) dst[i] = 0.0f;
-            } else if (kind_s[kk] == 1) {
-                SlotPtr sp = pool_slot_ptr((u8*)main_pool, main_stride, slot, main_states,
-                                           fmt_data_bytes(main_fmt), fmt_scale_bytes(main_fmt), main_layout);
-                dequant32(sp, main_fmt, c, dst);
-            } else {
-                SlotPtr sp = pool_slot_ptr((u8*)swa_pool, swa_stride, slot, swa_states,
-                                           fmt_data_bytes(swa_fmt), fmt_scale_bytes(swa_fmt), swa_layout);
-                dequant32(sp, swa_fmt, c, dst);
-            }
+            pools_dequant32(slot_s[kk], kind_s[kk], c, pr.mp, pr.sp, &ks_s[kk][32 * c]);
         }
         __syncthreads();
-        float tmax = CSA2_NEG_INF;
-#pragma unroll 1
-        for (int kk = 0; kk < KT; ++kk) {
-            float acc = 0.0f;
-#pragma unroll
-            for (int i = 0; i < PER; ++i) acc += qr[i] * ks_s[kk][i * PARTS + part];
-            for (int off = PARTS / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(CSA2_FULL_MASK, acc, off);
-            acc = __shfl_sync(CSA2_FULL_MASK, acc, leader);
-            bool valid = (k0 + kk) < n_keys && slot_s[kk] >= 0;
-            float zk = valid ? acc * scale : CSA2_NEG_INF;
-            if (part == 0) z_s[hl][kk] = zk;
-            tmax = fmaxf(tmax, zk);
-        }
-        __syncwarp();
-        if (tmax == CSA2_NEG_INF) continue;
-        float m_new = fmaxf(m, tmax);
-        float corr = expf(m - m_new);
-        l *= corr;
-#pragma unroll
-        for (int i = 0; i < PER; ++i) o[i] *= corr;
-#pragma unroll 1
-        for (int kk = 0; kk < KT; ++kk) {
-            float pk = expf(z_s[hl][kk] - m_new);
-            l += pk;
-#pragma unroll
-            for (int i = 0; i < PER; ++i) o[i] += pk * ks_s[kk][i * PARTS + part];
-        }
-        m = m_new;
+        f32_tile_update(ks_s, slot_s, z_s, qr, o, m, l, k0, n_keys, scale);
     }
 
-    float lse_h = CSA2_NEG_INF;
-    if (m != CSA2_NEG_INF) {
-        float sk = (sink && live) ? sink[h] : CSA2_NEG_INF;
-        float M = fmaxf(m, sk);
-        float a = expf(m - M);
-        float f = a / (l * a + expf(sk - M));
-#pragma unroll
-        for (int i = 0; i < PER; ++i) o[i] *= f;
-        lse_h = m + logf(l);
-    }
+    float lse_h = f32_finish(o, m, l, (sink && live) ? sink[h] : CSA2_NEG_INF);
     u16* oh = out + ((i64)t * hp + h) * D;
 #pragma unroll
     for (int i = 0; i < PER; ++i) oh[i * PARTS + part] = live ? f32_to_bf16_bits(o[i]) : (u16)0;
@@ -360,7 +355,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) attn_pools_bf16(
 // c2,c3 = (g+8, ·); g = lane / 4, t = lane % 4; the lower half-word holds the lower index).
 
 #define TC_KT 16
-#define TC_KS (D + 8)  // bf16 row stride of the key tile (pads rows onto different banks)
+#define TC_KS (D + 8)     // bf16 row stride of the key tile (pads rows onto different banks)
+#define TC_NT (D / 2 / 8)  // n-tiles of 8 output dims per warp (a warp owns half the dims)
+// The warp layout: 4 head tiles of 16 × 2 dim halves = 8 warps.
+#if CSA2_ATTN_MMA_HEADS_PER_BLOCK != 4 * 16 || CSA2_ATTN_THREADS != 8 * 32
+#error "attn_pools_bf16_mma: its warp layout is 4 head tiles of 16 by 2 dim halves"
+#endif
 
 __device__ __forceinline__ void mma_bf16_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
                                                u32 b1) {
@@ -375,83 +375,33 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
     return (u32)f32_to_bf16_bits(lo) | ((u32)f32_to_bf16_bits(hi) << 16);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) attn_pools_bf16_mma(
-    const u16* __restrict__ q, int hp, int n_heads,
-    const i32* __restrict__ main_idx, int km, const i32* __restrict__ main_len,
-    const u8* __restrict__ main_pool, i64 main_stride, int main_states, i64 main_blocks, int main_fmt,
-    int main_layout,
-    const i32* __restrict__ swa_idx, int ks, const i32* __restrict__ swa_len,
-    const u8* __restrict__ swa_pool, i64 swa_stride, int swa_states, i64 swa_blocks, int swa_fmt,
-    int swa_layout,
-    const float* __restrict__ sink, float scale, u16* __restrict__ out, float* __restrict__ lse,
-    i32* __restrict__ err) {
+extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf16_mma(ATTN_POOLS_ARGS) {
     __shared__ __align__(16) u16 kt[TC_KT * TC_KS];
     __shared__ i64 slot_s[TC_KT];
     __shared__ int kind_s[TC_KT];
     int t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int g = lane >> 2, tg = lane & 3;
-    int h0 = blockIdx.x * 64 + (warp & 3) * 16;  // first head of this warp's tile
-    int d0 = (warp >> 2) * 256;                  // first output dim of this warp
-    int nm = main_len ? main_len[t] : km;
-    nm = nm < 0 ? 0 : (nm > km ? km : nm);
-    int ns = swa_len ? swa_len[t] : ks;
-    ns = ns < 0 ? 0 : (ns > ks ? ks : ns);
-    int n_keys = nm + ns;
-    i64 main_cap = main_pool ? main_blocks * (i64)main_states : 0;
-    i64 swa_cap = swa_blocks * (i64)swa_states;
+    int h0 = blockIdx.x * CSA2_ATTN_MMA_HEADS_PER_BLOCK + (warp & 3) * 16;  // first head of this warp's tile
+    int d0 = (warp >> 2) * (D / 2);                                        // first output dim of this warp
+    PoolsRow pr = POOLS_ROW(t);
+    int n_keys = pr.n_keys;
     // Rows g and g + 8 of the head tile; heads past hp do not exist (hp is 64 or 128).
     const u16* q0 = q + ((i64)t * hp + h0 + g) * D;
     const u16* q1 = q0 + 8 * D;
-    float o[32][4];
+    float o[TC_NT][4];
 #pragma unroll
-    for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int n = 0; n < TC_NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m0 = CSA2_NEG_INF, m1 = CSA2_NEG_INF, l0 = 0.0f, l1 = 0.0f;
 
     for (int k0 = 0; k0 < n_keys; k0 += TC_KT) {
         __syncthreads();
-        if (tid < TC_KT) {
-            int k = k0 + tid;
-            i64 slot = -1;
-            int kind = 0, col = 0;
-            i64 cap = 0;
-            if (k < nm) {
-                col = k;
-                slot = main_idx[(i64)t * km + col];
-                kind = 1;
-                cap = main_cap;
-            } else if (k < n_keys) {
-                col = k - nm;
-                slot = swa_idx[(i64)t * ks + col];
-                kind = 2;
-                cap = swa_cap;
-            }
-            if (kind != 0 && slot != -1 && (slot < -1 || slot >= cap)) {
-                if (err && atomicCAS(&err[0], 0, kind) == 0) {
-                    err[1] = t;
-                    err[2] = col;
-                    err[3] = (i32)slot;
-                }
-                slot = -1;
-            }
-            slot_s[tid] = slot;
-            kind_s[tid] = kind;
-        }
+        if (tid < TC_KT)
+            pools_key_slot(t, k0 + tid, pr, main_idx, km, swa_idx, ks, err, &slot_s[tid], &kind_s[tid]);
         __syncthreads();
         {
             int kk = tid / 16, c = tid % 16;
-            i64 slot = slot_s[kk];
             float f[32];  // this thread's 32 dims of its key, then converted to bf16 (exact)
-            if (slot < 0) {
-                for (int i = 0; i < 32; ++i) f[i] = 0.0f;
-            } else if (kind_s[kk] == 1) {
-                dequant32(pool_slot_ptr((u8*)main_pool, main_stride, slot, main_states,
-                                        fmt_data_bytes(main_fmt), fmt_scale_bytes(main_fmt), main_layout),
-                          main_fmt, c, f);
-            } else {
-                dequant32(pool_slot_ptr((u8*)swa_pool, swa_stride, slot, swa_states,
-                                        fmt_data_bytes(swa_fmt), fmt_scale_bytes(swa_fmt), swa_layout),
-                          swa_fmt, c, f);
-            }
+            pools_dequant32(slot_s[kk], kind_s[kk], c, pr.mp, pr.sp, f);
             u16* dst = kt + kk * TC_KS + 32 * c;
             for (int i = 0; i < 32; ++i) dst[i] = f32_to_bf16_bits(f[i]);
         }
@@ -513,7 +463,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) attn_pools_bf16_mma(
         u32 pa0 = pack_bf16x2(p[0][0], p[0][1]), pa1 = pack_bf16x2(p[0][2], p[0][3]);
         u32 pa2 = pack_bf16x2(p[1][0], p[1][1]), pa3 = pack_bf16x2(p[1][2], p[1][3]);
 #pragma unroll
-        for (int n = 0; n < 32; ++n) {
+        for (int n = 0; n < TC_NT; ++n) {
             o[n][0] *= c0;
             o[n][1] *= c0;
             o[n][2] *= c1;
@@ -530,21 +480,13 @@ extern "C" __global__ void __launch_bounds__(256, 1) attn_pools_bf16_mma(
     // Sink in the denominator only; a row with nothing attended stays zero.
     int ha = h0 + g, hb = h0 + g + 8;
     float f0 = 0.0f, f1 = 0.0f;
-    if (m0 != CSA2_NEG_INF) {
-        float sk = (sink && ha < n_heads) ? sink[ha] : CSA2_NEG_INF;
-        float M = fmaxf(m0, sk), a = expf(m0 - M);
-        f0 = a / (l0 * a + expf(sk - M));
-    }
-    if (m1 != CSA2_NEG_INF) {
-        float sk = (sink && hb < n_heads) ? sink[hb] : CSA2_NEG_INF;
-        float M = fmaxf(m1, sk), a = expf(m1 - M);
-        f1 = a / (l1 * a + expf(sk - M));
-    }
+    if (m0 != CSA2_NEG_INF) f0 = sink_factor(m0, l0, (sink && ha < n_heads) ? sink[ha] : CSA2_NEG_INF);
+    if (m1 != CSA2_NEG_INF) f1 = sink_factor(m1, l1, (sink && hb < n_heads) ? sink[hb] : CSA2_NEG_INF);
     u16* oa = out + ((i64)t * hp + ha) * D + d0;
     u16* ob = out + ((i64)t * hp + hb) * D + d0;
     bool la = ha < n_heads, lb = hb < n_heads;
 #pragma unroll
-    for (int n = 0; n < 32; ++n) {
+    for (int n = 0; n < TC_NT; ++n) {
         int c = n * 8 + 2 * tg;
         *(u32*)(oa + c) = la ? pack_bf16x2(o[n][0] * f0, o[n][1] * f0) : 0u;
         *(u32*)(ob + c) = lb ? pack_bf16x2(o[n][2] * f1, o[n][3] * f1) : 0u;

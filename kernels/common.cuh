@@ -8,6 +8,12 @@
 // for bit, so change both or neither.
 #pragma once
 
+// Model constants (src/geometry/consts.rs) and launch shapes (src/cuda/shapes.rs) come from
+// build.rs as -D defines; the kernels write none of them as literals.
+#if !defined(CSA2_KV_DIM) || !defined(CSA2_HEADS) || !defined(CSA2_KV_THREADS)
+#error "compile the csa2 kernels through build.rs: it passes -D CSA2_<NAME> from src/geometry/consts.rs and src/cuda/shapes.rs"
+#endif
+
 typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -213,13 +219,84 @@ __device__ __forceinline__ i64 table_slot(const i32* bt_row, int max_blocks, i64
     return (i64)blk * page_slots + j % page_slots;
 }
 
+// ---- record formats (docs/SPEC.md §1; src/formats/records.rs) ---------------------------------------
+
+// The Csa2Format ids the kernels switch on (src/formats/records.rs RecordFormat::abi_id).
+#define CSA2_FMT_NVFP4 0
+#define CSA2_FMT_MXFP4_INDEX 1
+#define CSA2_FMT_MXFP8 2
+#define CSA2_FMT_V4 3
+
+// Data / scale bytes of one record: NVFP4-DS main KV (E2M1 pairs, one E4M3 per 16), MXFP4 index K
+// (E2M1 pairs, one UE8M0 per 32), MXFP8 SWA (E4M3, one UE8M0 per 32), V4 (NoPE E4M3 + RoPE bf16,
+// one UE8M0 per 64 NoPE dims, padded to 8).
+#define CSA2_NOPE_DIM (CSA2_KV_DIM - CSA2_ROPE_DIM)
+#define CSA2_NVFP4_DATA (CSA2_KV_DIM / 2)
+#define CSA2_NVFP4_SCALE (CSA2_KV_DIM / 16)
+#define CSA2_MXFP4_INDEX_DATA (CSA2_INDEX_DIM / 2)
+#define CSA2_MXFP4_INDEX_SCALE (CSA2_INDEX_DIM / 32)
+#define CSA2_MXFP8_DATA CSA2_KV_DIM
+#define CSA2_MXFP8_SCALE (CSA2_KV_DIM / 32)
+#define CSA2_V4_DATA (CSA2_NOPE_DIM + 2 * CSA2_ROPE_DIM)
+#define CSA2_V4_SCALE 8
+
+__device__ __forceinline__ int fmt_data_bytes(int fmt) {
+    return fmt == CSA2_FMT_NVFP4 ? CSA2_NVFP4_DATA : fmt == CSA2_FMT_MXFP8 ? CSA2_MXFP8_DATA : CSA2_V4_DATA;
+}
+__device__ __forceinline__ int fmt_scale_bytes(int fmt) {
+    return fmt == CSA2_FMT_NVFP4 ? CSA2_NVFP4_SCALE : fmt == CSA2_FMT_MXFP8 ? CSA2_MXFP8_SCALE : CSA2_V4_SCALE;
+}
+
+// ---- record decode, 32 dims at a time: dims [32c, 32c + 32) of one latent record into `dst` ---------
+// (exact: every E2M1·E4M3, E4M3·2^e and bf16 value is an f32). One function per record kind; the
+// attention kernels call them, by format or directly.
+
+// NVFP4-DS: 256 B E2M1 pairs (even element low), 32 E4M3 scales per 16.
+__device__ __forceinline__ void nvfp4_dequant32(SlotPtr sp, int c, float* dst) {
+    float s0 = e4m3_decode(sp.scale[2 * c]), s1 = e4m3_decode(sp.scale[2 * c + 1]);
+    const u8* d = sp.data + 16 * c;
+    for (int i = 0; i < 16; ++i) {
+        u32 b = d[i];
+        float s = i < 8 ? s0 : s1;
+        dst[2 * i] = e2m1_decode(b & 0xf) * s;
+        dst[2 * i + 1] = e2m1_decode(b >> 4) * s;
+    }
+}
+
+// MXFP8: 512 E4M3, 16 UE8M0 per 32.
+__device__ __forceinline__ void mxfp8_dequant32(SlotPtr sp, int c, float* dst) {
+    float s = e8m0_decode(sp.scale[c]);
+    const u8* d = sp.data + 32 * c;
+    for (int i = 0; i < 32; ++i) dst[i] = e4m3_decode(d[i]) * s;
+}
+
+// V4: 448 E4M3 NoPE dims with 7 UE8M0 per 64, then dims 448..511 as bf16 (little-endian) at byte
+// 448 + 2·(dim − 448).
+__device__ __forceinline__ void v4_dequant32(SlotPtr sp, int c, float* dst) {
+    if (c < CSA2_NOPE_DIM / 32) {
+        float s = e8m0_decode(sp.scale[c / 2]);
+        const u8* d = sp.data + 32 * c;
+        for (int i = 0; i < 32; ++i) dst[i] = e4m3_decode(d[i]) * s;
+    } else {
+        const u8* d = sp.data + CSA2_NOPE_DIM + 64 * (c - CSA2_NOPE_DIM / 32);
+        for (int i = 0; i < 32; ++i) dst[i] = bf16_bits_to_f32((u16)(d[2 * i] | (d[2 * i + 1] << 8)));
+    }
+}
+
+// The record at `sp` in format `fmt` (NVFP4-DS, MXFP8 or V4).
+__device__ __forceinline__ void dequant32(SlotPtr sp, int fmt, int c, float* dst) {
+    if (fmt == CSA2_FMT_NVFP4) nvfp4_dequant32(sp, c, dst);
+    else if (fmt == CSA2_FMT_MXFP8) mxfp8_dequant32(sp, c, dst);
+    else v4_dequant32(sp, c, dst);
+}
+
 // ---- record codecs, one warp per row (lane i holds values [4i, 4i+4) of each 128-value chunk) ------
 
-// NVFP4-DS main KV (docs/SPEC.md §1): 512 values; per 16: s = E4M3(clamp(amax/6, 2^-9, 448)),
+// NVFP4-DS main KV (docs/SPEC.md §1): KV_DIM values; per 16: s = E4M3(clamp(amax/6, 2^-9, 448)),
 // q = E2M1(x / s) with a correctly rounded division.
 __device__ __forceinline__ void warp_encode_nvfp4(const float* row, u8* data, u8* scale) {
     int lane = threadIdx.x & 31;
-    for (int it = 0; it < 4; ++it) {
+    for (int it = 0; it < CSA2_KV_DIM / 128; ++it) {
         int base = it * 128 + lane * 4;
         float v[4];
         float a = 0.0f;
@@ -260,11 +337,11 @@ __device__ __forceinline__ void warp_encode_mxfp4(const float* row, int chunks, 
     }
 }
 
-// MXFP8 (docs/SPEC.md §1): 512 values; per 32: amax floored at 1e-4, e = ceil(log2(amax/448)),
+// MXFP8 (docs/SPEC.md §1): KV_DIM values; per 32: amax floored at 1e-4, e = ceil(log2(amax/448)),
 // q = E4M3(clamp(x · 2^-e, ±448)).
 __device__ __forceinline__ void warp_encode_mxfp8(const float* row, u8* data, u8* scale) {
     int lane = threadIdx.x & 31;
-    for (int it = 0; it < 4; ++it) {
+    for (int it = 0; it < CSA2_KV_DIM / 128; ++it) {
         int base = it * 128 + lane * 4;
         float v[4];
         float a = 0.0f;

@@ -3,7 +3,7 @@
 // Per compressed entry j of a request (covering tokens [j·m, j·m + m)):
 //   ratio 2: w0 = softmax(score0, score1)[0] per channel; pooled = w0·kv0 + (1 − w0)·kv1
 //   ratio 1: pooled = kv
-//   latent  = bf16(RMSNorm(pooled, norm_w))                           (eps 1e-20)
+//   latent  = bf16(RMSNorm(pooled, norm_w))                           (eps rms_norm_eps)
 //   main KV = NVFP4-DS(RoPE(latent, dims 448..511, position j·m))      → main pages
 //   index K = MXFP4(RoPE(RMSNorm(wk · latent, k_norm_w), dims 64..127, position j·m)) → index pages
 // The half-finished pair of a ratio-2 layer is carried between calls in `state` (kv ‖ score, and the
@@ -14,9 +14,14 @@
 // the outgoing carry state; state_in and state_out must not alias.
 #include "common.cuh"
 
-#define KV 512
-#define IDX 128
-#define THREADS 128
+#define KV CSA2_KV_DIM
+#define IDX CSA2_INDEX_DIM
+#define THREADS CSA2_COMPRESSOR_THREADS
+#define ROPE_PAIRS (CSA2_ROPE_DIM / 2)
+// One thread per index-K dim; the first 2 · ROPE_PAIRS threads rotate; warps 0 and 1 encode.
+#if THREADS != IDX || IDX % 32 != 0 || 2 * ROPE_PAIRS > THREADS || KV % 128 != 0 || IDX % 128 != 0
+#error "compressor: one thread per index-K dim, 32 index-K outputs per warp"
+#endif
 
 __device__ __forceinline__ void rope_pair(float* x, int i, i64 pos, const double* inv_freq, float sign) {
     double ang = (double)pos * inv_freq[i];
@@ -89,7 +94,7 @@ extern "C" __global__ void compressor_f32(
         ss += p * p;
     }
     ss = block_sum(ss, red);
-    float rinv = 1.0f / sqrtf(ss / (float)KV + 1e-20f);
+    float rinv = 1.0f / sqrtf(ss / (float)KV + CSA2_RMS_NORM_EPS);
     for (int c = tid; c < KV; c += THREADS) lat[c] = bf16_round(lat[c] * rinv * norm_w[c]);
     __syncthreads();
 
@@ -104,24 +109,24 @@ extern "C" __global__ void compressor_f32(
     }
     __syncthreads();
     float kss = block_sum(kidx[tid] * kidx[tid], red);
-    float krinv = 1.0f / sqrtf(kss / (float)IDX + 1e-20f);
+    float krinv = 1.0f / sqrtf(kss / (float)IDX + CSA2_RMS_NORM_EPS);
     kidx[tid] = kidx[tid] * krinv * k_norm_w[tid];
     __syncthreads();
 
-    // 3. RoPE at the group's first token (dims 448..511 of the latent, 64..127 of index K).
+    // 3. RoPE at the group's first token (the last ROPE_DIM dims of the latent and of index K).
     i64 pos = j * ratio;
-    if (tid < 32) rope_pair(lat + 448, tid, pos, inv_freq, 1.0f);
-    else if (tid < 64) rope_pair(kidx + 64, tid - 32, pos, inv_freq, 1.0f);
+    if (tid < ROPE_PAIRS) rope_pair(lat + (KV - CSA2_ROPE_DIM), tid, pos, inv_freq, 1.0f);
+    else if (tid < 2 * ROPE_PAIRS) rope_pair(kidx + (IDX - CSA2_ROPE_DIM), tid - ROPE_PAIRS, pos, inv_freq, 1.0f);
     __syncthreads();
 
     // 4. Quantize into the pages: warp 0 → main KV, warp 1 → index K.
     i64 slot = table_slot(block_table + (i64)r * max_blocks, max_blocks, j, page_slots);
     if (slot < 0) return;
     if (warp == 0) {
-        SlotPtr p = slot_ptr(main_pages, slot, page_slots, 256, 32);
+        SlotPtr p = slot_ptr(main_pages, slot, page_slots, CSA2_NVFP4_DATA, CSA2_NVFP4_SCALE);
         warp_encode_nvfp4(lat, p.data, p.scale);
     } else if (warp == 1) {
-        SlotPtr p = slot_ptr(index_pages, slot, page_slots, 64, 4);
-        warp_encode_mxfp4(kidx, 1, p.data, p.scale);
+        SlotPtr p = slot_ptr(index_pages, slot, page_slots, CSA2_MXFP4_INDEX_DATA, CSA2_MXFP4_INDEX_SCALE);
+        warp_encode_mxfp4(kidx, IDX / 128, p.data, p.scale);
     }
 }

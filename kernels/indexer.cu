@@ -6,21 +6,27 @@
 // position (causal visibility). ReLU keeps NaN (no silent NaN: a NaN K row yields a NaN logit).
 #include "common.cuh"
 
-#define HEADS 32
-#define DIM 128
-#define ENTRIES_PER_BLOCK 64
+#define HEADS CSA2_INDEX_HEADS
+#define DIM CSA2_INDEX_DIM
+#define ENTRIES_PER_BLOCK CSA2_INDEXER_ENTRIES_PER_BLOCK
+#define WARPS (CSA2_INDEXER_THREADS / 32)
+#define CB CSA2_CANDIDATE_BLOCK_SIZE
+// Lane h holds head h; lane l decodes index-K dims [4l, 4l + 4) with the E8M0 scale of its 32.
+#if HEADS != 32 || DIM != 4 * 32
+#error "indexer_logits_f32: one lane per head (32 heads) and 4 index-K dims per lane"
+#endif
 
-// q: (T, 32, 128) f32; w: (T, 32) f32; pos, req: (T,) i32; block_table: (R, max_blocks) i32;
-// cand_mask: (T, mask_stride) u8 per block of 8 entries, 1 = in the pool, or null;
-// logits: (T, n_cols) f32. Launch: grid = (ceil(n_cols / 64), T), block = 128.
+// q: (T, HEADS, DIM) f32; w: (T, HEADS) f32; pos, req: (T,) i32; block_table: (R, max_blocks) i32;
+// cand_mask: (T, mask_stride) u8 per block of CB entries, 1 = in the pool, or null;
+// logits: (T, n_cols) f32. Launch: grid = (ceil(n_cols / ENTRIES_PER_BLOCK), T), block = WARPS · 32.
 extern "C" __global__ void indexer_logits_f32(
     const float* __restrict__ q, const float* __restrict__ w, const i32* __restrict__ pos,
     const i32* __restrict__ req, const i32* __restrict__ block_table, int max_blocks, int page_slots,
     const u8* __restrict__ index_pages, int ratio, const u8* __restrict__ cand_mask, int mask_stride,
     float* __restrict__ logits, int n_cols) {
-    __shared__ float4 ks[4][DIM / 4];
+    __shared__ float4 ks[WARPS][DIM / 4];
     int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // Lane h keeps head h's query (128 floats) and weight in registers.
+    // Lane h keeps head h's query (DIM floats) and weight in registers.
     float qh[DIM];
     const float4* q4 = (const float4*)(q + ((i64)t * HEADS + lane) * DIM);
 #pragma unroll
@@ -36,18 +42,18 @@ extern "C" __global__ void indexer_logits_f32(
     const i32* bt = block_table + (i64)req[t] * max_blocks;
     float* out = logits + (i64)t * n_cols;
 
-    for (int e = warp; e < ENTRIES_PER_BLOCK; e += 4) {
+    for (int e = warp; e < ENTRIES_PER_BLOCK; e += WARPS) {
         i64 j = (i64)blockIdx.x * ENTRIES_PER_BLOCK + e;
         if (j >= n_cols) break;
         bool ok = j < visible;
-        if (ok && cand_mask) ok = cand_mask[(i64)t * mask_stride + j / 8] != 0;
+        if (ok && cand_mask) ok = cand_mask[(i64)t * mask_stride + j / CB] != 0;
         i64 slot = ok ? table_slot(bt, max_blocks, j, page_slots) : -1;
         if (slot < 0) {
             if (lane == 0) out[j] = CSA2_NEG_INF;
             continue;
         }
         // Lane l decodes dims [4l, 4l + 4) (two packed bytes) with its block's E8M0 scale.
-        SlotPtr p = slot_ptr((u8*)index_pages, slot, page_slots, 64, 4);
+        SlotPtr p = slot_ptr((u8*)index_pages, slot, page_slots, CSA2_MXFP4_INDEX_DATA, CSA2_MXFP4_INDEX_SCALE);
         u32 b = *(const u16*)(p.data + 2 * lane);
         float s = e8m0_decode(p.scale[lane / 8]);
         ks[warp][lane] = make_float4(e2m1_decode(b & 0xf) * s, e2m1_decode((b >> 4) & 0xf) * s,
@@ -66,10 +72,10 @@ extern "C" __global__ void indexer_logits_f32(
     }
 }
 
-// Block scores of the candidate pool: score[t, b] = max of logits[t, 8b .. 8b+8) over visible
+// Block scores of the candidate pool: score[t, b] = max of logits[t, CB·b .. CB·b + CB) over visible
 // entries; the block holding the newest visible entry is pinned to +Inf; blocks past the last one
 // are -Inf. n_valid: (T,) visible entries; blocks_valid: (T,) out, the visible blocks ceil(n / 8)
-// (the n_valid of the top-k that follows). Launch: grid = (ceil(n_blocks / 256), T), block = 256.
+// (the n_valid of the top-k that follows): blocks of CB entries. Launch: grid = (ceil(n_blocks / 256), T), block = 256.
 extern "C" __global__ void candidate_block_scores_f32(const float* __restrict__ logits, int n_cols,
                                                       const i32* __restrict__ n_valid,
                                                       float* __restrict__ block_scores, int n_blocks,
@@ -78,14 +84,14 @@ extern "C" __global__ void candidate_block_scores_f32(const float* __restrict__ 
     int b = blockIdx.x * blockDim.x + threadIdx.x;
     i64 n = n_valid[t] < n_cols ? n_valid[t] : n_cols;
     if (n < 0) n = 0;
-    if (b == 0) blocks_valid[t] = (i32)((n + 7) / 8);
+    if (b == 0) blocks_valid[t] = (i32)((n + CB - 1) / CB);
     if (b >= n_blocks) return;
-    i64 last = n > 0 ? (n - 1) / 8 : -1;
+    i64 last = n > 0 ? (n - 1) / CB : -1;
     float m = CSA2_NEG_INF;
     if (b == last) {
         m = CSA2_POS_INF;
     } else if (b < last) {
-        for (int i = 0; i < 8; ++i) m = fmaxf(m, logits[(i64)t * n_cols + 8 * (i64)b + i]);
+        for (int i = 0; i < CB; ++i) m = fmaxf(m, logits[(i64)t * n_cols + CB * (i64)b + i]);
     }
     block_scores[(i64)t * n_blocks + b] = m;
 }

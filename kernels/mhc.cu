@@ -2,11 +2,13 @@
 // 4 hyper-connection streams does
 //   1. post-mix of the previous sublayer:  X'_j = bf16(post_j · y + Σ_i C[i, j] · X_i)
 //      (skipped when y is null: X' = X, nothing written — the first sublayer of the stack);
-//   2. the next coefficients from X':  mix = (fn · vec(X')) · rsqrt(mean(X'²) + 1e-20),
-//      pre = sigmoid(mix[0:4]·scale0 + base[0:4]) + 1e-6, post = 2·sigmoid(mix[4:8]·scale1 + base[4:8]),
-//      C = 20 Sinkhorn rounds of softmax_rows(mix[8:24]·scale2 + base[8:24]) + 1e-6 (eps 1e-6);
+//   2. the next coefficients from X':  mix = (fn · vec(X')) · rsqrt(mean(X'²) + rms_eps),
+//      pre = sigmoid(mix[0:4]·scale0 + base[0:4]) + hc_eps, post = post_mult·sigmoid(mix[4:8]·scale1 + base[4:8]),
+//      C = sinkhorn_iters rounds of softmax_rows(mix[8:24]·scale2 + base[8:24]) + hc_eps (eps hc_eps);
 //   3. the shifted collapse with the pre carried from the previous site and the sublayer RMSNorm:
-//      u = bf16(Σ_i pre_carried_i · X'_i),  x_in = bf16(u · rsqrt(mean(u²) + 1e-20) · norm_w).
+//      u = bf16(Σ_i pre_carried_i · X'_i),  x_in = bf16(u · rsqrt(mean(u²) + rms_eps) · norm_w).
+// The scalars (V4.1: post_mult 2, 20 iterations, hc_eps 1e-6, rms_eps 1e-20) and the stream count
+// come from the geometry as build.rs defines (src/geometry/consts.rs).
 // Streams and activations are bf16 (raw u16 bits); coefficients and parameters f32.
 // Traffic per token: read y + X, write X' + x_in = (2n + 2)·d bf16 values (n = 4).
 //
@@ -14,11 +16,14 @@
 // c-loop over columns. Launch: grid = ceil(T / 4), block = 256; d ≤ 5120.
 #include "common.cuh"
 
-#define NS 4
-#define NMIX 24
-#define TOK 4
-#define THREADS 256
-#define MAX_D 5120
+#define NS CSA2_HC
+#define NMIX CSA2_MIX
+#define TOK CSA2_MHC_TOKENS_PER_BLOCK
+#define THREADS CSA2_MHC_THREADS
+#define MAX_D CSA2_HIDDEN_SIZE
+#if NMIX != 2 * NS + NS * NS
+#error "mHC: mix = pre (NS) + post (NS) + comb (NS x NS)"
+#endif
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -112,18 +117,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) mega_mhc_bf16(
     if (tid < nt) {
         int k = tid;
         i64 t = t0 + k;
-        float r = 1.0f / sqrtf(tot[k][NMIX] / (float)(NS * d) + 1e-20f);
+        float r = 1.0f / sqrtf(tot[k][NMIX] / (float)(NS * d) + CSA2_RMS_NORM_EPS);
         float mix[NMIX];
         for (int m = 0; m < NMIX; ++m) mix[m] = tot[k][m] * r;
         for (int i = 0; i < NS; ++i) {
-            pre_out[t * NS + i] = sigmoidf_(mix[i] * scale[0] + base[i]) + 1e-6f;
-            post_out[t * NS + i] = 2.0f * sigmoidf_(mix[NS + i] * scale[1] + base[NS + i]);
+            pre_out[t * NS + i] = sigmoidf_(mix[i] * scale[0] + base[i]) + CSA2_HC_EPS;
+            post_out[t * NS + i] = CSA2_HC_POST_MULT * sigmoidf_(mix[NS + i] * scale[1] + base[NS + i]);
         }
         float C[NS][NS];
         for (int i = 0; i < NS; ++i) {
             float mx = CSA2_NEG_INF;
             for (int j = 0; j < NS; ++j) {
-                C[i][j] = mix[8 + i * NS + j] * scale[2] + base[8 + i * NS + j];
+                C[i][j] = mix[2 * NS + i * NS + j] * scale[2] + base[2 * NS + i * NS + j];
                 mx = fmaxf(mx, C[i][j]);
             }
             float s = 0.0f;
@@ -131,20 +136,20 @@ extern "C" __global__ void __launch_bounds__(THREADS) mega_mhc_bf16(
                 C[i][j] = expf(C[i][j] - mx);
                 s += C[i][j];
             }
-            for (int j = 0; j < NS; ++j) C[i][j] = C[i][j] / s + 1e-6f;
+            for (int j = 0; j < NS; ++j) C[i][j] = C[i][j] / s + CSA2_HC_EPS;
         }
-        for (int it = 0; it < 20; ++it) {
+        for (int it = 0; it < CSA2_HC_SINKHORN_ITERS; ++it) {
             if (it > 0) {
                 for (int i = 0; i < NS; ++i) {
                     float s = 0.0f;
                     for (int j = 0; j < NS; ++j) s += C[i][j];
-                    for (int j = 0; j < NS; ++j) C[i][j] /= (s + 1e-6f);
+                    for (int j = 0; j < NS; ++j) C[i][j] /= (s + CSA2_HC_EPS);
                 }
             }
             for (int j = 0; j < NS; ++j) {
                 float s = 0.0f;
                 for (int i = 0; i < NS; ++i) s += C[i][j];
-                for (int i = 0; i < NS; ++i) C[i][j] /= (s + 1e-6f);
+                for (int i = 0; i < NS; ++i) C[i][j] /= (s + CSA2_HC_EPS);
             }
         }
         for (int i = 0; i < NS; ++i)
@@ -153,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) mega_mhc_bf16(
 
     // Sublayer input: RMSNorm of the collapse.
     for (int k = 0; k < nt; ++k) {
-        float ru = 1.0f / sqrtf(tot[k][NMIX + 1] / (float)d + 1e-20f);
+        float ru = 1.0f / sqrtf(tot[k][NMIX + 1] / (float)d + CSA2_RMS_NORM_EPS);
         i64 t = t0 + k;
         for (int c = tid; c < d; c += THREADS)
             x_in[t * d + c] = f32_to_bf16_bits(bf16_bits_to_f32(u_s[k][c]) * ru * norm_w[c]);

@@ -10,7 +10,7 @@
 // Launch: grid = T, block = 1024 (the code needs exactly 1024 threads).
 #include "common.cuh"
 
-#define TPB 1024
+#define TPB CSA2_TOPK_THREADS
 #define NWARP (TPB / 32)
 
 // Order-preserving map f32 → u32 (larger float → larger key); -Inf and NaN → 0 (unselectable).

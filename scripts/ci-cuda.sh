@@ -11,6 +11,9 @@ export NVCC
 # NVRTC from the same venv, so the no-GPU NVRTC test really compiles a kernel.
 export LD_LIBRARY_PATH="$(dirname "$(dirname "$NVCC")")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
+# ptxas' registers / stack / spills of every kernel entry point, printed as build warnings
+# (build.rs); compare them before and after a kernel change.
+export CSA2_PTXAS_REPORT=1
 cargo build --features cuda
 cargo clippy --workspace --features cuda --all-targets -- -D warnings
 log="$(mktemp)"

@@ -7,6 +7,8 @@
 //! Only the first `num_hidden_layers` entries of `compress_ratios` are backbone layers (the rest
 //! belong to the MTP / draft layers).
 
+pub mod consts;
+
 use crate::error::{Error, Result};
 use crate::formats::KvScheme;
 use serde::Serialize;
@@ -651,6 +653,52 @@ mod tests {
         assert_eq!(g.global_kv_bytes_per_token(KvScheme::MXFP8), 1490.0);
         assert_eq!(g.global_kv_bytes_per_token(KvScheme::LAUNCH_DAY), 1790.0);
         assert_eq!(g.swa_bytes_per_request(KvScheme::CSA2), 40 * 128 * 528);
+    }
+
+    /// The compile-time constants (what the kernels are built with) are the released config's.
+    #[test]
+    fn consts_are_the_embedded_geometry() {
+        let g = Geometry::embedded();
+        assert_eq!(g.num_heads, consts::HEADS);
+        assert_eq!(g.head_dim, consts::KV_DIM);
+        assert_eq!(g.rope_dim, consts::ROPE_DIM);
+        assert_eq!(g.window, consts::WINDOW);
+        assert_eq!(g.index_heads, consts::INDEX_HEADS);
+        assert_eq!(g.index_head_dim, consts::INDEX_DIM);
+        assert_eq!(g.hidden_size, consts::HIDDEN_SIZE);
+        assert_eq!(g.hc_mult, consts::HC);
+        assert_eq!(g.hc_sinkhorn_iters, consts::HC_SINKHORN_ITERS);
+        assert_eq!(g.hc_eps, consts::HC_EPS);
+        assert_eq!(g.rms_norm_eps, consts::RMS_NORM_EPS);
+        assert_eq!(g.candidate_block_size, consts::CANDIDATE_BLOCK_SIZE);
+        for l in g.layers.iter().filter(|l| l.ratio > 0) {
+            assert_eq!(l.rope.rope_dim, consts::ROPE_DIM, "layer {}", l.id);
+        }
+    }
+
+    /// The kernels' -D values are C literals of the constants (floats as f32 literals that read
+    /// back as the same f32).
+    #[test]
+    fn kernel_defines_are_c_literals() {
+        use consts::KernelDefine;
+        for d in consts::KERNEL_DEFINES {
+            assert!(d.name().starts_with("CSA2_"), "{}", d.name());
+            let v = d.c_value();
+            match *d {
+                KernelDefine::Int(_, n) => assert_eq!(v, n.to_string()),
+                KernelDefine::Float(_, x) => {
+                    let lit = v.strip_suffix('f').expect("an f32 literal ends in f");
+                    assert!(
+                        lit.contains('.') || lit.contains('e'),
+                        "{v} is not a float literal"
+                    );
+                    assert_eq!(lit.parse::<f32>().unwrap(), x as f32);
+                }
+            }
+        }
+        let names: std::collections::HashSet<_> =
+            consts::KERNEL_DEFINES.iter().map(|d| d.name()).collect();
+        assert_eq!(names.len(), consts::KERNEL_DEFINES.len(), "a define twice");
     }
 
     #[test]

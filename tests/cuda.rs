@@ -115,7 +115,7 @@ fn kernels_accept_the_released_geometry_and_refuse_other_parameters() {
     let c = compressor::Compressor::new(2, 1e-6, rope, w).unwrap();
     assert!(compressor::cuda::kernel_supports(&c).is_err());
     assert_eq!(
-        candidates::cuda::KERNEL_BLOCK_SIZE,
+        csa2::geometry::consts::CANDIDATE_BLOCK_SIZE,
         candidates::CandidateParams::default().block_size
     );
 }
@@ -306,17 +306,31 @@ fn device_codec_source_matches_cpu_on_host() {
         env!("CARGO_MANIFEST_DIR"),
         "/../tests/cuda_support/host_codecs.cpp"
     );
+    // The kernels' compile-time constants, as build.rs passes them to nvcc (common.cuh refuses
+    // to compile without them).
+    let defines = (csa2::geometry::consts::KERNEL_DEFINES.iter())
+        .map(|d| format!("-D{}={}", d.name(), d.c_value()))
+        .chain((csa2::cuda::shapes::LAUNCH_DEFINES.iter()).map(|(n, v)| format!("-D{n}={v}")));
     let built = Command::new(&cxx)
-        .args(["-O2", "-std=c++17", "-o"])
+        .args(["-O2", "-std=c++17"])
+        .args(defines)
+        .arg("-o")
         .arg(&exe)
         .arg(src)
-        .status();
-    if !built.is_ok_and(|s| s.success()) {
+        .output();
+    // No compiler at all is a skip; a compiler that rejects the device source is a failure (a
+    // skip here once hid exactly that).
+    let Ok(built) = built else {
         println!(
             "SKIPPED: no working C++ compiler `{cxx}` for the host build of the device codecs"
         );
         return;
-    }
+    };
+    assert!(
+        built.status.success(),
+        "the host build of kernels/common.cuh failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
     let mut words: Vec<u32> = (0..=0xffffu32).collect();
     for f in [
         0.25f32,
@@ -387,7 +401,8 @@ fn device_codec_source_matches_cpu_on_host() {
 
 #[test]
 fn reference_attention_single_key_and_sink() {
-    use csa2::cuda::attention::PagedCache;
+    use csa2::cuda::attention::TablePages;
+    use csa2::tensor::TensorView;
     use host::{attention_ref, Pool};
     const KV: usize = 512;
     let mut swa = Pool::new(RecordFormat::Mxfp8, 2, 1);
@@ -397,11 +412,10 @@ fn reference_attention_single_key_and_sink() {
     let main = Pool::new(RecordFormat::Nvfp4Ds, 2, 1);
     let q: Vec<f32> = (0..64 * KV).map(|i| ((i % 5) as f32 - 2.0) * 0.1).collect();
     let sink = vec![0.5f32; 64];
-    fn cache(p: &Pool) -> PagedCache<'_> {
-        PagedCache {
-            pages: &p.bytes,
-            block_table: &[0],
-            max_blocks: 1,
+    fn cache(p: &Pool) -> TablePages<'_> {
+        TablePages {
+            pages: TensorView::from_host_slice(&p.bytes, &[p.bytes.len()]).unwrap(),
+            block_table: TensorView::from_host_slice(&[0i32], &[1, 1]).unwrap(),
             page_slots: 2,
         }
     }

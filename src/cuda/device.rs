@@ -2,7 +2,10 @@
 
 use super::modules::{EmbeddedModule, LoadPath, MODULES};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr};
+use crate::tensor::{Device as Place, Element, TensorView, TensorViewMut};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
+};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -324,6 +327,21 @@ impl Device {
         Ok(d)
     }
 
+    /// The process-wide handle of the GPU a CUDA tensor view lives on (`what` names the view).
+    ///
+    /// Errors: [`Error::Internal`] for a host view (a dispatch took its CUDA branch for host
+    /// tensors), [`Error::Invalid`] for a negative ordinal, those of [`Device::open`].
+    pub fn of_view(v: &crate::tensor::TensorView<'_>, what: &str) -> Result<Arc<Device>> {
+        let crate::tensor::Device::Cuda(ordinal) = v.device() else {
+            return Err(Error::Internal(format!(
+                "CUDA branch called with `{what}` in host memory"
+            )));
+        };
+        let ordinal = usize::try_from(ordinal)
+            .map_err(|_| Error::invalid(what, format!("CUDA device {ordinal} does not exist")))?;
+        Device::shared(ordinal)
+    }
+
     /// Waits for all work on the device's context (every stream), so memory a framework wrote on
     /// its own stream is complete before a csa2 launch reads it.
     pub fn synchronize_context(&self) -> Result<()> {
@@ -346,7 +364,6 @@ impl Device {
         v: &crate::tensor::TensorView<'_>,
         what: &str,
     ) -> Result<Borrowed<T>> {
-        use crate::tensor::Device as Place;
         match v.device() {
             Place::Cuda(n) if n >= 0 && n as usize == self.ctx.ordinal() => {}
             other => {
@@ -443,4 +460,126 @@ pub(crate) fn check_len(what: &str, found: usize, expected: usize) -> Result<()>
 pub(crate) fn as_i32(what: &str, v: usize) -> Result<i32> {
     i32::try_from(v)
         .map_err(|_| Error::invalid(what, format!("{v} does not fit the kernel's 32-bit int")))
+}
+
+/// Errors with [`Error::Shape`] naming the first buffer shorter than its launch needs; `lens` are
+/// `(name, elements found, elements needed)`, `family` prefixes the name ("mHC x").
+pub(crate) fn check_lens<'n>(
+    family: &str,
+    lens: impl IntoIterator<Item = (&'n str, usize, usize)>,
+) -> Result<()> {
+    match lens.into_iter().find(|(_, found, want)| found < want) {
+        Some((what, found, want)) => Err(Error::shape(
+            format!("{family} {what}"),
+            format!("≥ {want} elements"),
+            found,
+        )),
+        None => Ok(()),
+    }
+}
+
+/// An optional device buffer as a kernel's pointer argument: the buffer's device pointer, or
+/// null (`launch!(…, &OrNull(opt), …)`; bind it to a local first, the launch borrows it).
+pub(crate) struct OrNull<'b, T>(pub Option<&'b CudaSlice<T>>);
+
+/// The null device pointer [`OrNull`] passes for `None`.
+static NULL_DEVICE_PTR: u64 = 0;
+
+// SAFETY: pushes exactly what the two existing impls push — the slice's own argument (with its
+// stream-synchronization events) or a pointer to a static zero `CUdeviceptr` — both valid for 'b.
+unsafe impl<'a, 'b: 'a, T> cudarc::driver::PushKernelArg<&'b OrNull<'b, T>>
+    for cudarc::driver::LaunchArgs<'a>
+{
+    #[inline(always)]
+    fn arg(&mut self, a: &'b OrNull<'b, T>) -> &mut Self {
+        match a.0 {
+            Some(s) => self.arg(s),
+            None => self.arg(&NULL_DEVICE_PTR),
+        }
+    }
+}
+
+/// A tensor's memory as a device buffer for one launch: a host tensor's copy, or a device
+/// tensor's memory borrowed in place ([`Device::stage`], [`Device::stage_out`]): what lets one
+/// launch function serve host and device tensor views.
+pub(crate) enum Staged<T: DeviceRepr> {
+    Copied(CudaSlice<T>),
+    Borrowed(Borrowed<T>),
+}
+
+impl<T: DeviceRepr> std::ops::Deref for Staged<T> {
+    type Target = CudaSlice<T>;
+    fn deref(&self) -> &CudaSlice<T> {
+        match self {
+            Staged::Copied(s) => s,
+            Staged::Borrowed(b) => b,
+        }
+    }
+}
+
+impl<T: DeviceRepr> std::ops::DerefMut for Staged<T> {
+    fn deref_mut(&mut self) -> &mut CudaSlice<T> {
+        match self {
+            Staged::Copied(s) => s,
+            Staged::Borrowed(b) => b,
+        }
+    }
+}
+
+impl Device {
+    /// `v` on this device: uploaded from the host, or borrowed in place (dense `T` only).
+    pub(crate) fn stage<T: Element + DeviceRepr + Default>(
+        &self,
+        v: &TensorView<'_>,
+        what: &str,
+    ) -> Result<Staged<T>> {
+        match v.device() {
+            Place::Cpu => Ok(Staged::Copied(self.upload(v.as_slice::<T>(what)?)?)),
+            // SAFETY: a device view's contract (TensorView::from_raw_parts) is live memory of
+            // its device for the view's lifetime, which outlives this call; `borrow` checks the
+            // device, dtype and density.
+            Place::Cuda(_) => Ok(Staged::Borrowed(unsafe { self.borrow::<T>(v, what)? })),
+        }
+    }
+
+    /// An output `v` on this device: a zeroed buffer for a host tensor (copied back by
+    /// [`Device::unstage`]), or the device tensor borrowed in place.
+    pub(crate) fn stage_out<T: Element + DeviceRepr + ValidAsZeroBits>(
+        &self,
+        v: &TensorViewMut<'_>,
+        what: &str,
+    ) -> Result<Staged<T>> {
+        match v.device() {
+            Place::Cpu => {
+                if v.dtype() != T::DTYPE || !v.is_contiguous() {
+                    return Err(Error::shape(
+                        what,
+                        format!("a dense {} tensor", T::DTYPE.name()),
+                        format!("{} with strides {:?}", v.dtype().name(), v.strides()),
+                    ));
+                }
+                Ok(Staged::Copied(self.zeros::<T>(v.numel())?))
+            }
+            // SAFETY: as in `stage`; the mutable view's contract also makes it exclusive.
+            Place::Cuda(_) => Ok(Staged::Borrowed(unsafe {
+                self.borrow::<T>(&v.as_view(), what)?
+            })),
+        }
+    }
+
+    /// Copies a staged host output back into its tensor (waits for the stream); nothing for a
+    /// device tensor.
+    pub(crate) fn unstage<T: Element + DeviceRepr + Default + Clone>(
+        &self,
+        s: &Staged<T>,
+        v: &mut TensorViewMut<'_>,
+        what: &str,
+    ) -> Result<()> {
+        if let Staged::Copied(buf) = s {
+            let host = self.download(buf)?;
+            let dst = v.as_mut_slice::<T>(what)?;
+            dst.copy_from_slice(&host[..dst.len()]);
+        }
+        Ok(())
+    }
 }

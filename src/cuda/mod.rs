@@ -15,6 +15,7 @@
 
 pub(crate) mod device;
 pub mod modules;
+pub mod shapes;
 
 /// The attention kernels' launch code lives with the family (`ops::attention::cuda`).
 pub use crate::ops::attention::cuda as attention;

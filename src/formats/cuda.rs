@@ -10,18 +10,17 @@
 use super::page::PageLayout;
 use super::RecordFormat;
 use crate::cuda::device::{as_i32, cfg, launch};
+use crate::cuda::shapes::{KV_ROWS_PER_BLOCK, KV_THREADS};
 use crate::cuda::Device;
 use crate::error::{Error, Result};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
-const ROWS_PER_BLOCK: usize = 4;
-
-/// The encode kernel of `fmt` and the format code of `kv_decode_f32`.
-fn kernel_format(fmt: RecordFormat) -> Result<(&'static str, i32)> {
+/// The encode kernel of `fmt` (its ABI id is the format code of `kv_decode_f32`).
+fn encode_kernel(fmt: RecordFormat) -> Result<&'static str> {
     match fmt {
-        RecordFormat::Nvfp4Ds => Ok(("nvfp4ds_encode_f32", 0)),
-        RecordFormat::Mxfp4Index => Ok(("mxfp4_index_encode_f32", 1)),
-        RecordFormat::Mxfp8 => Ok(("mxfp8_encode_f32", 2)),
+        RecordFormat::Nvfp4Ds => Ok("nvfp4ds_encode_f32"),
+        RecordFormat::Mxfp4Index => Ok("mxfp4_index_encode_f32"),
+        RecordFormat::Mxfp8 => Ok("mxfp8_encode_f32"),
         other => Err(Error::Unsupported(format!(
             "no CUDA kernel for record format `{}` (GPU formats: nvfp4, mxfp4, mxfp8)",
             other.name()
@@ -31,17 +30,20 @@ fn kernel_format(fmt: RecordFormat) -> Result<(&'static str, i32)> {
 
 /// Whether `fmt` has a CUDA codec.
 pub fn has_kernel(fmt: RecordFormat) -> bool {
-    kernel_format(fmt).is_ok()
+    encode_kernel(fmt).is_ok()
 }
 
-fn check(
+/// The launch of one record kernel over `n_rows` rows (one warp per row): checks the buffers
+/// (`values` f32 of the rows, `slots` slot-mapping entries, a `pool` of whole pages) and gives
+/// (rows, page_slots, config) as the kernel takes them; None for zero rows.
+fn row_launch(
     layout: &PageLayout,
     what: &str,
     values: usize,
     slots: usize,
     pool: usize,
     n_rows: usize,
-) -> Result<()> {
+) -> Result<Option<(i32, i32, LaunchConfig)>> {
     layout.pages_in(pool)?;
     if values < n_rows * layout.format.dim() || slots < n_rows {
         return Err(Error::shape(
@@ -50,7 +52,15 @@ fn check(
             format!("{values} values, {slots} slots"),
         ));
     }
-    Ok(())
+    if n_rows == 0 {
+        return Ok(None);
+    }
+    let grid = n_rows.div_ceil(KV_ROWS_PER_BLOCK) as u32;
+    Ok(Some((
+        as_i32("n_rows", n_rows)?,
+        as_i32("page_slots", layout.slots)?,
+        cfg((grid, 1), KV_THREADS as u32),
+    )))
 }
 
 /// Encodes `n_rows` rows of `x` ((n_rows, dim) f32) into the records at `slot_mapping` (n_rows,)
@@ -66,33 +76,13 @@ pub fn encode_into_pages(
     pages: &mut CudaSlice<u8>,
     n_rows: usize,
 ) -> Result<()> {
-    let (kernel, _) = kernel_format(layout.format)?;
-    check(
-        layout,
-        "encode",
-        x.len(),
-        slot_mapping.len(),
-        pages.len(),
-        n_rows,
-    )?;
-    if n_rows == 0 {
+    let kernel = encode_kernel(layout.format)?;
+    let (x_len, s_len, p_len) = (x.len(), slot_mapping.len(), pages.len());
+    let Some((n, ps, c)) = row_launch(layout, "encode", x_len, s_len, p_len, n_rows)? else {
         return Ok(());
-    }
-    let n = as_i32("n_rows", n_rows)?;
-    let ps = as_i32("page_slots", layout.slots)?;
-    let grid = n_rows.div_ceil(ROWS_PER_BLOCK) as u32;
+    };
     // nvfp4ds/mxfp4_index/mxfp8 _encode_f32(x, slot_mapping, pages, n_rows, page_slots)
-    launch!(
-        dev,
-        "kv_cache",
-        kernel,
-        cfg((grid, 1), 128),
-        x,
-        slot_mapping,
-        pages,
-        &n,
-        &ps
-    );
+    launch!(dev, "kv_cache", kernel, c, x, slot_mapping, pages, &n, &ps);
     Ok(())
 }
 
@@ -108,27 +98,18 @@ pub fn decode_from_pages(
     out: &mut CudaSlice<f32>,
     n_rows: usize,
 ) -> Result<()> {
-    let (_, code) = kernel_format(layout.format)?;
-    check(
-        layout,
-        "decode",
-        out.len(),
-        slot_mapping.len(),
-        pages.len(),
-        n_rows,
-    )?;
-    if n_rows == 0 {
+    encode_kernel(layout.format)?;
+    let code = layout.format.abi_id();
+    let (o_len, s_len, p_len) = (out.len(), slot_mapping.len(), pages.len());
+    let Some((n, ps, c)) = row_launch(layout, "decode", o_len, s_len, p_len, n_rows)? else {
         return Ok(());
-    }
-    let n = as_i32("n_rows", n_rows)?;
-    let ps = as_i32("page_slots", layout.slots)?;
-    let grid = n_rows.div_ceil(ROWS_PER_BLOCK) as u32;
+    };
     // kv_decode_f32(pages, slot_mapping, out, n_rows, page_slots, format)
     launch!(
         dev,
         "kv_cache",
         "kv_decode_f32",
-        cfg((grid, 1), 128),
+        c,
         pages,
         slot_mapping,
         out,
@@ -143,25 +124,19 @@ pub fn decode_from_pages(
 /// checked there): borrows the caller's device memory, waits for the context (the framework may
 /// have written the inputs on its own stream), launches, and waits for the kernel.
 ///
-/// Errors: those of [`Device::shared`] and [`encode_into_pages`].
+/// Errors: those of [`Device::of_view`] and [`encode_into_pages`].
 pub fn encode_into_pages_view(
     layout: &PageLayout,
     x: &crate::tensor::TensorView<'_>,
     slot_mapping: &crate::tensor::TensorView<'_>,
     pool: &mut crate::tensor::TensorViewMut<'_>,
 ) -> Result<()> {
-    let crate::tensor::Device::Cuda(ordinal) = x.device() else {
-        return Err(Error::Internal(
-            "CUDA branch called with host tensors".into(),
-        ));
-    };
-    let ordinal = usize::try_from(ordinal)
-        .map_err(|_| Error::invalid("x", format!("CUDA device {ordinal} does not exist")))?;
     let n = slot_mapping.numel();
     if n == 0 {
+        // Nothing to launch, so no device to open (a machine without a driver accepts it too).
         return Ok(());
     }
-    let dev = Device::shared(ordinal)?;
+    let dev = Device::of_view(x, "x")?;
     // SAFETY: the views' contract: live device memory of this context for the call.
     let (dx, ds, mut dp) = unsafe {
         (

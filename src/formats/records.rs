@@ -38,12 +38,11 @@ pub const V4_RECORD_BYTES: usize = 584;
 /// Bytes of one FP8 index-K record.
 pub const FP8_INDEX_BYTES: usize = 132;
 
-/// Latent width (values per main-KV / SWA row).
-pub const KV_DIM: usize = 512;
-/// Index-K width.
-pub const INDEX_DIM: usize = 128;
+/// Latent width (values per main-KV / SWA row) and index-K width: the geometry's
+/// ([`crate::geometry::consts`]).
+pub use crate::geometry::consts::{INDEX_DIM, KV_DIM};
 /// NoPE dims of a latent (V4 record).
-pub const NOPE_DIM: usize = 448;
+pub const NOPE_DIM: usize = KV_DIM - crate::geometry::consts::ROPE_DIM;
 
 impl RecordFormat {
     /// All formats.

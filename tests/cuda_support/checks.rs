@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use super::host::{self, attention_ref, table_slot, Pool};
-use csa2::cuda::attention::{DecodeBatch, DecodeDevBatch, PagedCache};
+use csa2::cuda::attention::{DecodeBatch, TablePages};
 use csa2::cuda::Device;
 use csa2::formats::RecordFormat;
 use csa2::geometry::Geometry;
@@ -17,6 +17,7 @@ use csa2::ops::indexer::{self, IndexCache, IndexerParams, IndexerQueries};
 use csa2::ops::mhc::{self, MhcParams, MixWeights, PostUpdate};
 use csa2::ops::rope::Rope;
 use csa2::ops::topk::reference::select_rows_index_order as topk_ref;
+use csa2::tensor::{Device as Place, Element, TensorView, TensorViewMut};
 use csa2::tolerance::{compare, Stats, Tolerance, GPU_BF16_VS_F64, GPU_F32_VS_F64, QUANT_VS_EXACT};
 use csa2::Result;
 use half::bf16;
@@ -291,7 +292,7 @@ pub fn check_compressor(dev: &Device, ratio: usize, size: Size, seed: u64) -> Re
     let wk = normal(&mut rng, IDX * KV, (KV as f32).powf(-0.5));
     let c = Compressor::new(
         ratio,
-        compressor::cuda::KERNEL_EPS,
+        csa2::geometry::consts::RMS_NORM_EPS,
         Rope::for_layer(layer),
         CompressorWeights {
             norm: &norm_w,
@@ -798,36 +799,37 @@ pub fn check_attention(dev: &Device, size: Size, seed: u64) -> Result<Report> {
     let q = normal(&mut rng, requests * 64 * KV, 1.0);
     let sink: Vec<f32> = normal(&mut rng, 64, 1.0);
     let scale = (KV as f32).powf(-0.5);
+    let reqs: Vec<i32> = (0..requests as i32).collect();
+    fn hv<'v>(s: &'v [i32], shape: &[usize]) -> TensorView<'v> {
+        TensorView::from_host_slice(s, shape).unwrap()
+    }
     let b = DecodeBatch {
-        q: &q,
-        topk: &topk,
-        topk_len,
-        pos: &pos,
-        req: &(0..requests as i32).collect::<Vec<_>>(),
-        window_start: &window_start,
-        sink: Some(&sink),
+        q: TensorView::from_host_slice(&q, &[requests, 64, KV])?,
+        topk: hv(&topk, &[requests, topk_len]),
+        pos: hv(&pos, &[requests]),
+        req: hv(&reqs, &[requests]),
+        window_start: hv(&window_start, &[requests]),
+        sink: Some(TensorView::from_host_slice(&sink, &[64])?),
         inv_freq: Some(&inv_freq),
         scale,
     };
-    let mc = PagedCache {
-        pages: &main.bytes,
-        block_table: &main_bt,
-        max_blocks: main_max,
+    let mc = TablePages {
+        pages: TensorView::from_host_slice(&main.bytes, &[main.bytes.len()])?,
+        block_table: hv(&main_bt, &[requests, main_max]),
         page_slots,
     };
-    let sc = PagedCache {
-        pages: &swa.bytes,
-        block_table: &swa_bt,
-        max_blocks: swa_max,
+    let sc = TablePages {
+        pages: TensorView::from_host_slice(&swa.bytes, &[swa.bytes.len()])?,
+        block_table: hv(&swa_bt, &[requests, swa_max]),
         page_slots,
     };
-    let (out, lse) = dev.sparse_decode_attention(&b, &mc, &sc, requests)?;
+    let (out, lse) = host_attention(dev, &b, &mc, &sc, requests)?;
     let (want, want_lse) = attention_ref(
         &q,
         &topk,
         topk_len,
         &pos,
-        b.req,
+        &reqs,
         &window_start,
         (&main.layout, &mc),
         (&swa.layout, &sc),
@@ -838,7 +840,7 @@ pub fn check_attention(dev: &Device, size: Size, seed: u64) -> Result<Report> {
     rep.stats("output vs f64 reference", &out, &want, &GPU_F32_VS_F64);
     rep.stats("lse vs f64 reference", &lse, &want_lse, &GPU_F32_VS_F64);
     rep.check("no NaN in output", out.iter().all(|v| !v.is_nan()), "");
-    let (out2, lse2) = dev.sparse_decode_attention(&b, &mc, &sc, requests)?;
+    let (out2, lse2) = host_attention(dev, &b, &mc, &sc, requests)?;
     rep.check(
         "bitwise rerun",
         bits_eq_f32(&out, &out2) && bits_eq_f32(&lse, &lse2),
@@ -847,11 +849,12 @@ pub fn check_attention(dev: &Device, size: Size, seed: u64) -> Result<Report> {
     // A fully masked row (no top-k, no window) outputs zeros, lse −Inf.
     let empty_ws = vec![i32::MAX; requests];
     let none = vec![-1i32; requests * topk_len];
-    let (o0, l0) = dev.sparse_decode_attention(
+    let (o0, l0) = host_attention(
+        dev,
         &DecodeBatch {
-            topk: &none,
-            window_start: &empty_ws,
-            ..b
+            topk: hv(&none, &[requests, topk_len]),
+            window_start: hv(&empty_ws, &[requests]),
+            ..b.clone()
         },
         &mc,
         &sc,
@@ -864,46 +867,123 @@ pub fn check_attention(dev: &Device, size: Size, seed: u64) -> Result<Report> {
     );
 
     if size.iters > 0 {
+        // The same call on device-resident tensors (borrowed in place, nothing copied per call).
         let dq = dev.upload(&q)?;
         let dtk = dev.upload(&topk)?;
         let dpos = dev.upload(&pos)?;
-        let dreq = dev.upload(b.req)?;
+        let dreq = dev.upload(&reqs)?;
         let dws = dev.upload(&window_start)?;
         let dmp = dev.upload(&main.bytes)?;
         let dmbt = dev.upload(&main_bt)?;
         let dsp = dev.upload(&swa.bytes)?;
         let dsbt = dev.upload(&swa_bt)?;
         let dsink = dev.upload(&sink)?;
-        let dfreq = dev.upload(&inv_freq)?;
         let mut o = dev.zeros::<f32>(requests * 64 * KV)?;
         let mut l = dev.zeros::<f32>(requests * 64)?;
-        let db = DecodeDevBatch {
-            q: &dq,
-            topk: &dtk,
-            topk_len,
-            pos: &dpos,
-            req: &dreq,
-            window_start: &dws,
-            main_pages: &dmp,
-            main_block_table: &dmbt,
-            main_max_blocks: main_max,
-            main_page_slots: page_slots,
-            swa_pages: &dsp,
-            swa_block_table: &dsbt,
-            swa_max_blocks: swa_max,
-            swa_page_slots: page_slots,
-            sink: Some(&dsink),
-            inv_freq: Some(&dfreq),
-            scale,
-            rows: requests,
+        // SAFETY: every buffer is a live allocation of this device for the whole block.
+        let us = unsafe {
+            let db = DecodeBatch {
+                q: dev_view(dev, &dq, &[requests, 64, KV]),
+                topk: dev_view(dev, &dtk, &[requests, topk_len]),
+                pos: dev_view(dev, &dpos, &[requests]),
+                req: dev_view(dev, &dreq, &[requests]),
+                window_start: dev_view(dev, &dws, &[requests]),
+                sink: Some(dev_view(dev, &dsink, &[64])),
+                inv_freq: Some(&inv_freq),
+                scale,
+            };
+            let dmc = TablePages {
+                pages: dev_view(dev, &dmp, &[main.bytes.len()]),
+                block_table: dev_view(dev, &dmbt, &[requests, main_max]),
+                page_slots,
+            };
+            let dsc = TablePages {
+                pages: dev_view(dev, &dsp, &[swa.bytes.len()]),
+                block_table: dev_view(dev, &dsbt, &[requests, swa_max]),
+                page_slots,
+            };
+            let mut ov = dev_view_mut(dev, &mut o, &[requests, 64, KV]);
+            let mut lv = dev_view_mut(dev, &mut l, &[requests, 64]);
+            time_us(dev, size.iters, || {
+                dev.sparse_decode_attention(&db, &dmc, &dsc, &mut ov, &mut lv)
+            })?
         };
-        let us = time_us(dev, size.iters, || {
-            dev.sparse_decode_attention_dev(&db, &mut o, &mut l)
-        })?;
         let keys = topk.iter().filter(|&&v| v >= 0).count() * 288 + requests * 128 * 528;
         rep.timing = Some((us, (keys + 2 * requests * 64 * KV * 4) as f64));
     }
     Ok(rep)
+}
+
+/// Runs the attention kernel on host tensors; (out (T, 64, 512), lse (T, 64)).
+fn host_attention(
+    dev: &Device,
+    b: &DecodeBatch,
+    main: &TablePages,
+    swa: &TablePages,
+    t: usize,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let mut out = vec![0f32; t * 64 * KV];
+    let mut lse = vec![0f32; t * 64];
+    dev.sparse_decode_attention(
+        b,
+        main,
+        swa,
+        &mut TensorViewMut::from_host_slice(&mut out, &[t, 64, KV])?,
+        &mut TensorViewMut::from_host_slice(&mut lse, &[t, 64])?,
+    )?;
+    Ok((out, lse))
+}
+
+/// A dense view of a device buffer.
+///
+/// # Safety
+/// `s` must stay allocated (and not be written by others) while the view is used.
+unsafe fn dev_view<'a, T: Element>(
+    dev: &Device,
+    s: &'a csa2::cuda::DeviceBuffer<T>,
+    shape: &[usize],
+) -> TensorView<'a> {
+    use csa2::cuda::cudarc::driver::DevicePtr;
+    let (p, _sync) = s.device_ptr(dev.stream());
+    let strides = csa2::tensor::row_major_strides(shape);
+    let ordinal = dev.context().ordinal() as i32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        TensorView::from_raw_parts(
+            p as *const u8,
+            shape,
+            &strides,
+            T::DTYPE,
+            Place::Cuda(ordinal),
+        )
+    }
+    .unwrap()
+}
+
+/// A dense writable view of a device buffer.
+///
+/// # Safety
+/// As [`dev_view`], and nothing else may access `s` while the view is used.
+unsafe fn dev_view_mut<'a, T: Element>(
+    dev: &Device,
+    s: &'a mut csa2::cuda::DeviceBuffer<T>,
+    shape: &[usize],
+) -> TensorViewMut<'a> {
+    use csa2::cuda::cudarc::driver::DevicePtrMut;
+    let (p, _sync) = s.device_ptr_mut(dev.stream());
+    let strides = csa2::tensor::row_major_strides(shape);
+    let ordinal = dev.context().ordinal() as i32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        TensorViewMut::from_raw_parts(
+            p as *mut u8,
+            shape,
+            &strides,
+            T::DTYPE,
+            Place::Cuda(ordinal),
+        )
+    }
+    .unwrap()
 }
 
 // ---- 6. mHC ----------------------------------------------------------------------------------------------

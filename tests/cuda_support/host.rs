@@ -4,7 +4,7 @@
 //! `csa2::ops::attention::reference`).
 #![allow(dead_code)]
 
-use csa2::cuda::attention::PagedCache;
+use csa2::cuda::attention::TablePages;
 use csa2::cuda::Device;
 use csa2::error::{Error, Result};
 use csa2::formats::page::{block_table_slot, PageLayout};
@@ -371,8 +371,8 @@ pub fn attention_ref(
     pos: &[i32],
     req: &[i32],
     window_start: &[i32],
-    main: (&PageLayout, &PagedCache),
-    swa: (&PageLayout, &PagedCache),
+    main: (&PageLayout, &TablePages),
+    swa: (&PageLayout, &TablePages),
     sink: Option<&[f32]>,
     rope: Option<&csa2::ops::rope::Rope>,
     scale: f32,
@@ -384,11 +384,14 @@ pub fn attention_ref(
     let mut main_rows = vec![];
     let mut swa_rows = vec![];
     let mut rows = Vec::with_capacity(t);
-    let decode = |(l, c): (&PageLayout, &PagedCache), r: usize, j: i64, into: &mut Vec<f32>| {
-        let bt = &c.block_table[r * c.max_blocks..(r + 1) * c.max_blocks];
+    let decode = |(l, c): (&PageLayout, &TablePages), r: usize, j: i64, into: &mut Vec<f32>| {
+        let max_blocks = c.block_table.shape()[1];
+        let bt = c.block_table.as_slice::<i32>("block_table").unwrap();
+        let pages = c.pages.as_slice::<u8>("pages").unwrap();
+        let bt = &bt[r * max_blocks..(r + 1) * max_blocks];
         block_table_slot(bt, j, c.page_slots).map(|s| {
             let mut row = vec![0f32; kv];
-            l.decode_from_pages(c.pages, &[s as i64], &mut row).unwrap();
+            l.decode_from_pages(pages, &[s as i64], &mut row).unwrap();
             into.extend(row);
         })
     };

@@ -6,15 +6,18 @@
 //!   pointers: no host access to device memory, no allocation, no synchronization, so a CUDA
 //!   graph can capture it once the module is loaded ([`preload`]).
 //! - [`Device::sparse_decode_attention`]: the older kernel over csa2's own dense block-planar
-//!   pages and block tables (docs/SPEC.md §2 "Attention"), host form and `_dev` form.
+//!   pages and block tables (docs/SPEC.md §2 "Attention"), one function over tensor views in host
+//!   or device memory.
 
-use crate::cuda::device::{as_i32, cfg, check_len, cuda_error, launch};
+use crate::cuda::device::{as_i32, cfg, check_len, cuda_error, launch, OrNull};
+use crate::cuda::shapes::{ATTN_HEADS_PER_BLOCK, ATTN_MMA_HEADS_PER_BLOCK, ATTN_THREADS};
 use crate::cuda::Device;
 use crate::error::{Error, Result};
 use crate::ffi::dlpack::View;
 use crate::ffi::Checked;
-use crate::formats::{RecordFormat, KV_DIM, MXFP8_BYTES, NVFP4_DS_BYTES};
-use cudarc::driver::CudaSlice;
+use crate::formats::{KV_DIM, MXFP8_BYTES, NVFP4_DS_BYTES};
+use crate::geometry::consts::ROPE_DIM;
+use crate::tensor::{Device as Place, TensorView, TensorViewMut};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -22,244 +25,210 @@ use std::sync::{Arc, OnceLock};
 // The kernels are compiled for the family's head count (one definition: `ops::attention::HEADS`).
 use super::HEADS;
 
-/// One paged cache as the attention kernel reads it.
-#[derive(Debug, Clone, Copy)]
-pub struct PagedCache<'a> {
-    /// Page pool bytes (n_pages × page_slots × record bytes, block-planar).
-    pub pages: &'a [u8],
-    /// (requests, max_blocks) i32, -1 = unmapped. Main KV is indexed by entry, SWA by token position.
-    pub block_table: &'a [i32],
-    /// Columns of the block table.
-    pub max_blocks: usize,
+/// One of csa2's own paged caches as `sparse_decode_attn_f32` reads it, in host or device memory.
+#[derive(Debug, Clone)]
+pub struct TablePages<'a> {
+    /// Page pool bytes, u8 (n_pages × page_slots × record bytes, block-planar).
+    pub pages: TensorView<'a>,
+    /// Block table, i32 (requests, max_blocks), −1 = unmapped. Main KV is indexed by entry, SWA
+    /// by token position.
+    pub block_table: TensorView<'a>,
     /// Records per page.
     pub page_slots: usize,
 }
 
-/// A decode batch.
-#[derive(Debug, Clone, Copy)]
+/// A decode batch of T rows, each tensor in host or device memory.
+#[derive(Debug, Clone)]
 pub struct DecodeBatch<'a> {
-    /// Queries (T, 64, 512) f32, RoPE'd at `pos`.
-    pub q: &'a [f32],
-    /// Selected main-KV entries (T, topk_len) i32, -1 = masked.
-    pub topk: &'a [i32],
-    /// Columns of `topk` (512 for V4.1).
-    pub topk_len: usize,
-    /// Absolute position of each row (T,) i32.
-    pub pos: &'a [i32],
-    /// Request of each row (T,) i32 (a row of both block tables).
-    pub req: &'a [i32],
-    /// SWA window floor per row (T,) i32: the window is [max(p − 127, 0, window_start), p]
+    /// Queries f32 (T, 64, 512), RoPE'd at `pos`.
+    pub q: TensorView<'a>,
+    /// Selected main-KV entries i32 (T, topk_len), −1 = masked.
+    pub topk: TensorView<'a>,
+    /// Absolute position of each row, i32 (T,).
+    pub pos: TensorView<'a>,
+    /// Request of each row, i32 (T,) (a row of both block tables).
+    pub req: TensorView<'a>,
+    /// SWA window floor per row, i32 (T,): the window is [max(p − 127, 0, window_start), p]
     /// (bounded replay, docs/SPEC.md §3; 0 when not replaying).
-    pub window_start: &'a [i32],
-    /// Per-head sink logits (64,) f32, or none (no sink).
-    pub sink: Option<&'a [f32]>,
-    /// RoPE inverse frequencies (32,) f64 for the inverse RoPE of output dims 448..511, or none.
+    pub window_start: TensorView<'a>,
+    /// Per-head sink logits f32 (64,), or none (no sink).
+    pub sink: Option<TensorView<'a>>,
+    /// RoPE inverse frequencies (32,) for the inverse RoPE of output dims 448..511, or none: a
+    /// layer constant in host memory (f64 is no tensor dtype), copied per call (256 bytes).
     pub inv_freq: Option<&'a [f64]>,
     /// Softmax scale (512^-0.5 for V4.1).
     pub scale: f32,
 }
 
-/// Device buffers of a decode batch (shapes as in [`DecodeBatch`] and [`PagedCache`]).
-#[derive(Debug)]
-#[allow(missing_docs)]
-pub struct DecodeDevBatch<'a> {
-    pub q: &'a CudaSlice<f32>,
-    pub topk: &'a CudaSlice<i32>,
-    pub topk_len: usize,
-    pub pos: &'a CudaSlice<i32>,
-    pub req: &'a CudaSlice<i32>,
-    pub window_start: &'a CudaSlice<i32>,
-    pub main_pages: &'a CudaSlice<u8>,
-    pub main_block_table: &'a CudaSlice<i32>,
-    pub main_max_blocks: usize,
-    pub main_page_slots: usize,
-    pub swa_pages: &'a CudaSlice<u8>,
-    pub swa_block_table: &'a CudaSlice<i32>,
-    pub swa_max_blocks: usize,
-    pub swa_page_slots: usize,
-    pub sink: Option<&'a CudaSlice<f32>>,
-    pub inv_freq: Option<&'a CudaSlice<f64>>,
-    pub scale: f32,
-    /// Rows T.
-    pub rows: usize,
+impl Device {
+    /// Sparse decode attention into `out` (T, 64, 512) f32 and `lse` (T, 64) f32 (natural-log
+    /// log-sum-exp over the attended keys without the sink; −Inf for an empty row, whose output
+    /// is 0). Every tensor may be in host memory (copied to the device; the host outputs are
+    /// written back before the call returns) or on this device (used in place; the launch is
+    /// queued on [`Device::stream`] after the work already queued there, and the call returns
+    /// without waiting for it).
+    ///
+    /// The request ids, positions and block tables are checked against the pools when they are in
+    /// host memory; device-resident ones are the caller's to validate (the kernel does not
+    /// bound-check block ids).
+    ///
+    /// Errors: [`Error::Shape`] / [`Error::Invalid`] for inconsistent inputs, [`Error::Cuda`].
+    pub fn sparse_decode_attention(
+        &self,
+        b: &DecodeBatch,
+        main: &TablePages,
+        swa: &TablePages,
+        out: &mut TensorViewMut<'_>,
+        lse: &mut TensorViewMut<'_>,
+    ) -> Result<()> {
+        let t = b.pos.numel();
+        let (requests, main_max_blocks) = table_shape("main KV", main)?;
+        let (swa_requests, swa_max_blocks) = table_shape("SWA", swa)?;
+        check_len("SWA block_table rows", swa_requests, requests)?;
+        if b.topk.ndim() != 2 || b.topk.shape()[0] != t {
+            return Err(Error::shape(
+                "topk",
+                format!("(T={t}, topk_len) i32"),
+                format!("{:?}", b.topk.shape()),
+            ));
+        }
+        let topk_len = b.topk.shape()[1];
+        check_len("q values", b.q.numel(), t * HEADS * KV_DIM)?;
+        check_len("req", b.req.numel(), t)?;
+        check_len("window_start", b.window_start.numel(), t)?;
+        if let Some(s) = &b.sink {
+            check_len("sink", s.numel(), HEADS)?;
+        }
+        if let Some(f) = b.inv_freq {
+            check_len("inv_freq", f.len(), ROPE_DIM / 2)?;
+        }
+        check_len("attention output", out.numel(), t * HEADS * KV_DIM)?;
+        check_len("attention lse", lse.numel(), t * HEADS)?;
+        if b.req.device() == Place::Cpu {
+            let req = b.req.as_slice::<i32>("req")?;
+            if let Some(&r) = req.iter().find(|&&r| r < 0 || r as usize >= requests) {
+                return Err(Error::invalid(
+                    "req",
+                    format!("request {r} is outside 0..{requests}"),
+                ));
+            }
+        }
+        if b.pos.device() == Place::Cpu && b.pos.as_slice::<i32>("pos")?.iter().any(|&p| p < 0) {
+            return Err(Error::invalid("pos", "positions must be non-negative"));
+        }
+        check_cache("main KV", main, NVFP4_DS_BYTES)?;
+        check_cache("SWA", swa, MXFP8_BYTES)?;
+        if t == 0 {
+            return Ok(());
+        }
+
+        let q = self.stage::<f32>(&b.q, "q")?;
+        let topk = self.stage::<i32>(&b.topk, "topk")?;
+        let pos = self.stage::<i32>(&b.pos, "pos")?;
+        let req = self.stage::<i32>(&b.req, "req")?;
+        let ws = self.stage::<i32>(&b.window_start, "window_start")?;
+        let mp = self.stage::<u8>(&main.pages, "main KV pages")?;
+        let mbt = self.stage::<i32>(&main.block_table, "main KV block_table")?;
+        let sp = self.stage::<u8>(&swa.pages, "SWA pages")?;
+        let sbt = self.stage::<i32>(&swa.block_table, "SWA block_table")?;
+        let sink = b
+            .sink
+            .as_ref()
+            .map(|s| self.stage::<f32>(s, "sink"))
+            .transpose()?;
+        let freq = b.inv_freq.map(|f| self.upload(f)).transpose()?;
+        let mut o = self.stage_out::<f32>(out, "attention output")?;
+        let mut l = self.stage_out::<f32>(lse, "attention lse")?;
+
+        let tl = as_i32("topk_len", topk_len)?;
+        let (mmb, mps) = (
+            as_i32("main max_blocks", main_max_blocks)?,
+            as_i32("main page_slots", main.page_slots)?,
+        );
+        let (smb, sps) = (
+            as_i32("swa max_blocks", swa_max_blocks)?,
+            as_i32("swa page_slots", swa.page_slots)?,
+        );
+        let (sink, freq) = (OrNull(sink.as_deref()), OrNull(freq.as_ref()));
+        let grid = (
+            (HEADS / ATTN_HEADS_PER_BLOCK) as u32,
+            as_i32("rows", t)? as u32,
+        );
+        // sparse_decode_attn_f32(q, topk, topk_len, pos, req, window_start, main_pages, main_bt,
+        //   main_max_blocks, main_page_slots, swa_pages, swa_bt, swa_max_blocks, swa_page_slots,
+        //   sink, inv_freq, scale, out, lse)
+        launch!(
+            self,
+            "attention",
+            "sparse_decode_attn_f32",
+            cfg(grid, ATTN_THREADS as u32),
+            &*q,
+            &*topk,
+            &tl,
+            &*pos,
+            &*req,
+            &*ws,
+            &*mp,
+            &*mbt,
+            &mmb,
+            &mps,
+            &*sp,
+            &*sbt,
+            &smb,
+            &sps,
+            &sink,
+            &freq,
+            &b.scale,
+            &mut *o,
+            &mut *l
+        );
+        self.unstage(&o, out, "attention output")?;
+        self.unstage(&l, lse, "attention lse")
+    }
 }
 
-fn check_cache(what: &str, c: &PagedCache, record: usize, requests: usize) -> Result<()> {
+/// (requests, max_blocks) of a block table.
+fn table_shape(what: &str, c: &TablePages) -> Result<(usize, usize)> {
+    match c.block_table.shape() {
+        &[r, m] => Ok((r, m)),
+        other => Err(Error::shape(
+            format!("{what} block_table"),
+            "(requests, max_blocks) i32",
+            format!("{other:?}"),
+        )),
+    }
+}
+
+/// Whole pages; in host memory, every block id inside the pool.
+fn check_cache(what: &str, c: &TablePages, record: usize) -> Result<()> {
     if c.page_slots == 0 {
         return Err(Error::invalid(
             format!("{what} page_slots"),
             "must be at least 1",
         ));
     }
-    check_len(
-        &format!("{what} block_table"),
-        c.block_table.len(),
-        requests * c.max_blocks,
-    )?;
     let page = c.page_slots * record;
-    if !c.pages.len().is_multiple_of(page) {
+    let bytes = c.pages.numel();
+    if !bytes.is_multiple_of(page) {
         return Err(Error::shape(
             format!("{what} page pool bytes"),
             format!("a multiple of {page}"),
-            c.pages.len(),
+            bytes,
         ));
     }
-    let n = (c.pages.len() / page) as i64;
-    if let Some(&b) = c.block_table.iter().find(|&&b| b < -1 || b as i64 >= n) {
-        return Err(Error::invalid(
-            format!("{what} block_table"),
-            format!("block {b} is outside the {n} pages"),
-        ));
+    if c.block_table.device() == Place::Cpu {
+        let n = (bytes / page) as i64;
+        let bt = c
+            .block_table
+            .as_slice::<i32>(&format!("{what} block_table"))?;
+        if let Some(&b) = bt.iter().find(|&&b| b < -1 || b as i64 >= n) {
+            return Err(Error::invalid(
+                format!("{what} block_table"),
+                format!("block {b} is outside the {n} pages"),
+            ));
+        }
     }
     Ok(())
-}
-
-impl Device {
-    /// Sparse decode attention. Returns (out (T, 64, 512) f32, lse (T, 64) f32 natural-log
-    /// log-sum-exp over the attended keys without the sink, −Inf for an empty row whose output is 0).
-    ///
-    /// Errors: [`Error::Shape`] / [`Error::Invalid`] for inconsistent inputs, [`Error::Cuda`].
-    pub fn sparse_decode_attention(
-        &self,
-        b: &DecodeBatch,
-        main: &PagedCache,
-        swa: &PagedCache,
-        requests: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>)> {
-        let t = b.pos.len();
-        check_len("q values", b.q.len(), t * HEADS * KV_DIM)?;
-        check_len("topk", b.topk.len(), t * b.topk_len)?;
-        check_len("req", b.req.len(), t)?;
-        check_len("window_start", b.window_start.len(), t)?;
-        if let Some(s) = b.sink {
-            check_len("sink", s.len(), HEADS)?;
-        }
-        if let Some(f) = b.inv_freq {
-            check_len("inv_freq", f.len(), 32)?;
-        }
-        if let Some(&r) = b.req.iter().find(|&&r| r < 0 || r as usize >= requests) {
-            return Err(Error::invalid(
-                "req",
-                format!("request {r} is outside 0..{requests}"),
-            ));
-        }
-        if b.pos.iter().any(|&p| p < 0) {
-            return Err(Error::invalid("pos", "positions must be non-negative"));
-        }
-        check_cache("main KV", main, NVFP4_DS_BYTES, requests)?;
-        check_cache("SWA", swa, MXFP8_BYTES, requests)?;
-        let dq = self.upload(b.q)?;
-        let dtk = self.upload(b.topk)?;
-        let dpos = self.upload(b.pos)?;
-        let dreq = self.upload(b.req)?;
-        let dws = self.upload(b.window_start)?;
-        let dmp = self.upload(main.pages)?;
-        let dmbt = self.upload(main.block_table)?;
-        let dsp = self.upload(swa.pages)?;
-        let dsbt = self.upload(swa.block_table)?;
-        let dsink = b.sink.map(|s| self.upload(s)).transpose()?;
-        let dfreq = b.inv_freq.map(|f| self.upload(f)).transpose()?;
-        let mut out = self.zeros::<f32>(t * HEADS * KV_DIM)?;
-        let mut lse = self.zeros::<f32>(t * HEADS)?;
-        self.sparse_decode_attention_dev(
-            &DecodeDevBatch {
-                q: &dq,
-                topk: &dtk,
-                topk_len: b.topk_len,
-                pos: &dpos,
-                req: &dreq,
-                window_start: &dws,
-                main_pages: &dmp,
-                main_block_table: &dmbt,
-                main_max_blocks: main.max_blocks,
-                main_page_slots: main.page_slots,
-                swa_pages: &dsp,
-                swa_block_table: &dsbt,
-                swa_max_blocks: swa.max_blocks,
-                swa_page_slots: swa.page_slots,
-                sink: dsink.as_ref(),
-                inv_freq: dfreq.as_ref(),
-                scale: b.scale,
-                rows: t,
-            },
-            &mut out,
-            &mut lse,
-        )?;
-        let mut o = self.download(&out)?;
-        o.truncate(t * HEADS * KV_DIM);
-        let mut l = self.download(&lse)?;
-        l.truncate(t * HEADS);
-        Ok((o, l))
-    }
-
-    /// Device form of [`Device::sparse_decode_attention`]; `out` (T, 64, 512), `lse` (T, 64).
-    pub fn sparse_decode_attention_dev(
-        &self,
-        b: &DecodeDevBatch,
-        out: &mut CudaSlice<f32>,
-        lse: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        if b.rows == 0 {
-            return Ok(());
-        }
-        if out.len() < b.rows * HEADS * KV_DIM || lse.len() < b.rows * HEADS {
-            return Err(Error::shape(
-                "attention output buffers",
-                b.rows * HEADS * KV_DIM,
-                out.len(),
-            ));
-        }
-        let tl = as_i32("topk_len", b.topk_len)?;
-        let (mmb, mps) = (
-            as_i32("main max_blocks", b.main_max_blocks)?,
-            as_i32("main page_slots", b.main_page_slots)?,
-        );
-        let (smb, sps) = (
-            as_i32("swa max_blocks", b.swa_max_blocks)?,
-            as_i32("swa page_slots", b.swa_page_slots)?,
-        );
-        let null = 0u64;
-        let grid = ((HEADS / 16) as u32, as_i32("rows", b.rows)? as u32);
-        // sparse_decode_attn_f32(q, topk, topk_len, pos, req, window_start, main_pages, main_bt,
-        //   main_max_blocks, main_page_slots, swa_pages, swa_bt, swa_max_blocks, swa_page_slots,
-        //   sink, inv_freq, scale, out, lse)
-        macro_rules! go {
-            ($sink:expr, $freq:expr) => {
-                launch!(
-                    self,
-                    "attention",
-                    "sparse_decode_attn_f32",
-                    cfg(grid, 256),
-                    b.q,
-                    b.topk,
-                    &tl,
-                    b.pos,
-                    b.req,
-                    b.window_start,
-                    b.main_pages,
-                    b.main_block_table,
-                    &mmb,
-                    &mps,
-                    b.swa_pages,
-                    b.swa_block_table,
-                    &smb,
-                    &sps,
-                    $sink,
-                    $freq,
-                    &b.scale,
-                    out,
-                    lse
-                )
-            };
-        }
-        match (b.sink, b.inv_freq) {
-            (Some(s), Some(f)) => go!(s, f),
-            (Some(s), None) => go!(s, &null),
-            (None, Some(f)) => go!(&null, f),
-            (None, None) => go!(&null, &null),
-        }
-        Ok(())
-    }
 }
 
 /// One [`Device`] per ordinal for the pool entry (opened on first use, modules cached in it).
@@ -335,7 +304,7 @@ pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
             p.desc.block_stride as i64,
             i("main states_per_page", p.desc.states_per_page)?,
             p.desc.blocks as i64,
-            format_id(p.desc.format),
+            p.desc.format.abi_id(),
             p.desc.layout as i32,
         ),
         None => (0u64, 0i64, 1i32, 0i64, 0i32, 0i32),
@@ -345,7 +314,7 @@ pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
         sp.desc.block_stride as i64,
         i("swa states_per_page", sp.desc.states_per_page)?,
         sp.desc.blocks as i64,
-        format_id(sp.desc.format),
+        sp.desc.format.abi_id(),
         sp.desc.layout as i32,
     );
     let (q, mi, si, sink, out) = (
@@ -373,10 +342,12 @@ pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
         ));
     }
     // One block per 16 heads (correctness kernel) or per 64 heads (tensor-core kernel) of a token.
-    let grid = (
-        (c.padded_heads / if mma { 64 } else { 16 }) as u32,
-        c.tokens as u32,
-    );
+    let per_block = if mma {
+        ATTN_MMA_HEADS_PER_BLOCK
+    } else {
+        ATTN_HEADS_PER_BLOCK
+    };
+    let grid = ((c.padded_heads / per_block) as u32, c.tokens as u32);
     let mut b = s.launch_builder(&f);
     // attn_pools_bf16(q, hp, n_heads, main_idx, km, main_len, main_pool, main_stride,
     //   main_states, main_blocks, main_fmt, main_layout, swa_idx, ks, swa_len, swa_pool,
@@ -401,17 +372,7 @@ pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
     // SAFETY: the arguments follow the kernel's signature above in order and type; every
     // tensor was checked (shape, dtype, device, compact, disjoint outputs) by the entry, and the
     // kernel bounds-checks every slot against blocks · states before reading a pool.
-    unsafe { b.launch(cfg(grid, 256)) }.map_err(|e| cuda_error("launch attn_pools_bf16", e))?;
+    unsafe { b.launch(cfg(grid, ATTN_THREADS as u32)) }
+        .map_err(|e| cuda_error("launch attn_pools_bf16", e))?;
     Ok(())
-}
-
-/// The `Csa2Format` id the kernel switches on (0 NVFP4, 2 MXFP8, 3 V4).
-fn format_id(f: RecordFormat) -> i32 {
-    match f {
-        RecordFormat::Nvfp4Ds => 0,
-        RecordFormat::Mxfp4Index => 1,
-        RecordFormat::Mxfp8 => 2,
-        RecordFormat::V4Record => 3,
-        RecordFormat::Fp8Index => 4,
-    }
 }

@@ -34,8 +34,8 @@ use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, KV_DIM};
 use crate::ops::indexer::visible;
 
-/// Query heads of V4.1.
-pub const HEADS: usize = 64;
+/// Query heads of V4.1 (the geometry's, [`crate::geometry::consts`]).
+pub use crate::geometry::consts::HEADS;
 
 /// Most rows one token may attend (main + SWA, after −1 and length masking), in [`attention`]
 /// and [`attention_indexed`]. The fast path decodes a token's rows into one f32 tile (about 2.3 KiB per row, kept

@@ -2,17 +2,16 @@
 //! selection; feature `cuda`). Reference: [`super::reference::pool_mask`], which the CUDA tests
 //! compare against exactly.
 //!
-//! The kernels are built for blocks of 8 entries; the number of kept blocks is a launch argument
-//! ([`CandidateParams::num_blocks`]).
+//! The kernels are built for the geometry's blocks of [`CANDIDATE_BLOCK_SIZE`] entries (8); the
+//! number of kept blocks is a launch argument ([`CandidateParams::num_blocks`]).
 
 use super::CandidateParams;
 use crate::cuda::device::{as_i32, cfg, launch};
+use crate::cuda::shapes::CANDIDATE_THREADS;
 use crate::cuda::Device;
 use crate::error::{Error, Result};
+use crate::geometry::consts::CANDIDATE_BLOCK_SIZE;
 use cudarc::driver::CudaSlice;
-
-/// Entries per block compiled into the kernels.
-pub const KERNEL_BLOCK_SIZE: usize = 8;
 
 /// The pool mask of each row into `mask` ((rows, ceil(n_cols / 8)) u8, 1 = kept): block score =
 /// max of its visible logits, the newest visible block pinned, the top `p.num_blocks` kept.
@@ -29,16 +28,16 @@ pub fn pool_mask(
     rows: usize,
 ) -> Result<()> {
     p.validate()?;
-    if p.block_size != KERNEL_BLOCK_SIZE {
+    if p.block_size != CANDIDATE_BLOCK_SIZE {
         return Err(Error::Unsupported(format!(
-            "the CUDA candidate pool is built for blocks of {KERNEL_BLOCK_SIZE} entries, found {}",
+            "the CUDA candidate pool is built for blocks of {CANDIDATE_BLOCK_SIZE} entries, found {}",
             p.block_size
         )));
     }
     if rows == 0 || n_cols == 0 {
         return Ok(());
     }
-    let nb = n_cols.div_ceil(KERNEL_BLOCK_SIZE);
+    let nb = n_cols.div_ceil(CANDIDATE_BLOCK_SIZE);
     if mask.len() < rows * nb {
         return Err(Error::shape("candidate mask buffer", rows * nb, mask.len()));
     }
@@ -55,7 +54,10 @@ pub fn pool_mask(
         dev,
         "indexer",
         "candidate_block_scores_f32",
-        cfg((nb.div_ceil(256) as u32, r as u32), 256),
+        cfg(
+            (nb.div_ceil(CANDIDATE_THREADS) as u32, r as u32),
+            CANDIDATE_THREADS as u32
+        ),
         logits,
         &nc,
         n_valid,
@@ -70,7 +72,7 @@ pub fn pool_mask(
         dev,
         "indexer",
         "candidate_mask_from_blocks",
-        cfg((r as u32, 1), 256),
+        cfg((r as u32, 1), CANDIDATE_THREADS as u32),
         &kept,
         &k,
         mask,

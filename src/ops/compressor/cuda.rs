@@ -5,25 +5,23 @@
 //! Per compressed entry j of a request (tokens [j·m, j·m + m)): pool (ratio 2: per-channel softmax
 //! gate of the two scores; ratio 1: the token itself) → RMSNorm(norm) → bf16 latent; main KV =
 //! NVFP4-DS(RoPE(latent) at j·m); index K = MXFP4(RoPE(RMSNorm(wk · latent, k_norm)) at j·m). The
-//! kernel is built for 512-wide kv, 128-wide index K, 64 rope dims and eps 1e-20 (its defines);
-//! [`kernel_supports`] refuses a compressor configured otherwise.
+//! kernel is built for the geometry's kv and index-K widths, rope dims and RMSNorm epsilon
+//! ([`crate::geometry::consts`]: 512, 128, 64, 1e-20; its defines); [`kernel_supports`] refuses a
+//! compressor configured otherwise.
 
 use super::{BatchPlan, Compressor};
 use crate::cuda::device::{as_i32, cfg, launch};
+use crate::cuda::shapes::COMPRESSOR_THREADS;
 use crate::cuda::Device;
 use crate::error::{Error, Result};
+use crate::geometry::consts::{RMS_NORM_EPS, ROPE_DIM};
 use cudarc::driver::CudaSlice;
-
-/// RMSNorm epsilon compiled into the kernel.
-pub const KERNEL_EPS: f64 = 1e-20;
-/// RoPE dims compiled into the kernel (its inverse frequencies are a launch argument).
-pub const KERNEL_ROPE_DIM: usize = 64;
 
 /// Errors unless `c` is what the kernel computes: [`Error::Unsupported`] naming the difference.
 pub fn kernel_supports(c: &Compressor) -> Result<()> {
-    if c.eps != KERNEL_EPS || c.rope.rope_dim() != KERNEL_ROPE_DIM {
+    if c.eps != RMS_NORM_EPS || c.rope.rope_dim() != ROPE_DIM {
         return Err(Error::Unsupported(format!(
-            "the CUDA compressor is built for eps {KERNEL_EPS:e} and {KERNEL_ROPE_DIM} rope dims; \
+            "the CUDA compressor is built for eps {RMS_NORM_EPS:e} and {ROPE_DIM} rope dims; \
              this compressor has eps {:e} and {} rope dims",
             c.eps,
             c.rope.rope_dim()
@@ -100,7 +98,7 @@ pub fn compress(
         dev,
         "compressor",
         "compressor_f32",
-        cfg(grid, 128),
+        cfg(grid, COMPRESSOR_THREADS as u32),
         b.kv,
         b.score,
         b.cu_tokens,

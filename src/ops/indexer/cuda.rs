@@ -2,25 +2,22 @@
 //! index-K cache ([`super::IndexCache`]); reference: [`super::reference::logits_paged`], which the
 //! CUDA tests compare against.
 //!
-//! The kernel is built for 32 heads of 128 dims (lane h keeps head h's query in registers) and
-//! scores unquantised f32 queries; [`kernel_supports`] refuses other [`IndexerParams`].
+//! The kernel is built for [`INDEX_HEADS`] heads of [`INDEX_DIM`] dims (32 × 128; lane h keeps
+//! head h's query in registers) and scores unquantised f32 queries; [`kernel_supports`] refuses
+//! other [`IndexerParams`].
 
-use super::{IndexerParams, QueryQuant, INDEX_DIM};
-use crate::cuda::device::{as_i32, cfg, launch};
+use super::{IndexerParams, QueryQuant, INDEX_DIM, INDEX_HEADS};
+use crate::cuda::device::{as_i32, cfg, launch, OrNull};
+use crate::cuda::shapes::{INDEXER_ENTRIES_PER_BLOCK, INDEXER_THREADS};
 use crate::cuda::Device;
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
 
-/// Heads compiled into the kernel (one warp lane per head).
-pub const KERNEL_HEADS: usize = 32;
-/// Entries one thread block scores (the kernel's `ENTRIES_PER_BLOCK`).
-const ENTRIES_PER_BLOCK: usize = 64;
-
 /// Errors unless `p` is what the kernel computes: [`Error::Unsupported`] naming the difference.
 pub fn kernel_supports(p: &IndexerParams) -> Result<()> {
-    if p.heads != KERNEL_HEADS || p.query_quant != QueryQuant::None || p.ratio == 0 {
+    if p.heads != INDEX_HEADS || p.query_quant != QueryQuant::None || p.ratio == 0 {
         return Err(Error::Unsupported(format!(
-            "the CUDA indexer is built for {KERNEL_HEADS} heads, unquantised queries and ratio ≥ 1; \
+            "the CUDA indexer is built for {INDEX_HEADS} heads, unquantised queries and ratio ≥ 1; \
              found {} heads, {:?}, ratio {}",
             p.heads, p.query_quant, p.ratio
         )));
@@ -77,7 +74,7 @@ pub fn logits(
     if rows == 0 || n_cols == 0 {
         return Ok(());
     }
-    if logits.len() < rows * n_cols || qs.q.len() < rows * KERNEL_HEADS * INDEX_DIM {
+    if logits.len() < rows * n_cols || qs.q.len() < rows * INDEX_HEADS * INDEX_DIM {
         return Err(Error::shape(
             "indexer logits buffers",
             format!("{rows} rows × {n_cols}"),
@@ -100,52 +97,31 @@ pub fn logits(
         as_i32("n_cols", n_cols)?,
     );
     let grid = (
-        n_cols.div_ceil(ENTRIES_PER_BLOCK) as u32,
+        n_cols.div_ceil(INDEXER_ENTRIES_PER_BLOCK) as u32,
         as_i32("rows", rows)? as u32,
     );
-    let null = 0u64;
     let stride = as_i32("mask stride", cand_mask.map_or(0, |m| m.1))?;
+    let mask = OrNull(cand_mask.map(|m| m.0));
     // indexer_logits_f32(q, w, pos, req, block_table, max_blocks, page_slots, index_pages, ratio,
     //   cand_mask, mask_stride, logits, n_cols)
-    match cand_mask {
-        Some((m, _)) => launch!(
-            dev,
-            "indexer",
-            "indexer_logits_f32",
-            cfg(grid, 128),
-            qs.q,
-            qs.w,
-            qs.pos,
-            qs.req,
-            cache.block_table,
-            &mb,
-            &ps,
-            cache.pages,
-            &ra,
-            m,
-            &stride,
-            logits,
-            &nc
-        ),
-        None => launch!(
-            dev,
-            "indexer",
-            "indexer_logits_f32",
-            cfg(grid, 128),
-            qs.q,
-            qs.w,
-            qs.pos,
-            qs.req,
-            cache.block_table,
-            &mb,
-            &ps,
-            cache.pages,
-            &ra,
-            &null,
-            &stride,
-            logits,
-            &nc
-        ),
-    }
+    launch!(
+        dev,
+        "indexer",
+        "indexer_logits_f32",
+        cfg(grid, INDEXER_THREADS as u32),
+        qs.q,
+        qs.w,
+        qs.pos,
+        qs.req,
+        cache.block_table,
+        &mb,
+        &ps,
+        cache.pages,
+        &ra,
+        &mask,
+        &stride,
+        logits,
+        &nc
+    );
     Ok(())
 }

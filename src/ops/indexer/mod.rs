@@ -19,10 +19,9 @@ use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, MXFP4_INDEX_BYTES};
 use crate::ops::candidates::CandidateParams;
 
-/// Index-K / index-Q head dim.
-pub const INDEX_DIM: usize = 128;
-/// Indexer heads of V4.1.
-pub const INDEX_HEADS: usize = 32;
+/// Index-K / index-Q head dim and the indexer heads of V4.1 (the geometry's,
+/// [`crate::geometry::consts`]).
+pub use crate::geometry::consts::{INDEX_DIM, INDEX_HEADS};
 
 /// Index keys of one sequence: entry j is row j.
 #[derive(Debug, Clone, Copy)]

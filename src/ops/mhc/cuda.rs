@@ -2,21 +2,21 @@
 //! single-pass shift) over bf16 streams. Reference: [`super::reference::boundary_rounded`] with
 //! [`super::reference::Rounding::Bf16`], which the CUDA tests compare against.
 //!
-//! The kernel takes the same [`MhcParams`] as the CPU; its scalars (post multiplier 2, 20 Sinkhorn
-//! iterations, hc_eps 1e-6, rms_eps 1e-20) and the stream count 4 are compiled in, and d ≤ 5120 fits
-//! its shared memory, so [`kernel_supports`] refuses other parameters.
+//! The kernel takes the same [`MhcParams`] as the CPU; its scalars (post multiplier, Sinkhorn
+//! iterations, hc_eps, rms_eps) and the stream count are compiled in from
+//! [`crate::geometry::consts`] (V4.1: 2, 20, 1e-6, 1e-20, 4), and d ≤ [`KERNEL_MAX_HIDDEN`] fits its
+//! shared memory, so [`kernel_supports`] refuses other parameters.
 
 use super::{MhcParams, HC, MIX};
-use crate::cuda::device::{as_i32, cfg, launch};
+use crate::cuda::device::{as_i32, cfg, check_lens, launch, OrNull};
+use crate::cuda::shapes::{MHC_THREADS, MHC_TOKENS_PER_BLOCK};
 use crate::cuda::Device;
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
 use half::bf16;
 
-/// Largest hidden size the kernel's shared memory holds.
-pub const KERNEL_MAX_HIDDEN: usize = 5120;
-/// Tokens one thread block handles.
-const TOKENS_PER_BLOCK: usize = 4;
+/// Largest hidden size the kernel's shared memory holds (the model width).
+pub const KERNEL_MAX_HIDDEN: usize = crate::geometry::consts::HIDDEN_SIZE;
 
 /// Errors unless `p` is what the kernel computes: [`Error::Unsupported`] / [`Error::Invalid`]
 /// naming the difference.
@@ -99,85 +99,57 @@ pub fn boundary(
         post,
         comb,
     } = out;
-    let short = [
-        ("x", a.x.len(), t * HC * d),
-        ("pre_prev", a.pre_prev.len(), t * HC),
-        ("hc_fn", a.hc_fn.len(), MIX * HC * d),
-        ("hc_base", a.base.len(), MIX),
-        ("hc_scale", a.scale.len(), 3),
-        ("norm", a.norm.len(), d),
-        ("x_new", x_new.len(), t * HC * d),
-        ("layer_in", layer_in.len(), t * d),
-        ("pre out", pre.len(), t * HC),
-        ("post out", post.len(), t * HC),
-        ("comb out", comb.len(), t * HC * HC),
-    ]
-    .into_iter()
-    .chain(a.y.iter().flat_map(|y| {
+    let y_lens = a.y.iter().flat_map(|y| {
         [
             ("y", y.len(), t * d),
             ("post_prev", a.post_prev.len(), t * HC),
             ("comb_prev", a.comb_prev.len(), t * HC * HC),
         ]
-    }))
-    .find(|(_, found, want)| found < want);
-    if let Some((what, found, want)) = short {
-        return Err(Error::shape(
-            format!("mHC {what}"),
-            format!("≥ {want} elements"),
-            found,
-        ));
-    }
+    });
+    check_lens(
+        "mHC",
+        [
+            ("x", a.x.len(), t * HC * d),
+            ("pre_prev", a.pre_prev.len(), t * HC),
+            ("hc_fn", a.hc_fn.len(), MIX * HC * d),
+            ("hc_base", a.base.len(), MIX),
+            ("hc_scale", a.scale.len(), 3),
+            ("norm", a.norm.len(), d),
+            ("x_new", x_new.len(), t * HC * d),
+            ("layer_in", layer_in.len(), t * d),
+            ("pre out", pre.len(), t * HC),
+            ("post out", post.len(), t * HC),
+            ("comb out", comb.len(), t * HC * HC),
+        ]
+        .into_iter()
+        .chain(y_lens),
+    )?;
     let (n, di) = (as_i32("tokens", t)?, as_i32("hidden", d)?);
-    let grid = (t.div_ceil(TOKENS_PER_BLOCK) as u32, 1);
-    let null = 0u64;
+    let grid = (t.div_ceil(MHC_TOKENS_PER_BLOCK) as u32, 1);
+    let y = OrNull(a.y);
     // mega_mhc_bf16(x, y, post_prev, comb_prev, pre_carried, fn, base, scale, norm_w, x_out,
     //   pre_out, post_out, comb_out, x_in, n_tokens, d)
-    match a.y {
-        Some(y) => launch!(
-            dev,
-            "mhc",
-            "mega_mhc_bf16",
-            cfg(grid, 256),
-            a.x,
-            y,
-            a.post_prev,
-            a.comb_prev,
-            a.pre_prev,
-            a.hc_fn,
-            a.base,
-            a.scale,
-            a.norm,
-            x_new,
-            pre,
-            post,
-            comb,
-            layer_in,
-            &n,
-            &di
-        ),
-        None => launch!(
-            dev,
-            "mhc",
-            "mega_mhc_bf16",
-            cfg(grid, 256),
-            a.x,
-            &null,
-            a.post_prev,
-            a.comb_prev,
-            a.pre_prev,
-            a.hc_fn,
-            a.base,
-            a.scale,
-            a.norm,
-            x_new,
-            pre,
-            post,
-            comb,
-            layer_in,
-            &n,
-            &di
-        ),
-    }
+    launch!(
+        dev,
+        "mhc",
+        "mega_mhc_bf16",
+        cfg(grid, MHC_THREADS as u32),
+        a.x,
+        &y,
+        a.post_prev,
+        a.comb_prev,
+        a.pre_prev,
+        a.hc_fn,
+        a.base,
+        a.scale,
+        a.norm,
+        x_new,
+        pre,
+        post,
+        comb,
+        layer_in,
+        &n,
+        &di
+    );
     Ok(())
 }

@@ -36,10 +36,10 @@ pub mod reference;
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
 
-/// Hyper-connection streams (n = 4; `hc_mult` in the config).
-pub const HC: usize = 4;
-/// Mix outputs per token: n pre + n post + n² comb = 24.
-pub const MIX: usize = 2 * HC + HC * HC;
+use crate::geometry::consts;
+/// Hyper-connection streams (n = 4; `hc_mult` in the config) and mix outputs per token (n pre + n
+/// post + n² comb = 24): the geometry's ([`crate::geometry::consts`]).
+pub use crate::geometry::consts::{HC, MIX};
 
 /// Scalars of the mHC op (docs/SPEC.md §4; config `hc_*`, `rms_norm_eps`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -61,10 +61,10 @@ impl MhcParams {
     pub fn new(hidden: usize) -> MhcParams {
         MhcParams {
             hidden,
-            post_mult: 2.0,
-            sinkhorn_iters: 20,
-            hc_eps: 1e-6,
-            rms_eps: 1e-20,
+            post_mult: consts::HC_POST_MULT as f32,
+            sinkhorn_iters: consts::HC_SINKHORN_ITERS,
+            hc_eps: consts::HC_EPS as f32,
+            rms_eps: consts::RMS_NORM_EPS as f32,
         }
     }
 
@@ -78,7 +78,7 @@ impl MhcParams {
         }
         let p = MhcParams {
             hidden: g.hidden_size,
-            post_mult: 2.0,
+            post_mult: consts::HC_POST_MULT as f32,
             sinkhorn_iters: g.hc_sinkhorn_iters,
             hc_eps: g.hc_eps as f32,
             rms_eps: g.rms_norm_eps as f32,

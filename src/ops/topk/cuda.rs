@@ -6,6 +6,7 @@
 //! path orders by score; the set is the same).
 
 use crate::cuda::device::{as_i32, cfg, launch};
+use crate::cuda::shapes::TOPK_THREADS;
 use crate::cuda::Device;
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
@@ -48,7 +49,7 @@ pub fn select_rows(
         dev,
         "topk",
         "topk_f32",
-        cfg((as_i32("rows", rows)? as u32, 1), 1024),
+        cfg((as_i32("rows", rows)? as u32, 1), TOPK_THREADS as u32),
         keys,
         &nc,
         n_valid,

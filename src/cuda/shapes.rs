@@ -1,0 +1,48 @@
+//! Launch shapes that a kernel and its launch must agree on (threads per block, work per block).
+//!
+//! One definition, read twice: the launches in `ops/*/cuda.rs` and `formats/cuda.rs` use these
+//! constants for their grids, and `build.rs` includes this file by path and hands every entry of
+//! [`LAUNCH_DEFINES`] to nvcc as `-D CSA2_<NAME>`, so a kernel's tile and its grid cannot drift.
+//!
+//! This file must not use anything from the crate (build.rs compiles it on its own).
+
+/// `kernels/kv_cache.cu`: records per block (one warp per record).
+pub const KV_ROWS_PER_BLOCK: usize = 4;
+/// `kernels/kv_cache.cu`: threads per block.
+pub const KV_THREADS: usize = 32 * KV_ROWS_PER_BLOCK;
+/// `kernels/compressor.cu`: threads per block (one per index-K dim; the kernel checks that).
+pub const COMPRESSOR_THREADS: usize = 128;
+/// `kernels/indexer.cu` `indexer_logits_f32`: entries one block scores.
+pub const INDEXER_ENTRIES_PER_BLOCK: usize = 64;
+/// `kernels/indexer.cu` `indexer_logits_f32`: threads per block (4 warps, one entry each at a time).
+pub const INDEXER_THREADS: usize = 128;
+/// `kernels/indexer.cu` candidate kernels: threads per block.
+pub const CANDIDATE_THREADS: usize = 256;
+/// `kernels/mhc.cu`: tokens one block handles (they share the `hc_fn` reads).
+pub const MHC_TOKENS_PER_BLOCK: usize = 4;
+/// `kernels/mhc.cu`: threads per block.
+pub const MHC_THREADS: usize = 256;
+/// `kernels/topk.cu`: threads per block (the radix select needs exactly this many).
+pub const TOPK_THREADS: usize = 1024;
+/// `kernels/attention.cu`: threads per block of every attention kernel.
+pub const ATTN_THREADS: usize = 256;
+/// `kernels/attention.cu`: heads per block of the f32 kernels (16 threads per head).
+pub const ATTN_HEADS_PER_BLOCK: usize = 16;
+/// `kernels/attention.cu`: heads per block of the tensor-core kernel (4 warps × 16-head tiles).
+pub const ATTN_MMA_HEADS_PER_BLOCK: usize = 64;
+
+/// Every launch shape the kernels are compiled with, as `(name, value)`.
+pub const LAUNCH_DEFINES: &[(&str, usize)] = &[
+    ("CSA2_KV_ROWS_PER_BLOCK", KV_ROWS_PER_BLOCK),
+    ("CSA2_KV_THREADS", KV_THREADS),
+    ("CSA2_COMPRESSOR_THREADS", COMPRESSOR_THREADS),
+    ("CSA2_INDEXER_ENTRIES_PER_BLOCK", INDEXER_ENTRIES_PER_BLOCK),
+    ("CSA2_INDEXER_THREADS", INDEXER_THREADS),
+    ("CSA2_CANDIDATE_THREADS", CANDIDATE_THREADS),
+    ("CSA2_MHC_TOKENS_PER_BLOCK", MHC_TOKENS_PER_BLOCK),
+    ("CSA2_MHC_THREADS", MHC_THREADS),
+    ("CSA2_TOPK_THREADS", TOPK_THREADS),
+    ("CSA2_ATTN_THREADS", ATTN_THREADS),
+    ("CSA2_ATTN_HEADS_PER_BLOCK", ATTN_HEADS_PER_BLOCK),
+    ("CSA2_ATTN_MMA_HEADS_PER_BLOCK", ATTN_MMA_HEADS_PER_BLOCK),
+];
