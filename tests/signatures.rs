@@ -82,7 +82,7 @@ fn shapes_are_written_only_in_signature_declarations() {
 }
 
 /// Within one op, a name is one argument: two entries may share it only as two forms of that
-/// argument (different dtypes, same access).
+/// argument (same access; different dtypes or a different shape).
 #[test]
 fn an_argument_name_is_one_argument_per_op() {
     use csa2::ops::*;
@@ -105,8 +105,9 @@ fn an_argument_name_is_one_argument_per_op() {
             for b in &s.args[i + 1..] {
                 if a.name == b.name {
                     assert!(
-                        a.access == b.access && a.dtypes.iter().all(|d| !b.dtypes.contains(d)),
-                        "{}: `{}` is declared twice with overlapping dtypes",
+                        a.access == b.access
+                            && (a.dims != b.dims || a.dtypes.iter().all(|d| !b.dtypes.contains(d))),
+                        "{}: `{}` is declared twice as the same form",
                         s.op,
                         a.name
                     );

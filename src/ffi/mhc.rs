@@ -1,4 +1,10 @@
 //! `csa2_mhc`: the C face of [`crate::ops::mhc`] (conventions: the op section of [`super`]).
+//!
+//! The export runs [`crate::ops::mhc::boundary_view`]: all tensors on one device — host memory
+//! (any float dtype, the fused CPU path), or (feature `cuda`) one GPU, where the Mega-mHC kernel
+//! takes `x`, `y`, `x_new`, `layer_in` as bfloat16 and the rest as float32, needs the mix weights
+//! and the coefficient outputs, and the V4.1 scalars (else `CSA2_ERR_UNSUPPORTED`); tensors on
+//! different devices are `CSA2_ERR_INVALID_ARGUMENT`.
 
 use super::dlpack::{check_disjoint, DLTensor, View};
 use super::{guarded, Csa2Status};
@@ -77,13 +83,7 @@ args_struct!(Csa2MhcArgs);
 /// `y`, `post`, `comb` are given together or not at all; so are `hc_fn`, `hc_base`, `hc_scale`,
 /// and then the three coefficient outputs are required.
 ///
-/// All tensors on one device: host memory (any float dtype, fused CPU path), or — with the `cuda`
-/// feature — one GPU (the Mega-mHC kernel: `x`, `y`, `x_new`, `layer_in` bfloat16, the rest
-/// float32, the mix weights and coefficient outputs given, V4.1 scalars).
-///
-/// Errors: a partial group, bad params, tensors on different devices
-/// (`CSA2_ERR_INVALID_ARGUMENT`), a GPU call the kernel does not compute (`CSA2_ERR_UNSUPPORTED`),
-/// plus the common ones.
+/// Errors: a partial group, bad params (`CSA2_ERR_INVALID_ARGUMENT`), plus the common ones.
 ///
 /// # Safety
 /// `args`: `struct_size` readable bytes of a `Csa2MhcArgs`. Its members:

@@ -1,4 +1,9 @@
 //! `csa2_topk`: the C face of [`crate::ops::topk`] (conventions: the op section of [`super`]).
+//!
+//! The export runs [`crate::ops::topk::select_rows_view`]: all tensors on one device — host
+//! memory, or (feature `cuda`) one GPU with float32 logits — and one output order on both
+//! (`ops::topk`'s order contract: a scored row by (logit desc, index asc), a row with ≤ K visible
+//! entries `0..visible`).
 
 use super::dlpack::{check_disjoint, DLTensor, View};
 use super::{guarded, Csa2Status};
@@ -6,13 +11,10 @@ use crate::ops::topk::signature::{COUNTS_OUT, LOGITS, OUT, POSITIONS};
 
 /// Top-k of indexer logits (docs/SPEC.md §2 "Indexer"): for row t, the K largest of
 /// `logits[t, 0 .. (positions[t] + 1) div ratio]` (ties → smaller index; −∞/NaN never chosen; all
-/// visible entries in index order when they are ≤ K), −1 padded. Order: a scored row (more than K
-/// visible) by (logit desc, index asc), a row with ≤ K visible `0..visible` — the same on host and
-/// CUDA memory (`ops::topk`'s order contract).
+/// visible entries in index order when they are ≤ K), −1 padded.
 ///
 /// `logits` `(T, N)` float, `positions` `(T)` int, `out` `(T, K)` int32, `counts_out` (optional)
-/// `(T)` int32 = entries selected per row; all on one device (host, or a GPU with the `cuda`
-/// feature: float32 logits). Errors: ratio 0, negative position, plus the common ones.
+/// `(T)` int32 = entries selected per row. Errors: ratio 0, negative position, plus the common ones.
 ///
 /// # Safety
 /// As [`csa2_indexer_logits`].
