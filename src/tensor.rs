@@ -15,11 +15,12 @@
 //!   [`Device::Cpu`]; memory only a GPU can read is [`Device::Cuda`] with its ordinal. An op taking
 //!   views dispatches on it (Cpu → `ops/<family>/cpu.rs`, Cuda → `ops/<family>/cuda.rs` with the
 //!   `cuda` feature, [`Error::NoCudaBuild`] without it).
-//! - [`TensorView::expect`] checks a view against an op's signature ([`crate::shape::Dim`] /
-//!   [`crate::shape::Dims`]: `[T, 64, 512]` with T bound across arguments).
+//! - [`TensorView::expect`] checks a view against one argument of an op's signature
+//!   ([`crate::shape::Arg`]: `q [T, 64, 512]` float, T bound across arguments by
+//!   [`crate::shape::Dims`]); [`one_device`] finds the one device of a call's tensors.
 
 use crate::error::{Error, Result};
-use crate::shape::{Dim, Dims};
+use crate::shape::{Arg, Dims};
 use half::{bf16, f16};
 use std::marker::PhantomData;
 
@@ -72,6 +73,11 @@ impl DType {
     }
 }
 
+/// The float element types an op argument accepts when it converts to f32 on entry.
+pub const FLOATS: &[DType] = &[DType::F32, DType::Bf16, DType::F16];
+/// The integer element types an index or position argument accepts.
+pub const INTS: &[DType] = &[DType::I32, DType::I64];
+
 /// A Rust element type with its [`DType`].
 pub trait Element: Copy + 'static {
     /// The dtype of this type.
@@ -120,6 +126,25 @@ pub fn no_cuda_build(what: &str, d: Device) -> Error {
         "`{what}` is on {d}; rebuild csa2 with `--features cuda` to run this op on the GPU, or pass \
          host memory"
     ))
+}
+
+/// The one device of a call's tensors (`(argument name, device)`, the first one sets it).
+///
+/// Errors: [`Error::Invalid`] naming the first tensor on another device and both devices; an empty
+/// list is [`Device::Cpu`].
+pub fn one_device(args: &[(&str, Device)]) -> Result<Device> {
+    let Some(&(first, place)) = args.first() else {
+        return Ok(Device::Cpu);
+    };
+    match args.iter().find(|(_, d)| *d != place) {
+        None => Ok(place),
+        Some((what, d)) => Err(Error::invalid(
+            *what,
+            format!(
+                "is on {d} but `{first}` is on {place}; all tensors of one call share a device"
+            ),
+        )),
+    }
 }
 
 /// Row-major element strides of `shape`.
@@ -307,25 +332,12 @@ macro_rules! view_common {
             let s = self.p.ptr as usize;
             s..s + self.p.span
         }
-        /// Checks dtype and shape against an op's signature, binding free names in `dims`.
+        /// Checks dtype and shape against one argument of an op's signature, binding free names
+        /// in `dims`.
         ///
-        /// Errors: [`Error::Shape`] naming `what`, the expected and the found dtype or shape.
-        pub fn expect(
-            &self,
-            what: &str,
-            dtypes: &[DType],
-            spec: &[Dim],
-            dims: &mut Dims,
-        ) -> Result<()> {
-            if !dtypes.contains(&self.p.dtype) {
-                let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
-                return Err(Error::shape(
-                    format!("{what}.dtype"),
-                    names.join(" or "),
-                    self.p.dtype.name(),
-                ));
-            }
-            dims.check(what, spec, &self.p.shape)
+        /// Errors: [`Error::Shape`] naming the argument, the expected and the found dtype or shape.
+        pub fn expect(&self, arg: &Arg, dims: &mut Dims) -> Result<()> {
+            arg.check(self.p.dtype, &self.p.shape, dims)
         }
     };
 }
@@ -393,6 +405,60 @@ impl<'a> TensorView<'a> {
     }
 }
 
+impl<'a> TensorView<'a> {
+    /// A float tensor's elements as f32 (dense host memory): borrowed for float32, converted in one
+    /// pass for bfloat16/float16.
+    ///
+    /// Errors: [`Error::Shape`] for another dtype or a strided view, [`Error::Unsupported`] for
+    /// device memory; `what` names the argument.
+    pub fn to_f32(&self, what: &str) -> Result<std::borrow::Cow<'a, [f32]>> {
+        use std::borrow::Cow;
+        Ok(match self.p.dtype {
+            DType::F32 => Cow::Borrowed(self.as_slice::<f32>(what)?),
+            DType::Bf16 => Cow::Owned(
+                self.as_slice::<bf16>(what)?
+                    .iter()
+                    .map(|v| v.to_f32())
+                    .collect(),
+            ),
+            DType::F16 => Cow::Owned(
+                self.as_slice::<f16>(what)?
+                    .iter()
+                    .map(|v| v.to_f32())
+                    .collect(),
+            ),
+            other => {
+                return Err(Error::shape(
+                    format!("{what}.dtype"),
+                    "float32, bfloat16 or float16",
+                    other.name(),
+                ))
+            }
+        })
+    }
+
+    /// An index tensor's elements as i64 (dense host memory, int32 or int64; always copied).
+    ///
+    /// Errors: as [`TensorView::to_f32`].
+    pub fn to_i64(&self, what: &str) -> Result<Vec<i64>> {
+        Ok(match self.p.dtype {
+            DType::I32 => self
+                .as_slice::<i32>(what)?
+                .iter()
+                .map(|&v| v as i64)
+                .collect(),
+            DType::I64 => self.as_slice::<i64>(what)?.to_vec(),
+            other => {
+                return Err(Error::shape(
+                    format!("{what}.dtype"),
+                    "int32 or int64",
+                    other.name(),
+                ))
+            }
+        })
+    }
+}
+
 impl<'a> TensorViewMut<'a> {
     /// A dense row-major view of a mutable host slice with shape `shape`.
     ///
@@ -448,6 +514,43 @@ impl<'a> TensorViewMut<'a> {
             p: self.p.clone(),
             _borrow: PhantomData,
         }
+    }
+
+    /// Writes `src` (one f32 per element) into a float tensor (dense host memory), rounding to its
+    /// dtype (round-to-nearest-even for bfloat16/float16).
+    ///
+    /// Errors: [`Error::Internal`] for a length other than [`TensorViewMut::numel`] (the caller
+    /// checked the shape); [`Error::Shape`] for a non-float dtype or a strided view;
+    /// [`Error::Unsupported`] for device memory; `what` names the argument.
+    pub fn write_f32s(&mut self, what: &str, src: &[f32]) -> Result<()> {
+        if src.len() != self.p.numel {
+            return Err(Error::Internal(format!(
+                "{what}: writing {} values into {} elements",
+                src.len(),
+                self.p.numel
+            )));
+        }
+        match self.p.dtype {
+            DType::F32 => self.as_mut_slice::<f32>(what)?.copy_from_slice(src),
+            DType::Bf16 => self
+                .as_mut_slice::<bf16>(what)?
+                .iter_mut()
+                .zip(src)
+                .for_each(|(o, &v)| *o = bf16::from_f32(v)),
+            DType::F16 => self
+                .as_mut_slice::<f16>(what)?
+                .iter_mut()
+                .zip(src)
+                .for_each(|(o, &v)| *o = f16::from_f32(v)),
+            other => {
+                return Err(Error::shape(
+                    format!("{what}.dtype"),
+                    "float32, bfloat16 or float16",
+                    other.name(),
+                ))
+            }
+        }
+        Ok(())
     }
 
     /// The elements as a mutable host slice (dense row-major, host memory, dtype `T` only).
@@ -545,21 +648,31 @@ mod tests {
         assert!(matches!(e, Error::Unsupported(_)), "{e:?}");
         assert!(e.to_string().contains("CUDA device 1"), "{e}");
         let mut dims = Dims::default();
-        t.expect(
-            "q",
-            &[DType::F32],
-            &[Dim::Any("T"), Dim::Fixed(64), Dim::Fixed(512)],
-            &mut dims,
-        )
-        .unwrap();
+        let q = &crate::ops::attention::signature::Q;
+        t.expect(q, &mut dims).unwrap();
         assert_eq!(dims.get("T"), Some(3));
         let pos = [0i64; 4];
         let p = TensorView::from_host_slice(&pos, &[4]).unwrap();
         let e = p
-            .expect("positions", &[DType::I64], &[Dim::Any("T")], &mut dims)
+            .expect(&crate::ops::attention::signature::POSITIONS, &mut dims)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("T=3") && e.contains("[4]"), "{e}");
+        assert!(
+            e.contains("positions") && e.contains("T=3") && e.contains("[4]"),
+            "{e}"
+        );
+        let e = one_device(&[("q", Device::Cpu), ("pos", Device::Cuda(0))]).unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e:?}");
+        let e = e.to_string();
+        assert!(
+            e.contains("pos") && e.contains("CUDA device 0") && e.contains("`q` is on host"),
+            "{e}"
+        );
+        assert_eq!(
+            one_device(&[("a", Device::Cuda(1)), ("b", Device::Cuda(1))]).unwrap(),
+            Device::Cuda(1)
+        );
+        assert_eq!(one_device(&[]).unwrap(), Device::Cpu);
     }
 
     #[test]

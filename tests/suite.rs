@@ -56,6 +56,8 @@ mod op_cli;
 mod replay_error;
 #[path = "run_cli.rs"]
 mod run_cli;
+#[path = "signatures.rs"]
+mod signatures;
 #[path = "ssd_crash.rs"]
 mod ssd_crash;
 #[path = "store_findings.rs"]

@@ -1,9 +1,11 @@
 //! NumPy `.npy` tensor I/O for the op runner (`csa2 op`) and parity dumps, on the `npyz` crate.
 //!
-//! Every read checks dtype and shape (with the core's [`Dims`], the rule the C ABI uses too) and
-//! names the file, the expected and the found value.
+//! Every read checks dtype and shape against an argument of the op's signature (the core's
+//! [`Arg`] and [`Dims`], the rule the C ABI uses too) and names the file, the expected and the
+//! found value.
 
-pub use csa2::shape::{Dim, Dims};
+pub use csa2::shape::{Arg, Dims};
+use csa2::tensor::DType;
 use csa2::{Error, Result};
 use npyz::WriterBuilder;
 use std::path::{Path, PathBuf};
@@ -21,20 +23,20 @@ pub struct Tensor<T> {
 pub trait Element:
     npyz::Deserialize + npyz::Serialize + npyz::AutoSerialize + Copy + 'static
 {
-    /// NumPy dtype name used in messages (e.g. "float32").
-    const NAME: &'static str;
+    /// The core's dtype of this element type (its `name()` is the NumPy spelling).
+    const DTYPE: DType;
 }
 impl Element for f32 {
-    const NAME: &'static str = "float32";
+    const DTYPE: DType = DType::F32;
 }
 impl Element for i32 {
-    const NAME: &'static str = "int32";
+    const DTYPE: DType = DType::I32;
 }
 impl Element for i64 {
-    const NAME: &'static str = "int64";
+    const DTYPE: DType = DType::I64;
 }
 impl Element for u8 {
-    const NAME: &'static str = "uint8";
+    const DTYPE: DType = DType::U8;
 }
 
 fn parse_err(path: &Path, reason: impl Into<String>) -> Error {
@@ -62,37 +64,71 @@ pub fn read<T: Element>(path: &Path) -> Result<Tensor<T>> {
     let data = npy.into_vec::<T>().map_err(|e| {
         parse_err(
             path,
-            format!("expected dtype {}, found {} ({e})", T::NAME, dtype.descr()),
+            format!(
+                "expected dtype {}, found {} ({e})",
+                T::DTYPE.name(),
+                dtype.descr()
+            ),
         )
     })?;
     Ok(Tensor { shape, data })
 }
 
-/// Reads `dir/name.npy` and checks its shape against `spec`.
-pub fn read_checked<T: Element>(
+/// Reads `dir/<arg.name>.npy` and checks it against `arg` of an op's signature.
+///
+/// Errors: those of [`read`]; [`Error::Shape`] naming the file and its dtype, the expected shape
+/// (with bound sizes) and the one found; [`Error::Internal`] when `T` is not a dtype `arg` accepts
+/// (a runner bug, not an input error).
+pub fn read_arg<T: Element>(dir: &Path, arg: &Arg, dims: &mut Dims) -> Result<Tensor<T>> {
+    read_file_as(dir, arg.name, arg, dims)
+}
+
+/// [`read_arg`] for a file named differently from the argument: `csa2 op` keeps the file names of
+/// its documented contract (docs/OPS.md), e.g. `k_mxfp4.npy` for the indexer's `keys` records.
+pub fn read_file_as<T: Element>(
     dir: &Path,
-    name: &str,
-    spec: &[Dim],
+    file: &str,
+    arg: &Arg,
     dims: &mut Dims,
 ) -> Result<Tensor<T>> {
-    let path = dir.join(format!("{name}.npy"));
+    if !arg.dtypes.contains(&T::DTYPE) {
+        return Err(Error::Internal(format!(
+            "`{}` is read as {}, which its signature does not accept",
+            arg.name,
+            T::DTYPE.name()
+        )));
+    }
+    let path = dir.join(format!("{file}.npy"));
     let t = read::<T>(&path)?;
-    dims.check(&format!("{} ({})", path.display(), T::NAME), spec, &t.shape)?;
+    dims.check(
+        &format!("{} ({})", path.display(), T::DTYPE.name()),
+        arg.dims,
+        &t.shape,
+    )?;
     Ok(t)
 }
 
-/// Like [`read_checked`], but `Ok(None)` when the file does not exist.
-pub fn read_optional<T: Element>(
+/// [`read_file_as`], but `Ok(None)` when the file does not exist.
+pub fn read_file_optional<T: Element>(
     dir: &Path,
-    name: &str,
-    spec: &[Dim],
+    file: &str,
+    arg: &Arg,
     dims: &mut Dims,
 ) -> Result<Option<Tensor<T>>> {
-    if dir.join(format!("{name}.npy")).exists() {
-        read_checked(dir, name, spec, dims).map(Some)
+    if dir.join(format!("{file}.npy")).exists() {
+        read_file_as(dir, file, arg, dims).map(Some)
     } else {
         Ok(None)
     }
+}
+
+/// [`read_arg`], but `Ok(None)` when the file does not exist.
+pub fn read_arg_optional<T: Element>(
+    dir: &Path,
+    arg: &Arg,
+    dims: &mut Dims,
+) -> Result<Option<Tensor<T>>> {
+    read_file_optional(dir, arg.name, arg, dims)
 }
 
 /// Writes `data` with `shape` to `path` as a C-order little-endian `.npy`.
@@ -130,14 +166,23 @@ mod tests {
         assert_eq!(t.shape, vec![2, 3]);
         assert_eq!(t.data[5], 6.0);
         assert!(read::<i32>(&p).is_err());
+        // topk's logits [T, N] bind T = 2; mHC's pre_prev [T, 4] then fails, naming the file.
         let mut dims = Dims::default();
-        assert!(
-            read_checked::<f32>(dir.path(), "a", &[Dim::Any("T"), Dim::Fixed(3)], &mut dims)
-                .is_ok()
-        );
+        let logits = &csa2::ops::topk::signature::LOGITS;
+        assert!(read_file_as::<f32>(dir.path(), "a", logits, &mut dims).is_ok());
         assert_eq!(dims.get("T"), Some(2));
-        let e = read_checked::<f32>(dir.path(), "a", &[Dim::Any("T"), Dim::Fixed(4)], &mut dims)
-            .unwrap_err();
-        assert!(e.to_string().contains("a.npy"), "{e}");
+        let pre = &csa2::ops::mhc::signature::PRE_PREV;
+        let e = read_file_as::<f32>(dir.path(), "a", pre, &mut dims).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("a.npy (float32)") && e.contains("[T=2, 4]") && e.contains("[2, 3]"),
+            "{e}"
+        );
+        assert!(read_file_optional::<f32>(dir.path(), "b", pre, &mut dims)
+            .unwrap()
+            .is_none());
+        // Reading as a dtype the argument does not accept is a runner bug.
+        let e = read_file_as::<i32>(dir.path(), "a", logits, &mut dims).unwrap_err();
+        assert!(matches!(e, Error::Internal(_)), "{e:?}");
     }
 }

@@ -50,6 +50,7 @@ mod carry;
 pub mod layout;
 mod pool;
 pub mod prefix;
+pub mod signature;
 pub mod spec;
 mod stats;
 mod swa;

@@ -1,14 +1,13 @@
 //! `csa2_attention` and `csa2_attention_indexed`: the C face of [`crate::ops::attention`]
 //! (conventions: the op section of [`super`]).
 
-use super::dlpack::{
-    check_disjoint, fill_floats, host, host_opt, DLTensor, DType, View, FLOATS, INTS,
-};
+use super::dlpack::{check_disjoint, fill_floats, host, host_opt, DLTensor, DType, View};
 use super::{guarded, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, KV_DIM};
+use crate::ops::attention::signature as sig;
 use crate::ops::attention::{AttentionInputs, AttentionParams, IndexedInputs, KvRows};
-use crate::shape::{Dim, Dims};
+use crate::shape::{Arg, Dims};
 use std::borrow::Cow;
 
 /// A 512-value record format (main KV or SWA) from its `Csa2Format` id.
@@ -112,34 +111,34 @@ pub unsafe extern "C" fn csa2_attention(args: *const Csa2AttentionArgs) -> Csa2S
         // SAFETY: caller's contract (see above).
         let (qv, mv, sv, tv, lv, pv, rv, sinkv, mut ov, mut ev) = unsafe {
             (
-                host(q, "q")?,
-                host(main_kv, "main_kv")?,
-                host(swa, "swa")?,
-                host(topk, "topk")?,
-                host_opt(topk_len, "topk_len")?,
-                host(positions, "positions")?,
-                host_opt(replay_start, "replay_start")?,
-                host(sink, "sink")?,
-                host(out, "out")?,
-                host(lse, "lse")?,
+                host(q, sig::Q.name)?,
+                host(main_kv, sig::MAIN_KV.name)?,
+                host(swa, sig::SWA.name)?,
+                host(topk, sig::TOPK.name)?,
+                host_opt(topk_len, sig::TOPK_LEN.name)?,
+                host(positions, sig::POSITIONS.name)?,
+                host_opt(replay_start, sig::REPLAY_START.name)?,
+                host(sink, sig::SINK.name)?,
+                host(out, sig::OUT.name)?,
+                host(lse, sig::LSE.name)?,
             )
         };
         let mut dims = Dims::default();
         expect_attention_io(&qv, &sinkv, &ov, &ev, &mut dims)?;
-        tv.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("K")], &mut dims)?;
-        pv.expect(INTS, &[Dim::Any("T")], &mut dims)?;
+        tv.expect(&sig::TOPK, &mut dims)?;
+        pv.expect(&sig::POSITIONS, &mut dims)?;
         if let Some(l) = &lv {
-            l.expect(&[DType::I32], &[Dim::Any("T")], &mut dims)?;
+            l.expect(&sig::TOPK_LEN, &mut dims)?;
         }
         if let Some(r) = &rv {
             if r.shape() != [1] {
-                r.expect(INTS, &[Dim::Any("T")], &mut dims)?;
+                r.expect(&sig::REPLAY_START, &mut dims)?;
             } else {
-                r.expect(INTS, &[Dim::Fixed(1)], &mut dims)?;
+                r.expect(&sig::REPLAY_START_ALL, &mut dims)?;
             }
         }
-        let mf = kv_pool(&mv, main_format, "N", "main_format")?;
-        let sf = kv_pool(&sv, swa_format, "S", "swa_format")?;
+        let mf = kv_pool(&mv, main_format, MAIN_POOL, "main_format")?;
+        let sf = kv_pool(&sv, swa_format, SWA_POOL, "swa_format")?;
         let mut inputs = vec![&qv, &mv, &sv, &tv, &pv, &sinkv];
         inputs.extend(lv.as_ref());
         inputs.extend(rv.as_ref());
@@ -184,11 +183,10 @@ fn expect_attention_io(
     lse: &View<'_>,
     dims: &mut Dims,
 ) -> Result<()> {
-    let rows = [Dim::Any("T"), Dim::Any("H"), Dim::Fixed(KV_DIM)];
-    q.expect(FLOATS, &rows, dims)?;
-    sink.expect(FLOATS, &[Dim::Any("H")], dims)?;
-    out.expect(FLOATS, &rows, dims)?;
-    lse.expect(FLOATS, &[Dim::Any("T"), Dim::Any("H")], dims)
+    q.expect(&sig::Q, dims)?;
+    sink.expect(&sig::SINK, dims)?;
+    out.expect(&sig::OUT, dims)?;
+    lse.expect(&sig::LSE, dims)
 }
 
 /// Runs an attention op into the `out` / `lse` views (converted to their float dtypes); the op
@@ -238,28 +236,44 @@ fn softmax_scale(scale: f32) -> f32 {
     }
 }
 
-/// Checks a KV pool argument: uint8 `(rows, record bytes)` in the `Csa2Format` `fmt` (returned),
-/// or float `(rows, 512)` (`None`); `rows` names the row dim, `what` the format argument.
+/// A KV pool argument's two forms (float rows, records) and the size name of its record width.
+struct PoolForms {
+    rows: Arg,
+    records: Arg,
+    record_bytes: &'static str,
+}
+const MAIN_POOL: PoolForms = PoolForms {
+    rows: sig::MAIN_KV,
+    records: sig::MAIN_KV_RECORDS,
+    record_bytes: "main_record_bytes",
+};
+const SWA_POOL: PoolForms = PoolForms {
+    rows: sig::SWA,
+    records: sig::SWA_RECORDS,
+    record_bytes: "swa_record_bytes",
+};
+const SWA_KV_POOL: PoolForms = PoolForms {
+    rows: sig::SWA_KV,
+    records: sig::SWA_KV_RECORDS,
+    record_bytes: "swa_record_bytes",
+};
+
+/// Checks a KV pool argument: uint8 records in the `Csa2Format` `fmt` (returned), or float rows
+/// (`None`); `what` names the format argument. Each pool binds its own row count.
 fn kv_pool(
     v: &View,
     fmt: i32,
-    rows: &'static str,
+    forms: PoolForms,
     what: &'static str,
 ) -> Result<Option<RecordFormat>> {
+    let mut dims = Dims::default();
     if v.dtype() == DType::U8 {
         let f = record_format(fmt, what)?;
-        v.expect(
-            &[DType::U8],
-            &[Dim::Any(rows), Dim::Fixed(f.record_bytes())],
-            &mut Dims::default(),
-        )?;
+        dims.bind(forms.record_bytes, f.record_bytes());
+        v.expect(&forms.records, &mut dims)?;
         Ok(Some(f))
     } else {
-        v.expect(
-            FLOATS,
-            &[Dim::Any(rows), Dim::Fixed(KV_DIM)],
-            &mut Dims::default(),
-        )?;
+        v.expect(&forms.rows, &mut dims)?;
         Ok(None)
     }
 }
@@ -371,27 +385,30 @@ pub unsafe extern "C" fn csa2_attention_indexed(
         // SAFETY: caller's contract (see above).
         let (qv, mv, miv, mlv, sv, siv, slv, sinkv, mut ov, mut ev) = unsafe {
             (
-                host(q, "q")?,
-                host(main_kv, "main_kv")?,
-                host(main_idx, "main_idx")?,
-                host_opt(main_len, "main_len")?,
-                host(swa_kv, "swa_kv")?,
-                host(swa_idx, "swa_idx")?,
-                host_opt(swa_len, "swa_len")?,
-                host(sink, "sink")?,
-                host(out, "out")?,
-                host(lse, "lse")?,
+                host(q, sig::Q.name)?,
+                host(main_kv, sig::MAIN_KV.name)?,
+                host(main_idx, sig::MAIN_IDX.name)?,
+                host_opt(main_len, sig::MAIN_LEN.name)?,
+                host(swa_kv, sig::SWA_KV.name)?,
+                host(swa_idx, sig::SWA_IDX.name)?,
+                host_opt(swa_len, sig::SWA_LEN.name)?,
+                host(sink, sig::SINK.name)?,
+                host(out, sig::OUT.name)?,
+                host(lse, sig::LSE.name)?,
             )
         };
         let mut dims = Dims::default();
         expect_attention_io(&qv, &sinkv, &ov, &ev, &mut dims)?;
-        miv.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("Km")], &mut dims)?;
-        siv.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("Ks")], &mut dims)?;
-        for l in mlv.iter().chain(&slv) {
-            l.expect(&[DType::I32], &[Dim::Any("T")], &mut dims)?;
+        miv.expect(&sig::MAIN_IDX, &mut dims)?;
+        siv.expect(&sig::SWA_IDX, &mut dims)?;
+        if let Some(l) = &mlv {
+            l.expect(&sig::MAIN_LEN, &mut dims)?;
         }
-        let mf = kv_pool(&mv, main_format, "N", "main_format")?;
-        let sf = kv_pool(&sv, swa_format, "S", "swa_format")?;
+        if let Some(l) = &slv {
+            l.expect(&sig::SWA_LEN, &mut dims)?;
+        }
+        let mf = kv_pool(&mv, main_format, MAIN_POOL, "main_format")?;
+        let sf = kv_pool(&sv, swa_format, SWA_KV_POOL, "swa_format")?;
         let mut inputs = vec![&qv, &mv, &miv, &sv, &siv, &sinkv];
         inputs.extend(mlv.as_ref());
         inputs.extend(slv.as_ref());

@@ -6,12 +6,13 @@
 //! the `cuda` feature, `CSA2_ERR_UNSUPPORTED`). The arguments travel in a `#[repr(C)]` struct
 //! whose first field is its size, so that fields can be added later without breaking callers.
 
-use super::dlpack::{DLTensor, DType, Device, View, K_DL_CPU, K_DL_CUDA, K_DL_UINT};
+use super::dlpack::{DLTensor, Device, View, K_DL_CPU, K_DL_CUDA, K_DL_UINT};
 use super::{guarded, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, KV_DIM};
+use crate::ops::attention::signature::pools as sig;
 use crate::ops::attention::{attention_pools, PoolDesc, PoolInputs, PoolLayout, PoolView};
-use crate::shape::{Dim, Dims};
+use crate::shape::Dims;
 
 /// How a pool's pages hold their records (`Csa2Pool::layout`).
 #[repr(C)]
@@ -206,27 +207,6 @@ unsafe fn pool_arg(p: &Csa2Pool, what: &'static str) -> Result<Option<PoolArg>> 
     Ok(Some(PoolArg { desc, device, addr }))
 }
 
-/// A required compact tensor on any device.
-///
-/// # Safety
-/// As [`View::from_raw`].
-unsafe fn view<'a>(t: *const DLTensor, name: &'static str) -> Result<View<'a>> {
-    // SAFETY: forwarded caller contract.
-    unsafe { View::from_raw(t, name) }
-}
-
-/// An optional compact tensor (null → `None`).
-///
-/// # Safety
-/// As [`View::from_raw`].
-unsafe fn view_opt<'a>(t: *const DLTensor, name: &'static str) -> Result<Option<View<'a>>> {
-    if t.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: forwarded caller contract.
-    unsafe { view(t, name) }.map(Some)
-}
-
 fn overlaps(a: &std::ops::Range<usize>, b: &std::ops::Range<usize>) -> bool {
     !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end
 }
@@ -261,31 +241,23 @@ unsafe fn check_args<'a>(a: &Csa2AttentionPoolsArgs) -> Result<Checked<'a>> {
     // SAFETY (whole block): forwarded caller contract.
     let (q, main_idx, main_len, swa_idx, swa_len, sink, out, lse, error) = unsafe {
         (
-            view(a.q, "q")?,
-            view(a.main_idx, "main_idx")?,
-            view_opt(a.main_len, "main_len")?,
-            view(a.swa_idx, "swa_idx")?,
-            view_opt(a.swa_len, "swa_len")?,
-            view(a.sink, "sink")?,
-            view(a.out, "out")?,
-            view_opt(a.lse, "lse")?,
-            view_opt(a.error, "error")?,
+            View::from_raw(a.q, sig::Q.name)?,
+            View::from_raw(a.main_idx, sig::MAIN_IDX.name)?,
+            View::from_raw_opt(a.main_len, sig::MAIN_LEN.name)?,
+            View::from_raw(a.swa_idx, sig::SWA_IDX.name)?,
+            View::from_raw_opt(a.swa_len, sig::SWA_LEN.name)?,
+            View::from_raw(a.sink, sig::SINK.name)?,
+            View::from_raw(a.out, sig::OUT.name)?,
+            View::from_raw_opt(a.lse, sig::LSE.name)?,
+            View::from_raw_opt(a.error, sig::ERROR.name)?,
         )
     };
     // SAFETY: forwarded caller contract.
     let main = unsafe { pool_arg(&a.main, "main")? };
     let swa = unsafe { pool_arg(&a.swa, "swa")? }.ok_or(Error::NullPointer("swa.tensor"))?;
     let mut dims = Dims::default();
-    q.expect(
-        &[DType::Bf16],
-        &[Dim::Any("T"), Dim::Any("Hp"), Dim::Fixed(KV_DIM)],
-        &mut dims,
-    )?;
-    out.expect(
-        &[DType::Bf16],
-        &[Dim::Any("T"), Dim::Any("Hp"), Dim::Fixed(KV_DIM)],
-        &mut dims,
-    )?;
+    q.expect(&sig::Q, &mut dims)?;
+    out.expect(&sig::OUT, &mut dims)?;
     let (t, hp) = (q.shape()[0], q.shape()[1]);
     if hp != 64 && hp != 128 {
         return Err(Error::shape("q padded heads (q.shape[1])", "64 or 128", hp));
@@ -297,17 +269,21 @@ unsafe fn check_args<'a>(a: &Csa2AttentionPoolsArgs) -> Result<Checked<'a>> {
             format!("{h} local heads must be in 1..={hp} (q.shape[1])"),
         ));
     }
-    sink.expect(&[DType::F32], &[Dim::Fixed(h)], &mut dims)?;
-    main_idx.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("Km")], &mut dims)?;
-    swa_idx.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("Ks")], &mut dims)?;
-    for l in main_len.iter().chain(&swa_len) {
-        l.expect(&[DType::I32], &[Dim::Any("T")], &mut dims)?;
+    dims.bind("h", h);
+    sink.expect(&sig::SINK, &mut dims)?;
+    main_idx.expect(&sig::MAIN_IDX, &mut dims)?;
+    swa_idx.expect(&sig::SWA_IDX, &mut dims)?;
+    if let Some(l) = &main_len {
+        l.expect(&sig::MAIN_LEN, &mut dims)?;
+    }
+    if let Some(l) = &swa_len {
+        l.expect(&sig::SWA_LEN, &mut dims)?;
     }
     if let Some(l) = &lse {
-        l.expect(&[DType::F32], &[Dim::Any("T"), Dim::Fixed(h)], &mut dims)?;
+        l.expect(&sig::LSE, &mut dims)?;
     }
     if let Some(e) = &error {
-        e.expect(&[DType::I32], &[Dim::Fixed(4)], &mut dims)?;
+        e.expect(&sig::ERROR, &mut dims)?;
     }
     // One device for everything.
     let device = q.device();

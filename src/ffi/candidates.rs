@@ -1,11 +1,11 @@
 //! `csa2_candidates`: the C face of [`crate::ops::candidates`] (conventions: the op section of
 //! [`super`]).
 
-use super::dlpack::{check_disjoint, host, DLTensor, DType, FLOATS, INTS};
-use super::indexer::visible_rows;
+use super::dlpack::{check_disjoint, host, DLTensor};
 use super::{guarded, Csa2Status};
+use crate::ops::candidates::signature::{BLOCKS_OUT, LOGITS, POSITIONS};
 use crate::ops::candidates::CandidateParams;
-use crate::shape::{Dim, Dims};
+use crate::shape::Dims;
 
 /// Hierarchical candidate pool of the candidate-source layer (docs/SPEC.md §2 "Candidate pool"): per row,
 /// blocks of `block_size` entries scored by their max visible logit, the newest block pinned, the
@@ -29,22 +29,22 @@ pub unsafe extern "C" fn csa2_candidates(
         // SAFETY: caller's contract (see above).
         let (lv, pv, mut ov) = unsafe {
             (
-                host(logits, "logits")?,
-                host(positions, "positions")?,
-                host(blocks_out, "blocks_out")?,
+                host(logits, LOGITS.name)?,
+                host(positions, POSITIONS.name)?,
+                host(blocks_out, BLOCKS_OUT.name)?,
             )
         };
         let mut dims = Dims::default();
-        lv.expect(FLOATS, &[Dim::Any("T"), Dim::Any("N")], &mut dims)?;
-        pv.expect(INTS, &[Dim::Any("T")], &mut dims)?;
-        ov.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("B")], &mut dims)?;
+        lv.expect(&LOGITS, &mut dims)?;
+        pv.expect(&POSITIONS, &mut dims)?;
+        ov.expect(&BLOCKS_OUT, &mut dims)?;
         check_disjoint(&[&lv, &pv], &[&ov])?;
         let p = CandidateParams {
             block_size: block_size as usize,
             num_blocks: ov.shape()[1],
         };
         p.validate()?;
-        let vis = visible_rows(&pv.i64s()?, ratio)?;
+        let vis = crate::ops::topk::visible_counts(&pv.i64s()?, ratio as usize)?;
         let lf = lv.f32s()?;
         crate::ops::candidates::select_blocks_rows(&p, &lf, lv.shape()[1], &vis, ov.i32s_mut()?)
     })

@@ -13,16 +13,17 @@
 //! another call on that handle.
 
 use super::cache::{cache, Csa2Cache};
-use super::dlpack::{check_disjoint, host, host_opt, DLTensor, DType, View, FLOATS};
+use super::dlpack::{check_disjoint, host, host_opt, DLTensor, View};
 use super::geometry::layer_plan;
 use super::handle;
 use super::{arg_out, guarded, guarded_free, Csa2Geometry, Csa2Status};
 use crate::error::{Error, Result};
-use crate::formats::{INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
+use crate::formats::{KV_DIM, NVFP4_DS_BYTES};
 use crate::geometry::RopeParams;
+use crate::ops::compressor::signature::{INDEX_K_OUT, KV, K_NORM, MAIN_KV_OUT, NORM, SCORE, WK};
 use crate::ops::compressor::{Compressor, CompressorState, CompressorWeights};
 use crate::ops::rope::Rope;
-use crate::shape::{Dim, Dims};
+use crate::shape::Dims;
 use parking_lot::Mutex;
 
 /// Opaque compressor state of one request and one Full layer: the next token position and the
@@ -429,37 +430,25 @@ pub(super) unsafe fn compress_views<'a>(
     // SAFETY: forwarded caller contract.
     let (kv, score, norm, wk, k_norm, main_out, index_out) = unsafe {
         (
-            host(kv, "kv")?,
-            host_opt(score, "score")?,
-            host(norm, "norm")?,
-            host(wk, "wk")?,
-            host(k_norm, "k_norm")?,
-            host(main_kv_out, "main_kv_out")?,
-            host(index_k_out, "index_k_out")?,
+            host(kv, KV.name)?,
+            host_opt(score, SCORE.name)?,
+            host(norm, NORM.name)?,
+            host(wk, WK.name)?,
+            host(k_norm, K_NORM.name)?,
+            host(main_kv_out, MAIN_KV_OUT.name)?,
+            host(index_k_out, INDEX_K_OUT.name)?,
         )
     };
     let mut dims = Dims::default();
-    kv.expect(FLOATS, &[Dim::Any("T"), Dim::Fixed(KV_DIM)], &mut dims)?;
+    kv.expect(&KV, &mut dims)?;
     if let Some(s) = &score {
-        s.expect(FLOATS, &[Dim::Any("T"), Dim::Fixed(KV_DIM)], &mut dims)?;
+        s.expect(&SCORE, &mut dims)?;
     }
-    norm.expect(FLOATS, &[Dim::Fixed(KV_DIM)], &mut dims)?;
-    wk.expect(
-        FLOATS,
-        &[Dim::Fixed(INDEX_DIM), Dim::Fixed(KV_DIM)],
-        &mut dims,
-    )?;
-    k_norm.expect(FLOATS, &[Dim::Fixed(INDEX_DIM)], &mut dims)?;
-    main_out.expect(
-        &[DType::U8],
-        &[Dim::Any("E"), Dim::Fixed(NVFP4_DS_BYTES)],
-        &mut dims,
-    )?;
-    index_out.expect(
-        &[DType::U8],
-        &[Dim::Any("E"), Dim::Fixed(MXFP4_INDEX_BYTES)],
-        &mut dims,
-    )?;
+    norm.expect(&NORM, &mut dims)?;
+    wk.expect(&WK, &mut dims)?;
+    k_norm.expect(&K_NORM, &mut dims)?;
+    main_out.expect(&MAIN_KV_OUT, &mut dims)?;
+    index_out.expect(&INDEX_K_OUT, &mut dims)?;
     Ok((kv, score, norm, wk, k_norm, main_out, index_out))
 }
 

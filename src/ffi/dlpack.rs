@@ -11,10 +11,10 @@
 //! (and the memory it points to) for the duration of the call only; nothing is retained.
 
 use crate::error::{Error, Result};
-use crate::shape::{Dim, Dims};
+use crate::shape::{Arg, Dims};
 pub use crate::tensor::{DType, Device};
 use crate::tensor::{TensorView, TensorViewMut};
-use half::{bf16, f16};
+use half::bf16;
 use std::ffi::c_void;
 
 // ---- the mirror of dlpack.h ---------------------------------------------------------------------
@@ -433,6 +433,18 @@ impl<'a> View<'a> {
         Ok(View { name, t: tv })
     }
 
+    /// [`View::from_raw`] for an optional argument: a null pointer is `None`.
+    ///
+    /// # Safety
+    /// As [`View::from_raw`].
+    pub unsafe fn from_raw_opt(t: *const DLTensor, name: &'static str) -> Result<Option<View<'a>>> {
+        if t.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: forwarded contract.
+        unsafe { View::from_raw(t, name) }.map(Some)
+    }
+
     /// The tensor view (pointer, shape, strides, dtype, device).
     pub fn tensor(&self) -> &TensorView<'a> {
         &self.t
@@ -463,10 +475,10 @@ impl<'a> View<'a> {
         self.t.byte_range()
     }
 
-    /// Checks the shape against `spec` (binding free names in `dims`) and the dtype against one
-    /// of `dtypes`. Errors: [`Error::Shape`] naming this argument, expected and found.
-    pub fn expect(&self, dtypes: &[DType], spec: &[Dim], dims: &mut Dims) -> Result<()> {
-        self.t.expect(self.name, dtypes, spec, dims)
+    /// Checks dtype and shape against `arg` of the op's signature (binding free names in
+    /// `dims`). Errors: [`Error::Shape`] naming this argument, expected and found.
+    pub fn expect(&self, arg: &Arg, dims: &mut Dims) -> Result<()> {
+        arg.check_as(self.name, self.t.dtype(), self.t.shape(), dims)
     }
 
     /// Errors unless the memory is host-readable: [`Error::NoCudaBuild`] for a CUDA tensor in a
@@ -514,47 +526,33 @@ impl<'a> View<'a> {
 
     /// The elements as `f32`: borrowed for float32, converted (one pass) for bfloat16/float16.
     pub fn f32s(&self) -> Result<std::borrow::Cow<'a, [f32]>> {
-        Ok(match self.t.dtype() {
-            DType::F32 => std::borrow::Cow::Borrowed(self.typed::<f32>(DType::F32)?),
-            DType::Bf16 => std::borrow::Cow::Owned(
-                self.typed::<bf16>(DType::Bf16)?
-                    .iter()
-                    .map(|v| v.to_f32())
-                    .collect(),
-            ),
-            DType::F16 => std::borrow::Cow::Owned(
-                self.typed::<f16>(DType::F16)?
-                    .iter()
-                    .map(|v| v.to_f32())
-                    .collect(),
-            ),
-            other => {
-                return Err(Error::shape(
-                    format!("{}.dtype", self.name),
-                    "float32, bfloat16 or float16",
-                    other.name(),
-                ))
-            }
-        })
+        self.require_host()?;
+        self.t.to_f32(self.name)
     }
 
     /// The elements as `i64` indices/positions (int32 or int64 accepted; always copied).
     pub fn i64s(&self) -> Result<Vec<i64>> {
-        Ok(match self.t.dtype() {
-            DType::I32 => self
-                .typed::<i32>(DType::I32)?
-                .iter()
-                .map(|&v| v as i64)
-                .collect(),
-            DType::I64 => self.typed::<i64>(DType::I64)?.to_vec(),
-            other => {
-                return Err(Error::shape(
-                    format!("{}.dtype", self.name),
-                    "int32 or int64",
-                    other.name(),
-                ))
-            }
-        })
+        self.require_host()?;
+        self.t.to_i64(self.name)
+    }
+
+    /// The writable view of an output argument, for an op entry that dispatches on the device.
+    /// Exclusivity against the call's other arguments is what `check_disjoint` establishes; the
+    /// `&mut` borrow keeps this the only writer while it lives.
+    pub fn tensor_mut(&mut self) -> Result<TensorViewMut<'_>> {
+        // SAFETY: the descriptor was validated by `from_raw` (span, alignment, device); the
+        // caller's contract makes the memory valid and unused by others for the call, and
+        // `check_disjoint` (run by every export before taking an output) keeps it apart from the
+        // other arguments.
+        unsafe {
+            TensorViewMut::from_raw_parts(
+                self.t.addr() as *mut u8,
+                self.t.shape(),
+                self.t.strides(),
+                self.t.dtype(),
+                self.t.device(),
+            )
+        }
     }
 
     /// Borrowed `i32` elements (int32 only).
@@ -594,35 +592,9 @@ impl<'a> View<'a> {
     /// Writes `src` (f32, one value per element) into this tensor, rounding to its float dtype
     /// (round-to-nearest-even for bfloat16/float16). Errors on a length or dtype mismatch.
     pub fn write_f32s(&mut self, src: &[f32]) -> Result<()> {
-        if src.len() != self.t.numel() {
-            return Err(Error::Internal(format!(
-                "{}: writing {} values into {} elements",
-                self.name,
-                src.len(),
-                self.t.numel()
-            )));
-        }
-        match self.t.dtype() {
-            DType::F32 => self.typed_mut::<f32>(DType::F32)?.copy_from_slice(src),
-            DType::Bf16 => self
-                .typed_mut::<bf16>(DType::Bf16)?
-                .iter_mut()
-                .zip(src)
-                .for_each(|(o, &v)| *o = bf16::from_f32(v)),
-            DType::F16 => self
-                .typed_mut::<f16>(DType::F16)?
-                .iter_mut()
-                .zip(src)
-                .for_each(|(o, &v)| *o = f16::from_f32(v)),
-            other => {
-                return Err(Error::shape(
-                    format!("{}.dtype", self.name),
-                    "float32, bfloat16 or float16",
-                    other.name(),
-                ))
-            }
-        }
-        Ok(())
+        self.require_host()?;
+        let name = self.name;
+        self.tensor_mut()?.write_f32s(name, src)
     }
 }
 
@@ -706,11 +678,6 @@ pub unsafe extern "C" fn csa2_dlpack_describe(
     })
 }
 
-/// The float element types an op accepts (converted to f32 on entry).
-pub(super) const FLOATS: &[DType] = &[DType::F32, DType::Bf16, DType::F16];
-/// The integer element types an op accepts.
-pub(super) const INTS: &[DType] = &[DType::I32, DType::I64];
-
 /// A required host tensor.
 ///
 /// # Safety
@@ -778,11 +745,12 @@ mod tests {
         assert_eq!(v.shape(), &[2, 3]);
         assert_eq!(&*v.f32s().unwrap(), &buf);
         let mut dims = Dims::default();
-        v.expect(&[DType::F32], &[Dim::Any("T"), Dim::Fixed(3)], &mut dims)
+        // topk's logits [T, N] bind T = 2; mHC's pre_prev [T, 4] then fails, naming this view.
+        v.expect(&crate::ops::topk::signature::LOGITS, &mut dims)
             .unwrap();
         assert_eq!(dims.get("T"), Some(2));
         let e = v
-            .expect(&[DType::F32], &[Dim::Any("T"), Dim::Fixed(4)], &mut dims)
+            .expect(&crate::ops::mhc::signature::PRE_PREV, &mut dims)
             .unwrap_err();
         assert!(
             e.to_string().contains("x: expected [T=2, 4], found [2, 3]"),

@@ -1,13 +1,13 @@
 //! `csa2_indexer_logits` and `csa2_indexer_logits_in_blocks`: the C face of [`crate::ops::indexer`]
 //! (conventions: the op section of [`super`]).
 
-use super::dlpack::{check_disjoint, fill_floats, host, DLTensor, DType, FLOATS, INTS};
+use super::dlpack::{check_disjoint, fill_floats, host, DLTensor, DType};
 use super::{guarded, Csa2Status};
 use crate::error::{Error, Result};
-use crate::formats::{INDEX_DIM, MXFP4_INDEX_BYTES};
 use crate::ops::candidates::CandidateParams;
+use crate::ops::indexer::signature::{BLOCKS, KEYS, KEYS_MXFP4, LOGITS_OUT, POSITIONS, Q, W};
 use crate::ops::indexer::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
-use crate::shape::{Dim, Dims};
+use crate::shape::Dims;
 
 /// Arguments of [`csa2_indexer_logits`] (shapes there).
 /// Set `struct_size` to `sizeof(Csa2IndexerLogitsArgs)` (rules: "Args structs", header top).
@@ -173,38 +173,31 @@ unsafe fn indexer(
     // SAFETY: caller's contract (see above).
     let (qv, wv, pv, kv, mut out) = unsafe {
         (
-            host(q, "q")?,
-            host(w, "w")?,
-            host(positions, "positions")?,
-            host(keys, "keys")?,
-            host(logits_out, "logits_out")?,
+            host(q, Q.name)?,
+            host(w, W.name)?,
+            host(positions, POSITIONS.name)?,
+            host(keys, KEYS.name)?,
+            host(logits_out, LOGITS_OUT.name)?,
         )
     };
     let mut dims = Dims::default();
-    qv.expect(
-        FLOATS,
-        &[Dim::Any("T"), Dim::Any("H"), Dim::Fixed(INDEX_DIM)],
-        &mut dims,
-    )?;
-    wv.expect(FLOATS, &[Dim::Any("T"), Dim::Any("H")], &mut dims)?;
-    pv.expect(INTS, &[Dim::Any("T")], &mut dims)?;
-    if kv.dtype() == DType::U8 {
-        kv.expect(
-            &[DType::U8],
-            &[Dim::Any("N"), Dim::Fixed(MXFP4_INDEX_BYTES)],
-            &mut dims,
-        )?;
+    qv.expect(&Q, &mut dims)?;
+    wv.expect(&W, &mut dims)?;
+    pv.expect(&POSITIONS, &mut dims)?;
+    let key_form = if kv.dtype() == DType::U8 {
+        &KEYS_MXFP4
     } else {
-        kv.expect(FLOATS, &[Dim::Any("N"), Dim::Fixed(INDEX_DIM)], &mut dims)?;
-    }
-    out.expect(FLOATS, &[Dim::Any("T"), Dim::Any("N")], &mut dims)?;
+        &KEYS
+    };
+    kv.expect(key_form, &mut dims)?;
+    out.expect(&LOGITS_OUT, &mut dims)?;
     let bv = match blocks {
         // SAFETY: caller's contract (see above).
-        Some((b, _)) => Some(unsafe { host(b, "blocks") }?),
+        Some((b, _)) => Some(unsafe { host(b, BLOCKS.name) }?),
         None => None,
     };
     if let Some(b) = &bv {
-        b.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("B")], &mut dims)?;
+        b.expect(&BLOCKS, &mut dims)?;
     }
     let mut inputs = vec![&qv, &wv, &pv, &kv];
     inputs.extend(bv.as_ref());
@@ -242,16 +235,4 @@ unsafe fn indexer(
             crate::ops::indexer::logits(&params, &qs, keys, o)
         }),
     }
-}
-
-/// The visible entries of each row, `(p + 1) div ratio` (shared by top-k and the candidate pool).
-pub(super) fn visible_rows(pos: &[i64], ratio: u32) -> Result<Vec<usize>> {
-    if ratio == 0 {
-        return Err(Error::invalid("ratio", "must be ≥ 1, found 0"));
-    }
-    crate::ops::rope::check_positions(pos)?;
-    Ok(pos
-        .iter()
-        .map(|&p| crate::ops::indexer::visible(p, ratio as usize))
-        .collect())
 }

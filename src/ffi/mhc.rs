@@ -1,10 +1,16 @@
 //! `csa2_mhc`: the C face of [`crate::ops::mhc`] (conventions: the op section of [`super`]).
+//!
+//! The export runs [`crate::ops::mhc::boundary_view`]: all tensors on one device — host memory
+//! (any float dtype, the fused CPU path), or (feature `cuda`) one GPU, where the Mega-mHC kernel
+//! takes `x`, `y`, `x_new`, `layer_in` as bfloat16 and the rest as float32, needs the mix weights
+//! and the coefficient outputs, and the V4.1 scalars (else `CSA2_ERR_UNSUPPORTED`); tensors on
+//! different devices are `CSA2_ERR_INVALID_ARGUMENT`.
 
-use super::dlpack::{check_disjoint, host, host_opt, DLTensor, FLOATS};
+use super::dlpack::{check_disjoint, DLTensor, View};
 use super::{guarded, Csa2Status};
 use crate::error::Error;
-use crate::ops::mhc::{self, BoundaryIn, MhcParams, MixWeights, PostUpdate, HC, MIX};
-use crate::shape::{Dim, Dims};
+use crate::ops::mhc::signature as sig;
+use crate::ops::mhc::{self, BoundaryViews, BoundaryViewsOut, MhcParams};
 
 /// Scalars of [`csa2_mhc`] (docs/SPEC.md §4; config `hc_*`, `rms_norm_eps`). Pass null for the V4.1 values
 /// (2.0, 20, 1e-6, 1e-20).
@@ -107,29 +113,29 @@ pub unsafe extern "C" fn csa2_mhc(args: *const Csa2MhcArgs) -> Csa2Status {
         // SAFETY: caller's contract (see above).
         let (xv, yv, postv, combv, prev, fnv, basev, scalev, normv) = unsafe {
             (
-                host(x, "x")?,
-                host_opt(y, "y")?,
-                host_opt(post, "post")?,
-                host_opt(comb, "comb")?,
-                host(pre_prev, "pre_prev")?,
-                host_opt(hc_fn, "hc_fn")?,
-                host_opt(hc_base, "hc_base")?,
-                host_opt(hc_scale, "hc_scale")?,
-                host(norm, "norm")?,
+                View::from_raw(x, sig::X.name)?,
+                View::from_raw_opt(y, sig::Y.name)?,
+                View::from_raw_opt(post, sig::POST.name)?,
+                View::from_raw_opt(comb, sig::COMB.name)?,
+                View::from_raw(pre_prev, sig::PRE_PREV.name)?,
+                View::from_raw_opt(hc_fn, sig::HC_FN.name)?,
+                View::from_raw_opt(hc_base, sig::HC_BASE.name)?,
+                View::from_raw_opt(hc_scale, sig::HC_SCALE.name)?,
+                View::from_raw(norm, sig::NORM.name)?,
             )
         };
         // SAFETY: as above.
         let (mut xo, mut lo, po, qo, co) = unsafe {
             (
-                host(x_new, "x_new")?,
-                host(layer_in, "layer_in")?,
-                host_opt(pre_out, "pre_out")?,
-                host_opt(post_out, "post_out")?,
-                host_opt(comb_out, "comb_out")?,
+                View::from_raw(x_new, sig::X_NEW.name)?,
+                View::from_raw(layer_in, sig::LAYER_IN.name)?,
+                View::from_raw_opt(pre_out, sig::PRE_OUT.name)?,
+                View::from_raw_opt(post_out, sig::POST_OUT.name)?,
+                View::from_raw_opt(comb_out, sig::COMB_OUT.name)?,
             )
         };
         let update = match (yv, postv, combv) {
-            (Some(a), Some(b), Some(c)) => Some((a, b, c)),
+            (Some(a), Some(b), Some(c)) => Some([a, b, c]),
             (None, None, None) => None,
             _ => {
                 return Err(Error::invalid(
@@ -139,7 +145,7 @@ pub unsafe extern "C" fn csa2_mhc(args: *const Csa2MhcArgs) -> Csa2Status {
             }
         };
         let next = match (fnv, basev, scalev) {
-            (Some(a), Some(b), Some(c)) => Some((a, b, c)),
+            (Some(a), Some(b), Some(c)) => Some([a, b, c]),
             (None, None, None) => None,
             _ => return Err(Error::invalid(
                 "hc_fn/hc_base/hc_scale",
@@ -147,7 +153,7 @@ pub unsafe extern "C" fn csa2_mhc(args: *const Csa2MhcArgs) -> Csa2Status {
             )),
         };
         let mut coeff_outs = match (po, qo, co) {
-            (Some(a), Some(b), Some(c)) => Some((a, b, c)),
+            (Some(a), Some(b), Some(c)) => Some([a, b, c]),
             (None, None, None) => None,
             _ => {
                 return Err(Error::invalid(
@@ -173,79 +179,36 @@ pub unsafe extern "C" fn csa2_mhc(args: *const Csa2MhcArgs) -> Csa2Status {
                 rms_eps: c.rms_eps,
             },
         };
-        let mut dims = Dims::default();
-        normv.expect(FLOATS, &[Dim::Any("d")], &mut dims)?;
-        p.validate()?;
-        let d = p.hidden;
-        let (t3, t4, t44) = (
-            [Dim::Any("T"), Dim::Fixed(HC), Dim::Any("d")],
-            [Dim::Any("T"), Dim::Fixed(HC)],
-            [Dim::Any("T"), Dim::Fixed(HC), Dim::Fixed(HC)],
-        );
-        xv.expect(FLOATS, &t3, &mut dims)?;
-        prev.expect(FLOATS, &t4, &mut dims)?;
-        if let Some((a, b, c)) = &update {
-            a.expect(FLOATS, &[Dim::Any("T"), Dim::Any("d")], &mut dims)?;
-            b.expect(FLOATS, &t4, &mut dims)?;
-            c.expect(FLOATS, &t44, &mut dims)?;
-        }
-        if let Some((a, b, c)) = &next {
-            a.expect(FLOATS, &[Dim::Fixed(MIX), Dim::Fixed(HC * d)], &mut dims)?;
-            b.expect(FLOATS, &[Dim::Fixed(MIX)], &mut dims)?;
-            c.expect(FLOATS, &[Dim::Fixed(3)], &mut dims)?;
-        }
-        xo.expect(FLOATS, &t3, &mut dims)?;
-        lo.expect(FLOATS, &[Dim::Any("T"), Dim::Any("d")], &mut dims)?;
-        if let Some((a, b, c)) = &coeff_outs {
-            a.expect(FLOATS, &t4, &mut dims)?;
-            b.expect(FLOATS, &t4, &mut dims)?;
-            c.expect(FLOATS, &t44, &mut dims)?;
-        }
         let mut inputs = vec![&xv, &prev, &normv];
-        if let Some((a, b, c)) = &update {
-            inputs.extend([a, b, c]);
-        }
-        if let Some((a, b, c)) = &next {
-            inputs.extend([a, b, c]);
-        }
+        inputs.extend(update.iter().flatten());
+        inputs.extend(next.iter().flatten());
         let mut outputs = vec![&xo, &lo];
-        if let Some((a, b, c)) = &coeff_outs {
-            outputs.extend([a, b, c]);
-        }
+        outputs.extend(coeff_outs.iter().flatten());
         check_disjoint(&inputs, &outputs)?;
-        let (xf, pf, nf) = (xv.f32s()?, prev.f32s()?, normv.f32s()?);
-        let upd = update
-            .as_ref()
-            .map(|(a, b, c)| Ok::<_, Error>((a.f32s()?, b.f32s()?, c.f32s()?)))
-            .transpose()?;
-        let mix = next
-            .as_ref()
-            .map(|(a, b, c)| Ok::<_, Error>((a.f32s()?, b.f32s()?, c.f32s()?)))
-            .transpose()?;
-        let inp = BoundaryIn {
-            x: &xf,
-            update: upd.as_ref().map(|(a, b, c)| PostUpdate {
-                y: a,
-                post: b,
-                comb: c,
-            }),
-            pre_prev: &pf,
-            next: mix.as_ref().map(|(a, b, c)| MixWeights {
-                hc_fn: a,
-                base: b,
-                scale: c,
-                packed: None,
-            }),
-            norm: &nf,
+        let views = BoundaryViews {
+            x: xv.tensor(),
+            update: update
+                .as_ref()
+                .map(|[a, b, c]| [a.tensor(), b.tensor(), c.tensor()]),
+            pre_prev: prev.tensor(),
+            next: next
+                .as_ref()
+                .map(|[a, b, c]| [a.tensor(), b.tensor(), c.tensor()]),
+            norm: normv.tensor(),
         };
-        let r = mhc::boundary(&p, &inp, mhc::Path::Fused)?;
-        xo.write_f32s(&r.x_new)?;
-        lo.write_f32s(&r.layer_in)?;
-        if let (Some((a, b, c)), Some(k)) = (&mut coeff_outs, &r.coeffs) {
-            a.write_f32s(&k.pre)?;
-            b.write_f32s(&k.post)?;
-            c.write_f32s(&k.comb)?;
-        }
-        Ok(())
+        let (mut xm, mut lm) = (xo.tensor_mut()?, lo.tensor_mut()?);
+        let mut cm = match &mut coeff_outs {
+            Some([a, b, c]) => Some([a.tensor_mut()?, b.tensor_mut()?, c.tensor_mut()?]),
+            None => None,
+        };
+        mhc::boundary_view(
+            &p,
+            &views,
+            BoundaryViewsOut {
+                x_new: &mut xm,
+                layer_in: &mut lm,
+                coeffs: cm.as_mut().map(|[a, b, c]| [a, b, c]),
+            },
+        )
     })
 }

@@ -1,11 +1,12 @@
 //! `csa2_rope`: the C face of [`crate::ops::rope`] (conventions: the op section of [`super`]).
 
-use super::dlpack::{check_disjoint, host, DLTensor, DType, FLOATS, INTS};
+use super::dlpack::{check_disjoint, host, DLTensor, DType};
 use super::geometry::layer_plan;
 use super::{guarded, Csa2Geometry, Csa2Status};
 use crate::error::Error;
+use crate::ops::rope::signature::{POSITIONS, X};
 use crate::ops::rope::{Direction, Rope};
-use crate::shape::{Dim, Dims};
+use crate::shape::Dims;
 
 /// Rotary embedding in place on `x` `(tokens, heads, dim)` float, token t at `positions[t]`
 /// (`(tokens)` int, ≥ 0), with the rotary of layer `layer` of `geometry` (θ, YaRN, rope_dim on the
@@ -36,14 +37,10 @@ pub unsafe extern "C" fn csa2_rope(
             v => return Err(Error::invalid("inverse", format!("0 or 1, found {v}"))),
         };
         // SAFETY: caller's contract (see above).
-        let (mut xv, pv) = unsafe { (host(x, "x")?, host(positions, "positions")?) };
+        let (mut xv, pv) = unsafe { (host(x, X.name)?, host(positions, POSITIONS.name)?) };
         let mut dims = Dims::default();
-        xv.expect(
-            FLOATS,
-            &[Dim::Any("T"), Dim::Any("H"), Dim::Any("D")],
-            &mut dims,
-        )?;
-        pv.expect(INTS, &[Dim::Any("T")], &mut dims)?;
+        xv.expect(&X, &mut dims)?;
+        pv.expect(&POSITIONS, &mut dims)?;
         check_disjoint(&[&pv], &[&xv])?;
         let (h, d) = (xv.shape()[1], xv.shape()[2]);
         let pos = pv.i64s()?;

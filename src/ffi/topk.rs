@@ -1,9 +1,13 @@
 //! `csa2_topk`: the C face of [`crate::ops::topk`] (conventions: the op section of [`super`]).
+//!
+//! The export runs [`crate::ops::topk::select_rows_view`]: all tensors on one device — host
+//! memory, or (feature `cuda`) one GPU with float32 logits — and one output order on both
+//! (`ops::topk`'s order contract: a scored row by (logit desc, index asc), a row with ≤ K visible
+//! entries `0..visible`).
 
-use super::dlpack::{check_disjoint, host, host_opt, DLTensor, DType, FLOATS, INTS};
-use super::indexer::visible_rows;
+use super::dlpack::{check_disjoint, DLTensor, View};
 use super::{guarded, Csa2Status};
-use crate::shape::{Dim, Dims};
+use crate::ops::topk::signature::{COUNTS_OUT, LOGITS, OUT, POSITIONS};
 
 /// Top-k of indexer logits (docs/SPEC.md §2 "Indexer"): for row t, the K largest of
 /// `logits[t, 0 .. (positions[t] + 1) div ratio]` (ties → smaller index; −∞/NaN never chosen; all
@@ -26,31 +30,22 @@ pub unsafe extern "C" fn csa2_topk(
         // SAFETY: caller's contract (see above).
         let (lv, pv, mut ov, mut cv) = unsafe {
             (
-                host(logits, "logits")?,
-                host(positions, "positions")?,
-                host(out, "out")?,
-                host_opt(counts_out, "counts_out")?,
+                View::from_raw(logits, LOGITS.name)?,
+                View::from_raw(positions, POSITIONS.name)?,
+                View::from_raw(out, OUT.name)?,
+                View::from_raw_opt(counts_out, COUNTS_OUT.name)?,
             )
         };
-        let mut dims = Dims::default();
-        lv.expect(FLOATS, &[Dim::Any("T"), Dim::Any("N")], &mut dims)?;
-        pv.expect(INTS, &[Dim::Any("T")], &mut dims)?;
-        ov.expect(&[DType::I32], &[Dim::Any("T"), Dim::Any("K")], &mut dims)?;
         let mut outs = vec![&ov];
-        if let Some(c) = &cv {
-            c.expect(&[DType::I32], &[Dim::Any("T")], &mut dims)?;
-            outs.push(c);
-        }
+        outs.extend(cv.as_ref());
         check_disjoint(&[&lv, &pv], &outs)?;
-        let vis = visible_rows(&pv.i64s()?, ratio)?;
-        let lf = lv.f32s()?;
-        let n = lv.shape()[1];
-        let counts = crate::ops::topk::select_rows(&lf, n, &vis, ov.i32s_mut()?)?;
-        if let Some(c) = &mut cv {
-            for (o, &k) in c.i32s_mut()?.iter_mut().zip(&counts) {
-                *o = k as i32;
-            }
-        }
-        Ok(())
+        let mut counts = cv.as_mut().map(|c| c.tensor_mut()).transpose()?;
+        crate::ops::topk::select_rows_view(
+            lv.tensor(),
+            pv.tensor(),
+            ratio as usize,
+            &mut ov.tensor_mut()?,
+            counts.as_mut(),
+        )
     })
 }

@@ -4,7 +4,7 @@
 
 use super::RecordFormat;
 use crate::error::{Error, Result};
-use crate::shape::{Dim, Dims};
+use crate::shape::Dims;
 use crate::tensor::{DType, Device, TensorView, TensorViewMut};
 use rayon::prelude::*;
 
@@ -106,13 +106,9 @@ impl PageLayout {
         pool: &mut TensorViewMut<'_>,
     ) -> Result<()> {
         let mut dims = Dims::default();
-        x.expect(
-            "x",
-            &[DType::F32],
-            &[Dim::Any("N"), Dim::Fixed(self.format.dim())],
-            &mut dims,
-        )?;
-        slot_mapping.expect("slot_mapping", &[DType::I64], &[Dim::Any("N")], &mut dims)?;
+        dims.bind("dim", self.format.dim());
+        x.expect(&signature::X, &mut dims)?;
+        slot_mapping.expect(&signature::SLOT_MAPPING, &mut dims)?;
         if pool.dtype() != DType::U8 || !pool.is_contiguous() {
             return Err(Error::shape(
                 "pool",
@@ -120,19 +116,11 @@ impl PageLayout {
                 format!("{} with strides {:?}", pool.dtype().name(), pool.strides()),
             ));
         }
-        let place = x.device();
-        if let Some((what, d)) = [
+        let place = crate::tensor::one_device(&[
+            ("x", x.device()),
             ("slot_mapping", slot_mapping.device()),
             ("pool", pool.device()),
-        ]
-        .into_iter()
-        .find(|(_, d)| *d != place)
-        {
-            return Err(Error::invalid(
-                what,
-                format!("is on {d} but `x` is on {place}; one call's tensors share a device"),
-            ));
-        }
+        ])?;
         match place {
             Device::Cpu => self.encode_into_pages(
                 x.as_slice("x")?,
@@ -309,6 +297,18 @@ pub fn block_table_slot(table_row: &[i32], j: i64, page_slots: usize) -> Option<
     }
     let blk = *table_row.get(j as usize / page_slots)?;
     (blk >= 0).then(|| blk as usize * page_slots + j as usize % page_slots)
+}
+
+/// The tensor signature of [`PageLayout::encode_into_pages_view`] (`pool` is any dense uint8
+/// tensor of whole pages, checked by the layout).
+pub mod signature {
+    use crate::shape::{Arg, Dim};
+    use crate::tensor::DType;
+
+    /// `[N, dim]` float32 rows to encode (dim = the format's values per record, bound first).
+    pub const X: Arg = Arg::read("x", &[DType::F32], &[Dim::Any("N"), Dim::Any("dim")]);
+    /// `[N]` int64 slot per row (−1 skips the row; vLLM's `slot_mapping`).
+    pub const SLOT_MAPPING: Arg = Arg::read("slot_mapping", &[DType::I64], &[Dim::Any("N")]);
 }
 
 #[cfg(test)]

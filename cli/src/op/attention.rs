@@ -7,9 +7,12 @@
 
 use super::{f32s, one_of, save, Params};
 use csa2::formats::RecordFormat;
+use csa2::ops::attention::signature::{
+    MAIN_KV, MAIN_KV_RECORDS, POSITIONS, Q, SINK, SWA, SWA_RECORDS, TOPK, TOPK_LEN,
+};
 use csa2::ops::attention::{self, reference, AttentionInputs, AttentionParams, KvRows, HEADS};
 use csa2::Result;
-use csa2_harness::npy::{read_checked, read_optional, Dim, Dims};
+use csa2_harness::npy::{read_arg, read_arg_optional, read_file_optional, Dims};
 use std::path::Path;
 
 pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> Result<()> {
@@ -20,36 +23,21 @@ pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> Result<()> {
         ..Default::default()
     };
     let rs = p.i64_list("replay_start")?;
+    // The runner computes V4.1's 64 heads over NVFP4-DS main-KV and MXFP8 SWA records: those
+    // sizes are fixed before the files are checked.
     let mut dims = Dims::default();
-    let q = read_checked::<f32>(
-        in_dir,
-        "q",
-        &[Dim::Any("T"), Dim::Fixed(HEADS), Dim::Fixed(512)],
-        &mut dims,
-    )?;
-    let topk = read_checked::<i32>(in_dir, "topk", &[Dim::Any("T"), Dim::Any("K")], &mut dims)?;
-    let topk_len = read_optional::<i32>(in_dir, "topk_len", &[Dim::Any("T")], &mut dims)?;
-    let sink = read_checked::<f32>(in_dir, "sink", &[Dim::Fixed(HEADS)], &mut dims)?;
-    let pos = read_checked::<i64>(in_dir, "positions", &[Dim::Any("T")], &mut dims)?;
-    let mf = read_optional::<f32>(
-        in_dir,
-        "main_kv",
-        &[Dim::Any("N"), Dim::Fixed(512)],
-        &mut dims,
-    )?;
-    let mq = read_optional::<u8>(
-        in_dir,
-        "main_kv_nvfp4",
-        &[Dim::Any("N"), Dim::Fixed(288)],
-        &mut dims,
-    )?;
-    let sf = read_optional::<f32>(in_dir, "swa", &[Dim::Any("S"), Dim::Fixed(512)], &mut dims)?;
-    let sq = read_optional::<u8>(
-        in_dir,
-        "swa_mxfp8",
-        &[Dim::Any("S"), Dim::Fixed(528)],
-        &mut dims,
-    )?;
+    dims.bind("H", HEADS);
+    dims.bind("main_record_bytes", RecordFormat::Nvfp4Ds.record_bytes());
+    dims.bind("swa_record_bytes", RecordFormat::Mxfp8.record_bytes());
+    let q = read_arg::<f32>(in_dir, &Q, &mut dims)?;
+    let topk = read_arg::<i32>(in_dir, &TOPK, &mut dims)?;
+    let topk_len = read_arg_optional::<i32>(in_dir, &TOPK_LEN, &mut dims)?;
+    let sink = read_arg::<f32>(in_dir, &SINK, &mut dims)?;
+    let pos = read_arg::<i64>(in_dir, &POSITIONS, &mut dims)?;
+    let mf = read_arg_optional::<f32>(in_dir, &MAIN_KV, &mut dims)?;
+    let mq = read_file_optional::<u8>(in_dir, "main_kv_nvfp4", &MAIN_KV_RECORDS, &mut dims)?;
+    let sf = read_arg_optional::<f32>(in_dir, &SWA, &mut dims)?;
+    let sq = read_file_optional::<u8>(in_dir, "swa_mxfp8", &SWA_RECORDS, &mut dims)?;
     let main = match one_of(
         in_dir,
         ("main_kv", mf.as_ref()),

@@ -3,10 +3,11 @@
 //! −1 padded.
 
 use super::{save, Params};
+use csa2::ops::candidates::signature::{LOGITS, POSITIONS};
 use csa2::ops::candidates::{self, reference, CandidateParams};
 use csa2::ops::indexer::visible;
 use csa2::{Error, Result};
-use csa2_harness::npy::{read_checked, Dim, Dims};
+use csa2_harness::npy::{read_arg, Dims};
 use std::path::Path;
 
 pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> Result<()> {
@@ -21,8 +22,8 @@ pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> Result<()> {
     };
     cp.validate()?;
     let mut dims = Dims::default();
-    let logits = read_checked::<f32>(in_dir, "logits", &[Dim::Any("T"), Dim::Any("N")], &mut dims)?;
-    let pos = read_checked::<i64>(in_dir, "positions", &[Dim::Any("T")], &mut dims)?;
+    let logits = read_arg::<f32>(in_dir, &LOGITS, &mut dims)?;
+    let pos = read_arg::<i64>(in_dir, &POSITIONS, &mut dims)?;
     csa2::ops::rope::check_positions(&pos.data)?;
     let (t, n) = (logits.shape[0], logits.shape[1]);
     let vis: Vec<usize> = pos.data.iter().map(|&x| visible(x, ratio)).collect();

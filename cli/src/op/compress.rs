@@ -4,10 +4,11 @@
 //! [G,128], `index_k_mxfp4` u8 [G,68]. Rotary: the compressed layers' (θ 160000 + YaRN).
 
 use super::{save, Params};
+use csa2::ops::compressor::signature::{KV, K_NORM, NORM, SCORE, WK};
 use csa2::ops::compressor::{reference, Compressor, CompressorState, CompressorWeights};
 use csa2::ops::rope::Rope;
 use csa2::Result;
-use csa2_harness::npy::{read_checked, read_optional, Dim, Dims};
+use csa2_harness::npy::{read_arg, read_arg_optional, Dims};
 use std::path::Path;
 
 pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> Result<()> {
@@ -16,16 +17,11 @@ pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> Result<()> {
     let start = p.usize_or("start_pos", 0)?;
     let eps = p.f64_or("eps", 1e-20)?;
     let mut dims = Dims::default();
-    let kv = read_checked::<f32>(in_dir, "kv", &[Dim::Any("T"), Dim::Fixed(512)], &mut dims)?;
-    let score = read_optional::<f32>(
-        in_dir,
-        "score",
-        &[Dim::Any("T"), Dim::Fixed(512)],
-        &mut dims,
-    )?;
-    let norm = read_checked::<f32>(in_dir, "norm", &[Dim::Fixed(512)], &mut dims)?;
-    let wk = read_checked::<f32>(in_dir, "wk", &[Dim::Fixed(128), Dim::Fixed(512)], &mut dims)?;
-    let k_norm = read_checked::<f32>(in_dir, "k_norm", &[Dim::Fixed(128)], &mut dims)?;
+    let kv = read_arg::<f32>(in_dir, &KV, &mut dims)?;
+    let score = read_arg_optional::<f32>(in_dir, &SCORE, &mut dims)?;
+    let norm = read_arg::<f32>(in_dir, &NORM, &mut dims)?;
+    let wk = read_arg::<f32>(in_dir, &WK, &mut dims)?;
+    let k_norm = read_arg::<f32>(in_dir, &K_NORM, &mut dims)?;
     let g = csa2::Geometry::embedded();
     let layer = g
         .layers

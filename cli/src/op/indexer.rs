@@ -6,10 +6,11 @@
 
 use super::{f32s, one_of, save, Params};
 use csa2::ops::candidates::CandidateParams;
+use csa2::ops::indexer::signature::{BLOCKS, KEYS, KEYS_MXFP4, POSITIONS, Q, W};
 use csa2::ops::indexer::{self, IndexKeys, IndexerParams, IndexerQueries, QueryQuant, INDEX_HEADS};
 use csa2::ops::topk;
 use csa2::Result;
-use csa2_harness::npy::{read_checked, read_optional, Dim, Dims};
+use csa2_harness::npy::{read_arg, read_arg_optional, read_file_optional, Dims};
 use std::path::Path;
 
 pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> Result<()> {
@@ -24,29 +25,15 @@ pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> Result<()> {
         block_size: p.usize_or("block_size", 8)?,
         num_blocks: 1,
     };
+    // The runner scores V4.1's 32 heads: H is fixed before the files are checked.
     let mut dims = Dims::default();
-    let q = read_checked::<f32>(
-        in_dir,
-        "q",
-        &[Dim::Any("T"), Dim::Fixed(INDEX_HEADS), Dim::Fixed(128)],
-        &mut dims,
-    )?;
-    let w = read_checked::<f32>(
-        in_dir,
-        "w",
-        &[Dim::Any("T"), Dim::Fixed(INDEX_HEADS)],
-        &mut dims,
-    )?;
-    let pos = read_checked::<i64>(in_dir, "positions", &[Dim::Any("T")], &mut dims)?;
-    let kf = read_optional::<f32>(in_dir, "k", &[Dim::Any("N"), Dim::Fixed(128)], &mut dims)?;
-    let km = read_optional::<u8>(
-        in_dir,
-        "k_mxfp4",
-        &[Dim::Any("N"), Dim::Fixed(68)],
-        &mut dims,
-    )?;
-    let blocks =
-        read_optional::<i32>(in_dir, "blocks", &[Dim::Any("T"), Dim::Any("B")], &mut dims)?;
+    dims.bind("H", INDEX_HEADS);
+    let q = read_arg::<f32>(in_dir, &Q, &mut dims)?;
+    let w = read_arg::<f32>(in_dir, &W, &mut dims)?;
+    let pos = read_arg::<i64>(in_dir, &POSITIONS, &mut dims)?;
+    let kf = read_file_optional::<f32>(in_dir, "k", &KEYS, &mut dims)?;
+    let km = read_file_optional::<u8>(in_dir, "k_mxfp4", &KEYS_MXFP4, &mut dims)?;
+    let blocks = read_arg_optional::<i32>(in_dir, &BLOCKS, &mut dims)?;
     let keys = match one_of(in_dir, ("k", kf.as_ref()), ("k_mxfp4", km.as_ref()))? {
         Ok(t) => IndexKeys::F32(&t.data),
         Err(t) => IndexKeys::Mxfp4(&t.data),

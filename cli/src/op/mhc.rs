@@ -1,11 +1,12 @@
 //! `csa2 op mhc`: one mHC boundary on `.npy` files. The contract is written in docs/OPS.md § mHC.
 
+use csa2::ops::mhc::signature as sig;
 use csa2::ops::mhc::{
     boundary, one_hot_pre, reference, BoundaryIn, MhcParams, MixWeights, Path as MhcPath,
-    PostUpdate, HC, MIX,
+    PostUpdate, HC,
 };
 use csa2::Error;
-use csa2_harness::npy::{self, Dim, Dims};
+use csa2_harness::npy::{self, Dims};
 use std::path::Path;
 
 #[derive(serde::Deserialize)]
@@ -55,41 +56,17 @@ fn read_params(dir: &Path) -> csa2::Result<Params> {
 pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> csa2::Result<()> {
     let prm = read_params(in_dir)?;
     let mut dims = Dims::default();
-    let x = npy::read_checked::<f32>(
-        in_dir,
-        "x",
-        &[Dim::Any("T"), Dim::Fixed(HC), Dim::Any("d")],
-        &mut dims,
-    )?;
+    // File names are the runner's documented contract (docs/OPS.md § mHC); the shapes are the op's.
+    let x = npy::read_arg::<f32>(in_dir, &sig::X, &mut dims)?;
     let (t, d) = (x.shape[0], x.shape[2]);
-    let y = npy::read_optional::<f32>(in_dir, "y", &[Dim::Any("T"), Dim::Any("d")], &mut dims)?;
-    let post = npy::read_optional::<f32>(
-        in_dir,
-        "post_prev",
-        &[Dim::Any("T"), Dim::Fixed(HC)],
-        &mut dims,
-    )?;
-    let comb = npy::read_optional::<f32>(
-        in_dir,
-        "comb_prev",
-        &[Dim::Any("T"), Dim::Fixed(HC), Dim::Fixed(HC)],
-        &mut dims,
-    )?;
-    let pre = npy::read_optional::<f32>(
-        in_dir,
-        "pre_prev",
-        &[Dim::Any("T"), Dim::Fixed(HC)],
-        &mut dims,
-    )?;
-    let hc_fn = npy::read_checked::<f32>(
-        in_dir,
-        "fn",
-        &[Dim::Fixed(MIX), Dim::Fixed(HC * d)],
-        &mut dims,
-    )?;
-    let base = npy::read_checked::<f32>(in_dir, "base", &[Dim::Fixed(MIX)], &mut dims)?;
-    let scale = npy::read_checked::<f32>(in_dir, "scale", &[Dim::Fixed(3)], &mut dims)?;
-    let norm = npy::read_checked::<f32>(in_dir, "norm", &[Dim::Any("d")], &mut dims)?;
+    let y = npy::read_arg_optional::<f32>(in_dir, &sig::Y, &mut dims)?;
+    let post = npy::read_file_optional::<f32>(in_dir, "post_prev", &sig::POST, &mut dims)?;
+    let comb = npy::read_file_optional::<f32>(in_dir, "comb_prev", &sig::COMB, &mut dims)?;
+    let pre = npy::read_arg_optional::<f32>(in_dir, &sig::PRE_PREV, &mut dims)?;
+    let hc_fn = npy::read_file_as::<f32>(in_dir, "fn", &sig::HC_FN, &mut dims)?;
+    let base = npy::read_file_as::<f32>(in_dir, "base", &sig::HC_BASE, &mut dims)?;
+    let scale = npy::read_file_as::<f32>(in_dir, "scale", &sig::HC_SCALE, &mut dims)?;
+    let norm = npy::read_arg::<f32>(in_dir, &sig::NORM, &mut dims)?;
 
     let update = match (&y, &post, &comb) {
         (Some(y), Some(p), Some(c)) => Some(PostUpdate {

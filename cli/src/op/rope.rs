@@ -3,9 +3,10 @@
 
 use super::{f32s, save, Params};
 use csa2::geometry::{RopeParams, Yarn};
+use csa2::ops::rope::signature::{POSITIONS, X};
 use csa2::ops::rope::{reference, Direction, Rope};
 use csa2::{Error, Result};
-use csa2_harness::npy::{read_checked, Dim, Dims};
+use csa2_harness::npy::{read_arg, Dims};
 use std::path::Path;
 
 /// V4.1's YaRN (docs/SPEC.md §2).
@@ -19,13 +20,8 @@ pub const V41_YARN: Yarn = Yarn {
 pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> Result<()> {
     let p = Params::load(in_dir)?;
     let mut dims = Dims::default();
-    let x = read_checked::<f32>(
-        in_dir,
-        "x",
-        &[Dim::Any("T"), Dim::Any("H"), Dim::Any("D")],
-        &mut dims,
-    )?;
-    let pos = read_checked::<i64>(in_dir, "positions", &[Dim::Any("T")], &mut dims)?;
+    let x = read_arg::<f32>(in_dir, &X, &mut dims)?;
+    let pos = read_arg::<i64>(in_dir, &POSITIONS, &mut dims)?;
     let yarn = match p.get("yarn") {
         None | Some(serde_json::Value::Bool(false)) => None,
         Some(serde_json::Value::Bool(true)) => Some(V41_YARN),

@@ -30,12 +30,13 @@
 //! `csa2_cache_free_request` of its request.
 
 use super::{cache, Csa2Cache};
+use crate::cache::signature as sig;
 use crate::cache::{CacheManager, RecordKind};
 use crate::error::{Error, Result};
-use crate::ffi::dlpack::{check_disjoint, host, host_opt, DLTensor, DType, View, FLOATS, INTS};
+use crate::ffi::dlpack::{check_disjoint, host, host_opt, DLTensor, DType, View};
 use crate::ffi::{arg_out, guarded, Csa2Status};
 use crate::formats::{decode_rows, encode_rows, RecordFormat};
-use crate::shape::{Dim, Dims};
+use crate::shape::{Arg, Dims};
 
 /// Which of a KV-source layer's two caches (pass as `int32_t`).
 #[repr(C)]
@@ -102,18 +103,27 @@ fn kv_format(m: &CacheManager, layer: usize, k: RecordKind) -> Result<RecordForm
         })
 }
 
-/// Checks a row tensor against `fmt`: float `(n, dim)` or uint8 `(n, record_bytes)`, binding `n`.
-fn expect_rows(v: &View, fmt: RecordFormat, n: &'static str, dims: &mut Dims) -> Result<()> {
-    if v.dtype() == DType::U8 {
-        v.expect(
-            &[DType::U8],
-            &[Dim::Any(n), Dim::Fixed(fmt.record_bytes())],
-            dims,
-        )
-    } else {
-        v.expect(FLOATS, &[Dim::Any(n), Dim::Fixed(fmt.dim())], dims)
-    }
+/// Checks a row tensor against `fmt` in one of its two forms (`[rows, records]`: float
+/// `(n, dim)` or uint8 `(n, record_bytes)`), binding `n`.
+fn expect_rows(
+    v: &View,
+    fmt: RecordFormat,
+    [rows, records]: [&Arg; 2],
+    dims: &mut Dims,
+) -> Result<()> {
+    dims.bind("dim", fmt.dim());
+    dims.bind("record_bytes", fmt.record_bytes());
+    v.expect(
+        if v.dtype() == DType::U8 {
+            records
+        } else {
+            rows
+        },
+        dims,
+    )
 }
+const SRC: [&Arg; 2] = [&sig::SRC_ROWS, &sig::SRC_RECORDS];
+const DST: [&Arg; 2] = [&sig::DST_ROWS, &sig::DST_RECORDS];
 
 /// Standalone records from a checked row tensor (encoded when float, copied when uint8).
 fn records_of(v: &View, fmt: RecordFormat) -> Result<Vec<u8>> {
@@ -269,12 +279,18 @@ pub unsafe extern "C" fn csa2_cache_write_entries(
 ) -> Csa2Status {
     guarded("csa2_cache_write_entries", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (m, ev, sv) = unsafe { (cache(c)?, host(entries, "entries")?, host(src, "src")?) };
+        let (m, ev, sv) = unsafe {
+            (
+                cache(c)?,
+                host(entries, sig::ENTRIES.name)?,
+                host(src, sig::SRC_ROWS.name)?,
+            )
+        };
         let (k, l) = (kind(kind_)?, layer_arg(layer, &m)?);
         let fmt = kv_format(&m, l, k)?;
         let mut dims = Dims::default();
-        ev.expect(INTS, &[Dim::Any("n")], &mut dims)?;
-        expect_rows(&sv, fmt, "n", &mut dims)?;
+        ev.expect(&sig::ENTRIES, &mut dims)?;
+        expect_rows(&sv, fmt, SRC, &mut dims)?;
         check_disjoint(&[&ev, &sv], &[])?;
         let ids: Vec<usize> = entry_ids(&ev, false)?.into_iter().flatten().collect();
         let slots = m.slots_of(id, l, &ids)?;
@@ -309,12 +325,18 @@ pub unsafe extern "C" fn csa2_cache_read_entries(
 ) -> Csa2Status {
     guarded("csa2_cache_read_entries", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (m, ev, mut dv) = unsafe { (cache(c)?, host(entries, "entries")?, host(dst, "dst")?) };
+        let (m, ev, mut dv) = unsafe {
+            (
+                cache(c)?,
+                host(entries, sig::ENTRIES.name)?,
+                host(dst, sig::DST_ROWS.name)?,
+            )
+        };
         let (k, l) = (kind(kind_)?, layer_arg(layer, &m)?);
         let fmt = kv_format(&m, l, k)?;
         let mut dims = Dims::default();
-        ev.expect(INTS, &[Dim::Any("n")], &mut dims)?;
-        expect_rows(&dv, fmt, "n", &mut dims)?;
+        ev.expect(&sig::ENTRIES, &mut dims)?;
+        expect_rows(&dv, fmt, DST, &mut dims)?;
         check_disjoint(&[&ev], &[&dv])?;
         let ids = entry_ids(&ev, true)?;
         let present: Vec<usize> = ids.iter().flatten().copied().collect();
@@ -372,10 +394,10 @@ pub unsafe extern "C" fn csa2_cache_swa_write(
 ) -> Csa2Status {
     guarded("csa2_cache_swa_write", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (m, sv) = unsafe { (cache(c)?, host(src, "src")?) };
+        let (m, sv) = unsafe { (cache(c)?, host(src, sig::SRC_ROWS.name)?) };
         let l = layer_arg(layer, &m)?;
         let fmt = m.spec().swa_format;
-        expect_rows(&sv, fmt, "n", &mut Dims::default())?;
+        expect_rows(&sv, fmt, SRC, &mut Dims::default())?;
         let pos = usize::try_from(pos_start)
             .map_err(|_| Error::invalid("pos_start", format!("{pos_start} is too large")))?;
         let records = records_of(&sv, fmt)?;
@@ -402,10 +424,10 @@ pub unsafe extern "C" fn csa2_cache_swa_read(
 ) -> Csa2Status {
     guarded("csa2_cache_swa_read", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (m, mut dv) = unsafe { (cache(c)?, host(dst, "dst")?) };
+        let (m, mut dv) = unsafe { (cache(c)?, host(dst, sig::DST_ROWS.name)?) };
         let l = layer_arg(layer, &m)?;
         let fmt = m.spec().swa_format;
-        expect_rows(&dv, fmt, "n", &mut Dims::default())?;
+        expect_rows(&dv, fmt, DST, &mut Dims::default())?;
         let pos = usize::try_from(pos_start)
             .map_err(|_| Error::invalid("pos_start", format!("{pos_start} is too large")))?;
         let mut records = vec![0u8; dv.shape()[0] * fmt.record_bytes()];
@@ -456,10 +478,10 @@ pub unsafe extern "C" fn csa2_cache_set_compressor_state(
 ) -> Csa2Status {
     guarded("csa2_cache_set_compressor_state", || {
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (m, sv) = unsafe { (cache(c)?, host_opt(state, "state")?) };
+        let (m, sv) = unsafe { (cache(c)?, host_opt(state, sig::STATE.name)?) };
         let vals = match &sv {
             Some(v) => {
-                v.expect(&[DType::F32], &[Dim::Any("floats")], &mut Dims::default())?;
+                v.expect(&sig::STATE, &mut Dims::default())?;
                 let x = v.f32s()?;
                 if let Some(i) = x.iter().position(|x| !x.is_finite()) {
                     return Err(Error::invalid(
@@ -496,7 +518,7 @@ pub unsafe extern "C" fn csa2_cache_get_compressor_state(
         let (m, ov, present) = unsafe {
             (
                 cache(c)?,
-                host_opt(out, "out")?,
+                host_opt(out, sig::STATE_OUT.name)?,
                 arg_out(present, "present")?,
             )
         };
@@ -508,7 +530,9 @@ pub unsafe extern "C" fn csa2_cache_get_compressor_state(
             .map_or(0, |p| p.compressor_state_floats());
         let st = m.compressor_state(id, layer as usize)?;
         if let Some(mut v) = ov {
-            v.expect(&[DType::F32], &[Dim::Fixed(floats)], &mut Dims::default())?;
+            let mut dims = Dims::default();
+            dims.bind("floats", floats);
+            v.expect(&sig::STATE_OUT, &mut dims)?;
             if let Some(s) = &st {
                 v.f32s_mut()?.copy_from_slice(s);
             }

@@ -594,5 +594,150 @@ pub(crate) fn attention_with_rows(
     cpu::attention(p, dots, q, sink, rows, main, swa, out, lse);
 }
 
+/// The tensor signatures of the attention exports (`csa2_attention`, `csa2_attention_indexed`,
+/// `csa2_attention_pools`) and `csa2 op attention`. A KV argument has two forms, float rows or
+/// uint8 records of the format the call names; the record width is bound from that format
+/// (`main_record_bytes`, `swa_record_bytes`) before the check.
+pub mod signature {
+    use crate::formats::KV_DIM;
+    use crate::shape::{Arg, Dim, Signature};
+    use crate::tensor::{DType, FLOATS, INTS};
+
+    /// `[T, H, 512]` float queries, RoPE'd.
+    pub const Q: Arg = Arg::read(
+        "q",
+        FLOATS,
+        &[Dim::Any("T"), Dim::Any("H"), Dim::Fixed(KV_DIM)],
+    );
+    /// `[H]` float attention sink per head.
+    pub const SINK: Arg = Arg::read("sink", FLOATS, &[Dim::Any("H")]);
+    /// `[T, H, 512]` float output (before the inverse RoPE).
+    pub const OUT: Arg = Arg::write(
+        "out",
+        FLOATS,
+        &[Dim::Any("T"), Dim::Any("H"), Dim::Fixed(KV_DIM)],
+    );
+    /// `[T, H]` float log-sum-exp without the sink (−∞: nothing attended).
+    pub const LSE: Arg = Arg::write("lse", FLOATS, &[Dim::Any("T"), Dim::Any("H")]);
+    /// `[T, K]` int32 selected main-KV entries (−1 = none).
+    pub const TOPK: Arg = Arg::read("topk", &[DType::I32], &[Dim::Any("T"), Dim::Any("K")]);
+    /// `[T]` int32 valid length of each `topk` row.
+    pub const TOPK_LEN: Arg = Arg::read("topk_len", &[DType::I32], &[Dim::Any("T")]).optional();
+    /// `[T]` int token positions.
+    pub const POSITIONS: Arg = Arg::read("positions", INTS, &[Dim::Any("T")]);
+    /// `[T]` int SWA window floor per token.
+    pub const REPLAY_START: Arg = Arg::read("replay_start", INTS, &[Dim::Any("T")]).optional();
+    /// `[1]` int SWA window floor of every token: the other form of [`REPLAY_START`].
+    pub const REPLAY_START_ALL: Arg = Arg::read("replay_start", INTS, &[Dim::Fixed(1)]).optional();
+    /// `[N, 512]` float main-KV rows.
+    pub const MAIN_KV: Arg = Arg::read("main_kv", FLOATS, &[Dim::Any("N"), Dim::Fixed(KV_DIM)]);
+    /// `[N, main_record_bytes]` uint8 main-KV records: the other form of [`MAIN_KV`].
+    pub const MAIN_KV_RECORDS: Arg = Arg::read(
+        "main_kv",
+        &[DType::U8],
+        &[Dim::Any("N"), Dim::Any("main_record_bytes")],
+    );
+    /// `[S, 512]` float SWA rows, row s = token s.
+    pub const SWA: Arg = Arg::read("swa", FLOATS, &[Dim::Any("S"), Dim::Fixed(KV_DIM)]);
+    /// `[S, swa_record_bytes]` uint8 SWA records: the other form of [`SWA`].
+    pub const SWA_RECORDS: Arg = Arg::read(
+        "swa",
+        &[DType::U8],
+        &[Dim::Any("S"), Dim::Any("swa_record_bytes")],
+    );
+    /// `csa2_attention`.
+    pub const ATTENTION: Signature = Signature {
+        op: "attention",
+        args: &[
+            Q,
+            MAIN_KV,
+            MAIN_KV_RECORDS,
+            SWA,
+            SWA_RECORDS,
+            TOPK,
+            TOPK_LEN,
+            POSITIONS,
+            REPLAY_START,
+            REPLAY_START_ALL,
+            SINK,
+            OUT,
+            LSE,
+        ],
+    };
+
+    /// `[T, Km]` int32 rows of `main_kv` per token (−1 skipped).
+    pub const MAIN_IDX: Arg =
+        Arg::read("main_idx", &[DType::I32], &[Dim::Any("T"), Dim::Any("Km")]);
+    /// `[T]` int32 valid length of each `main_idx` row.
+    pub const MAIN_LEN: Arg = Arg::read("main_len", &[DType::I32], &[Dim::Any("T")]).optional();
+    /// `[S, 512]` float SWA pool (rows named by `swa_idx`).
+    pub const SWA_KV: Arg = Arg::read("swa_kv", FLOATS, &[Dim::Any("S"), Dim::Fixed(KV_DIM)]);
+    /// `[S, swa_record_bytes]` uint8 SWA pool records: the other form of [`SWA_KV`].
+    pub const SWA_KV_RECORDS: Arg = Arg::read(
+        "swa_kv",
+        &[DType::U8],
+        &[Dim::Any("S"), Dim::Any("swa_record_bytes")],
+    );
+    /// `[T, Ks]` int32 rows of `swa_kv` per token (−1 skipped).
+    pub const SWA_IDX: Arg = Arg::read("swa_idx", &[DType::I32], &[Dim::Any("T"), Dim::Any("Ks")]);
+    /// `[T]` int32 valid length of each `swa_idx` row.
+    pub const SWA_LEN: Arg = Arg::read("swa_len", &[DType::I32], &[Dim::Any("T")]).optional();
+    /// `csa2_attention_indexed`.
+    pub const ATTENTION_INDEXED: Signature = Signature {
+        op: "attention_indexed",
+        args: &[
+            Q,
+            MAIN_KV,
+            MAIN_KV_RECORDS,
+            MAIN_IDX,
+            MAIN_LEN,
+            SWA_KV,
+            SWA_KV_RECORDS,
+            SWA_IDX,
+            SWA_LEN,
+            SINK,
+            OUT,
+            LSE,
+        ],
+    };
+
+    /// `csa2_attention_pools` ([`super::pools`]): bfloat16 queries padded to Hp ∈ {64, 128} heads
+    /// of which h (bound from the call's `heads`) are real; the pools are strided views described
+    /// by their own descriptors, not by a shape.
+    pub mod pools {
+        pub use super::{MAIN_IDX, MAIN_LEN, SWA_IDX, SWA_LEN};
+        use crate::formats::KV_DIM;
+        use crate::shape::{Arg, Dim, Signature};
+        use crate::tensor::DType;
+
+        /// `[T, Hp, 512]` bfloat16 queries.
+        pub const Q: Arg = Arg::read(
+            "q",
+            &[DType::Bf16],
+            &[Dim::Any("T"), Dim::Any("Hp"), Dim::Fixed(KV_DIM)],
+        );
+        /// `[T, Hp, 512]` bfloat16 output.
+        pub const OUT: Arg = Arg::write(
+            "out",
+            &[DType::Bf16],
+            &[Dim::Any("T"), Dim::Any("Hp"), Dim::Fixed(KV_DIM)],
+        );
+        /// `[h]` float32 sink of the real heads.
+        pub const SINK: Arg = Arg::read("sink", &[DType::F32], &[Dim::Any("h")]);
+        /// `[T, h]` float32 log-sum-exp of the real heads.
+        pub const LSE: Arg =
+            Arg::write("lse", &[DType::F32], &[Dim::Any("T"), Dim::Any("h")]).optional();
+        /// `[4]` int32 first bad slot (list, token, slot, id), written by the CUDA kernel.
+        pub const ERROR: Arg = Arg::write("error", &[DType::I32], &[Dim::Fixed(4)]).optional();
+        /// `csa2_attention_pools` (tensor arguments other than the pools).
+        pub const ATTENTION_POOLS: Signature = Signature {
+            op: "attention_pools",
+            args: &[
+                Q, MAIN_IDX, MAIN_LEN, SWA_IDX, SWA_LEN, SINK, OUT, LSE, ERROR,
+            ],
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests;

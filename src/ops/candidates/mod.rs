@@ -131,6 +131,24 @@ pub fn mask_outside(p: &CandidateParams, blocks: &[i32], logits: &mut [f32]) {
     }
 }
 
+/// The tensor signature of the candidate pool (`csa2_candidates`, `csa2 op candidates`): the
+/// top-k op's `logits [T, N]` and `positions [T]`, output `blocks_out [T, B]` int32 (B = blocks
+/// kept).
+pub mod signature {
+    pub use crate::ops::topk::signature::{LOGITS, POSITIONS};
+    use crate::shape::{Arg, Dim, Signature};
+    use crate::tensor::DType;
+
+    /// `[T, B]` int32 kept blocks, sorted by (score desc, id asc), −1 padded.
+    pub const BLOCKS_OUT: Arg =
+        Arg::write("blocks_out", &[DType::I32], &[Dim::Any("T"), Dim::Any("B")]);
+    /// `csa2_candidates`.
+    pub const CANDIDATES: Signature = Signature {
+        op: "candidates",
+        args: &[LOGITS, POSITIONS, BLOCKS_OUT],
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

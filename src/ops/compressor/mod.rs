@@ -500,5 +500,42 @@ pub(crate) fn record_buffers(count: usize) -> (Vec<u8>, Vec<u8>) {
     )
 }
 
+/// The tensor signature of the compressor exports (`csa2_compress`, `csa2_compress_step`) and
+/// `csa2 op compress`'s inputs: E compressed entries come out of T tokens.
+pub mod signature {
+    use crate::formats::{INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
+    use crate::shape::{Arg, Dim, Signature};
+    use crate::tensor::{DType, FLOATS};
+
+    /// `[T, 512]` float projected KV of the new tokens.
+    pub const KV: Arg = Arg::read("kv", FLOATS, &[Dim::Any("T"), Dim::Fixed(KV_DIM)]);
+    /// `[T, 512]` float gate scores (ratio 2 only).
+    pub const SCORE: Arg =
+        Arg::read("score", FLOATS, &[Dim::Any("T"), Dim::Fixed(KV_DIM)]).optional();
+    /// `[512]` float RMSNorm weight of the latent.
+    pub const NORM: Arg = Arg::read("norm", FLOATS, &[Dim::Fixed(KV_DIM)]);
+    /// `[128, 512]` float index-K projection.
+    pub const WK: Arg = Arg::read("wk", FLOATS, &[Dim::Fixed(INDEX_DIM), Dim::Fixed(KV_DIM)]);
+    /// `[128]` float RMSNorm weight of the index K.
+    pub const K_NORM: Arg = Arg::read("k_norm", FLOATS, &[Dim::Fixed(INDEX_DIM)]);
+    /// `[E, 288]` uint8 NVFP4-DS main-KV records out.
+    pub const MAIN_KV_OUT: Arg = Arg::write(
+        "main_kv_out",
+        &[DType::U8],
+        &[Dim::Any("E"), Dim::Fixed(NVFP4_DS_BYTES)],
+    );
+    /// `[E, 68]` uint8 MXFP4 index-K records out.
+    pub const INDEX_K_OUT: Arg = Arg::write(
+        "index_k_out",
+        &[DType::U8],
+        &[Dim::Any("E"), Dim::Fixed(MXFP4_INDEX_BYTES)],
+    );
+    /// `csa2_compress` and `csa2_compress_step`.
+    pub const COMPRESS: Signature = Signature {
+        op: "compress",
+        args: &[KV, SCORE, NORM, WK, K_NORM, MAIN_KV_OUT, INDEX_K_OUT],
+    };
+}
+
 #[cfg(test)]
 mod tests;

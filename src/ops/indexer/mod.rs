@@ -362,5 +362,49 @@ pub fn pools_of(
         .collect()
 }
 
+/// The tensor signatures of the indexer (`csa2_indexer_logits`, `csa2_indexer_logits_in_blocks`,
+/// `csa2 op indexer`). `keys` has two forms (float rows or MXFP4 records), declared once each.
+pub mod signature {
+    use crate::formats::MXFP4_INDEX_BYTES;
+    pub use crate::ops::topk::signature::POSITIONS;
+    use crate::shape::{Arg, Dim, Signature};
+    use crate::tensor::{DType, FLOATS};
+
+    /// `[T, H, 128]` float index queries, RoPE'd.
+    pub const Q: Arg = Arg::read(
+        "q",
+        FLOATS,
+        &[Dim::Any("T"), Dim::Any("H"), Dim::Fixed(super::INDEX_DIM)],
+    );
+    /// `[T, H]` float head weights, already scaled.
+    pub const W: Arg = Arg::read("w", FLOATS, &[Dim::Any("T"), Dim::Any("H")]);
+    /// `[N, 128]` float index keys (entry j = row j).
+    pub const KEYS: Arg = Arg::read(
+        "keys",
+        FLOATS,
+        &[Dim::Any("N"), Dim::Fixed(super::INDEX_DIM)],
+    );
+    /// `[N, 68]` uint8 MXFP4 index-K records: the other form of [`KEYS`].
+    pub const KEYS_MXFP4: Arg = Arg::read(
+        "keys",
+        &[DType::U8],
+        &[Dim::Any("N"), Dim::Fixed(MXFP4_INDEX_BYTES)],
+    );
+    /// `[T, B]` int32 candidate blocks (the Reindex path), −1 ends a row.
+    pub const BLOCKS: Arg = Arg::read("blocks", &[DType::I32], &[Dim::Any("T"), Dim::Any("B")]);
+    /// `[T, N]` float logits, −∞ where not visible (or outside the pool).
+    pub const LOGITS_OUT: Arg = Arg::write("logits_out", FLOATS, &[Dim::Any("T"), Dim::Any("N")]);
+    /// `csa2_indexer_logits` (either form of `keys`).
+    pub const LOGITS: Signature = Signature {
+        op: "indexer_logits",
+        args: &[Q, W, POSITIONS, KEYS, KEYS_MXFP4, LOGITS_OUT],
+    };
+    /// `csa2_indexer_logits_in_blocks`.
+    pub const LOGITS_IN_BLOCKS: Signature = Signature {
+        op: "indexer_logits_in_blocks",
+        args: &[Q, W, POSITIONS, KEYS, KEYS_MXFP4, BLOCKS, LOGITS_OUT],
+    };
+}
+
 #[cfg(test)]
 mod tests;

@@ -156,6 +156,23 @@ pub fn check_positions(positions: &[i64]) -> Result<()> {
     Ok(())
 }
 
+/// The tensor signature of the rotary op (`csa2_rope`, `csa2 op rope`): `x [T, H, D]` float rotated
+/// in place, token t at `positions[t]` (`[T]` int, ≥ 0); D ≥ `rope_dim` is checked by [`Rope::apply`].
+pub mod signature {
+    use crate::shape::{Arg, Dim, Signature};
+    use crate::tensor::{FLOATS, INTS};
+
+    /// `[T, H, D]` float, rotated in place.
+    pub const X: Arg = Arg::read_write("x", FLOATS, &[Dim::Any("T"), Dim::Any("H"), Dim::Any("D")]);
+    /// `[T]` int token positions (≥ 0).
+    pub const POSITIONS: Arg = Arg::read("positions", INTS, &[Dim::Any("T")]);
+    /// `csa2_rope`.
+    pub const ROPE: Signature = Signature {
+        op: "rope",
+        args: &[X, POSITIONS],
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,9 +7,19 @@
 //! - when `visible ≤ k` every visible entry is selected, in index order, without looking at the
 //!   logits (vLLM fills `0..compress_len` directly; the set is the same).
 //!
-//! Scored selections come out sorted by (logit desc, index asc). The fast path
-//! ([`cpu::select_scored`]) is one streaming pass against a running threshold with a bounded
-//! candidate buffer (see its module docs).
+//! # The order contract (CPU and CUDA alike)
+//!
+//! A row's selection, then its −1 padding, comes out in one defined order:
+//! - a row with `visible > k` (scored): sorted by (logit desc, index asc), [`order`];
+//! - a row with `visible ≤ k`: `0..visible` ascending (which is the index order of the same set).
+//!
+//! The engine feeds the list to attention in this order, so it is part of the result (the f32
+//! sums of attention follow it). The fast path ([`cpu::select_scored`]) produces it directly: one
+//! streaming pass against a running threshold with a bounded candidate buffer (see its module
+//! docs). The CUDA radix select (`kernels/topk.cu`) yields the same set in ascending index order;
+//! [`select_rows_view`] puts a CUDA result into the contract's order with [`order_rows`] on the
+//! host. The tests compare the CPU path with [`reference::select`] under this contract, and the
+//! CUDA post-step with [`reference::select_rows_index_order`] (the kernel's own reference).
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -17,6 +27,8 @@ pub mod cuda;
 pub mod reference;
 
 use crate::error::{Error, Result};
+use crate::shape::Dims;
+use crate::tensor::{one_device, Device, TensorView, TensorViewMut};
 use rayon::prelude::*;
 
 /// The indexer's k (docs/SPEC.md §2: 512).
@@ -92,6 +104,170 @@ pub fn select_rows(
     Ok(counts)
 }
 
+/// The visible entries of each row, `(p + 1) div ratio` (shared by top-k and the candidate pool).
+///
+/// Errors: [`Error::Invalid`] for ratio 0 or a negative position (naming the token).
+pub fn visible_counts(positions: &[i64], ratio: usize) -> Result<Vec<usize>> {
+    if ratio == 0 {
+        return Err(Error::invalid("ratio", "must be ≥ 1, found 0"));
+    }
+    crate::ops::rope::check_positions(positions)?;
+    Ok(positions
+        .iter()
+        .map(|&p| crate::ops::indexer::visible(p, ratio))
+        .collect())
+}
+
+/// Top-k over tensor views ([`signature::TOPK`]), dispatched on their device: host memory runs
+/// [`select_rows`]; CUDA memory the radix select of `kernels/topk.cu` (feature `cuda`) followed by
+/// [`order_rows`], so both give the order of the module's contract. Row t sees
+/// `(positions[t] + 1) div ratio` entries (clamped to N). `counts_out`, when given, receives the
+/// entries selected per row.
+///
+/// The CUDA path reads `positions` back to the host (T values) to count the visible entries, and
+/// for the contract's order reads the logits and the selection back, sorts, and writes the
+/// selection again: O(T·N) bytes over the bus, the price of one order on both devices.
+///
+/// Errors: [`Error::Shape`] for a tensor off the signature; [`Error::Invalid`] for tensors on
+/// different devices, ratio 0 or a negative position; [`Error::NoCudaBuild`] for CUDA tensors in
+/// a build without the `cuda` feature; [`Error::Cuda`] on a GPU. Nothing is written on error
+/// before the kernel runs.
+pub fn select_rows_view(
+    logits: &TensorView<'_>,
+    positions: &TensorView<'_>,
+    ratio: usize,
+    out: &mut TensorViewMut<'_>,
+    counts_out: Option<&mut TensorViewMut<'_>>,
+) -> Result<()> {
+    use signature::{COUNTS_OUT, LOGITS, OUT, POSITIONS};
+    let mut dims = Dims::default();
+    logits.expect(&LOGITS, &mut dims)?;
+    positions.expect(&POSITIONS, &mut dims)?;
+    out.expect(&OUT, &mut dims)?;
+    let mut devices = vec![
+        (LOGITS.name, logits.device()),
+        (POSITIONS.name, positions.device()),
+        (OUT.name, out.device()),
+    ];
+    if let Some(c) = &counts_out {
+        c.expect(&COUNTS_OUT, &mut dims)?;
+        devices.push((COUNTS_OUT.name, c.device()));
+    }
+    match one_device(&devices)? {
+        Device::Cpu => {
+            let vis = visible_counts(&positions.to_i64(POSITIONS.name)?, ratio)?;
+            let lf = logits.to_f32(LOGITS.name)?;
+            let n = logits.shape()[1];
+            let counts = select_rows(&lf, n, &vis, out.as_mut_slice::<i32>(OUT.name)?)?;
+            if let Some(c) = counts_out {
+                for (o, &k) in c
+                    .as_mut_slice::<i32>(COUNTS_OUT.name)?
+                    .iter_mut()
+                    .zip(&counts)
+                {
+                    *o = k as i32;
+                }
+            }
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => {
+            select_rows_cuda(ordinal, logits, positions, ratio, out, counts_out)
+        }
+        #[cfg(not(feature = "cuda"))]
+        d @ Device::Cuda(_) => Err(crate::tensor::no_cuda_build(LOGITS.name, d)),
+    }
+}
+
+/// The CUDA branch of [`select_rows_view`] (signature and device already checked).
+#[cfg(feature = "cuda")]
+fn select_rows_cuda(
+    ordinal: i32,
+    logits: &TensorView<'_>,
+    positions: &TensorView<'_>,
+    ratio: usize,
+    out: &mut TensorViewMut<'_>,
+    counts_out: Option<&mut TensorViewMut<'_>>,
+) -> Result<()> {
+    use crate::cuda::device::as_i32;
+    use signature::{COUNTS_OUT, LOGITS, OUT, POSITIONS};
+    let ordinal = usize::try_from(ordinal).map_err(|_| {
+        Error::invalid(LOGITS.name, format!("CUDA device {ordinal} does not exist"))
+    })?;
+    let (t, n, k) = (logits.shape()[0], logits.shape()[1], out.shape()[1]);
+    let dev = crate::cuda::Device::shared(ordinal)?;
+    dev.synchronize_context()?;
+    // SAFETY (every borrow below): the views' contract — live device memory of this context,
+    // unused by others for the call.
+    let pos: Vec<i64> = match positions.dtype() {
+        crate::tensor::DType::I32 => dev
+            .download(&*unsafe { dev.borrow::<i32>(positions, POSITIONS.name)? })?
+            .into_iter()
+            .map(i64::from)
+            .collect(),
+        _ => dev.download(&*unsafe { dev.borrow::<i64>(positions, POSITIONS.name)? })?,
+    };
+    let vis: Vec<usize> = visible_counts(&pos[..t], ratio)?
+        .into_iter()
+        .map(|v| v.min(n))
+        .collect();
+    let mut sel = vec![-1i32; t * k];
+    if t > 0 && k > 0 {
+        let nv = vis
+            .iter()
+            .map(|&v| as_i32("visible entries", v))
+            .collect::<Result<Vec<i32>>>()?;
+        let dn = dev.upload(&nv)?;
+        let dl = unsafe { dev.borrow::<f32>(logits, LOGITS.name)? };
+        let mut dout = unsafe { dev.borrow::<i32>(&out.as_view(), OUT.name)? };
+        cuda::select_rows(&dev, &dl, n, &dn, k, &mut dout, t)?;
+        dev.stream()
+            .memcpy_dtoh(&*dout, &mut sel[..])
+            .map_err(|e| crate::cuda::device::cuda_error("copy top-k → host", e))?;
+        let lh = if n > 0 {
+            dev.download(&*dl)?
+        } else {
+            Vec::new()
+        };
+        order_rows(&lh[..t * n], n, &vis, &mut sel);
+        dev.stream()
+            .memcpy_htod(&sel[..], &mut *dout)
+            .map_err(|e| crate::cuda::device::cuda_error("copy top-k → device", e))?;
+    }
+    if let Some(c) = counts_out {
+        let counts: Vec<i32> = if k == 0 {
+            vec![0; t]
+        } else {
+            sel.chunks(k)
+                .map(|r| r.iter().filter(|&&i| i >= 0).count() as i32)
+                .collect()
+        };
+        if t > 0 {
+            let mut dc = unsafe { dev.borrow::<i32>(&c.as_view(), COUNTS_OUT.name)? };
+            dev.stream()
+                .memcpy_htod(&counts[..], &mut *dc)
+                .map_err(|e| crate::cuda::device::cuda_error("copy counts → device", e))?;
+        }
+    }
+    dev.synchronize()
+}
+
+/// Puts rows selected in ascending index order (the CUDA kernel's output, −1 padded) into the
+/// module's order contract: rows with `visible[t] > k` sorted by [`order`]; rows with
+/// `visible[t] ≤ k` hold `0..visible` already. `logits` is `(rows, n)`, `sel` `(rows, k)`.
+pub fn order_rows(logits: &[f32], n: usize, visible: &[usize], sel: &mut [i32]) {
+    let rows = visible.len();
+    if rows == 0 || sel.is_empty() {
+        return;
+    }
+    let k = sel.len() / rows;
+    for (t, row) in sel.chunks_mut(k).enumerate() {
+        if visible[t].min(n) > k {
+            sort_selection(&logits[t * n..(t + 1) * n], row);
+        }
+    }
+}
+
 /// Sorts a selection (−1 padding last) by (logit desc, index asc): the canonical order of `csa2 op`.
 /// −∞ logits sort after finite ones; −1 entries stay at the end.
 pub fn sort_selection(logits: &[f32], sel: &mut [i32]) {
@@ -113,6 +289,29 @@ pub fn order(va: f32, ia: i32, vb: f32, ib: i32) -> std::cmp::Ordering {
         }
     };
     key(vb).total_cmp(&key(va)).then(ia.cmp(&ib))
+}
+
+/// The tensor signature of the top-k op (`csa2_topk`, [`select_rows_view`]): `logits [T, N]`
+/// float, `positions [T]` int (row t sees `(positions[t] + 1) div ratio` entries), outputs
+/// `out [T, K]` int32 and, optionally, `counts_out [T]` int32.
+pub mod signature {
+    use crate::shape::{Arg, Dim, Signature};
+    use crate::tensor::{DType, FLOATS, INTS};
+
+    /// `[T, N]` float indexer logits (also the candidate pool's input).
+    pub const LOGITS: Arg = Arg::read("logits", FLOATS, &[Dim::Any("T"), Dim::Any("N")]);
+    /// `[T]` int token positions (≥ 0).
+    pub const POSITIONS: Arg = Arg::read("positions", INTS, &[Dim::Any("T")]);
+    /// `[T, K]` int32 selection, −1 padded, in the order of [`super`]'s contract.
+    pub const OUT: Arg = Arg::write("out", &[DType::I32], &[Dim::Any("T"), Dim::Any("K")]);
+    /// `[T]` int32 entries selected per row.
+    pub const COUNTS_OUT: Arg =
+        Arg::write("counts_out", &[DType::I32], &[Dim::Any("T")]).optional();
+    /// `csa2_topk`.
+    pub const TOPK: Signature = Signature {
+        op: "topk",
+        args: &[LOGITS, POSITIONS, OUT, COUNTS_OUT],
+    };
 }
 
 #[cfg(test)]
@@ -234,5 +433,117 @@ mod tests {
         assert!(select_rows(&logits, 5, &[5, 5], &mut out).is_ok());
         assert_eq!(out, vec![0, 1, 0, 1]);
         assert!(select_rows(&logits, 4, &[5, 5], &mut out).is_err());
+    }
+
+    #[test]
+    fn cuda_order_post_step_turns_the_kernels_contract_into_the_cpus() {
+        // The kernel's output is modelled by its reference (the set in ascending index order);
+        // `order_rows` must turn it into exactly what the CPU path returns, row by row.
+        let mut r = rand::rngs::StdRng::seed_from_u64(11);
+        let n = 900;
+        let k = 64;
+        let mut keys: Vec<f32> = (0..4 * n).map(|_| r.random_range(0..5) as f32).collect();
+        keys[2 * n + 7] = f32::NAN;
+        keys[3 * n..]
+            .iter_mut()
+            .step_by(2)
+            .for_each(|v| *v = f32::NEG_INFINITY);
+        let nv = [n, 40, 500, 64 + 1];
+        let mut sel = reference::select_rows_index_order(
+            &keys,
+            n,
+            &nv.iter().map(|&v| v as i32).collect::<Vec<_>>(),
+            k,
+        );
+        order_rows(&keys, n, &nv, &mut sel);
+        let mut want = vec![0i32; 4 * k];
+        select_rows(&keys, n, &nv, &mut want).unwrap();
+        assert_eq!(sel, want);
+    }
+
+    #[test]
+    fn view_entry_follows_the_contract_and_checks_devices() {
+        let (t, n, k) = (3usize, 700usize, 16usize);
+        let mut r = rand::rngs::StdRng::seed_from_u64(2);
+        let logits: Vec<f32> = (0..t * n).map(|_| r.random_range(-1.0f32..1.0)).collect();
+        let pos = [699i64, 9, 1397];
+        let mut out = vec![0i32; t * k];
+        let mut counts = vec![0i32; t];
+        let lv = TensorView::from_host_slice(&logits, &[t, n]).unwrap();
+        let pv = TensorView::from_host_slice(&pos, &[t]).unwrap();
+        {
+            let mut ov = TensorViewMut::from_host_slice(&mut out, &[t, k]).unwrap();
+            let mut cv = TensorViewMut::from_host_slice(&mut counts, &[t]).unwrap();
+            select_rows_view(&lv, &pv, 2, &mut ov, Some(&mut cv)).unwrap();
+        }
+        for (row, &p) in pos.iter().enumerate() {
+            let vis = ((p + 1) / 2) as usize;
+            let want = reference::select(&logits[row * n..(row + 1) * n], vis, k);
+            assert_eq!(&out[row * k..(row + 1) * k], &want[..], "row {row}");
+            assert_eq!(counts[row] as usize, vis.min(k));
+        }
+        // Wrong K binding: counts_out [T] must agree with logits' T.
+        let mut short = vec![0i32; 2];
+        let mut ov = TensorViewMut::from_host_slice(&mut out, &[t, k]).unwrap();
+        let mut cv = TensorViewMut::from_host_slice(&mut short, &[2]).unwrap();
+        let e = select_rows_view(&lv, &pv, 2, &mut ov, Some(&mut cv))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("counts_out") && e.contains("T=3") && e.contains("[2]"),
+            "{e}"
+        );
+        // A CUDA tensor among host ones is a mixed-device error, whatever the build.
+        // SAFETY: never dereferenced: the device check fails first.
+        let dpos = unsafe {
+            TensorView::from_raw_parts(
+                0x1000 as *const u8,
+                &[t],
+                &[1],
+                crate::tensor::DType::I64,
+                Device::Cuda(0),
+            )
+        }
+        .unwrap();
+        let e = select_rows_view(&lv, &dpos, 2, &mut ov, None).unwrap_err();
+        assert!(
+            matches!(e, Error::Invalid { .. }) && e.to_string().contains("positions"),
+            "{e}"
+        );
+        let e = select_rows_view(&lv, &pv, 0, &mut ov, None).unwrap_err();
+        assert!(e.to_string().contains("ratio"), "{e}");
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_views_without_the_cuda_feature_are_no_cuda_build_errors() {
+        let dev = |shape: &[usize], dt| {
+            // SAFETY: never dereferenced: the build refuses CUDA memory first.
+            unsafe {
+                TensorView::from_raw_parts(
+                    0x1000 as *const u8,
+                    shape,
+                    &crate::tensor::row_major_strides(shape),
+                    dt,
+                    Device::Cuda(0),
+                )
+            }
+            .unwrap()
+        };
+        let lv = dev(&[2, 10], crate::tensor::DType::F32);
+        let pv = dev(&[2], crate::tensor::DType::I64);
+        // SAFETY: as above.
+        let mut ov = unsafe {
+            TensorViewMut::from_raw_parts(
+                0x2000 as *mut u8,
+                &[2, 4],
+                &[4, 1],
+                crate::tensor::DType::I32,
+                Device::Cuda(0),
+            )
+        }
+        .unwrap();
+        let e = select_rows_view(&lv, &pv, 1, &mut ov, None).unwrap_err();
+        assert!(matches!(e, Error::NoCudaBuild(_)), "{e:?}");
     }
 }
