@@ -8,7 +8,9 @@
 #   python3 -m venv .venv-ops && .venv-ops/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu
 #   THREADS=2 ROUNDS=3 benches/ops_side_by_side.sh
 #
-# Without torch (PY unusable) the csa2 column is printed alone.
+# Without torch (PY unusable) the csa2 column is printed alone. After the rounds, the mHC row
+# (fused boundary vs the unfused passes, no torch counterpart: the ratio is unfused / fused) comes
+# from `cargo bench --bench mhc` at T = 16, 256, 4096 (MHC=0 skips it; MHC_SECONDS per figure).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
@@ -47,7 +49,7 @@ table = [
     ("decode indexer, q MXFP4 (int8 vpdpbusd)", find(c, "q Mxfp4, int8"), ("f32 keys", find(t, "decode indexer,", "f32 keys (dense only)")), "<= 20 ms"),
     ("decode indexer, q bf16 (bf16 vdpbf16ps)", find(c, "q Bf16, bf16"), ("bf16 keys", find(t, "decode indexer,", "bf16 keys (dense only)")), "<= 20 ms"),
     ("decode attention 64x(512+128)x512, f32 dots", find(c, "decode attention 64"), ("pre-decoded", find(t, "pre-decoded f32 rows")), "<= 1/3 torch"),
-    ("decode attention, bf16 dots", find(c, "decode attention, bf16 dots"), ("pre-decoded", find(t, "pre-decoded f32 rows")), "<= 1/3 torch"),
+    ("decode attention, bf16 dots (default)", find(c, "decode attention, bf16 dots"), ("pre-decoded", find(t, "pre-decoded f32 rows")), "<= 1/3 torch"),
 ]
 print(f"\n== round {rnd} table (medians, ms; ratio = csa2 / torch)")
 print(f"| {'op':<46} | {'csa2':>9} | {'torch (same run)':>24} | {'ratio':>6} | goal |")
@@ -67,3 +69,20 @@ for l in open(sys.argv[1], encoding="utf-8"):
         print("  " + l.strip())
 PYEOF
 done
+if [ "${MHC:-1}" != 0 ]; then
+  echo "== mHC: $(date -u '+%F %T UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+  RAYON_NUM_THREADS=$THREADS CSA2_BENCH_SECONDS=${MHC_SECONDS:-2} CSA2_BENCH_TOKENS=16,256,4096 \
+    cargo bench --bench mhc 2>/dev/null | tee "$tmp/mhc"
+  python3 - "$tmp/mhc" <<'PYEOF'
+import re, sys
+print("\n== mHC table (medians, µs; ratio = unfused / fused; goal >= 1.6x at T >= 256)")
+print("| T | fused | unfused | ratio | GEMV alone (% of FMA peak) | goal |")
+print("|---:|---:|---:|---:|---:|---|")
+for l in open(sys.argv[1], encoding="utf-8"):
+    f = [x.strip() for x in l.split("|")]
+    if len(f) >= 4 and f[0].isdigit():
+        a, g = f[1].split(), f[3].split()
+        goal = ">= 1.6x" if int(f[0]) >= 256 else "—"
+        print(f"| {f[0]} | {a[0]} | {a[2]} | {a[4]} | {g[0]} ({g[2]}) | {goal} |")
+PYEOF
+fi

@@ -3,17 +3,24 @@
 //!
 //! The steps are those of the f32 path ([`super::cpu`]); what changes is the operand precision of
 //! the two GEMMs. NVFP4 (E2M1 × E4M3) and MXFP8 (E4M3 × 2^e) row values have at most 6 significant
-//! bits and are exact in bf16 (8), so K and V lose nothing; the query (with the softmax scale
-//! folded in) and the softmax weights P are rounded to bf16 (RNE, relative error ≤ 2^−9), and every
-//! product of two bf16 values is exact in f32. Rounding q moves each logit by about
-//! 2^−9/√3 · ‖q ⊙ k‖ (≈ 1e-3 for unit-variance q and k at 512 dims); the tolerance table's
+//! bits and are exact in bf16 (8), so K and V lose nothing, and every product of two bf16 values
+//! is exact in f32. The query (with the softmax scale folded in) is split into two bf16 halves,
+//! `q ≈ hi + lo` with `hi = bf16(q)` and `lo = bf16(q − hi)` (the difference is exact in f32), and
+//! both halves are dotted with each key pair into the same accumulator: the query then carries
+//! 16 significant bits (relative error ≤ 2^−17) instead of 8. Rounding q to one bf16 moved each
+//! logit by about 2^−9/√3 · ‖q ⊙ k‖ (≈ 1e-3 for unit-variance q and k at 512 dims), which on a
+//! single head with sharp logits (σ = 4) put the output at 1 − cos = 2.6e-5, past the table's
+//! bound; with the split the logit error is ~2^−8 of that, below the f32 path's own summation
+//! error. The score GEMM does twice the `vdpbf16ps` of a single-bf16 query (the P·V GEMM is
+//! unchanged). The softmax weights P are rounded to bf16 (RNE, relative error ≤ 2^−9), each
+//! weight's error entering the output once, not exponentiated; the tolerance table's
 //! [`crate::tolerance::BF16_DOTS_VS_F64`] bounds the result against the f64 reference.
 //!
 //! `vdpbf16ps` treats inputs below 2^−126 as zero and flushes subnormal results (Intel SDM): a
 //! softmax weight below 2^−126 counts as 0, which changes an output by less than 2^−126 · |v|.
 //!
-//! Layouts (bf16 bit patterns in `u16`): Qᵀ as (256, hp, 2), dims 2i and 2i + 1 of a head side by
-//! side; K as plain rows (n, 512), so one 32-bit broadcast is a dim pair; V as row pairs
+//! Layouts (bf16 bit patterns in `u16`): Qᵀ as (256, 2, hp, 2): for dim pair i, the hi halves
+//! then the lo halves, dims 2i and 2i + 1 of a head side by side; K as plain rows (n, 512), so one 32-bit broadcast is a dim pair; V as row pairs
 //! (n/2, 512, 2), rows 2r and 2r + 1 of a dim side by side; P as (n/2, hp, 2) likewise. The
 //! per-row reduction order depends only on the row's position in the token's row list, never on
 //! the thread count or on other tokens.
@@ -23,15 +30,12 @@ use super::{KvRows, TokenRows};
 use crate::formats::KV_DIM;
 use std::cell::RefCell;
 
-/// One score task: ((its rows of the f32 tile, of the bf16 K rows), (of the V row pairs, of Sᵀ)),
-/// (its chunk max, its chunk sum).
+/// One score task: ((its bf16 K rows, (its V row pairs, its rows of Sᵀ)), (its chunk max, its
+/// chunk sum)).
 type ScoreChunk16<'a> = (
     usize,
     (
-        (
-            (&'a mut [f32], &'a mut [u16]),
-            (&'a mut [u16], &'a mut [f32]),
-        ),
+        (&'a mut [u16], (&'a mut [u16], &'a mut [f32])),
         (&'a mut [f32], &'a mut [f32]),
     ),
 );
@@ -40,10 +44,10 @@ thread_local! {
     static SCRATCH16: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
 }
 
-/// bf16 scratch (u16) of one token: Qᵀ, K rows, V row pairs, P row pairs.
+/// bf16 scratch (u16) of one token: Qᵀ (hi and lo halves), K rows, V row pairs, P row pairs.
 fn scratch16_len(n: usize, hp: usize) -> usize {
     let n2 = n.div_ceil(2) * 2;
-    KV_DIM * hp + n2 * KV_DIM + n2 * KV_DIM + n2 * hp
+    2 * KV_DIM * hp + n2 * KV_DIM + n2 * KV_DIM + n2 * hp
 }
 
 /// Whether this CPU runs the bf16 path.
@@ -86,12 +90,13 @@ pub(super) fn token(
         if b16.len() < need {
             b16.resize(need, 0);
         }
-        let (qt, rest) = b16[..need].split_at_mut(KV_DIM * hp);
+        let (qt, rest) = b16[..need].split_at_mut(2 * KV_DIM * hp);
         let (kb, rest) = rest.split_at_mut(n2 * KV_DIM);
         let (vb, pb) = rest.split_at_mut(n2 * KV_DIM);
-        let (kf, rest) = buf.split_at_mut(n * KS);
+        // (The f32 path's row tile and Qᵀ regions of `buf` are unused here: rows are decoded
+        // pairwise into a stack buffer, Qᵀ lives in the bf16 scratch.)
+        let (_, rest) = buf.split_at_mut(n * KS);
         let (st, rest) = rest.split_at_mut(n * hp);
-        // (The f32 path's Qᵀ region of `buf` is unused here: Qᵀ lives in the bf16 scratch.)
         let (_, rest) = rest.split_at_mut(KV_DIM * hp);
         let (mx, rest) = rest.split_at_mut(nc * hp);
         let (sm, ot) = rest.split_at_mut(nc * hp);
@@ -100,20 +105,32 @@ pub(super) fn token(
         unsafe { x86::query_pairs(q, h, hp, scale, qt) };
         let qt = &*qt;
         let isa = crate::isa::level();
-        let score = |(c, (((k, kb16), (vb16, s)), (m, e))): ScoreChunk16| {
+        let score = |(c, ((kb16, (vb16, s)), (m, e))): ScoreChunk16| {
             let rows = s.len() / hp;
-            super::cpu::gather(isa, r, &kv.0, &kv.1, c * CHUNK, k);
-            unsafe {
-                x86::rows_to_bf16(k, rows, kb16, vb16);
-                x86::scores(qt, kb16, rows, hp, s);
+            // Two rows at a time: decoded to f32 in an L1-resident pair buffer and converted at
+            // once to the K rows and the V row pair, so no f32 tile of the chunk (135 KiB, past
+            // L1) is written and read back twice.
+            let mut pair = [0f32; 2 * KS];
+            for p in 0..rows.div_ceil(2) {
+                let rr = (rows - 2 * p).min(2);
+                let two = &mut pair[..rr * KS];
+                super::cpu::gather(isa, r, &kv.0, &kv.1, c * CHUNK + 2 * p, two);
+                unsafe {
+                    x86::rows_to_bf16(
+                        two,
+                        rr,
+                        &mut kb16[2 * p * KV_DIM..],
+                        &mut vb16[2 * p * KV_DIM..],
+                    )
+                };
             }
+            unsafe { x86::scores(qt, kb16, rows, hp, s) };
             chunk_softmax(s, hp, m, e);
         };
         {
             use rayon::prelude::*;
-            let it = kf
-                .par_chunks_mut(CHUNK * KS)
-                .zip(kb.par_chunks_mut(CHUNK * KV_DIM))
+            let it = kb
+                .par_chunks_mut(CHUNK * KV_DIM)
                 .zip(
                     vb.par_chunks_mut(CHUNK * KV_DIM)
                         .zip(st.par_chunks_mut(CHUNK * hp)),
@@ -122,7 +139,7 @@ pub(super) fn token(
                 .enumerate();
             // A prefill token already runs as one rayon task (`par` false): its chunks then run on
             // this thread unless another is idle; the results are the same either way.
-            it.for_each(|(i, (((a, b), (c, d)), e))| score((i, (((a, b), (c, d)), e))));
+            it.for_each(score);
         }
         merge_chunks(mx, sm, sink, h, hp, nc, lse);
         // The chunk rescale is folded into the conversion of P (one pass over Sᵀ instead of two).
@@ -163,30 +180,88 @@ mod x86 {
         unsafe { std::mem::transmute(v) }
     }
 
-    /// Qᵀ pairs: `qt[(i · hp + h) · 2 + e] = bf16(scale · q[h][2i + e])` (RNE); padded heads 0.
+    /// Qᵀ pairs, split: with `x = scale · q[h][2i + e]`, `hi = bf16(x)` (RNE) and
+    /// `lo = bf16(x − hi)`, `qt[((2i) · hp + h) · 2 + e] = hi` and `qt[((2i + 1) · hp + h) · 2 + e]
+    /// = lo`; padded heads 0.
+    ///
+    /// Per block of 16 heads × 32 dims, each head's 16 hi (lo) pairs fill one vector, and a 16 × 16
+    /// transpose of 32-bit lanes turns them into 16 vectors of one pair × 16 heads, stored whole.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub(super) unsafe fn query_pairs(q: &[f32], h: usize, hp: usize, scale: f32, qt: &mut [u16]) {
-        assert!(q.len() == h * KV_DIM && qt.len() == KV_DIM * hp);
-        qt.fill(0);
+        assert!(q.len() == h * KV_DIM && qt.len() == 2 * KV_DIM * hp && hp.is_multiple_of(16));
+        assert!(h <= hp);
         let sc = _mm512_set1_ps(scale);
-        let mut pairs = [0u32; 16];
-        for hi in 0..h {
+        // bf16 (low / high 16 lanes of a 32-lane vector) → f32: a 16-bit left shift.
+        let widen =
+            |v: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+        let zero = _mm512_setzero_si512();
+        for h0 in (0..hp).step_by(16) {
             for d0 in (0..KV_DIM).step_by(32) {
-                // SAFETY: hi · 512 + d0 + 32 ≤ q.len(); `pairs` holds 16 u32.
-                unsafe {
-                    let p = q.as_ptr().add(hi * KV_DIM + d0);
-                    let a = _mm512_mul_ps(_mm512_loadu_ps(p), sc);
-                    let b = _mm512_mul_ps(_mm512_loadu_ps(p.add(16)), sc);
-                    let v = bits(_mm512_cvtne2ps_pbh(b, a));
-                    _mm512_storeu_si512(pairs.as_mut_ptr() as *mut _, v);
+                let mut hi = [zero; 16];
+                let mut lo = [zero; 16];
+                for k in 0..16.min(h.saturating_sub(h0)) {
+                    // SAFETY: head h0 + k < h, d0 + 32 ≤ 512: inside `q`.
+                    unsafe {
+                        let p = q.as_ptr().add((h0 + k) * KV_DIM + d0);
+                        let a = _mm512_mul_ps(_mm512_loadu_ps(p), sc);
+                        let b = _mm512_mul_ps(_mm512_loadu_ps(p.add(16)), sc);
+                        // Lanes 2m, 2m + 1 of `hv` are dims d0 + 2m, d0 + 2m + 1: pair m.
+                        let hv = bits(_mm512_cvtne2ps_pbh(b, a));
+                        let (ha, hb) = (
+                            widen(_mm512_castsi512_si256(hv)),
+                            widen(_mm512_extracti64x4_epi64::<1>(hv)),
+                        );
+                        // x − hi is exact in f32.
+                        let lv = _mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hb), _mm512_sub_ps(a, ha));
+                        hi[k] = hv;
+                        lo[k] = bits(lv);
+                    }
                 }
-                for (k, &pr) in pairs.iter().enumerate() {
-                    let i = d0 / 2 + k;
-                    qt[(i * hp + hi) * 2] = pr as u16;
-                    qt[(i * hp + hi) * 2 + 1] = (pr >> 16) as u16;
+                let (hi, lo) = (transpose16(hi), transpose16(lo));
+                for m in 0..16 {
+                    let i = d0 / 2 + m;
+                    // SAFETY: i < 256 and h0 + 16 ≤ hp: rows 2i and 2i + 1 of Qᵀ hold hp pairs.
+                    unsafe {
+                        let base = qt.as_mut_ptr() as *mut u32;
+                        _mm512_storeu_si512(base.add(2 * i * hp + h0) as *mut _, hi[m]);
+                        _mm512_storeu_si512(base.add((2 * i + 1) * hp + h0) as *mut _, lo[m]);
+                    }
                 }
             }
         }
+    }
+
+    /// Transpose of a 16 × 16 matrix of 32-bit lanes (`r[i]` lane j → result `[j]` lane i):
+    /// 32-bit then 64-bit unpacks inside 128-bit lanes, then two rounds of 128-bit lane shuffles.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
+        let mut t = [_mm512_setzero_si512(); 16];
+        for k in 0..8 {
+            t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+            t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+        }
+        // u[4m + c], 128-bit lane l: rows 4m..4m + 4 of column 4l + c.
+        let mut u = [_mm512_setzero_si512(); 16];
+        for m in 0..4 {
+            let b = 4 * m;
+            u[b] = _mm512_unpacklo_epi64(t[b], t[b + 2]);
+            u[b + 1] = _mm512_unpackhi_epi64(t[b], t[b + 2]);
+            u[b + 2] = _mm512_unpacklo_epi64(t[b + 1], t[b + 3]);
+            u[b + 3] = _mm512_unpackhi_epi64(t[b + 1], t[b + 3]);
+        }
+        let mut out = [_mm512_setzero_si512(); 16];
+        for c in 0..4 {
+            let v0 = _mm512_shuffle_i32x4::<0x44>(u[c], u[4 + c]);
+            let v1 = _mm512_shuffle_i32x4::<0xEE>(u[c], u[4 + c]);
+            let w0 = _mm512_shuffle_i32x4::<0x44>(u[8 + c], u[12 + c]);
+            let w1 = _mm512_shuffle_i32x4::<0xEE>(u[8 + c], u[12 + c]);
+            out[c] = _mm512_shuffle_i32x4::<0x88>(v0, w0);
+            out[4 + c] = _mm512_shuffle_i32x4::<0xDD>(v0, w0);
+            out[8 + c] = _mm512_shuffle_i32x4::<0x88>(v1, w1);
+            out[12 + c] = _mm512_shuffle_i32x4::<0xDD>(v1, w1);
+        }
+        out
     }
 
     /// f32 rows (`rows` of stride [`KS`]) → bf16 K rows (`kb`, stride 512) and V row pairs (`vb`);
@@ -227,14 +302,14 @@ mod x86 {
         }
     }
 
-    /// Scores `st` (rows, hp) = K · Qᵀ: tiles of 6 rows × 4 vectors of 16 heads, over blocks of
+    /// Scores `st` (rows, hp) = K · (Qᵀ hi + Qᵀ lo): tiles of 6 rows × 4 vectors of 16 heads, over blocks of
     /// 64 dims (each block's sums added to the stored partial scores, as the f32 path).
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     #[allow(clippy::needless_range_loop)]
     pub(super) unsafe fn scores(qt: &[u16], kb: &[u16], rows: usize, hp: usize, st: &mut [f32]) {
         const R: usize = 6;
         const DB: usize = 64;
-        assert!(qt.len() == KV_DIM * hp && kb.len() >= rows * KV_DIM && st.len() == rows * hp);
+        assert!(qt.len() == 2 * KV_DIM * hp && kb.len() >= rows * KV_DIM && st.len() == rows * hp);
         assert!(hp.is_multiple_of(64) && rows > 0);
         let zero = _mm512_setzero_ps();
         for h0 in (0..hp).step_by(64) {
@@ -242,11 +317,14 @@ mod x86 {
                 for j0 in (0..rows).step_by(R) {
                     let jr: [usize; R] = std::array::from_fn(|r| (j0 + r).min(rows - 1));
                     let mut acc = [[zero; 4]; R];
-                    for i in d0 / 2..(d0 + DB) / 2 {
-                        // SAFETY: i < 256, h0 + 64 ≤ hp.
+                    // Row i2 of Qᵀ is dim pair i2 / 2's hi (even i2) or lo (odd i2) half; both
+                    // meet the same key pair and add into the same accumulators.
+                    for i2 in d0..d0 + DB {
+                        let i = i2 / 2;
+                        // SAFETY: i2 < 512, h0 + 64 ≤ hp.
                         let qv: [__m512bh; 4] = std::array::from_fn(|v| unsafe {
                             bh(_mm512_loadu_si512(
-                                qt.as_ptr().add((i * hp + h0 + 16 * v) * 2) as *const _,
+                                qt.as_ptr().add((i2 * hp + h0 + 16 * v) * 2) as *const _,
                             ))
                         });
                         for r in 0..R {
@@ -354,6 +432,50 @@ mod x86 {
                         let p = o.as_mut_ptr().add((h0 + i) * SLICE + dd);
                         _mm512_storeu_ps(p, acc[i][0]);
                         _mm512_storeu_ps(p.add(16), acc[i][1]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use csa2_rng::{rand_normal, NewRng, Rng};
+    use half::bf16;
+
+    /// The vector split of the query (conversion + 16 × 16 transpose) against a scalar one
+    /// (`half`'s RNE rounding), every head count class: one head, ragged, whole vectors, past 64.
+    #[test]
+    fn query_pairs_are_the_scalar_hi_lo_split() {
+        if !supported() {
+            return;
+        }
+        let mut rng = Rng::new(3);
+        for h in [1usize, 5, 16, 64, 72] {
+            let hp = h.div_ceil(HEAD_PAD) * HEAD_PAD;
+            let q = rand_normal(&mut rng, h * KV_DIM, 3.0);
+            let scale = 0.044;
+            let mut qt = vec![0xFFFFu16; 2 * KV_DIM * hp];
+            // SAFETY: `supported()` checked; lengths as asserted.
+            unsafe { x86::query_pairs(&q, h, hp, scale, &mut qt) };
+            for i in 0..KV_DIM / 2 {
+                for hh in 0..hp {
+                    for e in 0..2 {
+                        let (hi, lo) = if hh < h {
+                            let x = q[hh * KV_DIM + 2 * i + e] * scale;
+                            let hi = bf16::from_f32(x);
+                            (hi.to_bits(), bf16::from_f32(x - hi.to_f32()).to_bits())
+                        } else {
+                            (0, 0)
+                        };
+                        assert_eq!(
+                            qt[((2 * i) * hp + hh) * 2 + e],
+                            hi,
+                            "hi h {h} i {i} {hh} {e}"
+                        );
+                        assert_eq!(qt[((2 * i + 1) * hp + hh) * 2 + e], lo, "lo h {h} i {i}");
                     }
                 }
             }

@@ -164,24 +164,30 @@ impl AttentionDots {
         }
     }
 
-    /// The backend's choice: f32, or bf16 when `CSA2_ATTENTION_DOTS=bf16` and
-    /// [`AttentionDots::is_supported`] (read once; an unknown value is ignored). bf16 is not the
-    /// default: with rows exact in bf16 (every cache format decodes to such values) it meets
-    /// [`crate::tolerance::BF16_DOTS_VS_F64`] in every attention test but one, a single head with
-    /// sharp logits (q of σ = 4) at 1 − cos = 2.6e-5 against the bound's 2e-5 (docs/PERF.md).
+    /// The backend's choice: bf16 where [`AttentionDots::Bf16`] is supported (AVX-512 BF16, not
+    /// capped off by `CSA2_ISA`), f32 elsewhere or when `CSA2_ATTENTION_DOTS=f32` (read once; an
+    /// unknown value is ignored, `bf16` on a CPU without the unit falls back to f32). With the split
+    /// query (hi + lo bf16 halves, [`bf16`]) the bf16 path meets
+    /// [`crate::tolerance::BF16_DOTS_VS_F64`] in every attention test on rows exact in bf16, which
+    /// every cache format decodes to; f32 stays the reference-grade option.
     pub fn backend_default() -> AttentionDots {
         static DOTS: std::sync::OnceLock<AttentionDots> = std::sync::OnceLock::new();
         *DOTS.get_or_init(|| {
             let asked = std::env::var("CSA2_ATTENTION_DOTS")
                 .ok()
                 .and_then(|v| AttentionDots::from_name(&v).ok());
-            match asked {
-                Some(AttentionDots::Bf16) if AttentionDots::Bf16.is_supported() => {
-                    AttentionDots::Bf16
-                }
-                _ => AttentionDots::F32,
-            }
+            Self::choose(asked, AttentionDots::Bf16.is_supported())
         })
+    }
+
+    /// [`AttentionDots::backend_default`]'s rule: what was asked for (`None`: nothing valid),
+    /// bf16 only where `bf16_supported`.
+    fn choose(asked: Option<AttentionDots>, bf16_supported: bool) -> AttentionDots {
+        match asked {
+            Some(AttentionDots::F32) => AttentionDots::F32,
+            Some(AttentionDots::Bf16) | None if bf16_supported => AttentionDots::Bf16,
+            _ => AttentionDots::F32,
+        }
     }
 
     /// Parses `f32` or `bf16`.

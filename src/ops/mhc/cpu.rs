@@ -237,6 +237,39 @@ fn mix_block(
     c1: usize,
     acc: &mut [f32],
 ) {
+    mix_block_ahead(d, hc_fn, packed, xs, c0, c1, acc, Ahead::NONE)
+}
+
+/// Segments of the stream rows the next pass will touch, prefetched into L2 while the GEMV
+/// computes (the overlap of the fused path's memory-bound update with its compute-bound GEMV):
+/// each pointer starts `lines` cache lines of one row segment. A hint only: no result depends on
+/// it, and prefetches never fault.
+#[derive(Clone, Copy)]
+pub(super) struct Ahead<'a> {
+    segs: &'a [*const f32],
+    lines: usize,
+}
+
+impl Ahead<'_> {
+    const NONE: Ahead<'static> = Ahead {
+        segs: &[],
+        lines: 0,
+    };
+}
+
+/// [`mix_block`], prefetching `ahead` under the packed AVX-512 kernel (ignored elsewhere).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn mix_block_ahead(
+    d: usize,
+    hc_fn: &[f32],
+    packed: Option<&PackedHcFn>,
+    xs: &[f32],
+    c0: usize,
+    c1: usize,
+    acc: &mut [f32],
+    ahead: Ahead,
+) {
     assert!(hc_fn.len() == MIX * HC * d && xs.len().is_multiple_of(HC * d));
     assert!(acc.len() == xs.len() / (HC * d) * MIX_ACC && c0 <= c1 && c1 <= d);
     match level() {
@@ -245,7 +278,7 @@ fn mix_block(
             if let Some(chunk) = packed.and_then(|pk| pk.chunk(d, c0, c1)) {
                 // SAFETY: `level()` reported AVX-512F; `chunk` is the packed c0..c1 of a table of
                 // this d (24·4·⌈(c1−c0)/16⌉·16 values, checked by `chunk`); lengths asserted above.
-                return unsafe { avx512::mix_block_packed(d, chunk, xs, c0, c1, acc) };
+                return unsafe { avx512::mix_block_packed(d, chunk, xs, c0, c1, acc, ahead) };
             }
             // SAFETY: `level()` reported AVX-512F at run time; lengths asserted above.
             unsafe { avx512::mix_block(d, hc_fn, xs, c0, c1, acc) }
@@ -631,7 +664,7 @@ mod avx512 {
         c1: usize,
         acc: &mut [f32],
     ) {
-        blocks::<false>(d, hc_fn.as_ptr(), xs, c0, c1, acc)
+        blocks::<false>(d, hc_fn.as_ptr(), xs, c0, c1, acc, super::Ahead::NONE)
     }
 
     /// [`mix_block`] reading `hc_fn` from one chunk of a [`super::PackedHcFn`] (`chunk` = the
@@ -641,20 +674,24 @@ mod avx512 {
     /// SAFETY (callers): AVX-512F present; `chunk` holds 24·4·⌈(c1−c0)/16⌉·16 values, `xs` nt·4·d,
     /// `acc` nt·25, c0 ≤ c1 ≤ d.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn mix_block_packed(
+    pub(super) unsafe fn mix_block_packed(
         d: usize,
         chunk: &[f32],
         xs: &[f32],
         c0: usize,
         c1: usize,
         acc: &mut [f32],
+        ahead: super::Ahead,
     ) {
-        blocks::<true>(d, chunk.as_ptr(), xs, c0, c1, acc)
+        blocks::<true>(d, chunk.as_ptr(), xs, c0, c1, acc, ahead)
     }
 
-    /// One 4-token group's X' chunk copied contiguously (`[token][stream][CHUNK]`, 32 KiB).
+    /// Tokens of one pass of [`tile_packed`] (the fused path's tile cap).
+    const TILE: usize = super::MAX_TILE;
+
+    /// A tile's X' chunk copied stream-major (`[stream][token][CHUNK]`, 128 KiB at 16 tokens).
     #[repr(align(64))]
-    struct XChunk([f32; TB * HC * super::CHUNK]);
+    struct XTile([f32; HC * TILE * super::CHUNK]);
 
     #[inline(always)]
     unsafe fn blocks<const P: bool>(
@@ -664,34 +701,33 @@ mod avx512 {
         c0: usize,
         c1: usize,
         acc: &mut [f32],
+        ahead: super::Ahead,
     ) {
         let nt = xs.len() / (HC * d);
         let row = HC * d;
         let w = c1 - c0;
-        // With the packed table (chunks ≤ CHUNK wide) the group's 16 X' row segments are copied
-        // into one contiguous 32 KiB block first: in place they are 20/80 KiB apart, all in the
-        // same L1 sets, and the 4 row groups re-read them 4 times. Same values, same FMAs.
-        let mut scratch = if P && w <= super::CHUNK {
-            Some(XChunk([0.0; TB * HC * super::CHUNK]))
-        } else {
-            None
-        };
+        if P && w <= super::CHUNK {
+            for t in (0..nt).step_by(TILE) {
+                let tn = (nt - t).min(TILE);
+                tile_packed(
+                    d,
+                    fp,
+                    &xs[t * row..(t + tn) * row],
+                    c0,
+                    c1,
+                    &mut acc[t * MIX_ACC..(t + tn) * MIX_ACC],
+                    if t == 0 { ahead } else { super::Ahead::NONE },
+                );
+            }
+            return;
+        }
+        // (A packed chunk is wider than CHUNK only for tables packed on another grid, which
+        // `PackedHcFn::chunk` refuses; kept for completeness, in place.)
         let mut t = 0;
         while t < nt {
             let b = (nt - t).min(TB);
             let a = &mut acc[t * MIX_ACC..(t + b) * MIX_ACC];
-            let (xp, ts, js, xc0) = match scratch.as_mut() {
-                Some(sc) => {
-                    for bb in 0..b {
-                        for j in 0..HC {
-                            let src = &xs[(t + bb) * row + j * d + c0..][..w];
-                            sc.0[(bb * HC + j) * super::CHUNK..][..w].copy_from_slice(src);
-                        }
-                    }
-                    (sc.0.as_ptr(), HC * super::CHUNK, super::CHUNK, 0)
-                }
-                None => (xs.as_ptr().add(t * row), row, d, c0),
-            };
+            let (xp, ts, js, xc0) = (xs.as_ptr().add(t * row), row, d, c0);
             match b {
                 4 => group::<4, P>(d, fp, xp, ts, js, xc0, c0, c1, a),
                 3 => group::<3, P>(d, fp, xp, ts, js, xc0, c0, c1, a),
@@ -699,6 +735,161 @@ mod avx512 {
                 _ => group::<1, P>(d, fp, xp, ts, js, xc0, c0, c1, a),
             }
             t += b;
+        }
+    }
+
+    /// The packed-table GEMV of ≤ [`TILE`] tokens over one chunk, loops reordered for reuse:
+    /// per stream j, per row group g, every 4-token group runs its 6 × B accumulators over the
+    /// chunk, spilling them to `sp` between streams. The `hc_fn` slab of (g, j) (6 rows × 512
+    /// dims, 12 KiB) then serves all the tile's tokens from L1, and the tile's X' of stream j
+    /// (16 × 2 KiB) serves all 4 row groups: per tile and chunk ≈ 320 KiB come from L2 instead of
+    /// ≈ 900 KiB when each 4-token group streamed the whole 192 KiB chunk of `hc_fn` itself. Each
+    /// accumulator sees the same FMAs in the same order (j, then dims) as in [`group`], so the
+    /// result bits are those of the row-major kernel.
+    ///
+    /// The `ahead` segments are spread over the slab calls, one cache line of each of a call's
+    /// segments per 16-dim step, so the prefetches trickle out beside the FMAs.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn tile_packed(
+        d: usize,
+        fp: *const f32,
+        xs: &[f32],
+        c0: usize,
+        c1: usize,
+        acc: &mut [f32],
+        ahead: super::Ahead,
+    ) {
+        const CH: usize = super::CHUNK;
+        let nt = xs.len() / (HC * d);
+        debug_assert!(nt <= TILE && c1 - c0 <= CH);
+        let row = HC * d;
+        let w = c1 - c0;
+        let nfull = w / 16;
+        let rem = w - nfull * 16;
+        let mask: __mmask16 = ((1u32 << rem) - 1) as __mmask16;
+        let nkb = w.div_ceil(16);
+        let mut xc = XTile([0.0; HC * TILE * CH]);
+        for tt in 0..nt {
+            for j in 0..HC {
+                xc.0[(j * TILE + tt) * CH..][..w]
+                    .copy_from_slice(&xs[tt * row + j * d + c0..][..w]);
+            }
+        }
+        let ng = nt.div_ceil(TB);
+        let calls = HC * (MIX / RG) * ng;
+        let ns = ahead.segs.len();
+        let mut call = 0;
+        let mut sp = [[[_mm512_setzero_ps(); TB]; RG]; (MIX / RG) * (TILE / TB)];
+        for j in 0..HC {
+            for g in 0..MIX / RG {
+                // The packed (g, j) slab: [kb][q][16].
+                let fj = fp.add((g * HC + j) * nkb * RG * 16);
+                for tg in 0..ng {
+                    let t = tg * TB;
+                    let b = (nt - t).min(TB);
+                    let xj = xc.0.as_ptr().add((j * TILE + t) * CH);
+                    let a = &mut sp[g * (TILE / TB) + tg];
+                    let pf = &ahead.segs[call * ns / calls..(call + 1) * ns / calls];
+                    let pl = ahead.lines;
+                    call += 1;
+                    match b {
+                        4 => slab::<4>(fj, xj, nfull, mask, a, pf, pl),
+                        3 => slab::<3>(fj, xj, nfull, mask, a, pf, pl),
+                        2 => slab::<2>(fj, xj, nfull, mask, a, pf, pl),
+                        _ => slab::<1>(fj, xj, nfull, mask, a, pf, pl),
+                    }
+                }
+            }
+        }
+        for tg in 0..ng {
+            let t = tg * TB;
+            let b = (nt - t).min(TB);
+            for g in 0..MIX / RG {
+                let a = &sp[g * (TILE / TB) + tg];
+                for q in 0..RG {
+                    for bb in 0..b {
+                        acc[(t + bb) * MIX_ACC + g * RG + q] += _mm512_reduce_add_ps(a[q][bb]);
+                    }
+                }
+            }
+            // Σ X'² per token, in the order of [`group`]'s (streams, then dims).
+            for bb in 0..b {
+                let mut s = _mm512_setzero_ps();
+                for j in 0..HC {
+                    let xp = xc.0.as_ptr().add((j * TILE + t + bb) * CH);
+                    for kb in 0..nfull {
+                        // SAFETY: 16·(kb + 1) ≤ w ≤ CHUNK: inside the copied segment.
+                        let x = _mm512_loadu_ps(xp.add(kb * 16));
+                        s = _mm512_fmadd_ps(x, x, s);
+                    }
+                    if mask != 0 {
+                        let x = _mm512_maskz_loadu_ps(mask, xp.add(nfull * 16));
+                        s = _mm512_fmadd_ps(x, x, s);
+                    }
+                }
+                acc[(t + bb) * MIX_ACC + MIX] += _mm512_reduce_add_ps(s);
+            }
+        }
+    }
+
+    /// B tokens × 6 rows of one (g, j) slab: `fj` = the slab (`[kb][q][16]`, whole 16-lane
+    /// blocks), `xj` = token bb's stream-j segment at `xj + bb·CHUNK`; adds to `a[q][bb]`.
+    /// At step kb < `pl`, line kb of each segment of `pf` is prefetched into L2.
+    #[inline(always)]
+    unsafe fn slab<const B: usize>(
+        fj: *const f32,
+        xj: *const f32,
+        nfull: usize,
+        mask: __mmask16,
+        sp: &mut [[__m512; TB]; RG],
+        pf: &[*const f32],
+        pl: usize,
+    ) {
+        const CH: usize = super::CHUNK;
+        let mut a = [[_mm512_setzero_ps(); B]; RG];
+        for q in 0..RG {
+            for bb in 0..B {
+                a[q][bb] = sp[q][bb];
+            }
+        }
+        for kb in 0..nfull {
+            if kb < pl {
+                for &p in pf {
+                    // A prefetch never faults; the address is only computed, never read.
+                    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(kb * 16) as *const i8);
+                }
+            }
+            // SAFETY: 16·(kb + 1) ≤ the chunk width: inside each token's copied segment and the
+            // slab.
+            let mut x = [_mm512_setzero_ps(); B];
+            for (bb, x) in x.iter_mut().enumerate() {
+                *x = _mm512_loadu_ps(xj.add(bb * CH + kb * 16));
+            }
+            for (q, aq) in a.iter_mut().enumerate() {
+                let f = _mm512_loadu_ps(fj.add((kb * RG + q) * 16));
+                for (ab, x) in aq.iter_mut().zip(&x) {
+                    *ab = _mm512_fmadd_ps(f, *x, *ab);
+                }
+            }
+        }
+        if mask != 0 {
+            // SAFETY: masked lanes are not read; the slab's last block is whole (zero-padded).
+            let mut x = [_mm512_setzero_ps(); B];
+            for (bb, x) in x.iter_mut().enumerate() {
+                *x = _mm512_maskz_loadu_ps(mask, xj.add(bb * CH + nfull * 16));
+            }
+            for (q, aq) in a.iter_mut().enumerate() {
+                let f = _mm512_maskz_loadu_ps(mask, fj.add((nfull * RG + q) * 16));
+                for (ab, x) in aq.iter_mut().zip(&x) {
+                    *ab = _mm512_fmadd_ps(f, *x, *ab);
+                }
+            }
+        }
+        for q in 0..RG {
+            for bb in 0..B {
+                sp[q][bb] = a[q][bb];
+            }
         }
     }
 
@@ -949,6 +1140,7 @@ pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) ->
         let t0 = ti * tile;
         let nt = u_tile.len() / d;
         let mut su = vec![0.0f32; nt];
+        let mut segs: Vec<*const f32> = Vec::with_capacity(nt * (2 * HC + 2));
         // Chunk-major: the update of one CHUNK of every token of the tile (X' chunk: ≤ 16 × 4 ×
         // 2 KiB = 128 KiB) is followed at once by the GEMV on that chunk, so the GEMV reads X' from
         // L1/L2 instead of L3 (the whole tile's X', 16 × 80 KiB at d = 5120, exceeds a 1 MiB L2),
@@ -979,7 +1171,27 @@ pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) ->
                 };
             }
             if let Some(w) = &inp.next {
-                mix_block(d, w.hc_fn, w.packed, xn_tile, c0, c1, acc_tile);
+                // The next chunk's rows of this tile (X and y read, X' and u written by the
+                // update), prefetched while the GEMV runs on this chunk.
+                segs.clear();
+                if c1 < d {
+                    for tt in 0..nt {
+                        let tok = t0 + tt;
+                        for j in 0..HC {
+                            segs.push(inp.x[(tok * HC + j) * d + c1..].as_ptr());
+                            segs.push(xn_tile[(tt * HC + j) * d + c1..].as_ptr());
+                        }
+                        if let Some(upd) = &inp.update {
+                            segs.push(upd.y[tok * d + c1..].as_ptr());
+                        }
+                        segs.push(u_tile[tt * d + c1..].as_ptr());
+                    }
+                }
+                let ahead = Ahead {
+                    segs: &segs,
+                    lines: (d - c1).min(CHUNK).div_ceil(16),
+                };
+                mix_block_ahead(d, w.hc_fn, w.packed, xn_tile, c0, c1, acc_tile, ahead);
             }
             c0 = c1;
         }
@@ -1202,7 +1414,7 @@ mod tests {
                         // SAFETY: AVX-512F detected just above; `ch` is the packed c0..c1.
                         unsafe {
                             avx512::mix_block(d, &hc_fn, &xs, c0, c1, &mut r);
-                            avx512::mix_block_packed(d, ch, &xs, c0, c1, &mut q);
+                            avx512::mix_block_packed(d, ch, &xs, c0, c1, &mut q, Ahead::NONE);
                         }
                         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                         assert_eq!(bits(&r), bits(&q), "avx512 d={d} nt={nt} {c0}..{c1}");
