@@ -1,0 +1,269 @@
+"""csa2's layer on an SM90 GPU, on CPU with the capability reported as 9.0: the KV specs the real
+layer (``Csa2DeepseekV4Attention.__init__``, vLLM's own construction code) requests, the pages
+vLLM's real KV planner and ``allocate_kv_cache`` build from them, the global bytes per token as
+docs/SPEC.md counts them, csa2's writers and vLLM's filling those pages (Triton interpreter), and
+``csa2_attention_pools`` reading them in place against a float64 softmax. A capability-10.0
+control runs the same code where vLLM itself picks the V4.1 records and writes them.
+
+The model: DeepSeek-V4.1-Flash's own config (assets/) without its weight quantisation (the FP8
+linear layers need a GPU to be built), layers 0 (SWA-only) and the four KV sources 2, 8, 14, 20
+(ratios 2, 2, 2, 1: the layers that store global KV).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from csa2_vllm import _lib, writers
+from csa2_vllm import attention as csa2_attention
+from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig,
+                         set_current_vllm_config)
+from vllm.models.deepseek_v41.common.ops import cache_utils
+from vllm.platforms import current_platform
+from vllm.platforms.interface import DeviceCapability
+from vllm.v1.core import kv_cache_planning
+from vllm.v1.worker.utils import allocate_kv_cache
+
+from test_forward_mqa import _attend64
+from test_sm90_writers import _cos_sin
+
+LAYERS = [0, 2, 8, 14, 20]
+FULL = {2: 2, 8: 2, 14: 2, 20: 1}  # KV-source layer → compress ratio
+BLOCK = 256
+NUM_BLOCKS = 6
+
+
+@pytest.fixture(scope="module")
+def model_config(tmp_path_factory):
+    here = os.path.dirname(os.path.abspath(__file__))
+    src = json.load(open(os.path.join(here, "..", "..", "assets", "deepseek_v41_flash_config.json")))
+    src.pop("quantization_config", None)
+    src["text_config"].pop("quantization_config", None)
+    src["text_config"].update(num_nextn_predict_layers=0, dspark_target_layer_ids=[])
+    d = tmp_path_factory.mktemp("sm90") / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(src))
+    mc = ModelConfig(model=str(d), skip_tokenizer_init=True, language_model_only=True,
+                     max_model_len=32768)
+    tc = mc.hf_text_config
+    assert [tc.compress_ratios[i] for i in FULL] == list(FULL.values())
+    assert list(tc.kv_source_layer_ids) == list(FULL)
+    return mc
+
+
+def _distributed(vc) -> None:
+    from vllm.distributed import (init_distributed_environment, initialize_model_parallel,
+                                  model_parallel_is_initialized)
+
+    if not model_parallel_is_initialized():
+        init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                     distributed_init_method="tcp://127.0.0.1:29541",
+                                     backend="gloo")
+        initialize_model_parallel(1, 1)
+
+
+def _build(mc, monkeypatch, major: int, indexer_kv_dtype: str = "auto"):
+    """Our layer class built by vLLM's construction code with the capability ``major``.0; returns
+    (vllm config, layers by id, the specs every cache object of the layers requests)."""
+    cap = DeviceCapability(major, 0)
+    # On the class: vLLM's is_device_capability(_family) are classmethods asking cls.
+    monkeypatch.setattr(type(current_platform), "get_device_capability",
+                        classmethod(lambda cls, device_id=0: cap))
+    vc = VllmConfig(model_config=mc, device_config=DeviceConfig(device="cpu"),
+                    cache_config=CacheConfig(block_size=BLOCK),
+                    scheduler_config=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=16,
+                                                     max_model_len=32768,
+                                                     is_encoder_decoder=False))
+    vc.attention_config.indexer_kv_dtype = indexer_kv_dtype
+    vc.cache_config.kv_cache_layout = "BLHNC"
+    vc.scheduler_config.disable_hybrid_kv_cache_manager = False
+    layers = {}
+    with set_current_vllm_config(vc), torch.device("cpu"):
+        _distributed(vc)
+        topk = torch.zeros(8192, 512, dtype=torch.int32)
+        cand = torch.zeros(8192, 64, dtype=torch.int32)
+        for i in LAYERS:
+            layers[i] = csa2_attention.Csa2DeepseekV4Attention(
+                vc, prefix=f"model.layers.{i}.attn", topk_indices_buffer=topk,
+                candidate_block_buffer=cand)
+        specs = {}
+        for name, mod in vc.compilation_config.static_forward_context.items():
+            spec = mod.get_kv_cache_spec(vc) if hasattr(mod, "get_kv_cache_spec") else None
+            if spec is not None:
+                specs[name] = spec
+    return vc, layers, specs
+
+
+def _plan(vc, specs):
+    with set_current_vllm_config(vc):
+        groups = kv_cache_planning.get_kv_cache_groups(vc, specs)
+        probe = kv_cache_planning.get_kv_cache_config_from_groups(vc, groups, 1 << 40)
+        per_block = probe.kv_cache_tensors[0].block_stride
+        cfg = kv_cache_planning.get_kv_cache_config_from_groups(vc, groups, NUM_BLOCKS * per_block)
+        kv = allocate_kv_cache(cfg, torch.device("cpu"), vc.cache_config.get_resolved_kv_cache_layout())
+    return cfg, kv
+
+
+def _global_bytes_per_token(specs) -> float:
+    """docs/SPEC.md's headline: per KV-source layer, (main record + index-K record) per compressed
+    entry, divided by the tokens per entry; summed over the KV-source layers."""
+    total = 0.0
+    for i, ratio in FULL.items():
+        main = specs[f"model.layers.{i}.attn"]
+        index = specs[f"model.layers.{i}.attn.indexer.k_cache"]
+        assert main.tokens_per_state == index.tokens_per_state == ratio
+        total += (main.state_content_bytes + index.head_size) / ratio
+    return total
+
+
+RECORDS = {  # capability major, indexer dtype → (SWA, compressed, index K, cache dtype, B/token)
+    (9, "auto"): (528, 288, 132, "nvfp4_ds_mla", 3 * (288 + 132) / 2 + (288 + 132)),
+    (10, "auto"): (528, 288, 132, "nvfp4_ds_mla", 3 * (288 + 132) / 2 + (288 + 132)),
+    (10, "mxfp4"): (528, 288, 68, "nvfp4_ds_mla", 890),
+}
+
+
+@pytest.mark.parametrize("major,idx", list(RECORDS))
+def test_layer_requests_the_v41_records_and_the_planner_lays_them_out(model_config, monkeypatch,
+                                                                      major, idx):
+    swa_w, main_w, index_w, dtype, per_token = RECORDS[(major, idx)]
+    vc, layers, specs = _build(model_config, monkeypatch, major, idx)
+    assert vc.cache_config.cache_dtype == dtype
+    for i, layer in layers.items():
+        assert layer.kv_cache_dtype == dtype and layer.kv_mxfp8
+        assert layer.swa_bytes_per_token == swa_w and layer.kv_page_alignment == 512
+        s = specs[f"model.layers.{i}.attn.swa_cache"]
+        assert (s.state_content_bytes, s.block_size, s.alignment) == (swa_w, 32, 512)
+        assert s.block_stride_alignment == math.lcm(528, 288)
+        if i in FULL:
+            m = specs[f"model.layers.{i}.attn"]
+            assert (m.state_content_bytes, m.cache_dtype_str, m.alignment) == (main_w, dtype, 512)
+            x = specs[f"model.layers.{i}.attn.indexer.k_cache"]
+            assert (x.head_size, x.alignment) == (index_w, 512)
+            # csa2's writer publishes the 288-B entries on SM90 only; SM100 keeps vLLM's.
+            assert isinstance(layer.compressor, csa2_attention.Csa2Compressor) == (major == 9)
+    assert _global_bytes_per_token(specs) == per_token
+
+    cfg, kv = _plan(vc, specs)
+    stride = cfg.kv_cache_tensors[0].block_stride
+    for name, t in kv.items():
+        v = t.squeeze(1)
+        # every page of a block id lives in one slab row: stride(0) in bytes is the slab
+        assert v.stride(0) * v.element_size() == stride, name
+    for i in LAYERS:
+        swa = kv[f"model.layers.{i}.attn.swa_cache"].squeeze(1)
+        assert tuple(swa.shape[1:]) == (32, swa_w) and swa.stride(1) == swa_w
+        assert swa.storage_offset() % 512 == 0
+        if i in FULL:
+            main = kv[f"model.layers.{i}.attn"].squeeze(1)
+            idx_k = kv[f"model.layers.{i}.attn.indexer.k_cache"].squeeze(1)
+            assert tuple(main.shape[1:]) == (BLOCK // FULL[i], main_w)
+            assert tuple(idx_k.shape[1:]) == (BLOCK // FULL[i], index_w)
+            assert main.storage_offset() % 512 == 0 and idx_k.storage_offset() % 512 == 0
+    # Groups alias from byte 0: the SWA pages (one group per layer's window) and the compressed
+    # + index-K pages (the full-attention group) both start at the slab row's first byte; block
+    # ids, not offsets, keep them apart.
+    swa_off = [kv[f"model.layers.{i}.attn.swa_cache"].storage_offset() for i in LAYERS]
+    full_off = [kv[f"model.layers.{i}.attn"].storage_offset() for i in FULL]
+    assert min(swa_off) == 0 and min(full_off) == 0
+    # The facts docs/VLLM.md records for this layer set.
+    print(f"\n{major}.0 {idx}: slab {stride} B per block id, {len(kv)} views, "
+          f"{per_token} B/token global")
+
+
+def test_sm90_keeps_vllms_refusal_of_the_mxfp4_index_k(model_config, monkeypatch):
+    """vLLM's indexer scores an MXFP4 index K only on SM100 (DeepGEMM's FP4 logits;
+    ``dsa_indexer_uses_fp4`` refuses it elsewhere, and the metadata builders ask it again outside
+    the layer), so csa2's layer does not ask for it on SM90: the index K stays the 132-B FP8
+    record, 1,050 B/token instead of 890."""
+    with pytest.raises(ValueError, match="indexer_kv_dtype='mxfp4' requires Blackwell"):
+        _build(model_config, monkeypatch, 9, "mxfp4")
+
+
+def test_records_outside_csa2s_layer_are_vllms(model_config, monkeypatch):
+    """The record choice is scoped to csa2's own layer: vLLM's predicate is unchanged after
+    construction, so vLLM's layers built in the same process keep vLLM's choice."""
+    from vllm.models.deepseek_v41 import attention as v41
+
+    _build(model_config, monkeypatch, 9)
+    assert v41._use_v41_mxfp8_kv_record() is False
+    assert csa2_attention.v41_records() is True
+
+
+@pytest.mark.parametrize("major", [9, 10])
+def test_writers_fill_the_planned_pages_and_the_entry_reads_them(model_config, monkeypatch,
+                                                                 major):
+    """On the planner's pages of layer 2 (ratio 2): the compressed cache filled by the layer's
+    compressor writer (csa2's on 9.0; vLLM's, with the portable packer the interpreter needs, on
+    10.0), the SWA cache by vLLM's Triton MXFP8 writer; then csa2_attention_pools on those views
+    against a float64 softmax over the rows vLLM's gather kernel dequantises."""
+    writers.install()
+    vc, layers, specs = _build(model_config, monkeypatch, major)
+    cfg, kv = _plan(vc, specs)
+    layer = layers[2]
+    main = kv["model.layers.2.attn"].squeeze(1)
+    swa = kv["model.layers.2.attn.swa_cache"].squeeze(1)
+    idx_k = kv["model.layers.2.attn.indexer.k_cache"].squeeze(1)
+    for t in kv.values():
+        t.fill_(0xFF)
+    g = torch.Generator().manual_seed(major)
+    # The SWA group and the compressed group alias the slab from byte 0 (the planner test), so
+    # they get disjoint block ids, as vLLM's block pools hand them out: compressed entries in
+    # the first half of the blocks, SWA rows in the second.
+    half = main.shape[0] // 2
+    cmp_slots = [s for s in range(half * main.shape[1]) if s % 5 != 1]
+    swa_slots = [s for s in range(half * swa.shape[1], swa.shape[0] * swa.shape[1]) if s % 7 != 3]
+    # compressed entries: through the layer's compressor object's writer (ratio 2: the group's
+    # last token writes; positions 1, 3, 5, ...)
+    latent = (torch.randn(len(cmp_slots), 512, generator=g) * 1.5).to(torch.bfloat16)
+    positions = torch.arange(len(cmp_slots), dtype=torch.int64) * 2 + 1
+    cos_sin = _cos_sin(g, 2 * len(cmp_slots) + 2, False)
+
+    class _Rope:
+        cos_sin_cache = cos_sin
+
+    class _Md:
+        slot_mapping = torch.tensor(cmp_slots, dtype=torch.int64)
+
+    layer.bind_kv_cache(kv["model.layers.2.attn"])
+    from vllm.forward_context import ForwardContext, override_forward_context
+
+    ctx = ForwardContext(no_compile_layers={}, attn_metadata={"model.layers.2.attn": _Md()},
+                         slot_mapping={})
+    with override_forward_context(ctx):
+        layer.compressor.insert_cache(latent, positions, _Rope())
+    assert bool((idx_k == 0xFF).all())  # the index-K page between is not the writer's
+    k = (torch.randn(len(swa_slots), 512, generator=g) * 1.5).to(torch.bfloat16)
+    cache_utils.quantize_and_insert_k_cache(k, swa, torch.tensor(swa_slots, dtype=torch.int64),
+                                            block_size=swa.shape[1], bytes_per_token=528)
+
+    def rows64(view):
+        nb, bs = view.shape[0], view.shape[1]
+        out = torch.zeros(1, nb * bs, 512, dtype=torch.bfloat16)
+        cache_utils.dequantize_and_gather_k_cache_triton(
+            out, view, torch.tensor([nb * bs], dtype=torch.int32), None,
+            torch.arange(nb, dtype=torch.int32)[None], bs, 0)
+        return out[0].double()
+
+    main64, swa64 = rows64(main), rows64(swa)
+    assert not main64[cmp_slots].isnan().any() and not swa64[swa_slots].isnan().any()
+    t, heads, padded = 4, 64, 64
+    m_idx = torch.tensor(cmp_slots, dtype=torch.int32)[
+        torch.randint(0, len(cmp_slots), (t, 20), generator=g)]
+    s_idx = torch.tensor(swa_slots, dtype=torch.int32)[
+        torch.randint(0, len(swa_slots), (t, 24), generator=g)]
+    m_idx[0, 3] = -1
+    q = (torch.randn(t, padded, 512, generator=g) * 2).to(torch.bfloat16)
+    sink = torch.randn(heads, generator=g) * 0.5
+    out = torch.full_like(q, float("nan"))
+    _lib.attention_pools(q, main, m_idx, None, swa, s_idx, None, sink, heads, 512 ** -0.5, out)
+    for i in range(t):
+        keys = torch.cat([main64[[int(j) for j in m_idx[i] if int(j) >= 0]],
+                          swa64[s_idx[i].long()]])
+        ref = _attend64(q[i], keys, torch.arange(len(keys)), len(keys), 512 ** -0.5, sink)
+        torch.testing.assert_close(out[i].float(), ref.float(), rtol=2 ** -7, atol=1e-3)
