@@ -57,13 +57,17 @@ def model_config(tmp_path_factory):
 
 
 def _distributed(vc) -> None:
+    """A one-process gloo group (the layers' linear layers ask for the TP group), through a file
+    rendezvous: no port to collide with other runs on the machine."""
+    import tempfile
+
     from vllm.distributed import (init_distributed_environment, initialize_model_parallel,
                                   model_parallel_is_initialized)
 
     if not model_parallel_is_initialized():
+        path = os.path.join(tempfile.mkdtemp(prefix="csa2-sm90-"), "rendezvous")
         init_distributed_environment(world_size=1, rank=0, local_rank=0,
-                                     distributed_init_method="tcp://127.0.0.1:29541",
-                                     backend="gloo")
+                                     distributed_init_method=f"file://{path}", backend="gloo")
         initialize_model_parallel(1, 1)
 
 

@@ -28,7 +28,7 @@ def _bf16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).float()
 
 
-# ---- the quantisers against the SPEC rule ---------------------------------------------------------
+# ---- the quantisers against the docs/SPEC.md §1 rule ----------------------------------------
 
 @triton.jit
 def _nvfp4_probe(x, data, scales):
