@@ -113,6 +113,14 @@ def _plan(vc, specs):
     return cfg, kv
 
 
+def _slab_bytes(kv) -> torch.Tensor:
+    """The one backing allocation every view of ``kv`` shares, as bytes (the compressor's state
+    views are float32: filling those would write 255.0, not 0xFF bytes)."""
+    storages = {t.untyped_storage().data_ptr() for t in kv.values()}
+    assert len(storages) == 1
+    return torch.empty(0, dtype=torch.uint8).set_(next(iter(kv.values())).untyped_storage())
+
+
 def _global_bytes_per_token(specs) -> float:
     """docs/SPEC.md's headline: per KV-source layer, (main record + index-K record) per compressed
     entry, divided by the tokens per entry; summed over the KV-source layers."""
@@ -213,8 +221,7 @@ def test_writers_fill_the_planned_pages_and_the_entry_reads_them(model_config, m
     main = kv["model.layers.2.attn"].squeeze(1)
     swa = kv["model.layers.2.attn.swa_cache"].squeeze(1)
     idx_k = kv["model.layers.2.attn.indexer.k_cache"].squeeze(1)
-    for t in kv.values():
-        t.fill_(0xFF)
+    _slab_bytes(kv).fill_(0xFF)
     g = torch.Generator().manual_seed(major)
     # The SWA group and the compressed group alias the slab from byte 0 (the planner test), so
     # they get disjoint block ids, as vLLM's block pools hand them out: compressed entries in
@@ -271,3 +278,38 @@ def test_writers_fill_the_planned_pages_and_the_entry_reads_them(model_config, m
                           swa64[s_idx[i].long()]])
         ref = _attend64(q[i], keys, torch.arange(len(keys)), len(keys), 512 ** -0.5, sink)
         torch.testing.assert_close(out[i].float(), ref.float(), rtol=2 ** -7, atol=1e-3)
+
+
+def test_mxfp4_writer_fills_the_planned_index_k_page(model_config, monkeypatch):
+    """The 890 layout's planned index-K page (10.0, ``indexer_kv_dtype='mxfp4'``): csa2's MXFP4
+    writer and vLLM's fill two copies of the same slab byte for byte (keys whose pipeline is
+    exact in bf16, see test_sm90_writers.py), and nothing outside the index-K page changes."""
+    from vllm.models.deepseek_v41.common.ops.indexer_k_store import indexer_k_norm_rope_store
+
+    writers.install()
+    vc, layers, specs = _build(model_config, monkeypatch, 10, "mxfp4")
+    name = "model.layers.2.attn.indexer.k_cache"
+    slabs = []
+    for writer in ("csa2", "vllm"):
+        cfg, kv = _plan(vc, specs)
+        _slab_bytes(kv).fill_(0xFF)
+        view = kv[name].squeeze(1)
+        g = torch.Generator().manual_seed(77)
+        n = view.shape[0] * view.shape[1]
+        slots = torch.arange(0, n, 3, dtype=torch.int64)
+        positions = torch.arange(len(slots), dtype=torch.int64) * 2 + 1
+        sign = torch.randint(0, 2, (len(slots), 128), generator=g) * 2 - 1
+        k_pre = (sign * 2.0 ** torch.randint(-3, 4, (len(slots), 1), generator=g)).to(torch.bfloat16)
+        w = (torch.randn(128, generator=g) * 2).to(torch.bfloat16)
+        cs = _cos_sin(g, 2 * len(slots) + 2, True)
+        if writer == "csa2":
+            writers.mxfp4_index_k_store(k_pre, positions, cs, w, 0.0, view, slots, 2)
+        else:
+            indexer_k_norm_rope_store(k_pre, positions, cs, w, 0.0, view, slots, 2, True)
+        slab = _slab_bytes(kv)
+        slabs.append((slab.clone(), view.storage_offset(), view.shape[1] * 68, view.stride(0)))
+    (a, off, page, stride), (b, _, _, _) = slabs
+    assert torch.equal(a, b)
+    rows = a[: (len(a) // stride) * stride].reshape(-1, stride)
+    outside = torch.cat([rows[:, :off], rows[:, off + page:]], 1)
+    assert bool((outside == 0xFF).all()) and not bool((rows[:, off:off + page] == 0xFF).all())
