@@ -313,3 +313,22 @@ def test_mxfp4_writer_fills_the_planned_index_k_page(model_config, monkeypatch):
     rows = a[: (len(a) // stride) * stride].reshape(-1, stride)
     outside = torch.cat([rows[:, :off], rows[:, off + page:]], 1)
     assert bool((outside == 0xFF).all()) and not bool((rows[:, off:off + page] == 0xFF).all())
+
+
+@pytest.mark.parametrize("major,inside", [(9, True), (10, True), (8, False), (12, False)])
+def test_the_record_scope_is_restored_also_on_an_error(monkeypatch, major, inside):
+    """Inside the construction scope vLLM's predicate says what csa2's layer uses (V4.1 records on
+    SM90 and SM100, not elsewhere); after it, also when the construction raised, vLLM's own
+    answer is back."""
+    from vllm.models.deepseek_v41 import attention as v41
+
+    cap = DeviceCapability(major, 0)
+    monkeypatch.setattr(type(current_platform), "get_device_capability",
+                        classmethod(lambda cls, device_id=0: cap))
+    own = v41._use_v41_mxfp8_kv_record()
+    assert own == (major == 10)
+    with pytest.raises(RuntimeError, match="construction failed"):
+        with csa2_attention._vllm_sees_v41_records():
+            assert v41._use_v41_mxfp8_kv_record() is inside
+            raise RuntimeError("construction failed")
+    assert v41._use_v41_mxfp8_kv_record() is own
