@@ -53,8 +53,9 @@ REQUIRED_SYMBOLS = ("csa2_attention", "csa2_attention_indexed", "csa2_attention_
 # ``DeepseekV4IndexerCache.get_kv_cache_spec`` (the index-K page's alignments, asked when the KV
 # planner runs). csa2's kernel reads the V4.1 records on SM90 too, so csa2's layer answers that
 # question itself on SM90 — for its own construction and its own index-K cache's spec only
-# (:func:`_vllm_sees_v41_records`), never for vLLM's layers — and fills the records its SM90
-# cannot write with vLLM's writers through :mod:`csa2_vllm.writers`.
+# (:func:`_vllm_sees_v41_records`), never for vLLM's layers — and fills, with
+# :mod:`csa2_vllm.writers`, the records whose vLLM writers an SM90 GPU cannot run. The index K
+# keeps vLLM's choice (FP8 on SM90: vLLM scores an MXFP4 index K only on SM100).
 
 
 def v41_records_by_csa2() -> bool:
