@@ -38,7 +38,11 @@ writers with :func:`install`, which points their ``_fp32x2_to_fp4x2`` at ours.
 
 from __future__ import annotations
 
-from vllm.triton_utils import tl, triton
+try:  # vLLM's view of Triton (placeholders where vLLM keeps Triton off)
+    from vllm.triton_utils import tl, triton
+except ImportError:  # a GPU check machine with torch and Triton but no vLLM
+    import triton
+    import triton.language as tl
 
 # ---- scalar codes -------------------------------------------------------------------------------
 
