@@ -332,3 +332,89 @@ def test_the_record_scope_is_restored_also_on_an_error(monkeypatch, major, insid
             assert v41._use_v41_mxfp8_kv_record() is inside
             raise RuntimeError("construction failed")
     assert v41._use_v41_mxfp8_kv_record() is own
+
+
+def _mxfp4_index_k_rows_f64(view, block: int):
+    """The 128-value keys of one planned index-K page, decoded in float64 from its bytes by this
+    test's own reading of the layout (block-planar: the page's 64-B E2M1 values, low nibble first,
+    then its 4-B E8M0 scales, one per 32 values)."""
+    spp = view.shape[1]
+    page = view[block].reshape(-1).to(torch.int64)
+    data, scales = page[: spp * 64].reshape(spp, 64), page[spp * 64:].reshape(spp, 4)
+    codes = torch.stack([data & 0xF, data >> 4], -1).reshape(spp, 128)
+    mag = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)[codes & 7]
+    vals = torch.where(codes & 8 != 0, -mag, mag)
+    return vals * torch.pow(2.0, scales.double() - 127).repeat_interleave(32, 1)
+
+
+def test_csa2s_indexer_reads_the_planned_mxfp4_index_k_in_place(model_config, monkeypatch):
+    """``csa2_indexer_logits_pool`` on the 890 layout's planned index-K cache (10.0,
+    ``indexer_kv_dtype='mxfp4'``; a strided view into the per-block slab) filled by csa2's MXFP4
+    writer: logits through a block table (shuffled blocks, an unmapped one, two requests, rows
+    whose visible range ends inside, at and past the table) match a float64 indexer over this
+    test's own decoding of the page bytes (tolerance ``F32_VS_F64`` of src/tolerance.rs), top-k
+    sets included; an MXFP4-exact Q gives the same logits with ``q_quant`` MXFP4."""
+    writers.install()
+    vc, layers, specs = _build(model_config, monkeypatch, 10, "mxfp4")
+    cfg, kv = _plan(vc, specs)
+    _slab_bytes(kv).fill_(0xFF)
+    view = kv["model.layers.2.attn.indexer.k_cache"].squeeze(1)
+    spp, ratio = view.shape[1], FULL[2]
+    assert view.stride(0) > spp * 68  # a strided view: other layers' pages between its pages
+    table = torch.tensor([[3, 1], [4, -1]], dtype=torch.int32)
+    g = torch.Generator().manual_seed(5)
+    slots = torch.tensor([b * spp + s for b in (3, 1, 4) for s in range(spp)], dtype=torch.int64)
+    k_pre = torch.randn(len(slots), 128, generator=g).to(torch.bfloat16)
+    w_norm = (torch.randn(128, generator=g) * 2).to(torch.bfloat16)
+    positions_k = torch.arange(len(slots), dtype=torch.int64) * ratio + 1
+    cs = _cos_sin(g, ratio * len(slots) + 2, True)
+    writers.mxfp4_index_k_store(k_pre, positions_k, cs, w_norm, 0.0, view, slots, ratio)
+
+    n_cols = table.shape[1] * spp
+    req = torch.tensor([0, 0, 0, 0, 1, 1], dtype=torch.int32)
+    pos = torch.tensor([1, 2 * spp - 1, 2 * spp, 4 * spp + 50, 9, 2 * spp + 7], dtype=torch.int64)
+    t, h = len(pos), 32
+    # Q exact in MXFP4 (E2M1 magnitudes, each 32-block's largest 6 → scale 1), so that the MXFP4
+    # fake quantisation of Q is the identity and both calls meet one reference.
+    e2m1 = torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    q = e2m1[torch.randint(0, 7, (t, h, 128), generator=g)]
+    q = q * (torch.randint(0, 2, q.shape, generator=g) * 2 - 1)
+    q[..., ::32] = 6.0
+    w = torch.randn(t, h, generator=g) / math.sqrt(128 * 32)
+
+    keys = {b: _mxfp4_index_k_rows_f64(view, b) for b in (3, 1, 4)}
+    ref = torch.full((t, n_cols), -math.inf, dtype=torch.float64)
+    for i in range(t):
+        vis = min((int(pos[i]) + 1) // ratio, n_cols)
+        for j in range(vis):
+            blk = int(table[int(req[i]), j // spp])
+            if blk < 0:
+                continue
+            dots = q[i].double() @ keys[blk][j % spp]
+            ref[i, j] = float((w[i].double() * dots.clamp(min=0)).sum())
+    for q_quant in (0, 1):
+        out = torch.zeros(t, n_cols)
+        _lib.indexer_logits_pool(q, w, pos, req, view, table, ratio, q_quant, out)
+        fin = torch.isfinite(ref)
+        assert torch.equal(torch.isfinite(out), fin), q_quant
+        assert bool((out[~fin] == -math.inf).all())
+        err = (out.double()[fin] - ref[fin]).abs()
+        assert bool((err <= 1e-5 + 1e-5 * ref[fin].abs()).all()), (q_quant, float(err.max()))
+        a, b = out.double()[fin], ref[fin]
+        assert 1 - float(a @ b / (a.norm() * b.norm())) <= 1e-9
+        for i in range(t):
+            k = min(16, int(fin[i].sum()))
+            top = set(torch.topk(out[i], k).indices.tolist())
+            rs = torch.sort(ref[i], descending=True).values
+            if k < int(fin[i].sum()) and float(rs[k - 1] - rs[k]) <= 2e-5 * float(rs[0].abs()):
+                continue  # a near-tie at the k-th place: either choice is within the tolerance
+            assert top == set(torch.topk(ref[i], k).indices.tolist()), (q_quant, i)
+    # Bad input is a clear error and writes nothing: a block past the pool, a request past the table.
+    for bad_table, bad_req, msg in [
+        (torch.tensor([[3, 1], [view.shape[0], -1]], dtype=torch.int32), req, "outside the pool"),
+        (table, torch.tensor([0, 0, 0, 0, 1, 2], dtype=torch.int32), "outside the block table"),
+    ]:
+        out = torch.zeros(t, n_cols)
+        with pytest.raises(_lib.Csa2Error, match=msg):
+            _lib.indexer_logits_pool(q, w, pos, bad_req, view, bad_table, ratio, 0, out)
+        assert bool((out == 0).all())
