@@ -529,6 +529,34 @@ typedef struct {
   const DLTensor *logits_out;
 } Csa2IndexerLogitsInBlocksArgs;
 
+// Arguments of [`csa2_indexer_logits_pool`] (shapes there).
+// Set `struct_size` to `sizeof(Csa2IndexerLogitsPoolArgs)` (rules: "Args structs", header top).
+typedef struct {
+  // `sizeof(Csa2IndexerLogitsPoolArgs)` as the caller was compiled.
+  size_t struct_size;
+  // `(T, H, 128)` float RoPE'd index Q.
+  const DLTensor *q;
+  // `(T, H)` float head weights (already scaled).
+  const DLTensor *w;
+  // `(T)` int token positions.
+  const DLTensor *positions;
+  // `(T)` int32 request of each row (a row of `block_table`).
+  const DLTensor *req;
+  // The index-K pool: `[blocks, states_per_page, 68]` uint8 strided view, format 1 (MXFP4),
+  // layout 1 (block-planar), as vLLM 0.33 hands the indexer's cache to the layer.
+  Csa2Pool keys;
+  // `(R, B)` int32 block table (−1 = unmapped).
+  const DLTensor *block_table;
+  // Compression ratio (≥ 1).
+  uint32_t ratio;
+  // Fake quantisation of Q: 0 none, 1 MXFP4 (V4.1), 2 FP8 E4M3 (launch day).
+  int32_t q_quant;
+  // Output `(T, N)` float: entries `0..N` of each row's request.
+  const DLTensor *logits_out;
+  // `cudaStream_t` for a CUDA call (reserved: CUDA pools are refused today, see the entry).
+  uint64_t stream;
+} Csa2IndexerLogitsPoolArgs;
+
 // Scalars of [`csa2_mhc`] (docs/SPEC.md §4; config `hc_*`, `rms_norm_eps`). Pass null for the V4.1 values
 // (2.0, 20, 1e-6, 1e-20).
 typedef struct {
@@ -1396,6 +1424,29 @@ Csa2Status csa2_indexer_logits(const Csa2IndexerLogitsArgs *args);
 // `args`: `struct_size` readable bytes of a `Csa2IndexerLogitsInBlocksArgs`. Its members:
 // As [`csa2_indexer_logits`].
 Csa2Status csa2_indexer_logits_in_blocks(const Csa2IndexerLogitsInBlocksArgs *args);
+
+// Lightning-indexer logits over vLLM's paged MXFP4 index-K cache read **in place** (docs/SPEC.md
+// §2 "Indexer"; docs/VLLM.md "890 B/token on Hopper"): row t of request `req[t]` scores entries
+// `0..N` of that request, entry j at slot `block_table[req[t], j / states_per_page] ·
+// states_per_page + j % states_per_page` of `keys` (a strided `[blocks, states_per_page, 68]`
+// block-planar pool whose `stride(0)` is the per-block slab, as in [`super::csa2_attention_pools`]);
+// `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)` for visible (`j < (positions[t] + 1) div
+// ratio`), mapped entries, −∞ elsewhere. Each record is decoded exactly at use: no gather.
+// Follow with [`super::csa2_topk`] for the top-k entry ids.
+//
+// Devices: every tensor `kDLCPU`. CUDA pools answer `CSA2_ERR_UNSUPPORTED` today: csa2's CUDA
+// indexer kernel (`kernels/indexer.cu`) reads compact pages, not a strided slab.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` (ratio 0, `q_quant`, a pool that is not MXFP4 / block-planar,
+// a request or block outside the table / pool, a negative position, an output overlapping an
+// input), `CSA2_ERR_SHAPE`, `CSA2_ERR_UNSUPPORTED`, plus the common ones.
+//
+// # Safety
+// `args`: `struct_size` readable bytes of a `Csa2IndexerLogitsPoolArgs`. Its members:
+// each tensor pointer null or a readable `DLTensor` whose memory stays valid and unused by other
+// threads for the call; `keys.tensor`'s extent (`(blocks − 1) · stride(0) + page bytes` from
+// `data + byte_offset`) readable.
+Csa2Status csa2_indexer_logits_pool(const Csa2IndexerLogitsPoolArgs *args);
 
 // One mHC boundary between two sublayer sites (docs/SPEC.md §4, V4.1 single-pass shift; fused CPU path):
 //

@@ -808,3 +808,48 @@ def attention_pools(q, main_pool, main_idx, main_len, swa_pool, swa_idx, swa_len
 def cuda_preload(ordinal: int) -> None:
     """Loads csa2's CUDA modules on device ``ordinal`` (before CUDA-graph capture)."""
     call("csa2_cuda_preload", int(ordinal))
+
+
+# ---- indexer in place on vLLM's strided MXFP4 index-K pages (src/ffi/indexer.rs; issue 15) -----
+
+
+class Csa2IndexerLogitsPoolArgs(ctypes.Structure):
+    """``Csa2IndexerLogitsPoolArgs`` (include/csa2.h); ``struct_size`` is filled in by
+    :func:`indexer_logits_pool`."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("q", _T), ("w", _T), ("positions", _T), ("req", _T),
+        ("keys", Csa2Pool), ("block_table", _T), ("ratio", ctypes.c_uint32),
+        ("q_quant", ctypes.c_int32), ("logits_out", _T), ("stream", ctypes.c_uint64),
+    ]
+
+
+SIGNATURES.update({
+    "csa2_indexer_logits_pool": ([ctypes.POINTER(Csa2IndexerLogitsPoolArgs)], _C_STATUS),
+})
+__all__ += ["indexer_logits_pool"]
+
+#: ``Csa2Format`` of the 68-B MXFP4 index-K record.
+_FORMAT_MXFP4_INDEX = 1
+
+
+def indexer_logits_pool(q, w, positions, req, keys, block_table, ratio: int, q_quant: int,
+                        out) -> None:
+    """``csa2_indexer_logits_pool`` into ``out`` (T, N) float32: row t of request ``req[t]``
+    scores entries ``0..N`` of that request, read in place from ``keys`` — vLLM's index-K cache
+    view ``(blocks, states_per_page, 68)`` uint8 (strided: ``stride(0)`` = the per-block slab;
+    block-planar MXFP4) — through ``block_table`` ``(R, B)`` int32. ``q`` ``(T, H, 128)``, ``w``
+    ``(T, H)`` float, ``positions`` ``(T,)`` int, ``req`` ``(T,)`` int32; ``q_quant`` 0 none,
+    1 MXFP4, 2 FP8. Host tensors only (the library refuses CUDA pools by name)."""
+    keep = []
+
+    def t(x):
+        b, p = _ptr(x)
+        keep.append(b)
+        return p
+
+    args = Csa2IndexerLogitsPoolArgs(
+        ctypes.sizeof(Csa2IndexerLogitsPoolArgs), t(q), t(w), t(positions), t(req),
+        Csa2Pool(t(keys), _FORMAT_MXFP4_INDEX, POOL_BLOCK_PLANAR), t(block_table), int(ratio),
+        int(q_quant), t(out), 0)
+    call("csa2_indexer_logits_pool", ctypes.byref(args))

@@ -25,18 +25,96 @@ the GPU the kernel skips it and records it in the layer's ``csa2_error`` flag (i
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+import vllm.models.deepseek_v41.attention as _v41
 from vllm.config.cache import CacheDType
 from vllm.forward_context import get_forward_context
-from vllm.models.deepseek_v41.attention import _use_v41_mxfp8_kv_record
+from vllm.models.deepseek_v41.attention import DeepseekV4IndexerCache
+from vllm.models.deepseek_v41.compressor import DeepseekCompressor
 from vllm.models.deepseek_v41.nvidia.flashmla import DeepseekV4FlashMLAAttention
+from vllm.platforms import current_platform
 
-from . import _lib
+from . import _lib, writers
 from . import indices as lists
 from .backend import Csa2SparseMLABackend, Csa2SparseSWABackend
 
 REQUIRED_SYMBOLS = ("csa2_attention", "csa2_attention_indexed", "csa2_attention_pools")
+
+# ---- which records the layer asks for ----------------------------------------------------------
+#
+# vLLM 0.33 picks the V4.1 records (528-B MXFP8 SWA, and with ``nvfp4_ds_mla`` the 288-B NVFP4
+# compressed entry) only where ``models/deepseek_v41/attention.py::_use_v41_mxfp8_kv_record()``
+# says so: SM100-family GPUs, because FlashMLA decodes them only there. Every place that turns
+# the choice into bytes reads that one function at call time: ``DeepseekV4Attention.__init__``
+# (``kv_mxfp8``, the SWA and compressed record widths, the page alignment, the SWA block-stride
+# alignment, and the refusal of ``nvfp4_ds_mla`` without V4.1 records) and
+# ``DeepseekV4IndexerCache.get_kv_cache_spec`` (the index-K page's alignments, asked when the KV
+# planner runs). csa2's kernel reads the V4.1 records on SM90 too, so csa2's layer answers that
+# question itself on SM90 — for its own construction and its own index-K cache's spec only
+# (:func:`_vllm_sees_v41_records`), never for vLLM's layers — and fills, with
+# :mod:`csa2_vllm.writers`, the records whose vLLM writers an SM90 GPU cannot run. The index K
+# keeps vLLM's choice (FP8 on SM90: vLLM scores an MXFP4 index K only on SM100).
+
+
+def v41_records_by_csa2() -> bool:
+    """Whether csa2's layer asks for the V4.1 records where vLLM would not: an SM90 GPU (H100,
+    H200; csa2's CUDA kernels are built for sm_90a and sm_100a)."""
+    cap = current_platform.get_device_capability()
+    return cap is not None and cap.major == 9
+
+
+def v41_records() -> bool:
+    """Whether csa2's layer uses the V4.1 records: vLLM's own choice (SM100) or csa2's (SM90)."""
+    return _v41._use_v41_mxfp8_kv_record() or v41_records_by_csa2()
+
+
+def _yes() -> bool:
+    return True
+
+
+@contextlib.contextmanager
+def _vllm_sees_v41_records():
+    """While active on SM90, vLLM's record predicate answers True (see the note above); a no-op
+    where vLLM already picks the V4.1 records or csa2 does not ask for them. Restored on exit,
+    also on an error; layer construction and KV planning are single-threaded."""
+    if not v41_records_by_csa2() or _v41._use_v41_mxfp8_kv_record():
+        yield
+        return
+    saved = _v41._use_v41_mxfp8_kv_record
+    _v41._use_v41_mxfp8_kv_record = _yes
+    try:
+        yield
+    finally:
+        _v41._use_v41_mxfp8_kv_record = saved
+
+
+class Csa2IndexerCache(DeepseekV4IndexerCache):
+    """vLLM's index-K cache of a csa2 layer: its page takes the V4.1 records' alignment where
+    csa2 uses them, so that it shares the block slab's alignment with the layer's other pages."""
+
+    def get_kv_cache_spec(self, vllm_config):
+        with _vllm_sees_v41_records():
+            return super().get_kv_cache_spec(vllm_config)
+
+
+class Csa2Compressor(DeepseekCompressor):
+    """vLLM's V4.1 compressor, publishing 288-B NVFP4 entries with csa2's portable writer
+    (:func:`csa2_vllm.writers.nvfp4_insert`): vLLM's own packs E2M1 with SM100-only PTX. Other
+    record widths go to vLLM's ``rope_quant_insert`` (portable Triton)."""
+
+    def insert_cache(self, latent, positions, rotary_emb) -> None:
+        import torch
+
+        if latent is None:
+            return
+        kv_cache = self._static_forward_context[self.k_cache_prefix].kv_cache
+        if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != 288:
+            return super().insert_cache(latent, positions, rotary_emb)
+        md = get_forward_context().attn_metadata[self.k_cache_prefix]
+        writers.nvfp4_insert(latent, positions, rotary_emb.cos_sin_cache, kv_cache,
+                             md.slot_mapping, self.compress_ratio)
 
 
 def csa2_sparse_fwd(q, kv, indices, topk_length, sm_scale: float, attn_sink, out) -> None:
@@ -88,13 +166,25 @@ class Csa2DeepseekV4Attention(DeepseekV4FlashMLAAttention):
                 "this build cannot serve the CSA2_RS backend (unset CSA2_VLLM_BACKEND / drop the "
                 "attention-config backend to use vLLM's own layers)",
             )
-        super().__init__(*args, **kwargs)
+        with _vllm_sees_v41_records():
+            super().__init__(*args, **kwargs)
+        if v41_records_by_csa2() and self.compressor is not None:
+            # The compressor was built by vLLM's __init__; only its cache writer changes.
+            self.compressor.__class__ = Csa2Compressor
+
+    def _indexer_cls(self, k_cache):
+        # vLLM's index-K cache object, built just before this call, is this layer's; its spec is
+        # asked later by the KV planner, outside the construction scope above.
+        if k_cache is not None and type(k_cache) is DeepseekV4IndexerCache:
+            k_cache.__class__ = Csa2IndexerCache
+        return super()._indexer_cls(k_cache)
 
     @property
     def packed_kv_cache_dtype(self) -> CacheDType:
-        """csa2's FP4 compressed cache where vLLM's V4.1 records exist (SM100: 288-B NVFP4 entries
-        beside the 528-B MXFP8 SWA record); elsewhere the V4 584-B record, which csa2 reads too."""
-        return "nvfp4_ds_mla" if _use_v41_mxfp8_kv_record() else "fp8_ds_mla"
+        """What ``--kv-cache-dtype auto|fp8`` resolves to: csa2's FP4 compressed cache
+        (``nvfp4_ds_mla``: 288-B NVFP4 entries beside the 528-B MXFP8 SWA record) on SM100 and
+        SM90 (:func:`v41_records`); elsewhere the V4 584-B record, which csa2 reads too."""
+        return "nvfp4_ds_mla" if v41_records() else "fp8_ds_mla"
 
     def forward_mqa(self, q, kv, positions, output) -> None:
         """Sparse attention of the batch into ``output`` (T, padded heads, 512), q's dtype.

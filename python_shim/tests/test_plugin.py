@@ -140,11 +140,20 @@ def test_backend_classes_declare_the_csa2_cache_and_uniform_batch_graphs(monkeyp
     assert Csa2DeepseekV4Attention.swa_backend_cls is Csa2SparseSWABackend
     assert Csa2DeepseekV4Attention.forward_mqa is not DeepseekV4FlashMLAAttention.forward_mqa
 
-    # The preferred packed record follows vLLM's V4.1-record switch (SM100): NVFP4 there, the
-    # V4 584-B record elsewhere (nvfp4_ds_mla needs the V4.1 MXFP8 SWA record).
+    # The preferred packed record: NVFP4 where vLLM's V4.1-record switch is on (SM100) and on
+    # SM90 (csa2's choice, python_shim/tests_interpreted/test_sm90_layer.py); the V4 584-B record
+    # elsewhere (nvfp4_ds_mla needs the V4.1 MXFP8 SWA record).
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+
     layer = Csa2DeepseekV4Attention.__new__(Csa2DeepseekV4Attention)
-    monkeypatch.setattr("csa2_vllm.attention._use_v41_mxfp8_kv_record", lambda: True)
-    assert layer.packed_kv_cache_dtype == "nvfp4_ds_mla"
-    monkeypatch.setattr("csa2_vllm.attention._use_v41_mxfp8_kv_record", lambda: False)
-    assert layer.packed_kv_cache_dtype == "fp8_ds_mla"
     assert v41_attention._use_v41_mxfp8_kv_record() is False  # this CPU machine
+    assert layer.packed_kv_cache_dtype == "fp8_ds_mla"
+    monkeypatch.setattr(v41_attention, "_use_v41_mxfp8_kv_record", lambda: True)
+    assert layer.packed_kv_cache_dtype == "nvfp4_ds_mla"
+    monkeypatch.setattr(v41_attention, "_use_v41_mxfp8_kv_record", lambda: False)
+    for major, want in ((9, "nvfp4_ds_mla"), (8, "fp8_ds_mla"), (12, "fp8_ds_mla")):
+        cap = DeviceCapability(major, 0)
+        monkeypatch.setattr(type(current_platform), "get_device_capability",
+                            classmethod(lambda cls, device_id=0, cap=cap: cap))
+        assert layer.packed_kv_cache_dtype == want, major

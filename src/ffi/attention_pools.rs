@@ -103,7 +103,7 @@ pub(crate) struct PoolArg {
 }
 
 impl PoolArg {
-    fn range(&self) -> std::ops::Range<usize> {
+    pub(super) fn range(&self) -> std::ops::Range<usize> {
         self.addr..self.addr + self.desc.extent()
     }
 }
@@ -113,6 +113,21 @@ impl PoolArg {
 /// # Safety
 /// `p.tensor` null or a readable `DLTensor` whose `shape` / `strides` hold `ndim` values.
 unsafe fn pool_arg(p: &Csa2Pool, what: &'static str) -> Result<Option<PoolArg>> {
+    // SAFETY: forwarded caller contract.
+    unsafe { pool_arg_of(p, what, KV_DIM, "0 nvfp4, 2 mxfp8, 3 v4") }
+}
+
+/// [`pool_arg`] for records of `dim` values (`formats_named` lists the accepted `Csa2Format`s for
+/// the error): 512 for the KV pools, 128 for the index-K pool of `csa2_indexer_logits_pool`.
+///
+/// # Safety
+/// As [`pool_arg`].
+pub(super) unsafe fn pool_arg_of(
+    p: &Csa2Pool,
+    what: &'static str,
+    dim: usize,
+    formats_named: &str,
+) -> Result<Option<PoolArg>> {
     if p.tensor.is_null() {
         return Ok(None);
     }
@@ -121,12 +136,12 @@ unsafe fn pool_arg(p: &Csa2Pool, what: &'static str) -> Result<Option<PoolArg>> 
     let format = usize::try_from(p.format)
         .ok()
         .and_then(|i| RecordFormat::ALL.get(i).copied())
-        .filter(|f| f.dim() == KV_DIM)
+        .filter(|f| f.dim() == dim)
         .ok_or_else(|| {
             Error::invalid(
                 format!("{what}.format"),
                 format!(
-                    "{} is not a 512-value Csa2Format (0 nvfp4, 2 mxfp8, 3 v4)",
+                    "{} is not a {dim}-value Csa2Format ({formats_named})",
                     p.format
                 ),
             )
@@ -179,7 +194,7 @@ unsafe fn pool_arg(p: &Csa2Pool, what: &'static str) -> Result<Option<PoolArg>> 
         K_DL_CUDA => Device::Cuda(t.device.device_id),
         other => {
             return Err(Error::Unsupported(format!(
-                "{what}: DLPack device type {other}; csa2_attention_pools reads kDLCPU or kDLCUDA pools"
+                "{what}: DLPack device type {other}; csa2 reads kDLCPU or kDLCUDA pools"
             )))
         }
     };
@@ -207,7 +222,7 @@ unsafe fn pool_arg(p: &Csa2Pool, what: &'static str) -> Result<Option<PoolArg>> 
     Ok(Some(PoolArg { desc, device, addr }))
 }
 
-fn overlaps(a: &std::ops::Range<usize>, b: &std::ops::Range<usize>) -> bool {
+pub(super) fn overlaps(a: &std::ops::Range<usize>, b: &std::ops::Range<usize>) -> bool {
     !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end
 }
 

@@ -5,8 +5,10 @@ use super::dlpack::{check_disjoint, fill_floats, host, DLTensor, DType};
 use super::{guarded, Csa2Status};
 use crate::error::{Error, Result};
 use crate::ops::candidates::CandidateParams;
-use crate::ops::indexer::signature::{BLOCKS, KEYS, KEYS_MXFP4, LOGITS_OUT, POSITIONS, Q, W};
-use crate::ops::indexer::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
+use crate::ops::indexer::signature::{
+    BLOCKS, BLOCK_TABLE, KEYS, KEYS_MXFP4, LOGITS_OUT, POSITIONS, Q, REQ, W,
+};
+use crate::ops::indexer::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant, INDEX_DIM};
 use crate::shape::Dims;
 
 /// Arguments of [`csa2_indexer_logits`] (shapes there).
@@ -235,4 +237,158 @@ unsafe fn indexer(
             crate::ops::indexer::logits(&params, &qs, keys, o)
         }),
     }
+}
+
+/// Arguments of [`csa2_indexer_logits_pool`] (shapes there).
+/// Set `struct_size` to `sizeof(Csa2IndexerLogitsPoolArgs)` (rules: "Args structs", header top).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Csa2IndexerLogitsPoolArgs {
+    /// `sizeof(Csa2IndexerLogitsPoolArgs)` as the caller was compiled.
+    pub struct_size: usize,
+    /// `(T, H, 128)` float RoPE'd index Q.
+    pub q: *const DLTensor,
+    /// `(T, H)` float head weights (already scaled).
+    pub w: *const DLTensor,
+    /// `(T)` int token positions.
+    pub positions: *const DLTensor,
+    /// `(T)` int32 request of each row (a row of `block_table`).
+    pub req: *const DLTensor,
+    /// The index-K pool: `[blocks, states_per_page, 68]` uint8 strided view, format 1 (MXFP4),
+    /// layout 1 (block-planar), as vLLM 0.33 hands the indexer's cache to the layer.
+    pub keys: super::Csa2Pool,
+    /// `(R, B)` int32 block table (−1 = unmapped).
+    pub block_table: *const DLTensor,
+    /// Compression ratio (≥ 1).
+    pub ratio: u32,
+    /// Fake quantisation of Q: 0 none, 1 MXFP4 (V4.1), 2 FP8 E4M3 (launch day).
+    pub q_quant: i32,
+    /// Output `(T, N)` float: entries `0..N` of each row's request.
+    pub logits_out: *const DLTensor,
+    /// `cudaStream_t` for a CUDA call (reserved: CUDA pools are refused today, see the entry).
+    pub stream: u64,
+}
+
+args_struct!(Csa2IndexerLogitsPoolArgs);
+
+/// Lightning-indexer logits over vLLM's paged MXFP4 index-K cache read **in place** (docs/SPEC.md
+/// §2 "Indexer"; docs/VLLM.md "890 B/token on Hopper"): row t of request `req[t]` scores entries
+/// `0..N` of that request, entry j at slot `block_table[req[t], j / states_per_page] ·
+/// states_per_page + j % states_per_page` of `keys` (a strided `[blocks, states_per_page, 68]`
+/// block-planar pool whose `stride(0)` is the per-block slab, as in [`super::csa2_attention_pools`]);
+/// `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)` for visible (`j < (positions[t] + 1) div
+/// ratio`), mapped entries, −∞ elsewhere. Each record is decoded exactly at use: no gather.
+/// Follow with [`super::csa2_topk`] for the top-k entry ids.
+///
+/// Devices: every tensor `kDLCPU`. CUDA pools answer `CSA2_ERR_UNSUPPORTED` today: csa2's CUDA
+/// indexer kernel (`kernels/indexer.cu`) reads compact pages, not a strided slab.
+///
+/// Errors: `CSA2_ERR_INVALID_ARGUMENT` (ratio 0, `q_quant`, a pool that is not MXFP4 / block-planar,
+/// a request or block outside the table / pool, a negative position, an output overlapping an
+/// input), `CSA2_ERR_SHAPE`, `CSA2_ERR_UNSUPPORTED`, plus the common ones.
+///
+/// # Safety
+/// `args`: `struct_size` readable bytes of a `Csa2IndexerLogitsPoolArgs`. Its members:
+/// each tensor pointer null or a readable `DLTensor` whose memory stays valid and unused by other
+/// threads for the call; `keys.tensor`'s extent (`(blocks − 1) · stride(0) + page bytes` from
+/// `data + byte_offset`) readable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_indexer_logits_pool(
+    args: *const Csa2IndexerLogitsPoolArgs,
+) -> Csa2Status {
+    guarded("csa2_indexer_logits_pool", || {
+        // SAFETY: `args` is the caller's (null, alignment and `struct_size` are checked).
+        let a: Csa2IndexerLogitsPoolArgs = unsafe { super::read_args(args) }?;
+        // SAFETY: caller's contract (see above).
+        unsafe { indexer_pool(&a) }
+    })
+}
+
+/// # Safety
+/// As [`csa2_indexer_logits_pool`].
+unsafe fn indexer_pool(a: &Csa2IndexerLogitsPoolArgs) -> Result<()> {
+    use super::dlpack::Device;
+    use crate::ops::attention::{PoolLayout, PoolView};
+    let query_quant = match a.q_quant {
+        0 => QueryQuant::None,
+        1 => QueryQuant::Mxfp4,
+        2 => QueryQuant::Fp8,
+        v => {
+            return Err(Error::invalid(
+                "q_quant",
+                format!("0 none, 1 mxfp4 or 2 fp8, found {v}"),
+            ))
+        }
+    };
+    // SAFETY: caller's contract (see above).
+    let pool =
+        unsafe { super::attention_pools::pool_arg_of(&a.keys, "keys", INDEX_DIM, "1 mxfp4") }?
+            .ok_or(Error::NullPointer("keys.tensor"))?;
+    if pool.desc.format != crate::formats::RecordFormat::Mxfp4Index {
+        return Err(Error::invalid(
+            "keys.format",
+            format!(
+                "the pooled indexer reads MXFP4 index K (1), found {}",
+                a.keys.format
+            ),
+        ));
+    }
+    if pool.desc.layout != PoolLayout::BlockPlanar {
+        return Err(Error::invalid(
+            "keys.layout",
+            "vLLM's index-K pages are block-planar (1): all values of a page, then all scales",
+        ));
+    }
+    if pool.device != Device::Cpu {
+        return Err(Error::Unsupported(
+            "csa2_indexer_logits_pool reads host pools only: csa2's CUDA indexer kernel reads \
+             compact pages, not vLLM's strided slab"
+                .into(),
+        ));
+    }
+    // SAFETY: caller's contract (see above).
+    let (qv, wv, pv, rv, bv, mut out) = unsafe {
+        (
+            host(a.q, "q")?,
+            host(a.w, "w")?,
+            host(a.positions, "positions")?,
+            host(a.req, "req")?,
+            host(a.block_table, "block_table")?,
+            host(a.logits_out, "logits_out")?,
+        )
+    };
+    let mut dims = Dims::default();
+    qv.expect(&Q, &mut dims)?;
+    wv.expect(&W, &mut dims)?;
+    pv.expect(&POSITIONS, &mut dims)?;
+    rv.expect(&REQ, &mut dims)?;
+    bv.expect(&BLOCK_TABLE, &mut dims)?;
+    out.expect(&LOGITS_OUT, &mut dims)?;
+    check_disjoint(&[&qv, &wv, &pv, &rv, &bv], &[&out])?;
+    if super::attention_pools::overlaps(&out.byte_range(), &pool.range()) {
+        return Err(Error::invalid(
+            "logits_out",
+            "overlaps `keys`; outputs must not alias any other argument",
+        ));
+    }
+    // SAFETY: a host pool (checked) whose extent the caller keeps readable, apart from `out`.
+    let bytes = unsafe { std::slice::from_raw_parts(pool.addr as *const u8, pool.desc.extent()) };
+    let view = PoolView::new(pool.desc, bytes, "keys")?;
+    let params = IndexerParams {
+        ratio: a.ratio as usize,
+        heads: qv.shape()[1],
+        query_quant,
+    };
+    let (qf, wf, pos) = (qv.f32s()?, wv.f32s()?, pv.i64s()?);
+    let qs = IndexerQueries {
+        q: &qf,
+        w: &wf,
+        positions: &pos,
+    };
+    let n_cols = out.shape()[1];
+    let max_blocks = bv.shape()[1];
+    let (req, table) = (rv.i32s()?, bv.i32s()?);
+    fill_floats(&mut out, |o| {
+        crate::ops::indexer::logits_in_pool(&params, &qs, req, &view, table, max_blocks, n_cols, o)
+    })
 }

@@ -404,6 +404,148 @@ pub mod signature {
         op: "indexer_logits_in_blocks",
         args: &[Q, W, POSITIONS, KEYS, KEYS_MXFP4, BLOCKS, LOGITS_OUT],
     };
+    /// `[T]` int32 request of each query row (a row of [`BLOCK_TABLE`]).
+    pub const REQ: Arg = Arg::read("req", &[DType::I32], &[Dim::Any("T")]);
+    /// `[R, B]` int32 block table of the index-K pool, −1 = unmapped.
+    pub const BLOCK_TABLE: Arg =
+        Arg::read("block_table", &[DType::I32], &[Dim::Any("R"), Dim::Any("B")]);
+    /// `csa2_indexer_logits_pool` (the index-K pool itself is a strided pool descriptor,
+    /// checked by [`crate::ops::attention::PoolView`]).
+    pub const LOGITS_POOL: Signature = Signature {
+        op: "indexer_logits_pool",
+        args: &[Q, W, POSITIONS, REQ, BLOCK_TABLE, LOGITS_OUT],
+    };
+}
+
+/// Logits (T, `n_cols`) of T query rows of any requests over an MXFP4 index-K pool read **in
+/// place** (vLLM 0.33's index-K pages: a strided `[blocks, states_per_page, 68]` view whose
+/// `stride(0)` is the per-block slab, block-planar records; [`PoolView`](crate::ops::attention::PoolView)).
+/// Row t belongs to request `req[t]`; its entry j lives at slot
+/// [`block_table_slot`](crate::formats::page::block_table_slot)`(block_table[req[t]], j,
+/// states_per_page)`. `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)` for visible (`j < (p + 1)
+/// div ratio`) and mapped entries, −∞ elsewhere. Each listed record is decoded exactly at use (no
+/// gather of the pool); dot products and sums in f32 ([`crate::tolerance::F32_VS_F64`] against
+/// [`reference::logits_paged`] on the same codes).
+///
+/// Shapes: `block_table` (requests, `max_blocks`) i32 (−1 = unmapped), `req` (T) i32, `out`
+/// (T, `n_cols`) f32, q/w as [`IndexerQueries`].
+///
+/// Errors (nothing written): [`Error::Invalid`] for ratio 0, no heads, a pool that is not MXFP4
+/// index K, a request or block outside the table / pool, a negative position; [`Error::Shape`] for
+/// inconsistent shapes.
+#[allow(clippy::too_many_arguments)]
+pub fn logits_in_pool(
+    p: &IndexerParams,
+    qs: &IndexerQueries,
+    req: &[i32],
+    pool: &crate::ops::attention::PoolView,
+    block_table: &[i32],
+    max_blocks: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    use rayon::prelude::*;
+    if p.ratio == 0 {
+        return Err(Error::invalid(
+            "ratio",
+            "the indexer needs a compressed layer (ratio ≥ 1), found 0",
+        ));
+    }
+    if p.heads == 0 {
+        return Err(Error::invalid("heads", "must be > 0"));
+    }
+    let desc = *pool.desc();
+    if desc.format != RecordFormat::Mxfp4Index {
+        return Err(Error::invalid(
+            "index-K pool format",
+            format!(
+                "the pooled indexer reads MXFP4 index K, found {}",
+                desc.format.name()
+            ),
+        ));
+    }
+    let t = qs.positions.len();
+    for (what, got, want) in [
+        ("indexer q", qs.q.len(), t * p.heads * INDEX_DIM),
+        ("indexer w", qs.w.len(), t * p.heads),
+        ("indexer req", req.len(), t),
+        ("indexer logits", out.len(), t * n_cols),
+    ] {
+        if got != want {
+            return Err(Error::shape(
+                what,
+                format!("{want} values (T={t}, {} heads, {n_cols} columns)", p.heads),
+                format!("{got} values"),
+            ));
+        }
+    }
+    if max_blocks == 0 && !block_table.is_empty()
+        || max_blocks > 0 && !block_table.len().is_multiple_of(max_blocks)
+    {
+        return Err(Error::shape(
+            "index block_table",
+            format!("[requests, max_blocks={max_blocks}]"),
+            format!("{} values", block_table.len()),
+        ));
+    }
+    let requests = block_table.len().checked_div(max_blocks).unwrap_or(0);
+    if let Some((i, &r)) = req
+        .iter()
+        .enumerate()
+        .find(|(_, &r)| r < 0 || r as usize >= requests)
+    {
+        return Err(Error::invalid(
+            "indexer req",
+            format!("row {i}: request {r} is outside the block table's {requests} rows"),
+        ));
+    }
+    if let Some(&b) = block_table
+        .iter()
+        .find(|&&b| b < -1 || b as i64 >= desc.blocks as i64)
+    {
+        return Err(Error::invalid(
+            "index block_table",
+            format!("block {b} is outside the pool's {} blocks", desc.blocks),
+        ));
+    }
+    crate::ops::rope::check_positions(qs.positions)?;
+    let spp = desc.states_per_page;
+    out.par_chunks_mut(n_cols.max(1))
+        .take(t)
+        .enumerate()
+        .for_each(|(row, o)| {
+            let vis = visible(qs.positions[row], p.ratio).min(n_cols);
+            let bt = &block_table[req[row] as usize * max_blocks..][..max_blocks];
+            let q: Vec<[f32; INDEX_DIM]> = (0..p.heads)
+                .map(|h| {
+                    let mut r = [0f32; INDEX_DIM];
+                    r.copy_from_slice(&qs.q[(row * p.heads + h) * INDEX_DIM..][..INDEX_DIM]);
+                    p.query_quant.apply(&mut r);
+                    r
+                })
+                .collect();
+            let w = &qs.w[row * p.heads..][..p.heads];
+            let mut k = [0f32; INDEX_DIM];
+            for (j, oj) in o.iter_mut().enumerate() {
+                *oj = f32::NEG_INFINITY;
+                if j >= vis {
+                    continue;
+                }
+                let Some(slot) = crate::formats::page::block_table_slot(bt, j as i64, spp) else {
+                    continue;
+                };
+                // In range: every block of the table is inside the pool (checked above).
+                let (d, s) = pool.parts(slot);
+                RecordFormat::Mxfp4Index.decode_row(d, s, &mut k);
+                let mut logit = 0f32;
+                for (qh, &wh) in q.iter().zip(w) {
+                    let dot: f32 = qh.iter().zip(&k).map(|(a, b)| a * b).sum();
+                    logit += wh * dot.max(0.0);
+                }
+                *oj = logit;
+            }
+        });
+    Ok(())
 }
 
 #[cfg(test)]

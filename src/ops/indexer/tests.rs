@@ -498,3 +498,114 @@ fn paged_reference_reads_through_the_block_table() {
     };
     assert!(bad.check().unwrap_err().to_string().contains("outside"));
 }
+
+/// The pooled indexer reads vLLM's strided, block-planar index-K slab in place and equals the
+/// paged f64 reference over the same codes (compact pages): shuffled and unmapped blocks, two
+/// requests, rows before / at / past each page edge, MXFP4 and unquantised queries.
+#[test]
+fn pooled_indexer_reads_a_strided_slab_in_place() {
+    use crate::ops::attention::{PoolDesc, PoolLayout, PoolView};
+    let mut rng = Rng::new(41);
+    let (spp, n_pages, max_blocks) = (16usize, 6usize, 4usize);
+    let (stride, offset) = (3 * spp * MXFP4_INDEX_BYTES + 40, 28usize);
+    let k = rand_normal(&mut rng, n_pages * spp * INDEX_DIM, 1.0);
+    let mut rows = vec![0u8; n_pages * spp * MXFP4_INDEX_BYTES];
+    encode_rows(RecordFormat::Mxfp4Index, &k, &mut rows).unwrap();
+    // Compact block-planar pages (the reference's pool) and the same pages inside a slab whose
+    // other bytes (other layers) are noise.
+    let page = spp * MXFP4_INDEX_BYTES;
+    let mut compact = vec![0u8; n_pages * page];
+    let mut slab: Vec<u8> = (0..offset + n_pages * stride)
+        .map(|i| (i * 131 % 251) as u8)
+        .collect();
+    for pg in 0..n_pages {
+        for s in 0..spp {
+            let rec = &rows[(pg * spp + s) * MXFP4_INDEX_BYTES..][..MXFP4_INDEX_BYTES];
+            for (dst, base) in [(&mut compact, pg * page), (&mut slab, offset + pg * stride)] {
+                dst[base + s * 64..][..64].copy_from_slice(&rec[..64]);
+                dst[base + spp * 64 + s * 4..][..4].copy_from_slice(&rec[64..]);
+            }
+        }
+    }
+    let desc = PoolDesc {
+        format: RecordFormat::Mxfp4Index,
+        layout: PoolLayout::BlockPlanar,
+        blocks: n_pages,
+        states_per_page: spp,
+        block_stride: stride,
+    };
+    let view = PoolView::new(desc, &slab[offset..], "keys").unwrap();
+    let block_table = vec![4, 1, 5, -1, 2, 0, 3, 5];
+    let positions = vec![0i64, 15, 16, 31, 32, 47, 63, 200, 5, 17, 40];
+    let req = vec![0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1];
+    let t = positions.len();
+    let n_cols = max_blocks * spp;
+    let q = rand_normal(&mut rng, t * INDEX_HEADS * INDEX_DIM, 1.0);
+    let w = rand_normal(&mut rng, t * INDEX_HEADS, (128f32 * 32.0).sqrt().recip());
+    let qs = IndexerQueries {
+        q: &q,
+        w: &w,
+        positions: &positions,
+    };
+    let cache = IndexCache {
+        pages: &compact,
+        block_table: &block_table,
+        max_blocks,
+        page_slots: spp,
+    };
+    for (ratio, qq) in [
+        (1, QueryQuant::None),
+        (1, QueryQuant::Mxfp4),
+        (2, QueryQuant::Mxfp4),
+    ] {
+        let p = IndexerParams {
+            ratio,
+            heads: INDEX_HEADS,
+            query_quant: qq,
+        };
+        let mut out = vec![0f32; t * n_cols];
+        logits_in_pool(
+            &p,
+            &qs,
+            &req,
+            &view,
+            &block_table,
+            max_blocks,
+            n_cols,
+            &mut out,
+        )
+        .unwrap();
+        let r = reference::logits_paged(&p, &qs, &req, &cache, None, n_cols);
+        let st = compare(&out, &r, &F32_VS_F64);
+        assert!(st.ok(&F32_VS_F64), "ratio {ratio} {qq:?}: {st:?}");
+        // Column 48.. of request 0 is the unmapped block: −∞ even where visible.
+        assert!(out[7 * n_cols + 48..8 * n_cols]
+            .iter()
+            .all(|v| *v == f32::NEG_INFINITY));
+        assert!(out[7 * n_cols..7 * n_cols + 48]
+            .iter()
+            .all(|v| v.is_finite()));
+    }
+    // Bad input: a block past the pool, a request past the table, a non-MXFP4 pool.
+    let p = IndexerParams::new(1);
+    let mut out = vec![0f32; t * n_cols];
+    let bad_table = vec![4, 1, 6, -1, 2, 0, 3, 5];
+    let e = logits_in_pool(
+        &p, &qs, &req, &view, &bad_table, max_blocks, n_cols, &mut out,
+    );
+    assert!(format!("{}", e.unwrap_err()).contains("block 6"));
+    let mut bad_req = req.clone();
+    bad_req[3] = 2;
+    let e = logits_in_pool(
+        &p,
+        &qs,
+        &bad_req,
+        &view,
+        &block_table,
+        max_blocks,
+        n_cols,
+        &mut out,
+    );
+    assert!(format!("{}", e.unwrap_err()).contains("request 2"));
+    assert!(out.iter().all(|v| *v == 0.0), "an error writes nothing");
+}
