@@ -406,7 +406,7 @@ impl Runner {
                 .ok_or_else(|| Error::Internal("snapshot planned but none saved".into()))?;
             self.cache.swa_restore(sid, &s.snap)?;
             for (l, c) in &s.carries {
-                *self.cache.carry(sid, *l)? = c.clone();
+                self.cache.set_carry(sid, *l, c.clone())?;
             }
         }
         let first = p.layers[0].rows.start;
@@ -474,7 +474,7 @@ impl Runner {
         let snap = self.cache.swa_snapshot(sid, &encoder)?;
         let mut carries = vec![];
         for l in g.layers_with(Role::Full).map(|l| l.id) {
-            carries.push((l, self.cache.carry(sid, l)?.take()));
+            carries.push((l, self.cache.carry(sid, l)?));
         }
         self.saved = Some(Saved { snap, carries });
         self.cache.swa_drop(sid, &all)?;

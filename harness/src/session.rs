@@ -182,7 +182,7 @@ pub fn run(
                 .ok_or_else(|| Error::Internal("snapshot bytes missing".into()))?;
             cache.swa_restore(sid, &s.snap)?;
             for (l, c) in &s.carries {
-                *cache.carry(sid, *l)? = c.clone();
+                cache.set_carry(sid, *l, c.clone())?;
             }
         }
         let first = enc.rows.start;
@@ -235,7 +235,7 @@ pub fn run(
         let snap = cache.swa_snapshot(sid, encoder)?;
         let mut carries = vec![];
         for &l in &kv_layers {
-            carries.push((l, cache.carry(sid, l)?.take()));
+            carries.push((l, cache.carry(sid, l)?));
         }
         let bytes = snap.bytes() + carries.len() * 4096;
         let k2 = key(sid, ctx);
