@@ -213,7 +213,11 @@ fn snapshot_drop_restore_cycle_is_bit_identical() {
                 .as_ref()
                 .filter(|s| s.pending_tokens() > 0)
                 .map(|s| [s.pending().0, s.pending().1].concat());
-            assert_eq!(p.manager().compressor_state(5, l).unwrap(), rows, "layer {l}");
+            assert_eq!(
+                p.manager().compressor_state(5, l).unwrap(),
+                rows,
+                "layer {l}"
+            );
         }
         carries.push((l, x));
     }

@@ -148,7 +148,10 @@ impl CacheManager {
         let (k, floats, _) = self.group_slot(layer)?;
         let s = self.session(id)?;
         let st = s.lock();
-        let Some(c) = st.carries.states[k].as_ref().filter(|c| c.pending_tokens() > 0) else {
+        let Some(c) = st.carries.states[k]
+            .as_ref()
+            .filter(|c| c.pending_tokens() > 0)
+        else {
             return Ok(None);
         };
         let (kv, score) = c.pending();
