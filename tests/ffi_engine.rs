@@ -179,8 +179,9 @@ fn c_abi_engine_gives_the_rust_sessions_outputs_bit_for_bit() {
     let g = backend.geometry().clone();
     let policy = TierPolicy::v41(&g, ReplayMode::Bounded);
     let (mut hits, mut misses) = (0, 0);
-    // A long TTL (every snapshot found) and a zero one (every snapshot expired: encoder replay).
-    for ttl_s in [100_000, 0] {
+    // A long TTL (every snapshot found) and a one-second one (the turns' gaps, trace gaps × 30,
+    // outlast it: every snapshot expired, an encoder replay).
+    for ttl_s in [100_000, 1] {
         let a = SessionConfig {
             turns: 3,
             token_scale: 0.03,
