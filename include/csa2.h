@@ -149,6 +149,9 @@ typedef struct Csa2CompressorState Csa2CompressorState;
 // Opaque DRAM snapshot pool handle. Free with [`csa2_dram_pool_free`].
 typedef struct Csa2DramPool Csa2DramPool;
 
+// Opaque engine handle: a `backend::Backend` and its KV cache. Free with [`csa2_engine_free`].
+typedef struct Csa2Engine Csa2Engine;
+
 // Opaque geometry handle (a parsed `config.json`). Free with [`csa2_geometry_free`]. A checked
 // token, not an address (see the header's "Handles" section). Immutable: calls may run
 // concurrently.
@@ -435,6 +438,112 @@ typedef struct {
   // Output `(E, 68)` uint8 MXFP4 index-K records.
   const DLTensor *index_k_out;
 } Csa2CompressArgs;
+
+// Arguments of [`csa2_engine_create`]. Set `struct_size` to `sizeof(Csa2EngineCreateArgs)`
+// (rules: "Args structs", header top); members left zero take the defaults `csa2 run` uses.
+typedef struct {
+  // `sizeof(Csa2EngineCreateArgs)` as the caller was compiled.
+  size_t struct_size;
+  // `Csa2ModelScale` (0 = tiny).
+  int32_t scale;
+  // NUL-terminated UTF-8 path of a checkpoint directory (released naming; its `config.json`, if
+  // present, must describe `scale`'s geometry), or null for synthetic weights.
+  const char *weights_dir;
+  // Seed of the synthetic weights (ignored with `weights_dir`; `csa2 run` uses 1).
+  uint64_t seed;
+  // `Csa2BackendKind` (0 = CSA2).
+  int32_t backend;
+  // Non-zero: decoder bounded replay off (every decoder row of a prefill runs).
+  int32_t no_decoder_replay;
+  // `Csa2EngineCacheKind` (0 = paged).
+  int32_t cache;
+  // Paged cache: blocks of 256 tokens in the pool (1 ..= 2^24; needed unless contiguous).
+  size_t num_blocks;
+} Csa2EngineCreateArgs;
+
+// What a caller sizes its calls by: the model's dimensions and the step rules in force.
+typedef struct {
+  // Hidden size d: a step outputs `rows × d` float32.
+  uint64_t hidden_size;
+  // Layers of the stack.
+  uint64_t num_layers;
+  // SWA window in tokens (a prefill chunk outputs at most this many rows with decoder replay).
+  uint64_t window;
+  // 1 when decoder bounded replay is on (prefill chunks output their last `window` rows only).
+  int32_t decoder_replay;
+  // `Csa2BackendKind` of the engine.
+  int32_t backend;
+} Csa2EngineInfo;
+
+// The rows of one request in a step (see `replay::SeqStep`).
+typedef struct {
+  // Request id (opened in the engine's cache on its first step).
+  uint64_t req;
+  // Absolute position of the first row.
+  uint64_t first_pos;
+  // Rows in this step (1 for decode).
+  uint64_t len;
+  // `Csa2EnginePhase`.
+  int32_t phase;
+  // Prefill: one past the last prompt position (the prompt length). Decode: ignored.
+  uint64_t prompt_end;
+  // Prefill: the first position this prefill computes (0 cold; H − window on an encoder
+  // replay; H on a prefix hit whose snapshot was restored). Decode: ignored.
+  uint64_t prefill_start;
+  // Window floor from an encoder replay; 0 when none.
+  uint64_t replay_start;
+  // Tokens below this position already have their global entries in the cache.
+  uint64_t cached_until;
+} Csa2EngineSeq;
+
+// Arguments of [`csa2_engine_step`]. Set `struct_size` to `sizeof(Csa2EngineStepArgs)`.
+typedef struct {
+  // `sizeof(Csa2EngineStepArgs)` as the caller was compiled.
+  size_t struct_size;
+  // `n_seqs` requests of the step (each request at most once).
+  const Csa2EngineSeq *seqs;
+  // Entries at `seqs` (≥ 1).
+  size_t n_seqs;
+  // One token id per row, requests in `seqs` order, each request's rows in position order.
+  const uint32_t *tokens;
+  // Entries at `tokens` (= the sum of the `len`s).
+  size_t n_tokens;
+  // Output: the final hidden state `[rows, hidden_size]` float32, row-major, in output-row
+  // order (requests in `seqs` order, positions ascending). Null with `hidden_cap` 0: count
+  // only (the step is planned, not run).
+  float *hidden;
+  // Floats of room at `hidden`.
+  size_t hidden_cap;
+  // Optional output: the position of each output row (`rows` int64), or null.
+  int64_t *positions;
+  // Optional output: the request id of each output row (`rows` uint64), or null.
+  uint64_t *requests;
+  // Room (rows) at `positions` and `requests` (each, when non-null).
+  size_t rows_cap;
+} Csa2EngineStepArgs;
+
+// Bytes and counts of an engine's KV cache (`backend::cache::CacheUsage`, measured from the
+// allocations), plus the paged pool's blocks.
+typedef struct {
+  // Live requests.
+  uint64_t requests;
+  // Main-KV record bytes in use.
+  uint64_t main_bytes;
+  // Index-K record bytes in use.
+  uint64_t index_bytes;
+  // Bytes allocated for global KV (paged: slab bytes of the blocks in use).
+  uint64_t global_allocated;
+  // SWA window bytes allocated.
+  uint64_t swa_bytes;
+  // Compressor carry bytes (the open groups' kv and score rows).
+  uint64_t carry_bytes;
+  // Paged: blocks in the pool (0 for the contiguous cache).
+  uint64_t total_blocks;
+  // Paged: blocks referenced by a live request (0 for the contiguous cache).
+  uint64_t used_blocks;
+  // Requests suspended by [`csa2_engine_suspend`] and not yet resumed.
+  uint64_t suspended;
+} Csa2EngineStats;
 
 // Sizes of one record format, from [`csa2_format_info`].
 typedef struct {
@@ -1274,6 +1383,110 @@ Csa2Status csa2_compress(const Csa2CompressArgs *args);
 // `t` must be null or point to a readable `DLTensor` whose `shape`/`strides` arrays hold `ndim`
 // entries; `buf` must be null or writable for `len` bytes.
 Csa2Status csa2_dlpack_describe(const DLTensor *t, char *buf, size_t len);
+
+// Creates an engine: the model (synthetic weights of `scale` seeded `seed`, or the checkpoint at
+// `weights_dir`), the backend configuration and an empty KV cache, as `csa2 run` builds them
+// (synthetic full-scale layers of one role and ratio share weights, as there).
+//
+// Errors: `CSA2_ERR_NULL_POINTER` (`args`, `out`), `CSA2_ERR_INVALID_ARGUMENT` (`struct_size`,
+// an unknown enum value, `num_blocks` 0 or above 2^24 for a paged cache, a path that is not
+// UTF-8), the checkpoint's errors (`CSA2_ERR_IO`, `CSA2_ERR_PARSE`, `CSA2_ERR_NOT_FOUND` naming a
+// missing tensor, `CSA2_ERR_INVALID_ARGUMENT` for a checkpoint of another geometry),
+// `CSA2_ERR_OUT_OF_MEMORY`. `*out` is untouched on error.
+//
+// # Safety
+// `args`: `struct_size` readable bytes of a `Csa2EngineCreateArgs`; a non-null `weights_dir` a
+// NUL-terminated string; `out` a writable pointer slot.
+Csa2Status csa2_engine_create(const Csa2EngineCreateArgs *args, Csa2Engine **out);
+
+// Frees an engine (its weights and KV cache). Null is a no-op.
+//
+// Errors: `CSA2_ERR_INVALID_HANDLE` (freed twice, garbage, another handle type).
+//
+// # Safety
+// None beyond passing the value `csa2_engine_create` returned (every value is checked).
+Csa2Status csa2_engine_free(Csa2Engine *e);
+
+// A new geometry handle of the engine's model (`hidden_size` sizes a step's output; free it with
+// `csa2_geometry_free`).
+//
+// Errors: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_INVALID_HANDLE`.
+//
+// # Safety
+// `out` must be a writable pointer slot.
+Csa2Status csa2_engine_geometry(const Csa2Engine *e, Csa2Geometry **out);
+
+// Writes the engine's dimensions and rules to `*out`.
+//
+// Errors: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_INVALID_HANDLE`.
+//
+// # Safety
+// `out` must be writable.
+Csa2Status csa2_engine_info(const Csa2Engine *e, Csa2EngineInfo *out);
+
+// Runs one step of the engine: `n_seqs` requests' rows (prefill chunks and decode tokens), one
+// token id per row, through the 40-layer stack and the engine's KV cache, and writes the final
+// hidden state of the output rows (`rows × hidden_size` float32) to `hidden`, their positions and
+// request ids to `positions` / `requests` if given, and the row count to `*rows_out`. A request
+// seen for the first time is opened.
+//
+// Count only: `hidden` null and `hidden_cap` 0 plan the step without running it and write only
+// `*rows_out`.
+//
+// Errors, each before anything runs (nothing changes): `CSA2_ERR_NULL_POINTER`,
+// `CSA2_ERR_INVALID_HANDLE`, `CSA2_ERR_INVALID_ARGUMENT` (`struct_size`, an unknown phase, a
+// position at or above 2^62, a step the planner refuses: no rows, a request twice, a decode of
+// more than one row, a prefill past its prompt end, `cached_until` past the rows it may reach;
+// `hidden_cap` or `rows_cap` below what the step outputs, the message giving the count),
+// `CSA2_ERR_SHAPE` (`n_tokens` ≠ the rows). While the step runs: `CSA2_ERR_OUT_OF_BLOCKS`,
+// `CSA2_ERR_INVALID_ARGUMENT` (rows that do not continue a request's stored entries), naming the
+// layer; then the step's requests may be partly advanced (see the module docs).
+//
+// # Safety
+// `args`: `struct_size` readable bytes of a `Csa2EngineStepArgs` whose pointers cover the counts
+// it gives; `rows_out` writable.
+Csa2Status csa2_engine_step(const Csa2Engine *e, const Csa2EngineStepArgs *args, size_t *rows_out);
+
+// Ends request `id` in the engine: its blocks (or buffers), windows and carries are freed, and a
+// suspended state of it is discarded.
+//
+// Errors: `CSA2_ERR_INVALID_HANDLE`, `CSA2_ERR_NOT_FOUND` (no such live request; nothing changes).
+//
+// # Safety
+// None (every value is checked).
+Csa2Status csa2_engine_free_request(const Csa2Engine *e, uint64_t id);
+
+// Suspends request `id` between two turns, as `csa2 run`'s session does at the end of a turn
+// (docs/SPEC.md §0): the SWA windows of the encoder layers and every compressor carry are kept
+// aside (the DRAM snapshot), then every live SWA window and carry is dropped; global KV stays
+// (the next turn's prefix hit). A state suspended before and not resumed is replaced.
+//
+// Errors: `CSA2_ERR_INVALID_HANDLE`, `CSA2_ERR_NOT_FOUND` (no such live request; nothing changes).
+//
+// # Safety
+// None (every value is checked).
+Csa2Status csa2_engine_suspend(const Csa2Engine *e, uint64_t id);
+
+// Resumes request `id` after [`csa2_engine_suspend`]: with `restore` non-zero (the snapshot is
+// still live) the kept windows and carries are restored, so the next prefill starts at the prefix
+// hit; with `restore` 0 (a snapshot miss) they are discarded and the next prefill replays the
+// encoder's last window (`prefill_start` = `replay_start` = hit − window). The request may have
+// been freed and stepped again meanwhile (it is then open anew).
+//
+// Errors: `CSA2_ERR_INVALID_HANDLE`, `CSA2_ERR_NOT_FOUND` (nothing suspended for `id`, or `id` is
+// not a live request when restoring); nothing changes on error.
+//
+// # Safety
+// None (every value is checked).
+Csa2Status csa2_engine_resume(const Csa2Engine *e, uint64_t id, int32_t restore);
+
+// Writes the engine's cache counts and bytes (measured from its allocations) to `*out`.
+//
+// Errors: `CSA2_ERR_NULL_POINTER`, `CSA2_ERR_INVALID_HANDLE`.
+//
+// # Safety
+// `out` must be writable.
+Csa2Status csa2_engine_stats(const Csa2Engine *e, Csa2EngineStats *out);
 
 // The record-format table: one [`Csa2RecordFormatEntry`] per `Csa2Format`, in id order, so a
 // binding (the Python shim) asks the library instead of keeping its own width table.

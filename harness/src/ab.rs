@@ -305,7 +305,7 @@ fn synthesize(b: &Backend, cache: &mut ContiguousCache, ctx: usize) -> Result<()
             cache
                 .synthesize_entries(1, lp.id, region, n, |i, r| exact_entry(lp.id, region, i, r))?;
         }
-        *cache.carry(1, lp.id)? = Some(CompressorState::new(ctx as u64));
+        cache.set_carry(1, lp.id, Some(CompressorState::new(ctx as u64)))?;
     }
     let w = g.window.min(ctx);
     let rows = exact_window(g.window, ctx);

@@ -15,21 +15,20 @@
 //! A turn `t` appends `new_tokens` prompt tokens to the context, then decodes `continuation` tokens;
 //! between turns the request ends as in `csa2 run`: global KV stays cached (the next turn's prefix
 //! hit), encoder SWA windows and compressor carries go to the snapshot, every live SWA window is
-//! dropped. Whether the next turn finds the snapshot is the [`SnapshotPolicy`].
+//! dropped. Every run takes its turns on the session driver's loop ([`crate::session::Turns`]: turn
+//! start, prefill chunks, decode steps, turn end), so the analyzer measures exactly the steps
+//! `csa2 run` takes. Whether the next turn finds the snapshot is the [`SnapshotPolicy`].
 //!
 //! Placeholders (as in `csa2 run`): synthetic token ids, the stack's embedding and identity FFN.
 
-use crate::session::token_at;
-use csa2::backend::cache::SwaSnapshot;
+use crate::session::{Saved, Turns};
 use csa2::backend::stack::{LayerView, StepOutput};
 use csa2::backend::timing::Timings;
-use csa2::backend::{Backend, ContiguousCache, KvCache, Phase, SeqStep};
-use csa2::cache::RequestId;
+use csa2::backend::{Backend, ContiguousCache};
 use csa2::error::{Error, Result};
-use csa2::geometry::Role;
-use csa2::ops::compressor::CompressorState;
 use csa2::ops::mhc::HC;
 use csa2::replay::{plan as replay_plan, ReplayConfig, ReplayMode, ReplayPlan};
+use csa2::store::TierPolicy;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -335,18 +334,14 @@ pub struct Report {
     pub variants: Vec<VariantReport>,
 }
 
-struct Saved {
-    snap: SwaSnapshot,
-    carries: Vec<(usize, Option<CompressorState>)>,
-}
-
-/// One run of the session through its own cache.
+/// One run of the session through its own cache, on the session driver's turn loop
+/// ([`Turns`]: the same turn start, steps and turn end as `csa2 run`).
 struct Runner {
     variant: Variant,
     backend: Backend,
     cache: ContiguousCache,
     saved: Option<Saved>,
-    req: RequestId,
+    turns: Turns,
 }
 
 /// One layer's reference rows: position → (input `u`, streams).
@@ -360,16 +355,20 @@ struct Capture {
 }
 
 impl Runner {
-    fn new(base: &Backend, variant: Variant) -> Runner {
+    fn new(base: &Backend, variant: Variant, seed: u64) -> Runner {
         let mut backend = base.clone();
         backend.cfg = backend.cfg.with_decoder_replay(variant == Variant::Bounded);
-        let cache = ContiguousCache::new(backend.geometry(), backend.cfg.formats);
+        let g = backend.geometry();
+        let cache = ContiguousCache::new(g, backend.cfg.formats);
+        // The V4.1 tier policy's snapshot: the encoder layers' windows.
+        let snapshot_layers = TierPolicy::v41(g, ReplayMode::Bounded).snapshot_layers;
+        let turns = Turns::new(g, 1, seed, snapshot_layers);
         Runner {
             variant,
             backend,
             cache,
             saved: None,
-            req: 1,
+            turns,
         }
     }
 
@@ -387,45 +386,13 @@ impl Runner {
     fn prefill(
         &mut self,
         p: &ReplayPlan,
-        seed: u64,
         chunk: usize,
         obs: &mut dyn FnMut(LayerView<'_>),
         out: &mut dyn FnMut(&StepOutput),
     ) -> Result<()> {
-        let sid = self.req;
-        if !self.cache.contains(sid) || p.hit_used == 0 {
-            if self.cache.contains(sid) {
-                self.cache.close(sid)?;
-            }
-            self.cache.open(sid)?;
-        }
-        if p.snapshot_used {
-            let s = self
-                .saved
-                .as_ref()
-                .ok_or_else(|| Error::Internal("snapshot planned but none saved".into()))?;
-            self.cache.swa_restore(sid, &s.snap)?;
-            for (l, c) in &s.carries {
-                *self.cache.carry(sid, *l)? = c.clone();
-            }
-        }
-        let first = p.layers[0].rows.start;
+        self.turns.begin(&mut self.cache, p, self.saved.as_ref())?;
         let starts: Vec<usize> = p.layers.iter().map(|l| l.rows.start).collect();
-        let mut pos = first;
-        while pos < p.prompt_len {
-            let len = chunk.min(p.prompt_len - pos);
-            let s = SeqStep {
-                req: sid,
-                first_pos: pos,
-                len,
-                phase: Phase::Prefill {
-                    prompt_end: p.prompt_len,
-                    prefill_start: first,
-                },
-                replay_start: p.layers[0].window_floor,
-                cached_until: p.hit_used.min(pos + len),
-            };
-            let toks: Vec<u32> = (pos..pos + len).map(|q| token_at(seed, q)).collect();
+        for (s, toks) in self.turns.prefill(p, chunk) {
             let mut tm = Timings::default();
             let o = match self.variant {
                 Variant::Exact => self.backend.step_exact(
@@ -441,44 +408,21 @@ impl Runner {
                     .step_observed(&[s], &toks, &mut self.cache, &mut tm, obs)?,
             };
             out(&o);
-            pos += len;
         }
         Ok(())
     }
 
-    fn decode(
-        &mut self,
-        q: usize,
-        seed: u64,
-        obs: &mut dyn FnMut(LayerView<'_>),
-    ) -> Result<StepOutput> {
-        let s = SeqStep {
-            req: self.req,
-            first_pos: q,
-            len: 1,
-            phase: Phase::Decode,
-            replay_start: 0,
-            cached_until: q,
-        };
+    fn decode(&mut self, q: usize, obs: &mut dyn FnMut(LayerView<'_>)) -> Result<StepOutput> {
+        let (s, tok) = self.turns.decode(q);
         let mut tm = Timings::default();
         self.backend
-            .step_observed(&[s], &[token_at(seed, q)], &mut self.cache, &mut tm, obs)
+            .step_observed(&[s], &[tok], &mut self.cache, &mut tm, obs)
     }
 
     /// End of a turn: snapshot encoder windows and carries, drop every live SWA window.
     fn end_turn(&mut self) -> Result<()> {
-        let g = self.backend.geometry().clone();
-        let sid = self.req;
-        let encoder: Vec<usize> = (0..g.first_decoder_layer).collect();
-        let all: Vec<usize> = (0..g.num_layers).collect();
-        let snap = self.cache.swa_snapshot(sid, &encoder)?;
-        let mut carries = vec![];
-        for l in g.layers_with(Role::Full).map(|l| l.id) {
-            carries.push((l, self.cache.carry(sid, l)?.take()));
-        }
-        self.saved = Some(Saved { snap, carries });
-        self.cache.swa_drop(sid, &all)?;
-        self.cache.carry_drop(sid)
+        self.saved = Some(self.turns.end(&mut self.cache)?);
+        Ok(())
     }
 }
 
@@ -601,8 +545,11 @@ pub fn analyze(
 ) -> Result<Report> {
     spec.check()?;
     let g = backend.geometry().clone();
-    let mut refr = Runner::new(backend, reference);
-    let mut runs: Vec<Runner> = compare.iter().map(|&v| Runner::new(backend, v)).collect();
+    let mut refr = Runner::new(backend, reference, spec.seed);
+    let mut runs: Vec<Runner> = compare
+        .iter()
+        .map(|&v| Runner::new(backend, v, spec.seed))
+        .collect();
     let mut reports: Vec<VariantReport> = compare
         .iter()
         .map(|&variant| VariantReport {
@@ -637,7 +584,6 @@ pub fn analyze(
             let cap_cell = std::cell::RefCell::new(&mut cap);
             refr.prefill(
                 &rp,
-                spec.seed,
                 spec.chunk,
                 &mut |v| capture_layer(&mut cap_cell.borrow_mut(), lo, v),
                 &mut |o| capture_output(&mut cap_cell.borrow_mut(), lo, o),
@@ -679,7 +625,6 @@ pub fn analyze(
             let tc = std::cell::RefCell::new(&mut t);
             r.prefill(
                 &p,
-                spec.seed,
                 spec.chunk,
                 &mut |v| cmp.borrow_mut().layer(&mut tc.borrow_mut(), v),
                 &mut |o| {
@@ -701,7 +646,7 @@ pub fn analyze(
                 layers: vec![HashMap::new(); g.num_layers],
                 output: HashMap::new(),
             };
-            let o = refr.decode(q, spec.seed, &mut |v| capture_layer(&mut cap, q, v))?;
+            let o = refr.decode(q, &mut |v| capture_layer(&mut cap, q, v))?;
             capture_output(&mut cap, q, &o);
             for (r, t) in runs.iter_mut().zip(stats.iter_mut()) {
                 let mut cmp = Comparer {
@@ -711,7 +656,7 @@ pub fn analyze(
                     err: None,
                     step_max: 0.0,
                 };
-                let o = r.decode(q, spec.seed, &mut |v| cmp.layer(t, v))?;
+                let o = r.decode(q, &mut |v| cmp.layer(t, v))?;
                 let last = cmp.output(t, &o);
                 if let Some(e) = cmp.err {
                     return Err(e);

@@ -12,13 +12,15 @@
 //! ones the replay-error analyzer feeds.
 
 use crate::sim::trace::TraceRequest;
+use csa2::backend::cache::SwaSnapshot;
 use csa2::backend::stack::StepOutput;
 use csa2::backend::timing::Timings;
 use csa2::backend::{Backend, KvCache, Phase, SeqStep};
 use csa2::cache::prefix::PrefixKey;
-use csa2::geometry::Role;
+use csa2::cache::RequestId;
+use csa2::geometry::{Geometry, Role};
 use csa2::ops::compressor::CompressorState;
-use csa2::replay::ReplayMode;
+use csa2::replay::{ReplayMode, ReplayPlan};
 use csa2::store::clock::{Clock, ManualClock};
 use csa2::store::dram::{DramConfig, DramPool, Snapshot};
 use csa2::store::TierPolicy;
@@ -105,10 +107,135 @@ pub struct TurnReport {
     pub dram_bytes: usize,
 }
 
-/// What the DRAM pool keeps besides the SWA records: the compressor carries.
-struct Saved {
-    snap: csa2::backend::cache::SwaSnapshot,
-    carries: Vec<(usize, Option<CompressorState>)>,
+/// What the end of a turn keeps of a request (the DRAM snapshot): the SWA windows of the
+/// snapshot layers and every KV-source layer's compressor carry.
+#[derive(Debug, Clone)]
+pub struct Saved {
+    /// The snapshot layers' windows.
+    pub snap: SwaSnapshot,
+    /// (KV-source layer, carry).
+    pub carries: Vec<(usize, Option<CompressorState>)>,
+}
+
+impl Saved {
+    /// Bytes the DRAM pool charges: the window records plus 4 KiB per carry slot.
+    pub fn bytes(&self) -> usize {
+        self.snap.bytes() + self.carries.len() * 4096
+    }
+}
+
+/// One request's turn loop over a KV cache: how a turn starts (reopen or keep the request,
+/// restore a snapshot), the steps of its prefill and decode, and how it ends (snapshot, drop the
+/// live windows and carries). [`run`] takes these steps; the replay-error analyzer's runs take the
+/// same steps in lock step, each through its own cache and step function.
+#[derive(Debug, Clone)]
+pub struct Turns {
+    /// The request.
+    pub req: RequestId,
+    /// Salt of the synthetic token ids ([`token_at`]).
+    pub seed: u64,
+    snapshot_layers: Vec<usize>,
+    kv_layers: Vec<usize>,
+    all_layers: Vec<usize>,
+}
+
+impl Turns {
+    /// The turns of request `req` of geometry `g`, token ids salted `seed`; the end of a turn
+    /// snapshots `snapshot_layers` (the tier policy's).
+    pub fn new(g: &Geometry, req: RequestId, seed: u64, snapshot_layers: Vec<usize>) -> Turns {
+        Turns {
+            req,
+            seed,
+            snapshot_layers,
+            kv_layers: g.layers_with(Role::Full).map(|l| l.id).collect(),
+            all_layers: (0..g.num_layers).collect(),
+        }
+    }
+
+    /// The start of a turn planned `p`: the request starts from scratch when nothing of it is
+    /// usable (not open, or no prefix hit); a used snapshot is restored (windows and carries).
+    ///
+    /// Errors: the cache's; [`Error::Internal`] when the plan uses a snapshot and none is given.
+    pub fn begin(
+        &self,
+        cache: &mut dyn KvCache,
+        p: &ReplayPlan,
+        saved: Option<&Saved>,
+    ) -> Result<()> {
+        let sid = self.req;
+        if !cache.contains(sid) || p.hit_used == 0 {
+            if cache.contains(sid) {
+                cache.close(sid)?;
+            }
+            cache.open(sid)?;
+        }
+        if p.snapshot_used {
+            let s = saved.ok_or_else(|| Error::Internal("snapshot bytes missing".into()))?;
+            cache.swa_restore(sid, &s.snap)?;
+            for (l, c) in &s.carries {
+                cache.set_carry(sid, *l, c.clone())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The prefill steps of a turn planned `p`, in chunks of `chunk` tokens: (rows, token ids).
+    pub fn prefill(&self, p: &ReplayPlan, chunk: usize) -> Vec<(SeqStep, Vec<u32>)> {
+        let enc = &p.layers[0];
+        let first = enc.rows.start;
+        let mut steps = vec![];
+        let mut pos = first;
+        while pos < p.prompt_len {
+            let len = chunk.max(1).min(p.prompt_len - pos);
+            let s = SeqStep {
+                req: self.req,
+                first_pos: pos,
+                len,
+                phase: Phase::Prefill {
+                    prompt_end: p.prompt_len,
+                    prefill_start: first,
+                },
+                replay_start: enc.window_floor,
+                cached_until: p.hit_used,
+            };
+            steps.push((
+                s,
+                (pos..pos + len).map(|q| token_at(self.seed, q)).collect(),
+            ));
+            pos += len;
+        }
+        steps
+    }
+
+    /// The decode step of the token at position `q`: (row, token id).
+    pub fn decode(&self, q: usize) -> (SeqStep, u32) {
+        let s = SeqStep {
+            req: self.req,
+            first_pos: q,
+            len: 1,
+            phase: Phase::Decode,
+            replay_start: 0,
+            cached_until: q,
+        };
+        (s, token_at(self.seed, q))
+    }
+
+    /// The end of a turn: the snapshot layers' windows and the carries are returned (the DRAM
+    /// snapshot), then every live window and carry is dropped; global KV stays.
+    ///
+    /// Errors: the cache's.
+    pub fn end(&self, cache: &mut dyn KvCache) -> Result<Saved> {
+        let sid = self.req;
+        let snap = cache.swa_snapshot(sid, &self.snapshot_layers)?;
+        let carries = self
+            .kv_layers
+            .iter()
+            .map(|&l| Ok((l, cache.carry(sid, l)?)))
+            .collect::<Result<Vec<_>>>()?;
+        cache.swa_drop(sid, &self.all_layers)?;
+        cache.carry_drop(sid)?;
+        Ok(Saved { snap, carries })
+    }
 }
 
 fn key(session: u64, ctx: usize) -> PrefixKey {
@@ -149,9 +276,7 @@ pub fn run(
     // The store's tier policy says what the end of a turn keeps (the encoder windows, to DRAM)
     // and what a hit replays; the trace simulation follows the same policy.
     let policy = TierPolicy::v41(&g, ReplayMode::Bounded);
-    let encoder = &policy.snapshot_layers;
-    let all_layers: Vec<usize> = (0..g.num_layers).collect();
-    let kv_layers: Vec<usize> = g.layers_with(Role::Full).map(|l| l.id).collect();
+    let turns = Turns::new(&g, sid, sid, policy.snapshot_layers.clone());
     let mut ctx = 0usize;
     let mut reports = vec![];
     let t_first = reqs.first().map_or(0, |r| r.timestamp);
@@ -168,46 +293,15 @@ pub fn run(
         let k = key(sid, ctx);
         let snap = if ctx > 0 { pool.get(&k) } else { None };
         let p = policy.plan(prompt, ctx, snap.is_some())?;
-        let enc = &p.layers[0];
-        if !cache.contains(sid) || p.hit_used == 0 {
-            // Nothing usable: start the request from scratch.
-            if cache.contains(sid) {
-                cache.close(sid)?;
-            }
-            cache.open(sid)?;
-        }
-        if p.snapshot_used {
-            let s = saved
-                .get(&k.0)
-                .ok_or_else(|| Error::Internal("snapshot bytes missing".into()))?;
-            cache.swa_restore(sid, &s.snap)?;
-            for (l, c) in &s.carries {
-                *cache.carry(sid, *l)? = c.clone();
-            }
-        }
-        let first = enc.rows.start;
+        turns.begin(cache, &p, saved.get(&k.0))?;
+        let first = p.layers[0].rows.start;
         let replayed = p.replayed_tokens();
         // ---- prefill in chunks
         let t0 = Instant::now();
-        let mut pos = first;
-        while pos < prompt {
-            let len = a.chunk.max(1).min(prompt - pos);
-            let s = SeqStep {
-                req: sid,
-                first_pos: pos,
-                len,
-                phase: Phase::Prefill {
-                    prompt_end: prompt,
-                    prefill_start: first,
-                },
-                replay_start: enc.window_floor,
-                cached_until: p.hit_used,
-            };
-            let toks: Vec<u32> = (pos..pos + len).map(|q| token_at(sid, q)).collect();
+        for (s, toks) in turns.prefill(&p, a.chunk) {
             let mut tm = Timings::default();
             let out = backend.step(&[s], &toks, cache, &mut tm, true)?;
             on_step(turn, "prefill", &out);
-            pos += len;
         }
         let prefill_s = t0.elapsed().as_secs_f64();
         // ---- decode
@@ -215,34 +309,19 @@ pub fn run(
         let t1 = Instant::now();
         let mut swa_peak = cache.usage().swa_bytes;
         for i in 0..gen {
-            let q = prompt + i;
-            let s = SeqStep {
-                req: sid,
-                first_pos: q,
-                len: 1,
-                phase: Phase::Decode,
-                replay_start: 0,
-                cached_until: q,
-            };
+            let (s, tok) = turns.decode(prompt + i);
             let mut tm = Timings::default();
-            let out = backend.step(&[s], &[token_at(sid, q)], cache, &mut tm, true)?;
+            let out = backend.step(&[s], &[tok], cache, &mut tm, true)?;
             on_step(turn, "decode", &out);
             swa_peak = swa_peak.max(cache.usage().swa_bytes);
         }
         let decode_s = t1.elapsed().as_secs_f64();
         ctx = prompt + gen;
         // ---- end of turn: snapshot encoder windows + carries, drop live SWA state
-        let snap = cache.swa_snapshot(sid, encoder)?;
-        let mut carries = vec![];
-        for &l in &kv_layers {
-            carries.push((l, cache.carry(sid, l)?.take()));
-        }
-        let bytes = snap.bytes() + carries.len() * 4096;
+        let sv = turns.end(cache)?;
         let k2 = key(sid, ctx);
-        pool.put(k2, Snapshot::Sized(bytes))?;
-        saved.insert(k2.0, Saved { snap, carries });
-        cache.swa_drop(sid, &all_layers)?;
-        cache.carry_drop(sid)?;
+        pool.put(k2, Snapshot::Sized(sv.bytes()))?;
+        saved.insert(k2.0, sv);
         let u = cache.usage();
         let rep = TurnReport {
             turn,

@@ -124,8 +124,15 @@ pub trait KvCache: Send + Sync {
     /// Drops the SWA windows of `layers` (a snapshot miss / a finished turn's decoder state).
     fn swa_drop(&mut self, req: RequestId, layers: &[usize]) -> Result<()>;
     /// The compressor state of a KV-source layer (the half-finished group carried between steps),
-    /// `None` until first set.
-    fn carry(&mut self, req: RequestId, layer: usize) -> Result<&mut Option<CompressorState>>;
+    /// `None` until first set. A copy: at most one token's kv and score rows at ratio 2.
+    fn carry(&self, req: RequestId, layer: usize) -> Result<Option<CompressorState>>;
+    /// Sets (Some) or clears (None) the compressor state of a KV-source layer.
+    fn set_carry(
+        &mut self,
+        req: RequestId,
+        layer: usize,
+        state: Option<CompressorState>,
+    ) -> Result<()>;
     /// Drops every compressor carry of a request (a snapshot miss: the carry is not persisted).
     fn carry_drop(&mut self, req: RequestId) -> Result<()>;
     /// Measured bytes.
@@ -531,9 +538,20 @@ impl KvCache for ContiguousCache {
         Ok(())
     }
 
-    fn carry(&mut self, req: RequestId, layer: usize) -> Result<&mut Option<CompressorState>> {
+    fn carry(&self, req: RequestId, layer: usize) -> Result<Option<CompressorState>> {
         self.check_kv_layer(layer)?;
-        Ok(self.req_mut(req)?.carry.entry(layer).or_default())
+        Ok(self.req(req)?.carry.get(&layer).cloned().flatten())
+    }
+
+    fn set_carry(
+        &mut self,
+        req: RequestId,
+        layer: usize,
+        state: Option<CompressorState>,
+    ) -> Result<()> {
+        self.check_kv_layer(layer)?;
+        self.req_mut(req)?.carry.insert(layer, state);
+        Ok(())
     }
 
     fn carry_drop(&mut self, req: RequestId) -> Result<()> {

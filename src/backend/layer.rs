@@ -405,30 +405,29 @@ fn compress_and_store(
         // Feed from the first group not yet complete in the cache: on a replay the cached groups
         // are skipped and the half-finished one is rebuilt from its first token.
         let stored = cache.entries(s.req, l)?;
-        let carry = cache.carry(s.req, l)?;
-        let resume = carry.as_ref().map(|c| c.next_pos() as usize);
-        let start = if resume == Some(first) {
-            first
-        } else {
-            let st = (stored * m).max(first);
-            if !st.is_multiple_of(m) || st < first {
-                return Err(Error::invalid(
-                    format!("request {} layer {l}", s.req),
-                    format!(
-                        "rows start at {first} but the compressor needs the group starting at {} (no carry held)",
-                        st / m * m
-                    ),
-                ));
+        let held = cache.carry(s.req, l)?;
+        let (start, mut state) = match held {
+            Some(c) if c.next_pos() as usize == first => (first, c),
+            _ => {
+                let st = (stored * m).max(first);
+                if !st.is_multiple_of(m) || st < first {
+                    return Err(Error::invalid(
+                        format!("request {} layer {l}", s.req),
+                        format!(
+                            "rows start at {first} but the compressor needs the group starting at {} (no carry held)",
+                            st / m * m
+                        ),
+                    ));
+                }
+                (st, CompressorState::new(st as u64))
             }
-            *carry = Some(CompressorState::new(st as u64));
-            st
         };
         let skip = start - first;
         if skip >= span.len() {
+            cache.set_carry(s.req, l, Some(state))?;
             continue;
         }
         let sub = span.start + skip..span.end;
-        let mut state = carry.take().expect("set above");
         let out = tm.time(Role::Full, Op::Compressor, || {
             comp.compress(
                 &mut state,
@@ -436,7 +435,7 @@ fn compress_and_store(
                 score.as_ref().map(|sc| rows_of_span(sc, KV_DIM, &sub)),
             )
         });
-        *cache.carry(s.req, l)? = Some(state);
+        cache.set_carry(s.req, l, Some(state))?;
         let out = out?;
         if out.count == 0 {
             continue;

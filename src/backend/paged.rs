@@ -12,15 +12,14 @@
 //!   ([`CacheManager::gather_entries`]);
 //! - SWA rows go to the manager's per-request ring, which also keeps the held range; a write that
 //!   does not continue the window restarts it there ([`CacheManager::swa_restart`]);
-//! - the compressor carry is the stack's own [`CompressorState`] (its next position and open
-//!   group; the trait hands out `&mut` to it) and is the one per-request state kept here; its
-//!   bytes are counted as in the contiguous cache. The manager's carries
-//!   ([`CacheManager::set_compressor_state`]) hold the C ABI's form: the open group's rows
-//!   without the position.
+//! - the compressor carry (the stack's [`CompressorState`]: next position and open group) lives
+//!   in the manager's carries ([`CacheManager::carry`], `crate::cache::carry`), the same slot the
+//!   C ABI's `csa2_cache_{set,get}_compressor_state` read and write in their rows-only form; its
+//!   bytes are reported as `carry_bytes`, not as SWA bytes, as in the contiguous cache.
 //!
-//! Every entry count, block and window lives in the manager, so a request this adapter opened is,
-//! block for block and window for window, what the C ABI (`csa2_cache_*`) sees through the same
-//! manager. Request ids are the manager's ids unchanged, so a manager shared with other users
+//! Every entry count, block, window and carry lives in the manager (the adapter keeps only the set
+//! of requests it opened), so a request this adapter opened is, block for block, window for window
+//! and carry for carry, what the C ABI (`csa2_cache_*`) sees through the same manager. Request ids are the manager's ids unchanged, so a manager shared with other users
 //! must not reuse them. Prefix publishing and adoption stay with the manager's callers: this
 //! adapter never seals a block.
 
@@ -28,20 +27,13 @@ use super::cache::{checks, CacheUsage, KvCache, SwaSnapshot};
 use crate::cache::{CacheConfig, CacheManager, CacheSpec, RecordKind, RequestId};
 use crate::error::{Error, Result};
 use crate::formats::KvScheme;
-use crate::formats::{decode_rows, encode_rows, KV_DIM};
+use crate::formats::{decode_rows, encode_rows};
 use crate::geometry::Geometry;
 use crate::ops::compressor::CompressorState;
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::BTreeSet;
 use std::ops::Range;
 use std::sync::Arc;
-
-/// The per-request state the manager does not keep: the stack's compressor carry per KV-source
-/// layer.
-#[derive(Debug, Default)]
-struct ReqState {
-    carry: HashMap<usize, Option<CompressorState>>,
-}
 
 /// The [`KvCache`] trait over a shared paged [`CacheManager`] (see the module docs).
 #[derive(Debug)]
@@ -52,7 +44,8 @@ pub struct PagedCache {
     kv_layers: Vec<usize>,
     num_layers: usize,
     window: usize,
-    reqs: HashMap<RequestId, ReqState>,
+    /// The requests this adapter opened (their state is all in the manager).
+    reqs: BTreeSet<RequestId>,
 }
 
 impl PagedCache {
@@ -106,7 +99,7 @@ impl PagedCache {
             kv_layers: spec.pools.iter().map(|p| p.layer).collect(),
             num_layers: spec.num_layers,
             window: spec.window,
-            reqs: HashMap::new(),
+            reqs: BTreeSet::new(),
             manager,
         })
     }
@@ -149,15 +142,14 @@ impl PagedCache {
             ))
         }
     }
-    fn req(&self, req: RequestId) -> Result<&ReqState> {
-        self.reqs
-            .get(&req)
-            .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
-    }
-    fn req_mut(&mut self, req: RequestId) -> Result<&mut ReqState> {
-        self.reqs
-            .get_mut(&req)
-            .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
+    fn req(&self, req: RequestId) -> Result<()> {
+        if self.reqs.contains(&req) {
+            Ok(())
+        } else {
+            Err(Error::NotFound(format!(
+                "request {req} is not in the KV cache"
+            )))
+        }
     }
 }
 
@@ -167,19 +159,19 @@ impl KvCache for PagedCache {
     }
 
     fn open(&mut self, req: RequestId) -> Result<()> {
-        if self.reqs.contains_key(&req) {
+        if self.reqs.contains(&req) {
             return Err(Error::invalid(
                 "request",
                 format!("request {req} is already open"),
             ));
         }
         self.manager.add_request(req)?;
-        self.reqs.insert(req, ReqState::default());
+        self.reqs.insert(req);
         Ok(())
     }
 
     fn contains(&self, req: RequestId) -> bool {
-        self.reqs.contains_key(&req)
+        self.reqs.contains(&req)
     }
 
     fn close(&mut self, req: RequestId) -> Result<()> {
@@ -338,43 +330,58 @@ impl KvCache for PagedCache {
         Ok(())
     }
 
-    fn carry(&mut self, req: RequestId, layer: usize) -> Result<&mut Option<CompressorState>> {
+    fn carry(&self, req: RequestId, layer: usize) -> Result<Option<CompressorState>> {
         self.check_kv_layer(layer)?;
-        Ok(self.req_mut(req)?.carry.entry(layer).or_default())
+        self.req(req)?;
+        self.manager.carry(req, layer)
+    }
+
+    fn set_carry(
+        &mut self,
+        req: RequestId,
+        layer: usize,
+        state: Option<CompressorState>,
+    ) -> Result<()> {
+        self.check_kv_layer(layer)?;
+        self.req(req)?;
+        self.manager.set_carry(req, layer, state)
     }
 
     fn carry_drop(&mut self, req: RequestId) -> Result<()> {
-        self.req_mut(req)?.carry.clear();
-        Ok(())
+        self.req(req)?;
+        self.manager.clear_carries(req)
     }
 
     /// Global bytes: `main_bytes`/`index_bytes` are the records stored, `global_allocated` the
     /// slab bytes of the blocks in use, read from the manager's allocator ([`CacheManager::stats`]);
-    /// `swa_bytes` the manager's live rings (allocated for every layer when a request opens).
+    /// `swa_bytes` the manager's live rings (allocated for every layer when a request opens) and
+    /// `carry_bytes` the carried compressor rows of this adapter's requests. (The manager's
+    /// `session_bytes` counts both for every request; a manager shared with other users would
+    /// count theirs too.)
     fn usage(&self) -> CacheUsage {
         let s = self.manager.stats();
+        let carry_bytes: usize = self
+            .reqs
+            .iter()
+            .map(|&r| self.manager.carry_bytes(r).unwrap_or(0))
+            .sum();
         let mut u = CacheUsage {
             requests: self.reqs.len(),
             global_allocated: s.in_use_bytes,
-            swa_bytes: s.session_bytes,
+            swa_bytes: s.session_bytes.saturating_sub(carry_bytes),
+            carry_bytes,
             ..Default::default()
         };
         let (mb, ib) = (
             self.formats.main.record_bytes(),
             self.formats.index.record_bytes(),
         );
-        for (&req, st) in &self.reqs {
+        for &req in &self.reqs {
             for &l in &self.kv_layers {
                 let n = |k| self.manager.stored_entries(req, l, k).unwrap_or(0);
                 u.main_bytes += n(RecordKind::Main) * mb;
                 u.index_bytes += n(RecordKind::Index) * ib;
             }
-            u.carry_bytes += st
-                .carry
-                .values()
-                .flatten()
-                .map(|c| c.pending_tokens() * 2 * KV_DIM * 4)
-                .sum::<usize>();
         }
         u
     }

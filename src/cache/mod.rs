@@ -17,8 +17,9 @@
 //!   block. A finished request's blocks enter the LRU deepest-first, so a prefix's tail goes before
 //!   its head (vLLM's free-block queue). When nothing is free or evictable, allocation returns
 //!   [`Error::OutOfBlocks`] and changes nothing.
-//! - **Per-request state**: an SWA ring of `window` tokens per layer and the half-finished
-//!   compressor group of every ratio > 1 layer (ratio 2: kv + score, 1024 f32).
+//! - **Per-request state**: an SWA ring of `window` tokens per layer and the compressor carry of
+//!   every KV-source layer (its next position and half-finished group; ratio 2: kv + score, 1024
+//!   f32), the one copy the engine and the C ABI share (`carry`).
 //! - **Accounting** is measured: [`CacheManager::stats`] sums the lengths of the slabs and rings that
 //!   are actually allocated (with [`Backing::Host`]) and of the blocks actually handed out.
 //!
@@ -152,8 +153,6 @@ pub struct CacheManager {
     hasher: PrefixHasher,
     meta: Mutex<Meta>,
     slabs: Slabs,
-    /// Slot of each pool (ratio > 1) in a request's carries.
-    carry_slots: Vec<Option<usize>>,
 }
 impl std::fmt::Debug for CacheManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -209,7 +208,6 @@ impl CacheManager {
                 tables: Tables::default(),
             }),
             slabs: Slabs::new(n, config.backing, layout.slab_bytes)?,
-            carry_slots: carry::slots(&spec.pools),
             spec,
             config,
             layout,
@@ -258,7 +256,7 @@ impl CacheManager {
         };
         Ok(SessionState {
             swa: swa::SwaRing::new(self.spec.num_layers, ring)?,
-            carries: carry::Carries::new(self.carry_slots.iter().flatten().count()),
+            carries: carry::Carries::new(self.spec.pools.len()),
         })
     }
 

@@ -63,10 +63,11 @@ pub(crate) trait Handle: Sized + Send + Sync + 'static {
 /// The handle type whose tag is `tag`, for "a Csa2Geometry passed as a Csa2Cache" messages.
 fn tag_name(tag: u8) -> Option<&'static str> {
     use super::{
-        Csa2Cache, Csa2Clock, Csa2CompressorState, Csa2DramPool, Csa2Geometry, Csa2ReplayPlan,
-        Csa2SsdStore,
+        Csa2Cache, Csa2Clock, Csa2CompressorState, Csa2DramPool, Csa2Engine, Csa2Geometry,
+        Csa2ReplayPlan, Csa2SsdStore,
     };
     [
+        (Csa2Engine::TAG, Csa2Engine::NAME),
         (Csa2Clock::TAG, Csa2Clock::NAME),
         (Csa2SsdStore::TAG, Csa2SsdStore::NAME),
         (Csa2DramPool::TAG, Csa2DramPool::NAME),
@@ -157,10 +158,11 @@ fn live_count<T: Handle>() -> usize {
 /// fuzzing. Not exported over the C ABI.
 pub fn live_handles() -> usize {
     use super::{
-        Csa2Cache, Csa2Clock, Csa2CompressorState, Csa2DramPool, Csa2Geometry, Csa2ReplayPlan,
-        Csa2SsdStore,
+        Csa2Cache, Csa2Clock, Csa2CompressorState, Csa2DramPool, Csa2Engine, Csa2Geometry,
+        Csa2ReplayPlan, Csa2SsdStore,
     };
-    live_count::<Csa2Clock>()
+    live_count::<Csa2Engine>()
+        + live_count::<Csa2Clock>()
         + live_count::<Csa2SsdStore>()
         + live_count::<Csa2DramPool>()
         + live_count::<Csa2Geometry>()
