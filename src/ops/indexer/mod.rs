@@ -407,8 +407,11 @@ pub mod signature {
     /// `[T]` int32 request of each query row (a row of [`BLOCK_TABLE`]).
     pub const REQ: Arg = Arg::read("req", &[DType::I32], &[Dim::Any("T")]);
     /// `[R, B]` int32 block table of the index-K pool, −1 = unmapped.
-    pub const BLOCK_TABLE: Arg =
-        Arg::read("block_table", &[DType::I32], &[Dim::Any("R"), Dim::Any("B")]);
+    pub const BLOCK_TABLE: Arg = Arg::read(
+        "block_table",
+        &[DType::I32],
+        &[Dim::Any("R"), Dim::Any("B")],
+    );
     /// `csa2_indexer_logits_pool` (the index-K pool itself is a strided pool descriptor,
     /// checked by [`crate::ops::attention::PoolView`]).
     pub const LOGITS_POOL: Signature = Signature {
