@@ -169,7 +169,11 @@ def test_a_restart_in_a_new_process_finds_the_records(tmp_path):
     env = dict(os.environ)
     p = subprocess.run([sys.executable, "-c", _RESTART, HERE, str(tmp_path / "ssd"),
                         str(tmp_path / "model"), json.dumps(PROMPT)],
-                       capture_output=True, text=True, env=env, timeout=900)
+                       capture_output=True, text=True, env=env, timeout=900,
+                       # `python -c` puts the working directory on sys.path: run the child
+                       # outside the source tree, so in wheel mode it imports the installed
+                       # package (with its bundled library), not python_shim/csa2_vllm.
+                       cwd=str(tmp_path))
     assert p.returncode == 0, p.stderr[-4000:]
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     out = json.loads(line[len("RESULT "):])
