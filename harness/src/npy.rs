@@ -5,7 +5,6 @@
 //! found value.
 
 pub use csa2::shape::{Arg, Dims};
-use csa2::tensor::DType;
 use csa2::{Error, Result};
 use npyz::WriterBuilder;
 use std::path::{Path, PathBuf};
@@ -19,24 +18,15 @@ pub struct Tensor<T> {
     pub data: Vec<T>,
 }
 
-/// Element types the op runner reads and writes.
+/// Element types the op runner reads and writes: the core's tensor element types (their
+/// [`csa2::tensor::Element::DTYPE`] names the NumPy spelling) that npyz can read and write.
 pub trait Element:
-    npyz::Deserialize + npyz::Serialize + npyz::AutoSerialize + Copy + 'static
+    csa2::tensor::Element + npyz::Deserialize + npyz::Serialize + npyz::AutoSerialize
 {
-    /// The core's dtype of this element type (its `name()` is the NumPy spelling).
-    const DTYPE: DType;
 }
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-}
-impl Element for i32 {
-    const DTYPE: DType = DType::I32;
-}
-impl Element for i64 {
-    const DTYPE: DType = DType::I64;
-}
-impl Element for u8 {
-    const DTYPE: DType = DType::U8;
+impl<T> Element for T where
+    T: csa2::tensor::Element + npyz::Deserialize + npyz::Serialize + npyz::AutoSerialize
+{
 }
 
 fn parse_err(path: &Path, reason: impl Into<String>) -> Error {
