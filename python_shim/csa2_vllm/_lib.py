@@ -853,3 +853,17 @@ def indexer_logits_pool(q, w, positions, req, keys, block_table, ratio: int, q_q
         Csa2Pool(t(keys), _FORMAT_MXFP4_INDEX, POOL_BLOCK_PLANAR), t(block_table), int(ratio),
         int(q_quant), t(out), 0)
     call("csa2_indexer_logits_pool", ctypes.byref(args))
+
+
+# ---- top-k of indexer logits (src/ffi/topk.rs; the SM90 MXFP4 indexer, issue 15) ----------------
+
+__all__ += ["topk"]
+
+
+def topk(logits, positions, ratio: int, out, counts=None) -> None:
+    """``csa2_topk``: per row t the ``K = out.shape[1]`` largest of ``logits[t, :(positions[t] +
+    1) div ratio]`` into ``out`` (T, K) int32 (score desc, index asc; all visible entries in
+    index order when they are ≤ K; −1 padded), ``counts`` (T,) int32 optional. ``logits`` (T, N)
+    float; every tensor on one device (CUDA: float32 logits)."""
+    _call_tensors("csa2_topk", lambda t: (t(logits), t(positions), int(ratio), t(out),
+                                          t(counts)))

@@ -37,8 +37,9 @@ from vllm.models.deepseek_v41.nvidia.flashmla import DeepseekV4FlashMLAAttention
 from vllm.platforms import current_platform
 
 from . import _lib, writers
+from . import indexer as csa2_indexer
 from . import indices as lists
-from .backend import Csa2SparseMLABackend, Csa2SparseSWABackend
+from .backend import Csa2IndexerBackend, Csa2SparseMLABackend, Csa2SparseSWABackend
 
 REQUIRED_SYMBOLS = ("csa2_attention", "csa2_attention_indexed", "csa2_attention_pools")
 
@@ -54,8 +55,11 @@ REQUIRED_SYMBOLS = ("csa2_attention", "csa2_attention_indexed", "csa2_attention_
 # planner runs). csa2's kernel reads the V4.1 records on SM90 too, so csa2's layer answers that
 # question itself on SM90 — for its own construction and its own index-K cache's spec only
 # (:func:`_vllm_sees_v41_records`), never for vLLM's layers — and fills, with
-# :mod:`csa2_vllm.writers`, the records whose vLLM writers an SM90 GPU cannot run. The index K
-# keeps vLLM's choice (FP8 on SM90: vLLM scores an MXFP4 index K only on SM100).
+# :mod:`csa2_vllm.writers`, the records whose vLLM writers an SM90 GPU cannot run. The index K is
+# vLLM's ``indexer_kv_dtype`` choice; where that is ``mxfp4`` on SM90 (which vLLM refuses: it scores
+# an MXFP4 index K only with DeepGEMM's SM100 kernels), csa2's layer accepts it for itself
+# (:func:`csa2_vllm.indexer.accepts_mxfp4_index_k`) and writes and scores it with
+# :class:`csa2_vllm.indexer.Csa2Indexer`: the paper's 890 B/token on Hopper.
 
 
 def v41_records_by_csa2() -> bool:
@@ -92,11 +96,19 @@ def _vllm_sees_v41_records():
 
 class Csa2IndexerCache(DeepseekV4IndexerCache):
     """vLLM's index-K cache of a csa2 layer: its page takes the V4.1 records' alignment where
-    csa2 uses them, so that it shares the block slab's alignment with the layer's other pages."""
+    csa2 uses them, so that it shares the block slab's alignment with the layer's other pages;
+    where csa2 scores it (an MXFP4 index K on SM90, ``csa2_scores``), its metadata comes from
+    csa2's indexer backend, whose builder accepts ``mxfp4`` there."""
+
+    #: Set by the layer when :class:`csa2_vllm.indexer.Csa2Indexer` writes and scores this cache.
+    csa2_scores = False
 
     def get_kv_cache_spec(self, vllm_config):
         with _vllm_sees_v41_records():
             return super().get_kv_cache_spec(vllm_config)
+
+    def get_attn_backend(self):
+        return Csa2IndexerBackend if self.csa2_scores else super().get_attn_backend()
 
 
 class Csa2Compressor(DeepseekCompressor):
@@ -166,18 +178,24 @@ class Csa2DeepseekV4Attention(DeepseekV4FlashMLAAttention):
                 "this build cannot serve the CSA2_RS backend (unset CSA2_VLLM_BACKEND / drop the "
                 "attention-config backend to use vLLM's own layers)",
             )
-        with _vllm_sees_v41_records():
+        with _vllm_sees_v41_records(), csa2_indexer.accepts_mxfp4_index_k():
             super().__init__(*args, **kwargs)
         if v41_records_by_csa2() and self.compressor is not None:
             # The compressor was built by vLLM's __init__; only its cache writer changes.
             self.compressor.__class__ = Csa2Compressor
+        csa2_indexer.wire(self)
 
     def _indexer_cls(self, k_cache):
         # vLLM's index-K cache object, built just before this call, is this layer's; its spec is
         # asked later by the KV planner, outside the construction scope above.
         if k_cache is not None and type(k_cache) is DeepseekV4IndexerCache:
             k_cache.__class__ = Csa2IndexerCache
-        return super()._indexer_cls(k_cache)
+        ours = csa2_indexer.indexer_cls_for(k_cache)
+        if ours is None:
+            return super()._indexer_cls(k_cache)
+        if isinstance(k_cache, Csa2IndexerCache):
+            k_cache.csa2_scores = True
+        return ours
 
     @property
     def packed_kv_cache_dtype(self) -> CacheDType:

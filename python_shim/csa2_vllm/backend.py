@@ -30,8 +30,13 @@ from vllm.models.deepseek_v41.sparse_mla import (
     DeepseekV4FlashMLAMetadataBuilder,
 )
 from vllm.v1.attention.backend import AttentionCGSupport
+from vllm.v1.attention.backends.mla.indexer import (
+    DeepseekV32IndexerMetadataBuilder,
+    DeepseekV41IndexerBackend,
+)
 
 from . import BACKEND_NAME
+from .indexer import accepts_mxfp4_index_k
 
 
 class Csa2MetadataBuilder(DeepseekV4FlashMLAMetadataBuilder):
@@ -78,3 +83,31 @@ class Csa2SparseSWABackend(DeepseekSparseSWAFlashMLABackend):
     @classmethod
     def supports_pcp(cls) -> bool:
         return False
+
+
+class Csa2IndexerMetadataBuilder(DeepseekV32IndexerMetadataBuilder):
+    """vLLM's indexer metadata for a csa2-scored MXFP4 index K on SM90. vLLM's builder asks
+    ``dsa_indexer_uses_fp4`` in ``__init__`` (``v1/attention/backends/mla/indexer.py:1028``),
+    which refuses ``mxfp4`` off SM100; it is built here inside csa2's scope
+    (:func:`csa2_vllm.indexer.accepts_mxfp4_index_k`), and the metadata is vLLM's unchanged
+    (csa2's scorer reads ``block_table`` and the token counts). Uniform decode batches may be
+    graph-captured: csa2's indexer forward has fixed shapes and no host work
+    (python_shim/tests_interpreted/test_sm90_indexer.py)."""
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
+        return AttentionCGSupport.UNIFORM_BATCH
+
+    def __init__(self, *args, **kwargs) -> None:
+        with accepts_mxfp4_index_k():
+            super().__init__(*args, **kwargs)
+
+
+class Csa2IndexerBackend(DeepseekV41IndexerBackend):
+    """vLLM's V4.1 indexer backend (same name, page layout and kernel block sizes) with
+    :class:`Csa2IndexerMetadataBuilder`; chosen by csa2's index-K cache only where csa2 scores it
+    (``Csa2IndexerCache.csa2_scores``)."""
+
+    @staticmethod
+    def get_builder_cls() -> type[Csa2IndexerMetadataBuilder]:
+        return Csa2IndexerMetadataBuilder

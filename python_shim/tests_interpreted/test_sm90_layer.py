@@ -21,6 +21,7 @@ import torch
 
 from csa2_vllm import _lib, writers
 from csa2_vllm import attention as csa2_attention
+from csa2_vllm import indexer as csa2_indexer
 from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig,
                          set_current_vllm_config)
 from vllm.models.deepseek_v41.common.ops import cache_utils
@@ -103,12 +104,12 @@ def _build(mc, monkeypatch, major: int, indexer_kv_dtype: str = "auto"):
     return vc, layers, specs
 
 
-def _plan(vc, specs):
+def _plan(vc, specs, num_blocks: int = NUM_BLOCKS):
     with set_current_vllm_config(vc):
         groups = kv_cache_planning.get_kv_cache_groups(vc, specs)
         probe = kv_cache_planning.get_kv_cache_config_from_groups(vc, groups, 1 << 40)
         per_block = probe.kv_cache_tensors[0].block_stride
-        cfg = kv_cache_planning.get_kv_cache_config_from_groups(vc, groups, NUM_BLOCKS * per_block)
+        cfg = kv_cache_planning.get_kv_cache_config_from_groups(vc, groups, num_blocks * per_block)
         kv = allocate_kv_cache(cfg, torch.device("cpu"), vc.cache_config.get_resolved_kv_cache_layout())
     return cfg, kv
 
@@ -137,7 +138,11 @@ RECORDS = {  # capability major, indexer dtype → (SWA, compressed, index K, ca
     (9, "auto"): (528, 288, 132, "nvfp4_ds_mla", 3 * (288 + 132) / 2 + (288 + 132)),
     (10, "auto"): (528, 288, 132, "nvfp4_ds_mla", 3 * (288 + 132) / 2 + (288 + 132)),
     (10, "mxfp4"): (528, 288, 68, "nvfp4_ds_mla", 890),
+    # csa2's layer on SM90 accepts the MXFP4 index K vLLM refuses there (csa2_vllm.indexer).
+    (9, "mxfp4"): (528, 288, 68, "nvfp4_ds_mla", 890),
 }
+#: The per-block slab vLLM's planner lays out for this layer set (docs/VLLM.md).
+SLAB = {132: 269_280, 68: 228_096}
 
 
 @pytest.mark.parametrize("major,idx", list(RECORDS))
@@ -159,10 +164,18 @@ def test_layer_requests_the_v41_records_and_the_planner_lays_them_out(model_conf
             assert (x.head_size, x.alignment) == (index_w, 512)
             # csa2's writer publishes the 288-B entries on SM90 only; SM100 keeps vLLM's.
             assert isinstance(layer.compressor, csa2_attention.Csa2Compressor) == (major == 9)
+        # csa2 writes and scores the index K itself only where vLLM cannot: MXFP4 on SM90.
+        ours = (major, idx) == (9, "mxfp4")
+        if layer.indexer is not None:
+            assert isinstance(layer.indexer, csa2_indexer.Csa2Indexer) == ours
+            assert isinstance(layer.indexer.indexer_op, csa2_indexer.Csa2SparseAttnIndexer) == ours
+            assert layer.indexer.use_fp4_kv == (idx == "mxfp4")
+            assert layer.indexer.k_cache.csa2_scores == ours
     assert _global_bytes_per_token(specs) == per_token
 
     cfg, kv = _plan(vc, specs)
     stride = cfg.kv_cache_tensors[0].block_stride
+    assert stride == SLAB[index_w]
     for name, t in kv.items():
         v = t.squeeze(1)
         # every page of a block id lives in one slab row: stride(0) in bytes is the slab
@@ -188,13 +201,24 @@ def test_layer_requests_the_v41_records_and_the_planner_lays_them_out(model_conf
           f"{per_token} B/token global")
 
 
-def test_sm90_keeps_vllms_refusal_of_the_mxfp4_index_k(model_config, monkeypatch):
-    """vLLM's indexer scores an MXFP4 index K only on SM100 (DeepGEMM's FP4 logits;
-    ``dsa_indexer_uses_fp4`` refuses it elsewhere, and the metadata builders ask it again outside
-    the layer), so csa2's layer does not ask for it on SM90: the index K stays the 132-B FP8
-    record, 1,050 B/token instead of 890."""
+def test_vllms_own_layer_keeps_its_refusal_of_the_mxfp4_index_k_on_sm90(model_config,
+                                                                         monkeypatch):
+    """vLLM scores an MXFP4 index K only on SM100 (DeepGEMM's FP4 logits), so
+    ``dsa_indexer_uses_fp4`` refuses it elsewhere. csa2's layer accepts it on SM90 for itself
+    (the planner test above: 890 B/token); vLLM's own FlashMLA layer, built in the same process
+    after csa2's, still gets vLLM's refusal, and so does the predicate itself."""
+    from vllm.models.deepseek_v41.nvidia.flashmla import DeepseekV4FlashMLAAttention
+    from vllm.v1.attention.backends.mla import indexer as vllm_indexer
+
+    vc, _, _ = _build(model_config, monkeypatch, 9, "mxfp4")
     with pytest.raises(ValueError, match="indexer_kv_dtype='mxfp4' requires Blackwell"):
-        _build(model_config, monkeypatch, 9, "mxfp4")
+        vllm_indexer.dsa_indexer_uses_fp4(vc)
+    with set_current_vllm_config(vc), torch.device("cpu"):
+        with pytest.raises(ValueError, match="indexer_kv_dtype='mxfp4' requires Blackwell"):
+            DeepseekV4FlashMLAAttention(
+                vc, prefix="model.layers.24.attn", topk_indices_buffer=torch.zeros(
+                    8192, 512, dtype=torch.int32),
+                candidate_block_buffer=torch.zeros(8192, 64, dtype=torch.int32))
 
 
 def test_records_outside_csa2s_layer_are_vllms(model_config, monkeypatch):
