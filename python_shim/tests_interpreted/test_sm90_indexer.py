@@ -270,6 +270,17 @@ def test_layer_indexer_forward_matches_the_f64_indexer(model_config, monkeypatch
         if vis > k:
             assert bool(torch.isfinite(a[i, top[i].long()]).all()), i
         _assert_topk(top[i], ref[i], k, vis, i)
+    # The same tokens split into decode and prefill rows and scored 3 rows at a time (the
+    # logits budget of long prefills): the same top-k.
+    first = ind.topk_indices_buffer[:t].clone()
+    monkeypatch.setattr(csa2_indexer, "LOGITS_BUDGET_BYTES", 4 * n * 3)
+    ind.topk_indices_buffer.fill_(77)
+    md[ind.k_cache.prefix] = types.SimpleNamespace(num_decode_tokens=2, num_prefill_tokens=t - 2,
+                                                    block_table=table)
+    with override_forward_context(ForwardContext(no_compile_layers={}, attn_metadata=md,
+                                                 slot_mapping={})):
+        ind.indexer_op(None, (q_dec, positions), None, w)
+    assert torch.equal(ind.topk_indices_buffer[:t], first)
 
 
 def test_layer_attention_half_on_sm90_matches_the_host_reference(model_config, monkeypatch):  # noqa: F811
