@@ -9,16 +9,21 @@
 //   - the flattened source (headers inlined) for a last-resort NVRTC compile at run time.
 // src/cuda/modules.rs tries them in that order; docs/DESIGN.md explains why.
 //
-// Every kernel is compiled with the model constants of src/geometry/consts.rs and the launch
-// shapes of src/cuda/shapes.rs as `-D CSA2_<NAME>=<value>` (the same lines head the NVRTC source):
-// the crate reads the same two files, so a kernel's dims and tiles have one definition.
+// Every kernel is compiled with the model constants of src/geometry/consts.rs, the record widths
+// and ids of src/formats/abi.rs and the launch shapes of src/cuda/shapes.rs as
+// `-D CSA2_<NAME>=<value>` (the same lines head the NVRTC source): the crate reads the same three
+// files, so a kernel's dims, record layouts and tiles have one definition.
 //
 // `CSA2_PTXAS_REPORT=1` prints ptxas' register / stack / spill figures of every entry point as
 // build warnings (scripts/ci-cuda.sh sets it); a spill is always reported.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-// The two files are the crate's own modules; build.rs reads only their define lists.
+// The three files are the crate's own modules; build.rs reads only their define lists. abi.rs
+// names the geometry as `super::consts`, which is the module just above it here as in the crate.
+#[allow(dead_code)]
+#[path = "src/formats/abi.rs"]
+mod abi;
 #[allow(dead_code)]
 #[path = "src/geometry/consts.rs"]
 mod consts;
@@ -30,6 +35,7 @@ mod shapes;
 fn kernel_defines() -> Vec<(String, String)> {
     consts::KERNEL_DEFINES
         .iter()
+        .chain(abi::RECORD_DEFINES)
         .map(|d| (d.name().to_string(), d.c_value()))
         .chain(
             shapes::LAUNCH_DEFINES
@@ -57,6 +63,7 @@ const ARCHS: &[(&str, &str)] = &[("sm_90a", "8.0"), ("sm_100a", "8.6")];
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/geometry/consts.rs");
+    println!("cargo:rerun-if-changed=src/formats/abi.rs");
     println!("cargo:rerun-if-changed=src/cuda/shapes.rs");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;

@@ -8,10 +8,14 @@
 // for bit, so change both or neither.
 #pragma once
 
-// Model constants (src/geometry/consts.rs) and launch shapes (src/cuda/shapes.rs) come from
-// build.rs as -D defines; the kernels write none of them as literals.
+// Model constants (src/geometry/consts.rs), record widths and ids (src/formats/abi.rs) and launch
+// shapes (src/cuda/shapes.rs) come from build.rs as -D defines; the kernels write none of them as
+// literals.
 #if !defined(CSA2_KV_DIM) || !defined(CSA2_HEADS) || !defined(CSA2_KV_THREADS)
 #error "compile the csa2 kernels through build.rs: it passes -D CSA2_<NAME> from src/geometry/consts.rs and src/cuda/shapes.rs"
+#endif
+#if !defined(CSA2_FMT_NVFP4) || !defined(CSA2_NVFP4_DATA) || !defined(CSA2_POOL_BLOCK_PLANAR)
+#error "compile the csa2 kernels through build.rs: it passes the record widths and ids of src/formats/abi.rs as -D CSA2_<NAME>"
 #endif
 
 typedef unsigned char u8;
@@ -178,11 +182,10 @@ struct SlotPtr {
     u8* scale;
 };
 
-// How a pool's pages hold their records (src/ops/attention/pools.rs::PoolLayout):
-// interleaved = a state's scales follow its own data (vLLM's V4.1 NVFP4 288 B and MXFP8 528 B);
-// block-planar = all data of the page, then all scales (V4 584 B, index K, csa2's own pages).
-#define CSA2_POOL_INTERLEAVED 0
-#define CSA2_POOL_BLOCK_PLANAR 1
+// How a pool's pages hold their records (src/ops/attention/pools.rs::PoolLayout; the ids
+// CSA2_POOL_INTERLEAVED / CSA2_POOL_BLOCK_PLANAR come from src/formats/abi.rs):
+// interleaved = a state's scales follow its own data (vLLM's V4.1 NVFP4 and MXFP8 records);
+// block-planar = all data of the page, then all scales (V4 record, index K, csa2's own pages).
 
 // Address of `slot` (page = slot / states, state = slot % states) in a strided pool whose pages
 // are `block_stride` bytes apart — vLLM's per-block slab size, read from the tensor's stride(0),
@@ -221,24 +224,11 @@ __device__ __forceinline__ i64 table_slot(const i32* bt_row, int max_blocks, i64
 
 // ---- record formats (docs/SPEC.md §1; src/formats/records.rs) ---------------------------------------
 
-// The Csa2Format ids the kernels switch on (src/formats/records.rs RecordFormat::abi_id).
-#define CSA2_FMT_NVFP4 0
-#define CSA2_FMT_MXFP4_INDEX 1
-#define CSA2_FMT_MXFP8 2
-#define CSA2_FMT_V4 3
-
-// Data / scale bytes of one record: NVFP4-DS main KV (E2M1 pairs, one E4M3 per 16), MXFP4 index K
-// (E2M1 pairs, one UE8M0 per 32), MXFP8 SWA (E4M3, one UE8M0 per 32), V4 (NoPE E4M3 + RoPE bf16,
-// one UE8M0 per 64 NoPE dims, padded to 8).
-#define CSA2_NOPE_DIM (CSA2_KV_DIM - CSA2_ROPE_DIM)
-#define CSA2_NVFP4_DATA (CSA2_KV_DIM / 2)
-#define CSA2_NVFP4_SCALE (CSA2_KV_DIM / 16)
-#define CSA2_MXFP4_INDEX_DATA (CSA2_INDEX_DIM / 2)
-#define CSA2_MXFP4_INDEX_SCALE (CSA2_INDEX_DIM / 32)
-#define CSA2_MXFP8_DATA CSA2_KV_DIM
-#define CSA2_MXFP8_SCALE (CSA2_KV_DIM / 32)
-#define CSA2_V4_DATA (CSA2_NOPE_DIM + 2 * CSA2_ROPE_DIM)
-#define CSA2_V4_SCALE 8
+// The Csa2Format ids the kernels switch on (CSA2_FMT_NVFP4, _MXFP4_INDEX, _MXFP8, _V4) and the
+// data / scale bytes of each record (CSA2_<RECORD>_DATA / _SCALE; CSA2_NOPE_DIM) come from
+// src/formats/abi.rs: NVFP4-DS main KV (E2M1 pairs, one E4M3 per 16), MXFP4 index K (E2M1 pairs,
+// one UE8M0 per 32), MXFP8 SWA (E4M3, one UE8M0 per 32), V4 (NoPE E4M3 + RoPE bf16, one UE8M0 per
+// 64 NoPE dims, then a pad byte).
 
 __device__ __forceinline__ int fmt_data_bytes(int fmt) {
     return fmt == CSA2_FMT_NVFP4 ? CSA2_NVFP4_DATA : fmt == CSA2_FMT_MXFP8 ? CSA2_MXFP8_DATA : CSA2_V4_DATA;

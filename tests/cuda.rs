@@ -309,6 +309,7 @@ fn device_codec_source_matches_cpu_on_host() {
     // The kernels' compile-time constants, as build.rs passes them to nvcc (common.cuh refuses
     // to compile without them).
     let defines = (csa2::geometry::consts::KERNEL_DEFINES.iter())
+        .chain(csa2::formats::abi::RECORD_DEFINES)
         .map(|d| format!("-D{}={}", d.name(), d.c_value()))
         .chain((csa2::cuda::shapes::LAUNCH_DEFINES.iter()).map(|(n, v)| format!("-D{n}={v}")));
     let built = Command::new(&cxx)

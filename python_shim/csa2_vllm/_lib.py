@@ -47,6 +47,7 @@ __all__ = [
     "format_info",
     "RecordFormat",
     "record_formats",
+    "record_format_named",
     "encode_rows",
     "decode_rows",
 ]
@@ -437,7 +438,10 @@ def attention_indexed(q, main_kv, main_idx, swa_kv, swa_idx, sink, out, lse, *, 
 
 # ---- record codecs (the Csa2Format values of include/csa2.h) -----------------------------------
 
-FORMAT_NVFP4, FORMAT_MXFP8, FORMAT_V4 = 0, 2, 3
+# ``FORMAT_NVFP4``, ``FORMAT_MXFP8``, ``FORMAT_V4`` (and ``POOL_INTERLEAVED`` /
+# ``POOL_BLOCK_PLANAR`` below) are the library's own numbers, read from its record-format table on
+# first use (module ``__getattr__`` at the end of this section), never written here.
+_FORMAT_CONSTANTS = {"FORMAT_NVFP4": "nvfp4", "FORMAT_MXFP8": "mxfp8", "FORMAT_V4": "v4"}
 
 
 class FormatInfo(ctypes.Structure):
@@ -453,7 +457,8 @@ class _RecordFormatEntry(ctypes.Structure):
     _fields_ = [("format_id", ctypes.c_int32), ("name", ctypes.c_char_p),
                 ("vllm_dtype", ctypes.c_char_p), ("dim", ctypes.c_size_t),
                 ("data_bytes", ctypes.c_size_t), ("scale_bytes", ctypes.c_size_t),
-                ("record_bytes", ctypes.c_size_t), ("vllm_block_planar", ctypes.c_uint8)]
+                ("record_bytes", ctypes.c_size_t), ("vllm_block_planar", ctypes.c_uint8),
+                ("vllm_pool_layout", ctypes.c_int32)]
 
 
 class RecordFormat(NamedTuple):
@@ -473,6 +478,8 @@ class RecordFormat(NamedTuple):
     vllm_block_planar: bool
     """True when vLLM's pages hold the record block-planar (all slots' data, then all slots'
     scales); False when a record is one row of the page."""
+    vllm_pool_layout: int
+    """The ``Csa2PoolLayout`` of vLLM's pages for this record (``Csa2Pool.layout``)."""
 
 
 _FORMATS: list[RecordFormat] | None = None
@@ -489,8 +496,36 @@ def record_formats() -> list[RecordFormat]:
         call("csa2_record_formats", table, n.value, size, ctypes.byref(n))
         _FORMATS = [RecordFormat(e.format_id, e.name.decode(), e.vllm_dtype.decode(), e.dim,
                                  e.data_bytes, e.scale_bytes, e.record_bytes,
-                                 bool(e.vllm_block_planar)) for e in table]
+                                 bool(e.vllm_block_planar), e.vllm_pool_layout) for e in table]
     return _FORMATS
+
+
+def record_format_named(name: str) -> RecordFormat:
+    """The library's table row of the record called ``name`` (``nvfp4``, ``mxfp4``, ``mxfp8``,
+    ``v4``, ``fp8index``); ``KeyError`` naming the known ones otherwise."""
+    for f in record_formats():
+        if f.name == name:
+            return f
+    raise KeyError(f"no record format {name!r} in the library's table "
+                   f"({', '.join(f.name for f in record_formats())})")
+
+
+def _pool_layout(block_planar: bool) -> int:
+    """The ``Csa2PoolLayout`` id the library gives vLLM pages that are (not) block-planar."""
+    return next(f.vllm_pool_layout for f in record_formats()
+                if f.vllm_block_planar == block_planar)
+
+
+def __getattr__(name: str) -> int:
+    # PEP 562: the id constants are asked of the library when first read, so importing this
+    # module still loads nothing.
+    if name in _FORMAT_CONSTANTS:
+        return record_format_named(_FORMAT_CONSTANTS[name]).format_id
+    if name == "POOL_INTERLEAVED":
+        return _pool_layout(False)
+    if name == "POOL_BLOCK_PLANAR":
+        return _pool_layout(True)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def format_info(format_id: int) -> FormatInfo:
@@ -730,9 +765,9 @@ class CompressorState(_Handle):
 
 # ---- attention in place on vLLM's strided page pools (src/ffi/attention_pools.rs; issue 15) -----
 
-#: ``Csa2PoolLayout``: a state's scales follow its own data (V4.1 288 / 528 B), or all data of
-#: the page first, then all scales (V4 584 B, index K).
-POOL_INTERLEAVED, POOL_BLOCK_PLANAR = 0, 1
+# ``POOL_INTERLEAVED`` / ``POOL_BLOCK_PLANAR`` (``Csa2PoolLayout``: a state's scales follow its
+# own data, as vLLM's V4.1 NVFP4 / MXFP8 pages; or all data of the page first, then all scales, as
+# the V4 and index-K pages) come from the library's table (``__getattr__`` above).
 
 
 class Csa2Pool(ctypes.Structure):
@@ -768,7 +803,7 @@ def pool_format(pool: Any, what: str) -> tuple[int, int]:
     width = int(pool.shape[-1]) if len(pool.shape) else -1
     for f in record_formats():
         if f.dim == 512 and f.record_bytes == width:
-            return f.format_id, POOL_BLOCK_PLANAR if f.vllm_block_planar else POOL_INTERLEAVED
+            return f.format_id, f.vllm_pool_layout
     raise ValueError(
         f"{what}: record width {width} B is none of "
         + ", ".join(f"{f.record_bytes} ({f.name})" for f in record_formats() if f.dim == 512))
@@ -829,9 +864,6 @@ SIGNATURES.update({
 })
 __all__ += ["indexer_logits_pool"]
 
-#: ``Csa2Format`` of the 68-B MXFP4 index-K record.
-_FORMAT_MXFP4_INDEX = 1
-
 
 def indexer_logits_pool(q, w, positions, req, keys, block_table, ratio: int, q_quant: int,
                         out) -> None:
@@ -841,6 +873,7 @@ def indexer_logits_pool(q, w, positions, req, keys, block_table, ratio: int, q_q
     block-planar MXFP4) — through ``block_table`` ``(R, B)`` int32. ``q`` ``(T, H, 128)``, ``w``
     ``(T, H)`` float, ``positions`` ``(T,)`` int, ``req`` ``(T,)`` int32; ``q_quant`` 0 none,
     1 MXFP4, 2 FP8. Host tensors only (the library refuses CUDA pools by name)."""
+    idx = record_format_named("mxfp4")
     keep = []
 
     def t(x):
@@ -850,7 +883,7 @@ def indexer_logits_pool(q, w, positions, req, keys, block_table, ratio: int, q_q
 
     args = Csa2IndexerLogitsPoolArgs(
         ctypes.sizeof(Csa2IndexerLogitsPoolArgs), t(q), t(w), t(positions), t(req),
-        Csa2Pool(t(keys), _FORMAT_MXFP4_INDEX, POOL_BLOCK_PLANAR), t(block_table), int(ratio),
+        Csa2Pool(t(keys), idx.format_id, idx.vllm_pool_layout), t(block_table), int(ratio),
         int(q_quant), t(out), 0)
     call("csa2_indexer_logits_pool", ctypes.byref(args))
 

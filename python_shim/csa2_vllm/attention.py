@@ -122,7 +122,8 @@ class Csa2Compressor(DeepseekCompressor):
         if latent is None:
             return
         kv_cache = self._static_forward_context[self.k_cache_prefix].kv_cache
-        if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != 288:
+        nvfp4 = _lib.record_format_named("nvfp4").record_bytes
+        if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != nvfp4:
             return super().insert_cache(latent, positions, rotary_emb)
         md = get_forward_context().attn_metadata[self.k_cache_prefix]
         writers.nvfp4_insert(latent, positions, rotary_emb.cos_sin_cache, kv_cache,

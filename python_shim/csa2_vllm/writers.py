@@ -44,6 +44,8 @@ except ImportError:  # a GPU check machine with torch and Triton but no vLLM
     import triton
     import triton.language as tl
 
+from . import _lib
+
 # ---- scalar codes -------------------------------------------------------------------------------
 
 
@@ -162,7 +164,8 @@ def _gptj_rope(even, odd, row, FIRST_PAIR: tl.constexpr, PAIRS: tl.constexpr,
 
 @triton.jit(do_not_specialize=["page_stride"])
 def _nvfp4_insert_kernel(latent, positions, cos_sin, cache, slots, cos_stride, page_stride,
-                         STATES: tl.constexpr, RATIO: tl.constexpr):
+                         STATES: tl.constexpr, RATIO: tl.constexpr, DATA: tl.constexpr,
+                         SCALE: tl.constexpr, REC: tl.constexpr):
     t = tl.program_id(0)
     slot = tl.load(slots + t)
     position = tl.load(positions + t)
@@ -176,9 +179,11 @@ def _nvfp4_insert_kernel(latent, positions, cos_sin, cache, slots, cos_stride, p
         # docs/SPEC.md §1: the record encodes the bf16-rounded RoPE'd values.
         y = _bf16_rne(tl.interleave(even, odd))
         packed, scales = nvfp4_tiles(tl.reshape(y, (32, 16)))
-        rec = cache + (slot // STATES).to(tl.int64) * page_stride + (slot % STATES) * 288
-        tl.store(rec + tl.arange(0, 256), tl.reshape(packed, (256,)))
-        tl.store(rec + 256 + tl.arange(0, 32), scales)
+        # Interleaved page: each state's data bytes, then its own scale bytes (widths from the
+        # library's record table).
+        rec = cache + (slot // STATES).to(tl.int64) * page_stride + (slot % STATES) * REC
+        tl.store(rec + tl.arange(0, DATA), tl.reshape(packed, (DATA,)))
+        tl.store(rec + DATA + tl.arange(0, SCALE), scales)
 
 
 def _check_pool(cache, width: int, what: str) -> None:
@@ -206,7 +211,8 @@ def nvfp4_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compr
     nothing."""
     import torch
 
-    _check_pool(kv_cache, 288, "NVFP4 compressed cache")
+    fmt = _lib.record_format_named("nvfp4")
+    _check_pool(kv_cache, fmt.record_bytes, "NVFP4 compressed cache")
     t = slot_mapping.numel()
     if compress_ratio not in (1, 2):
         raise ValueError(f"compress_ratio must be 1 or 2, got {compress_ratio}")
@@ -224,7 +230,9 @@ def nvfp4_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compr
         return
     _nvfp4_insert_kernel[(t,)](latent, positions, cos_sin_cache, kv_cache, slot_mapping,
                                cos_sin_cache.stride(0), kv_cache.stride(0),
-                               STATES=kv_cache.shape[1], RATIO=compress_ratio, num_warps=4)
+                               STATES=kv_cache.shape[1], RATIO=compress_ratio,
+                               DATA=fmt.data_bytes, SCALE=fmt.scale_bytes, REC=fmt.record_bytes,
+                               num_warps=4)
 
 
 @triton.jit(do_not_specialize=["page_stride", "eps"])
@@ -264,10 +272,11 @@ def mxfp4_index_k_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_no
     ``indexer_k_norm_rope_store(..., use_fp4_cache=True)``."""
     import torch
 
-    if k_cache.dtype != torch.uint8 or k_cache.dim() != 3 or k_cache.shape[2] != 68:
-        raise ValueError(f"index K cache: expected a uint8 [blocks, states, 68] pool, got "
+    rec = _lib.record_format_named("mxfp4").record_bytes
+    if k_cache.dtype != torch.uint8 or k_cache.dim() != 3 or k_cache.shape[2] != rec:
+        raise ValueError(f"index K cache: expected a uint8 [blocks, states, {rec}] pool, got "
                          f"{k_cache.dtype} {tuple(k_cache.shape)}")
-    if k_cache.stride(2) != 1 or k_cache.stride(1) != 68:
+    if k_cache.stride(2) != 1 or k_cache.stride(1) != rec:
         raise ValueError(f"index K cache: the page must be contiguous (strides "
                          f"{k_cache.stride()})")
     if k_pre.dtype != torch.bfloat16 or k_pre.dim() != 2 or k_pre.shape[1] != 128 \

@@ -96,6 +96,17 @@ def test_record_format_table_comes_from_the_library():
     # The header enum values the bindings mirror are the table's ids.
     assert (_lib.FORMAT_NVFP4, _lib.FORMAT_MXFP8, _lib.FORMAT_V4) == tuple(
         by_name[n].format_id for n in ("nvfp4", "mxfp8", "v4"))
+    # The pool layout ids come from the same table: block-planar records carry one id, the
+    # interleaved ones the other.
+    assert _lib.POOL_INTERLEAVED != _lib.POOL_BLOCK_PLANAR
+    for f in table:
+        want = _lib.POOL_BLOCK_PLANAR if f.vllm_block_planar else _lib.POOL_INTERLEAVED
+        assert f.vllm_pool_layout == want, f
+        assert _lib.record_format_named(f.name) == f
+    with pytest.raises(KeyError, match="nvfp4"):
+        _lib.record_format_named("nvfp5")
+    with pytest.raises(AttributeError):
+        _lib.FORMAT_NVFP5  # noqa: B018 - the module __getattr__ refuses unknown names
 
 
 def test_args_struct_smaller_than_its_first_version_is_refused_by_name():

@@ -21,7 +21,6 @@ from vllm.triton_utils import tl, triton
 
 from test_pools import _slab
 
-FORMAT_MXFP4 = 1  # Csa2Format (include/csa2.h)
 
 
 def _bf16(x: torch.Tensor) -> torch.Tensor:
@@ -85,7 +84,7 @@ def test_mxfp4_blocks_follow_the_spec_rule():
         data = torch.empty(64, dtype=torch.uint8)
         scales = torch.empty(4, dtype=torch.uint8)
         _mxfp4_probe[(1,)](row.contiguous(), data, scales)
-        want = torch.from_numpy(_lib.encode_rows(FORMAT_MXFP4, row[None]))[0]
+        want = torch.from_numpy(_lib.encode_rows(_lib.FORMAT_MXFP4, row[None]))[0]
         assert torch.equal(torch.cat([data, scales]), want), row[:16]
 
 

@@ -5,6 +5,7 @@ use super::{arg_out, arg_slice, arg_slice_mut, guarded, Csa2Status};
 use crate::error::Error;
 use crate::formats::page::PageLayout;
 use crate::formats::{decode_rows, encode_rows, RecordFormat};
+use crate::ops::attention::PoolLayout;
 use std::ffi::c_char;
 
 /// KV record format (pass as `int32_t`; docs/SPEC.md §1).
@@ -62,10 +63,17 @@ pub struct Csa2RecordFormatEntry {
     /// scales: V4 record, index K); 0 when interleaved (a record is one row of the page: NVFP4,
     /// MXFP8).
     pub vllm_block_planar: u8,
+    /// The `Csa2PoolLayout` of vLLM's pages for this record (the id that `vllm_block_planar`
+    /// selects), to pass in `Csa2Pool::layout` without a table of the caller's own. Added in the
+    /// second version of this struct, in what was the first version's tail padding (the size is
+    /// unchanged, so a first-version caller still gets exactly the members it knows).
+    pub vllm_pool_layout: i32,
 }
 
-/// The first version's `sizeof(Csa2RecordFormatEntry)`, the smallest `entry_size` accepted.
-const RECORD_FORMAT_ENTRY_V1: usize = std::mem::size_of::<Csa2RecordFormatEntry>();
+/// The first version's `sizeof(Csa2RecordFormatEntry)` (up to `vllm_block_planar`, padded to the
+/// struct's 8-byte alignment), the smallest `entry_size` accepted.
+const RECORD_FORMAT_ENTRY_V1: usize =
+    (std::mem::offset_of!(Csa2RecordFormatEntry, vllm_block_planar) + 1).next_multiple_of(8);
 
 fn c_name(f: RecordFormat) -> *const c_char {
     let s: &'static std::ffi::CStr = match f {
@@ -110,6 +118,10 @@ fn entry_bytes(f: RecordFormat) -> [u8; std::mem::size_of::<Csa2RecordFormatEntr
     put(
         offset_of!(E, vllm_block_planar),
         &[f.vllm_block_planar() as u8],
+    );
+    put(
+        offset_of!(E, vllm_pool_layout),
+        &PoolLayout::vllm(f).abi_id().to_ne_bytes(),
     );
     b
 }
@@ -327,7 +339,7 @@ pub unsafe extern "C" fn csa2_encode_into_pages(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::Csa2KvLayout;
+    use crate::ffi::{Csa2KvLayout, Csa2PoolLayout};
     use crate::formats::KvScheme;
 
     #[test]
@@ -345,6 +357,14 @@ mod tests {
             assert_eq!(RecordFormat::from_abi_id(c as i32, "format").unwrap(), f);
         }
         assert!(RecordFormat::from_abi_id(5, "format").is_err());
+        for (c, l) in [
+            (Csa2PoolLayout::Csa2PoolInterleaved, PoolLayout::Interleaved),
+            (Csa2PoolLayout::Csa2PoolBlockPlanar, PoolLayout::BlockPlanar),
+        ] {
+            assert_eq!(c as i32, l.abi_id(), "{l:?}");
+            assert_eq!(PoolLayout::from_abi(c as i32).unwrap(), l);
+        }
+        assert!(PoolLayout::from_abi(2).is_err());
         let layouts = [
             (Csa2KvLayout::Csa2LayoutNvfp4, KvScheme::CSA2),
             (Csa2KvLayout::Csa2LayoutMxfp8, KvScheme::MXFP8),
@@ -373,6 +393,7 @@ mod tests {
                 scale_bytes: 0,
                 record_bytes: 0,
                 vllm_block_planar: 9,
+                vllm_pool_layout: -1,
             })
             .collect();
         let st = unsafe { csa2_record_formats(table.as_mut_ptr().cast(), n_all, size, &mut n) };
@@ -391,6 +412,9 @@ mod tests {
                 (f.dim(), f.data_bytes(), f.scale_bytes(), f.record_bytes())
             );
             assert_eq!(e.vllm_block_planar, f.vllm_block_planar() as u8);
+            assert_eq!(e.vllm_pool_layout, PoolLayout::vllm(f).abi_id());
+            let planar = PoolLayout::vllm(f) == PoolLayout::BlockPlanar;
+            assert_eq!(planar, f.vllm_block_planar(), "{f:?}");
         }
         let widths: Vec<_> = table.iter().map(|e| e.record_bytes).collect();
         assert_eq!(widths, [288, 68, 528, 584, 132]);
@@ -414,5 +438,8 @@ mod tests {
         assert_eq!((st, n), (Csa2Status::Csa2ErrInvalidArgument, 77));
         let st = unsafe { csa2_record_formats(table.as_mut_ptr().cast(), n_all, size - 8, &mut n) };
         assert_eq!((st, n), (Csa2Status::Csa2ErrInvalidArgument, 77));
+        // The member added in the second version sits in the first version's padding: a
+        // first-version caller's entry size is still accepted.
+        assert_eq!(RECORD_FORMAT_ENTRY_V1, size);
     }
 }

@@ -6,7 +6,10 @@
 //!   scalar reference, used by every bulk entry point.
 //! - [`page`]: block-planar cache pages (all slots' data, then all slots' scales).
 //! - [`scheme`]: [`KvScheme`], which record format each cache region stores.
+//! - [`abi`]: the record widths, `Csa2Format` ids and `Csa2PoolLayout` ids, defined once for the
+//!   crate and the CUDA kernels (build.rs passes them to nvcc).
 
+pub mod abi;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod fast;
@@ -22,6 +25,10 @@ pub use records::{
 pub use scheme::KvScheme;
 
 use rayon::prelude::*;
+
+// `abi` names the geometry's compile-time constants as `super::consts`, the path that also holds
+// when build.rs compiles the two files side by side.
+use crate::geometry::consts;
 
 /// Rows per parallel task: below this, the thread hand-off costs more than the work.
 pub(crate) const ROWS_PER_TASK: usize = 256;

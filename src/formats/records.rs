@@ -6,6 +6,7 @@
 //! input to bf16 (docs/SPEC.md §1: "inputs are the bf16-rounded, RoPE'd values"); for bf16 inputs that is
 //! the identity.
 
+use super::abi;
 use super::scalar::*;
 use crate::error::{Error, Result};
 use serde::Serialize;
@@ -16,33 +17,35 @@ use serde::Serialize;
 #[repr(i32)]
 pub enum RecordFormat {
     /// V4.1 main KV "NVFP4 without global scale": 512 values → 256 B E2M1 + 32 × E4M3 (per 16).
-    Nvfp4Ds = 0,
+    Nvfp4Ds = abi::FORMAT_NVFP4,
     /// V4.1 index K: 128 values → 64 B E2M1 + 4 × E8M0 (per 32, DeepSeek ceil rule).
-    Mxfp4Index = 1,
+    Mxfp4Index = abi::FORMAT_MXFP4_INDEX,
     /// SWA window (and MXFP8 main) KV: 512 values → 512 B E4M3 + 16 × E8M0 (per 32).
-    Mxfp8 = 2,
+    Mxfp8 = abi::FORMAT_MXFP8,
     /// Launch-day V4 main record: 448 E4M3 NoPE + 64 bf16 RoPE values + 7 × E8M0 (per 64) + 1 pad.
-    V4Record = 3,
+    V4Record = abi::FORMAT_V4,
     /// Launch-day index K: 128 E4M3 + one fp32 power-of-two scale.
-    Fp8Index = 4,
+    Fp8Index = abi::FORMAT_FP8_INDEX,
 }
 
-/// Bytes of one NVFP4-DS main-KV record.
-pub const NVFP4_DS_BYTES: usize = 288;
-/// Bytes of one MXFP4 index-K record.
-pub const MXFP4_INDEX_BYTES: usize = 68;
-/// Bytes of one MXFP8 record.
-pub const MXFP8_BYTES: usize = 528;
-/// Bytes of one V4 record.
-pub const V4_RECORD_BYTES: usize = 584;
-/// Bytes of one FP8 index-K record.
-pub const FP8_INDEX_BYTES: usize = 132;
+// The widths below and the ids above come from `formats::abi`, which the kernels are compiled
+// from too.
+/// Bytes of one NVFP4-DS main-KV record (288).
+pub const NVFP4_DS_BYTES: usize = RecordFormat::Nvfp4Ds.record_bytes();
+/// Bytes of one MXFP4 index-K record (68).
+pub const MXFP4_INDEX_BYTES: usize = RecordFormat::Mxfp4Index.record_bytes();
+/// Bytes of one MXFP8 record (528).
+pub const MXFP8_BYTES: usize = RecordFormat::Mxfp8.record_bytes();
+/// Bytes of one V4 record (584).
+pub const V4_RECORD_BYTES: usize = RecordFormat::V4Record.record_bytes();
+/// Bytes of one FP8 index-K record (132).
+pub const FP8_INDEX_BYTES: usize = RecordFormat::Fp8Index.record_bytes();
 
 /// Latent width (values per main-KV / SWA row) and index-K width: the geometry's
 /// ([`crate::geometry::consts`]).
 pub use crate::geometry::consts::{INDEX_DIM, KV_DIM};
 /// NoPE dims of a latent (V4 record).
-pub const NOPE_DIM: usize = KV_DIM - crate::geometry::consts::ROPE_DIM;
+pub use abi::NOPE_DIM;
 
 impl RecordFormat {
     /// All formats.
@@ -68,11 +71,13 @@ impl RecordFormat {
             .into_iter()
             .find(|f| f.abi_id() == v)
             .ok_or_else(|| {
+                let known: Vec<String> = RecordFormat::ALL
+                    .iter()
+                    .map(|f| format!("{} {}", f.abi_id(), f.name()))
+                    .collect();
                 Error::invalid(
                     what,
-                    format!(
-                        "{v} is not a Csa2Format (0 nvfp4, 1 mxfp4, 2 mxfp8, 3 v4, 4 fp8index)"
-                    ),
+                    format!("{v} is not a Csa2Format ({})", known.join(", ")),
                 )
             })
     }
@@ -87,21 +92,21 @@ impl RecordFormat {
     /// Data bytes per record (for V4: the E4M3 NoPE bytes and the bf16 RoPE bytes).
     pub const fn data_bytes(self) -> usize {
         match self {
-            RecordFormat::Nvfp4Ds => 256,
-            RecordFormat::Mxfp4Index => 64,
-            RecordFormat::Mxfp8 => 512,
-            RecordFormat::V4Record => 448 + 128,
-            RecordFormat::Fp8Index => 128,
+            RecordFormat::Nvfp4Ds => abi::NVFP4_DATA,
+            RecordFormat::Mxfp4Index => abi::MXFP4_INDEX_DATA,
+            RecordFormat::Mxfp8 => abi::MXFP8_DATA,
+            RecordFormat::V4Record => abi::V4_DATA,
+            RecordFormat::Fp8Index => abi::FP8_INDEX_DATA,
         }
     }
     /// Scale bytes per record (for V4: 7 E8M0 + 1 pad byte).
     pub const fn scale_bytes(self) -> usize {
         match self {
-            RecordFormat::Nvfp4Ds => 32,
-            RecordFormat::Mxfp4Index => 4,
-            RecordFormat::Mxfp8 => 16,
-            RecordFormat::V4Record => 8,
-            RecordFormat::Fp8Index => 4,
+            RecordFormat::Nvfp4Ds => abi::NVFP4_SCALE,
+            RecordFormat::Mxfp4Index => abi::MXFP4_INDEX_SCALE,
+            RecordFormat::Mxfp8 => abi::MXFP8_SCALE,
+            RecordFormat::V4Record => abi::V4_SCALE,
+            RecordFormat::Fp8Index => abi::FP8_INDEX_SCALE,
         }
     }
     /// Bytes per record.
@@ -183,7 +188,12 @@ impl RecordFormat {
             }
             RecordFormat::Mxfp8 => decode_mxfp8_blocks(data, scale, 32, out),
             RecordFormat::V4Record => {
-                decode_mxfp8_blocks(&data[..NOPE_DIM], &scale[..7], 64, &mut out[..NOPE_DIM]);
+                decode_mxfp8_blocks(
+                    &data[..NOPE_DIM],
+                    &scale[..NOPE_DIM / 64],
+                    64,
+                    &mut out[..NOPE_DIM],
+                );
                 for (i, o) in out[NOPE_DIM..].iter_mut().enumerate() {
                     let b =
                         u16::from_le_bytes([data[NOPE_DIM + 2 * i], data[NOPE_DIM + 2 * i + 1]]);
@@ -279,7 +289,12 @@ fn decode_mxfp8_blocks(data: &[u8], scale: &[u8], block: usize, out: &mut [f32])
 }
 
 fn encode_v4(x: &[f32], data: &mut [u8], scale: &mut [u8]) {
-    encode_mxfp8_blocks(&x[..NOPE_DIM], 64, &mut data[..NOPE_DIM], &mut scale[..7]);
+    encode_mxfp8_blocks(
+        &x[..NOPE_DIM],
+        64,
+        &mut data[..NOPE_DIM],
+        &mut scale[..NOPE_DIM / 64],
+    );
     for (i, &v) in x[NOPE_DIM..].iter().enumerate() {
         let b = half::bf16::from_f32(v).to_bits().to_le_bytes();
         data[NOPE_DIM + 2 * i] = b[0];

@@ -1,11 +1,13 @@
-//! AVX2 row codecs: 8 lanes, for x86-64 CPUs without AVX-512.
+//! AVX2 lanes of the row codecs: 8 f32 lanes, for x86-64 CPUs without AVX-512.
 //!
-//! Same operation order as the scalar reference in [`crate::formats::records`] (bit-identical
-//! records; tested in `fast::tests`). Callers must have checked `Isa::Avx2.is_supported()` ([`crate::isa`]).
-//! `_mm256_cvtps_epi32` rounds with MXCSR, which Rust code always runs at its default (RNE).
+//! The codec steps at this width (mask-free compares counted by subtraction, blend vectors,
+//! 128-bit packs); the row codecs themselves are written once in `fast::rows`. Same operation
+//! order as the scalar reference in [`crate::formats::records`] (bit-identical records; tested in
+//! `fast::tests`). `_mm256_cvtps_epi32` rounds with MXCSR, which Rust code always runs at its
+//! default (RNE).
 
-use crate::formats::records::{RecordFormat, NOPE_DIM};
-use crate::formats::scalar::{ceil_log2, e4m3_decode, e4m3_encode, e8m0_decode, pow2, E4M3_MAX};
+use super::rows::Lanes;
+use crate::formats::scalar::{pow2, E4M3_MAX};
 use core::arch::x86_64::*;
 
 // ---- loads and stores -----------------------------------------------------------------------
@@ -202,185 +204,80 @@ fn e4m3_values(b: &[u8; 8]) -> __m256 {
     _mm256_castsi256_ps(_mm256_blendv_epi8(f, qnan, nan))
 }
 
-// ---- row codecs -------------------------------------------------------------------------------
+// ---- the lane type ----------------------------------------------------------------------------
 
-#[target_feature(enable = "avx2")]
-fn encode_nvfp4(x: &[f32], data: &mut [u8], scale: &mut [u8]) {
-    let (xs, _) = x.as_chunks::<16>();
-    let (ds, _) = data.as_chunks_mut::<8>();
-    for ((xi, di), si) in xs.iter().zip(ds).zip(scale.iter_mut()) {
-        let (h, _) = xi.as_chunks::<8>();
-        let v0 = bf16_round(load(&h[0]));
-        let v1 = bf16_round(load(&h[1]));
-        let amax = hmax(amax_acc(amax_acc(_mm256_setzero_ps(), v0), v1));
-        let sb = e4m3_encode((amax / 6.0).clamp(pow2(-9), E4M3_MAX));
-        *si = sb;
-        let s = _mm256_set1_ps(e4m3_decode(sb));
-        let (d0, d1) = di.split_at_mut(4);
-        d0.copy_from_slice(&pack_nibbles(e2m1_codes(_mm256_div_ps(v0, s))));
-        d1.copy_from_slice(&pack_nibbles(e2m1_codes(_mm256_div_ps(v1, s))));
-    }
-}
+/// 8 lanes of AVX2: the row codecs of `fast::rows` at this width.
+#[derive(Clone, Copy)]
+pub(super) struct X8(__m256);
 
-#[target_feature(enable = "avx2")]
-fn encode_mxfp4(x: &[f32], data: &mut [u8], scale: &mut [u8]) {
-    let (xs, _) = x.as_chunks::<32>();
-    let (ds, _) = data.as_chunks_mut::<16>();
-    for ((xi, di), si) in xs.iter().zip(ds).zip(scale.iter_mut()) {
-        let (h, _) = xi.as_chunks::<8>();
-        let mut v = [_mm256_setzero_ps(); 4];
-        let mut acc = _mm256_setzero_ps();
-        for (vk, xk) in v.iter_mut().zip(h) {
-            *vk = bf16_round(load(xk));
-            acc = amax_acc(acc, *vk);
-        }
-        let a = hmax(acc).max(6.0 * pow2(-126));
-        let e = ceil_log2(a / 6.0).unwrap_or(127).clamp(-127, 127);
-        *si = (e + 127) as u8;
-        let inv = _mm256_set1_ps(pow2(-e));
-        let (dq, _) = di.as_chunks_mut::<4>();
-        for (dk, vk) in dq.iter_mut().zip(&v) {
-            *dk = pack_nibbles(e2m1_codes(_mm256_mul_ps(*vk, inv)));
-        }
+// SAFETY (every `unsafe` block below): the helpers need AVX2, and these methods are only inlined
+// into `fast::encode_row_avx2` / `fast::decode_row_avx2`, which enable it and are only called after
+// `Isa::Avx2.is_supported()`. The array conversions check the slice lengths first.
+impl Lanes for X8 {
+    const L: usize = 8;
+    #[inline(always)]
+    fn zero() -> Self {
+        X8(unsafe { _mm256_setzero_ps() })
     }
-}
-
-#[target_feature(enable = "avx2")]
-fn encode_mxfp8<const B: usize>(x: &[f32], data: &mut [u8], scale: &mut [u8]) {
-    let mut v = [_mm256_setzero_ps(); 8];
-    for ((xi, di), si) in x
-        .chunks_exact(B)
-        .zip(data.chunks_exact_mut(B))
-        .zip(scale.iter_mut())
-    {
-        let (xv, _) = xi.as_chunks::<8>();
-        let mut acc = _mm256_setzero_ps();
-        for (vk, xk) in v.iter_mut().zip(xv) {
-            *vk = bf16_round(load(xk));
-            acc = amax_acc(acc, *vk);
-        }
-        let a = hmax(acc).max(1e-4);
-        let e = ceil_log2(a / E4M3_MAX).unwrap_or(127).clamp(-127, 127);
-        *si = (e + 127) as u8;
-        let inv = _mm256_set1_ps(pow2(-e));
-        let (dv, _) = di.as_chunks_mut::<8>();
-        for (dk, vk) in dv.iter_mut().zip(&v) {
-            *dk = e4m3_codes(_mm256_mul_ps(*vk, inv));
-        }
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        X8(unsafe { _mm256_set1_ps(x) })
     }
-}
-
-#[target_feature(enable = "avx2")]
-fn encode_v4(x: &[f32], data: &mut [u8], scale: &mut [u8]) {
-    encode_mxfp8::<64>(
-        &x[..NOPE_DIM],
-        &mut data[..NOPE_DIM],
-        &mut scale[..NOPE_DIM / 64],
-    );
-    let (xr, _) = x[NOPE_DIM..].as_chunks::<8>();
-    let (dr, _) = data[NOPE_DIM..].as_chunks_mut::<16>();
-    for (xi, di) in xr.iter().zip(dr) {
-        let b = bf16_bits(load(xi));
-        let w = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
-        store_bytes16(di, w);
+    #[inline(always)]
+    fn load(x: &[f32]) -> Self {
+        X8(unsafe { load(x.first_chunk().expect("8 floats")) })
     }
-    scale[NOPE_DIM / 64] = 0;
-}
-
-#[target_feature(enable = "avx2")]
-fn encode_fp8_index(x: &[f32], data: &mut [u8], scale: &mut [u8]) {
-    let (xs, _) = x.as_chunks::<8>();
-    let mut v = [_mm256_setzero_ps(); 16];
-    let mut acc = _mm256_setzero_ps();
-    for (vk, xk) in v.iter_mut().zip(xs) {
-        *vk = bf16_round(load(xk));
-        acc = amax_acc(acc, *vk);
+    #[inline(always)]
+    fn store(self, out: &mut [f32]) {
+        unsafe { store(out.first_chunk_mut().expect("8 floats"), self.0) }
     }
-    let a = hmax(acc).max(1e-4);
-    let e = ceil_log2(a / E4M3_MAX).unwrap_or(127).clamp(-126, 127);
-    let inv = _mm256_set1_ps(pow2(-e));
-    let (dv, _) = data.as_chunks_mut::<8>();
-    for (dk, vk) in dv.iter_mut().zip(&v) {
-        *dk = e4m3_codes(_mm256_mul_ps(*vk, inv));
+    #[inline(always)]
+    fn mul(self, b: Self) -> Self {
+        X8(unsafe { _mm256_mul_ps(self.0, b.0) })
     }
-    scale.copy_from_slice(&pow2(e).to_le_bytes());
-}
-
-#[target_feature(enable = "avx2")]
-fn decode_e2m1_blocks<const B: usize>(data: &[u8], scales: &[f32], out: &mut [f32]) {
-    let (ds, _) = data.as_chunks::<4>();
-    let (os, _) = out.as_chunks_mut::<8>();
-    let per_block = B / 8;
-    for (i, (di, oi)) in ds.iter().zip(os).enumerate() {
-        let s = _mm256_set1_ps(scales[i / per_block]);
-        store(oi, _mm256_mul_ps(e2m1_values(di), s));
+    #[inline(always)]
+    fn div(self, b: Self) -> Self {
+        X8(unsafe { _mm256_div_ps(self.0, b.0) })
     }
-}
-
-#[target_feature(enable = "avx2")]
-fn decode_mxfp8<const B: usize>(data: &[u8], scale: &[u8], out: &mut [f32]) {
-    for ((di, oi), &sb) in data.chunks_exact(B).zip(out.chunks_exact_mut(B)).zip(scale) {
-        let s = _mm256_set1_ps(e8m0_decode(sb));
-        let (dv, _) = di.as_chunks::<8>();
-        let (ov, _) = oi.as_chunks_mut::<8>();
-        for (dk, ok) in dv.iter().zip(ov) {
-            store(ok, _mm256_mul_ps(e4m3_values(dk), s));
+    #[inline(always)]
+    fn bf16_round(self) -> Self {
+        X8(unsafe { bf16_round(self.0) })
+    }
+    #[inline(always)]
+    fn amax_acc(acc: Self, x: Self) -> Self {
+        X8(unsafe { amax_acc(acc.0, x.0) })
+    }
+    #[inline(always)]
+    fn hmax(self) -> f32 {
+        unsafe { hmax(self.0) }
+    }
+    #[inline(always)]
+    fn store_e2m1(self, out: &mut [u8]) {
+        *out.first_chunk_mut::<4>().expect("4 bytes") = unsafe { pack_nibbles(e2m1_codes(self.0)) };
+    }
+    #[inline(always)]
+    fn load_e2m1(packed: &[u8]) -> Self {
+        X8(unsafe { e2m1_values(packed.first_chunk().expect("4 bytes")) })
+    }
+    #[inline(always)]
+    fn store_e4m3(self, out: &mut [u8]) {
+        *out.first_chunk_mut::<8>().expect("8 bytes") = unsafe { e4m3_codes(self.0) };
+    }
+    #[inline(always)]
+    fn load_e4m3(b: &[u8]) -> Self {
+        X8(unsafe { e4m3_values(b.first_chunk().expect("8 bytes")) })
+    }
+    #[inline(always)]
+    fn store_bf16(self, out: &mut [u8]) {
+        let out = out.first_chunk_mut().expect("16 bytes");
+        unsafe {
+            let b = bf16_bits(self.0);
+            let w = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
+            store_bytes16(out, w);
         }
     }
-}
-
-/// Encodes one row. Lengths are checked by the caller (`fast::encode_row`).
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn encode_row(fmt: RecordFormat, x: &[f32], data: &mut [u8], scale: &mut [u8]) {
-    match fmt {
-        RecordFormat::Nvfp4Ds => encode_nvfp4(x, data, scale),
-        RecordFormat::Mxfp4Index => encode_mxfp4(x, data, scale),
-        RecordFormat::Mxfp8 => encode_mxfp8::<32>(x, data, scale),
-        RecordFormat::V4Record => encode_v4(x, data, scale),
-        RecordFormat::Fp8Index => encode_fp8_index(x, data, scale),
-    }
-}
-
-/// Decodes one record. Lengths are checked by the caller (`fast::decode_row`).
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn decode_row(fmt: RecordFormat, data: &[u8], scale: &[u8], out: &mut [f32]) {
-    match fmt {
-        RecordFormat::Nvfp4Ds => {
-            let mut s = [0f32; 32];
-            for (d, &b) in s.iter_mut().zip(scale) {
-                *d = e4m3_decode(b);
-            }
-            decode_e2m1_blocks::<16>(data, &s, out);
-        }
-        RecordFormat::Mxfp4Index => {
-            let mut s = [0f32; 4];
-            for (d, &b) in s.iter_mut().zip(scale) {
-                *d = e8m0_decode(b);
-            }
-            decode_e2m1_blocks::<32>(data, &s, out);
-        }
-        RecordFormat::Mxfp8 => decode_mxfp8::<32>(data, scale, out),
-        RecordFormat::V4Record => {
-            decode_mxfp8::<64>(&data[..NOPE_DIM], &scale[..7], &mut out[..NOPE_DIM]);
-            let (dr, _) = data[NOPE_DIM..].as_chunks::<16>();
-            let (or, _) = out[NOPE_DIM..].as_chunks_mut::<8>();
-            for (di, oi) in dr.iter().zip(or) {
-                store(oi, bf16_values(load_bytes16(di)));
-            }
-        }
-        RecordFormat::Fp8Index => {
-            let s = _mm256_set1_ps(f32::from_le_bytes([scale[0], scale[1], scale[2], scale[3]]));
-            let (dv, _) = data.as_chunks::<8>();
-            let (ov, _) = out.as_chunks_mut::<8>();
-            for (dk, ok) in dv.iter().zip(ov) {
-                store(ok, _mm256_mul_ps(e4m3_values(dk), s));
-            }
-        }
+    #[inline(always)]
+    fn load_bf16(b: &[u8]) -> Self {
+        X8(unsafe { bf16_values(load_bytes16(b.first_chunk().expect("16 bytes"))) })
     }
 }

@@ -1,14 +1,13 @@
-//! AVX-512F row codecs: 16 lanes, one NVFP4-DS block per vector.
+//! AVX-512F lanes of the row codecs: 16 f32 lanes, one NVFP4-DS block per vector.
 //!
-//! Every function reproduces the scalar reference in [`crate::formats::records`] operation for
-//! operation (same bf16 rounding, same IEEE divide / multiply, same RNE), so the records are
-//! bit-identical; the tests in `fast::tests` check that over random and special rows.
-//!
-//! Only the loads and stores are `unsafe`; the intrinsics are safe inside `#[target_feature]`
-//! functions. Callers must have checked `Isa::Avx512.is_supported()` ([`crate::isa`]).
+//! The codec steps at this width (mask registers, `vpermps` table lookups, down-converting
+//! stores); the row codecs themselves are written once in `fast::rows`. Every step reproduces the
+//! scalar reference in [`crate::formats::records`] operation for operation (same bf16 rounding,
+//! same IEEE divide / multiply, same RNE), so the records are bit-identical; the tests in
+//! `fast::tests` check that over random and special rows.
 
-use crate::formats::records::{RecordFormat, NOPE_DIM};
-use crate::formats::scalar::{ceil_log2, e4m3_decode, e4m3_encode, e8m0_decode, pow2, E4M3_MAX};
+use super::rows::Lanes;
+use crate::formats::scalar::{pow2, E4M3_MAX};
 use core::arch::x86_64::*;
 
 // ---- loads and stores -----------------------------------------------------------------------
@@ -215,177 +214,79 @@ fn e4m3_values(b: __m128i) -> __m512 {
     _mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, f, qnan))
 }
 
-// ---- row codecs -------------------------------------------------------------------------------
+// ---- the lane type ----------------------------------------------------------------------------
 
-#[target_feature(enable = "avx512f")]
-fn encode_nvfp4(x: &[f32], data: &mut [u8], scale: &mut [u8]) {
-    let (xs, _) = x.as_chunks::<16>();
-    let (ds, _) = data.as_chunks_mut::<8>();
-    for ((xi, di), si) in xs.iter().zip(ds).zip(scale.iter_mut()) {
-        let v = bf16_round(load(xi));
-        let amax = _mm512_reduce_max_ps(amax_acc(_mm512_setzero_ps(), v));
-        let sb = e4m3_encode((amax / 6.0).clamp(pow2(-9), E4M3_MAX));
-        *si = sb;
-        // True IEEE division, as the reference (a reciprocal multiply misplaces exact ties).
-        let q = _mm512_div_ps(v, _mm512_set1_ps(e4m3_decode(sb)));
-        *di = pack_nibbles(e2m1_codes(q));
-    }
-}
+/// 16 lanes of AVX-512F (one NVFP4-DS block per vector): the row codecs of `fast::rows` at this
+/// width.
+#[derive(Clone, Copy)]
+pub(super) struct X16(__m512);
 
-#[target_feature(enable = "avx512f")]
-fn encode_mxfp4(x: &[f32], data: &mut [u8], scale: &mut [u8]) {
-    let (xs, _) = x.as_chunks::<32>();
-    let (ds, _) = data.as_chunks_mut::<16>();
-    for ((xi, di), si) in xs.iter().zip(ds).zip(scale.iter_mut()) {
-        let (h, _) = xi.as_chunks::<16>();
-        let v0 = bf16_round(load(&h[0]));
-        let v1 = bf16_round(load(&h[1]));
-        let acc = amax_acc(amax_acc(_mm512_setzero_ps(), v0), v1);
-        let a = _mm512_reduce_max_ps(acc).max(6.0 * pow2(-126));
-        let e = ceil_log2(a / 6.0).unwrap_or(127).clamp(-127, 127);
-        *si = (e + 127) as u8;
-        let inv = _mm512_set1_ps(pow2(-e));
-        let (d0, d1) = di.split_at_mut(8);
-        d0.copy_from_slice(&pack_nibbles(e2m1_codes(_mm512_mul_ps(v0, inv))));
-        d1.copy_from_slice(&pack_nibbles(e2m1_codes(_mm512_mul_ps(v1, inv))));
+// SAFETY (every `unsafe` block below): the helpers need AVX-512F, and these methods are only
+// inlined into `fast::encode_row_avx512` / `fast::decode_row_avx512`, which enable it and are
+// only called after `Isa::Avx512.is_supported()`. The array conversions check the slice lengths
+// first.
+impl Lanes for X16 {
+    const L: usize = 16;
+    #[inline(always)]
+    fn zero() -> Self {
+        X16(unsafe { _mm512_setzero_ps() })
     }
-}
-
-/// MXFP8 over blocks of `B` values (32 for MXFP8, 64 for the V4 record's NoPE part).
-#[target_feature(enable = "avx512f")]
-fn encode_mxfp8<const B: usize>(x: &[f32], data: &mut [u8], scale: &mut [u8]) {
-    let mut v = [_mm512_setzero_ps(); 4];
-    for ((xi, di), si) in x
-        .chunks_exact(B)
-        .zip(data.chunks_exact_mut(B))
-        .zip(scale.iter_mut())
-    {
-        let (xv, _) = xi.as_chunks::<16>();
-        let mut acc = _mm512_setzero_ps();
-        for (vk, xk) in v.iter_mut().zip(xv) {
-            *vk = bf16_round(load(xk));
-            acc = amax_acc(acc, *vk);
-        }
-        let a = _mm512_reduce_max_ps(acc).max(1e-4);
-        let e = ceil_log2(a / E4M3_MAX).unwrap_or(127).clamp(-127, 127);
-        *si = (e + 127) as u8;
-        let inv = _mm512_set1_ps(pow2(-e));
-        let (dv, _) = di.as_chunks_mut::<16>();
-        for (dk, vk) in dv.iter_mut().zip(&v) {
-            store_bytes16(dk, e4m3_codes(_mm512_mul_ps(*vk, inv)));
-        }
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        X16(unsafe { _mm512_set1_ps(x) })
     }
-}
-
-#[target_feature(enable = "avx512f")]
-fn encode_v4(x: &[f32], data: &mut [u8], scale: &mut [u8]) {
-    encode_mxfp8::<64>(
-        &x[..NOPE_DIM],
-        &mut data[..NOPE_DIM],
-        &mut scale[..NOPE_DIM / 64],
-    );
-    let (xr, _) = x[NOPE_DIM..].as_chunks::<16>();
-    let (dr, _) = data[NOPE_DIM..].as_chunks_mut::<32>();
-    for (xi, di) in xr.iter().zip(dr) {
-        store_bytes32(di, _mm512_cvtepi32_epi16(bf16_bits(load(xi))));
+    #[inline(always)]
+    fn load(x: &[f32]) -> Self {
+        X16(unsafe { load(x.first_chunk().expect("16 floats")) })
     }
-    scale[NOPE_DIM / 64] = 0;
-}
-
-#[target_feature(enable = "avx512f")]
-fn encode_fp8_index(x: &[f32], data: &mut [u8], scale: &mut [u8]) {
-    let (xs, _) = x.as_chunks::<16>();
-    let mut v = [_mm512_setzero_ps(); 8];
-    let mut acc = _mm512_setzero_ps();
-    for (vk, xk) in v.iter_mut().zip(xs) {
-        *vk = bf16_round(load(xk));
-        acc = amax_acc(acc, *vk);
+    #[inline(always)]
+    fn store(self, out: &mut [f32]) {
+        unsafe { store(out.first_chunk_mut().expect("16 floats"), self.0) }
     }
-    let a = _mm512_reduce_max_ps(acc).max(1e-4);
-    let e = ceil_log2(a / E4M3_MAX).unwrap_or(127).clamp(-126, 127);
-    let inv = _mm512_set1_ps(pow2(-e));
-    let (dv, _) = data.as_chunks_mut::<16>();
-    for (dk, vk) in dv.iter_mut().zip(&v) {
-        store_bytes16(dk, e4m3_codes(_mm512_mul_ps(*vk, inv)));
+    #[inline(always)]
+    fn mul(self, b: Self) -> Self {
+        X16(unsafe { _mm512_mul_ps(self.0, b.0) })
     }
-    scale.copy_from_slice(&pow2(e).to_le_bytes());
-}
-
-#[target_feature(enable = "avx512f")]
-fn decode_e2m1_blocks<const B: usize>(data: &[u8], scales: &[f32], out: &mut [f32]) {
-    let (ds, _) = data.as_chunks::<8>();
-    let (os, _) = out.as_chunks_mut::<16>();
-    let per_block = B / 16;
-    for (i, (di, oi)) in ds.iter().zip(os).enumerate() {
-        let s = _mm512_set1_ps(scales[i / per_block]);
-        store(oi, _mm512_mul_ps(e2m1_values(di), s));
+    #[inline(always)]
+    fn div(self, b: Self) -> Self {
+        X16(unsafe { _mm512_div_ps(self.0, b.0) })
     }
-}
-
-#[target_feature(enable = "avx512f")]
-fn decode_mxfp8<const B: usize>(data: &[u8], scale: &[u8], out: &mut [f32]) {
-    for ((di, oi), &sb) in data.chunks_exact(B).zip(out.chunks_exact_mut(B)).zip(scale) {
-        let s = _mm512_set1_ps(e8m0_decode(sb));
-        let (dv, _) = di.as_chunks::<16>();
-        let (ov, _) = oi.as_chunks_mut::<16>();
-        for (dk, ok) in dv.iter().zip(ov) {
-            store(ok, _mm512_mul_ps(e4m3_values(load_bytes16(dk)), s));
-        }
+    #[inline(always)]
+    fn bf16_round(self) -> Self {
+        X16(unsafe { bf16_round(self.0) })
     }
-}
-
-/// Encodes one row. Lengths are checked by the caller (`fast::encode_row`).
-///
-/// # Safety
-/// The CPU must support AVX-512F.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn encode_row(fmt: RecordFormat, x: &[f32], data: &mut [u8], scale: &mut [u8]) {
-    match fmt {
-        RecordFormat::Nvfp4Ds => encode_nvfp4(x, data, scale),
-        RecordFormat::Mxfp4Index => encode_mxfp4(x, data, scale),
-        RecordFormat::Mxfp8 => encode_mxfp8::<32>(x, data, scale),
-        RecordFormat::V4Record => encode_v4(x, data, scale),
-        RecordFormat::Fp8Index => encode_fp8_index(x, data, scale),
+    #[inline(always)]
+    fn amax_acc(acc: Self, x: Self) -> Self {
+        X16(unsafe { amax_acc(acc.0, x.0) })
     }
-}
-
-/// Decodes one record. Lengths are checked by the caller (`fast::decode_row`).
-///
-/// # Safety
-/// The CPU must support AVX-512F.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn decode_row(fmt: RecordFormat, data: &[u8], scale: &[u8], out: &mut [f32]) {
-    match fmt {
-        RecordFormat::Nvfp4Ds => {
-            let mut s = [0f32; 32];
-            for (d, &b) in s.iter_mut().zip(scale) {
-                *d = e4m3_decode(b);
-            }
-            decode_e2m1_blocks::<16>(data, &s, out);
-        }
-        RecordFormat::Mxfp4Index => {
-            let mut s = [0f32; 4];
-            for (d, &b) in s.iter_mut().zip(scale) {
-                *d = e8m0_decode(b);
-            }
-            decode_e2m1_blocks::<32>(data, &s, out);
-        }
-        RecordFormat::Mxfp8 => decode_mxfp8::<32>(data, scale, out),
-        RecordFormat::V4Record => {
-            decode_mxfp8::<64>(&data[..NOPE_DIM], &scale[..7], &mut out[..NOPE_DIM]);
-            let (dr, _) = data[NOPE_DIM..].as_chunks::<32>();
-            let (or, _) = out[NOPE_DIM..].as_chunks_mut::<16>();
-            for (di, oi) in dr.iter().zip(or) {
-                store(oi, bf16_values(load_bytes32(di)));
-            }
-        }
-        RecordFormat::Fp8Index => {
-            let s = _mm512_set1_ps(f32::from_le_bytes([scale[0], scale[1], scale[2], scale[3]]));
-            let (dv, _) = data.as_chunks::<16>();
-            let (ov, _) = out.as_chunks_mut::<16>();
-            for (dk, ok) in dv.iter().zip(ov) {
-                store(ok, _mm512_mul_ps(e4m3_values(load_bytes16(dk)), s));
-            }
-        }
+    #[inline(always)]
+    fn hmax(self) -> f32 {
+        unsafe { _mm512_reduce_max_ps(self.0) }
+    }
+    #[inline(always)]
+    fn store_e2m1(self, out: &mut [u8]) {
+        *out.first_chunk_mut::<8>().expect("8 bytes") = unsafe { pack_nibbles(e2m1_codes(self.0)) };
+    }
+    #[inline(always)]
+    fn load_e2m1(packed: &[u8]) -> Self {
+        X16(unsafe { e2m1_values(packed.first_chunk().expect("8 bytes")) })
+    }
+    #[inline(always)]
+    fn store_e4m3(self, out: &mut [u8]) {
+        let out = out.first_chunk_mut().expect("16 bytes");
+        unsafe { store_bytes16(out, e4m3_codes(self.0)) }
+    }
+    #[inline(always)]
+    fn load_e4m3(b: &[u8]) -> Self {
+        X16(unsafe { e4m3_values(load_bytes16(b.first_chunk().expect("16 bytes"))) })
+    }
+    #[inline(always)]
+    fn store_bf16(self, out: &mut [u8]) {
+        let out = out.first_chunk_mut().expect("32 bytes");
+        unsafe { store_bytes32(out, _mm512_cvtepi32_epi16(bf16_bits(self.0))) }
+    }
+    #[inline(always)]
+    fn load_bf16(b: &[u8]) -> Self {
+        X16(unsafe { bf16_values(load_bytes32(b.first_chunk().expect("32 bytes"))) })
     }
 }

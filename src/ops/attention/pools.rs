@@ -29,9 +29,9 @@ use half::bf16;
 #[repr(u8)]
 pub enum PoolLayout {
     /// Record `i` of a page is bytes `[i·W, (i+1)·W)`: data, then its own scales.
-    Interleaved = 0,
+    Interleaved = crate::formats::abi::POOL_INTERLEAVED as u8,
     /// Data of state `i` at `i·D`, its scales at `states·D + i·S` (all data first).
-    BlockPlanar = 1,
+    BlockPlanar = crate::formats::abi::POOL_BLOCK_PLANAR as u8,
 }
 
 impl PoolLayout {
@@ -47,14 +47,23 @@ impl PoolLayout {
     }
     /// Parses the C ABI value (0 interleaved, 1 block-planar).
     pub fn from_abi(v: i32) -> Result<PoolLayout> {
-        match v {
-            0 => Ok(PoolLayout::Interleaved),
-            1 => Ok(PoolLayout::BlockPlanar),
-            _ => Err(Error::invalid(
-                "pool layout",
-                format!("{v} is neither 0 (interleaved) nor 1 (block-planar)"),
-            )),
-        }
+        [PoolLayout::Interleaved, PoolLayout::BlockPlanar]
+            .into_iter()
+            .find(|l| l.abi_id() == v)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "pool layout",
+                    format!(
+                        "{v} is neither {} (interleaved) nor {} (block-planar)",
+                        PoolLayout::Interleaved.abi_id(),
+                        PoolLayout::BlockPlanar.abi_id()
+                    ),
+                )
+            })
+    }
+    /// The `Csa2PoolLayout` value of this layout (`formats::abi`, which the kernels share).
+    pub const fn abi_id(self) -> i32 {
+        self as i32
     }
     /// Lower-case name.
     pub fn name(self) -> &'static str {
