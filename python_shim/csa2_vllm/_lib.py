@@ -441,7 +441,8 @@ def attention_indexed(q, main_kv, main_idx, swa_kv, swa_idx, sink, out, lse, *, 
 # ``FORMAT_NVFP4``, ``FORMAT_MXFP8``, ``FORMAT_V4`` (and ``POOL_INTERLEAVED`` /
 # ``POOL_BLOCK_PLANAR`` below) are the library's own numbers, read from its record-format table on
 # first use (module ``__getattr__`` at the end of this section), never written here.
-_FORMAT_CONSTANTS = {"FORMAT_NVFP4": "nvfp4", "FORMAT_MXFP8": "mxfp8", "FORMAT_V4": "v4"}
+_FORMAT_CONSTANTS = {"FORMAT_NVFP4": "nvfp4", "FORMAT_MXFP8": "mxfp8", "FORMAT_V4": "v4",
+                     "FORMAT_MXFP4": "mxfp4", "FORMAT_FP8_INDEX": "fp8index"}
 
 
 class FormatInfo(ctypes.Structure):
