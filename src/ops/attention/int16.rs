@@ -62,12 +62,13 @@ pub(super) fn block_scales(scale: &[u8], ks: &mut [f32]) {
     }
 }
 
-/// Per head, the int16 quantisation of `x = scale · q[h]`: (the factor taking x to the int16
-/// grid, the factor taking the int32 sums back), both 0 for an all-zero row. A row whose largest
-/// |x| is below 2^−100 is first scaled by 2^100 (exact), so that 32767 / max|x| stays finite.
-pub(super) fn head_factors(x_max: f32) -> (f32, f32) {
+/// Per head, the int16 quantisation of `x = scale · q[h]`: (`pre`, `c`, `s`) with
+/// `qi = round((x · pre) · c)` and the int32 sums taken back by `s`; `c` and `s` are 0 for an
+/// all-zero row. A row whose largest |x| is below 2^−100 is first scaled by `pre` = 2^100 (exact),
+/// so that `c` = 32767 / max|x · pre| stays finite (else `pre` = 1).
+pub(super) fn head_factors(x_max: f32) -> (f32, f32, f32) {
     if x_max == 0.0 {
-        return (0.0, 0.0);
+        return (1.0, 0.0, 0.0);
     }
     let pre = if x_max < f32::powi(2.0, -100) {
         f32::powi(2.0, 100)
@@ -75,7 +76,7 @@ pub(super) fn head_factors(x_max: f32) -> (f32, f32) {
         1.0
     };
     let m = x_max * pre;
-    ((32767.0 / m) * pre, (m / 32767.0) / pre)
+    (pre, 32767.0 / m, (m / 32767.0) / pre)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -100,10 +101,11 @@ pub(super) mod x86 {
         assert!(q.len() == h * KV_DIM && qi.len() == KV_DIM * hp && hp.is_multiple_of(16));
         assert!(h <= hp && qs.len() == hp);
         let sc = _mm512_set1_ps(scale);
-        let mut cs = vec![0f32; hp];
+        // (pre, c) per head.
+        let mut cs = vec![(1f32, 0f32); hp];
         for (k, (c, s)) in cs.iter_mut().zip(qs.iter_mut()).enumerate() {
             if k >= h {
-                (*c, *s) = (0.0, 0.0);
+                *s = 0.0;
                 continue;
             }
             let mut m = _mm512_setzero_ps();
@@ -112,14 +114,16 @@ pub(super) mod x86 {
                 let v = unsafe { _mm512_loadu_ps(q.as_ptr().add(k * KV_DIM + d)) };
                 m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_mul_ps(v, sc)));
             }
-            (*c, *s) = head_factors(_mm512_reduce_max_ps(m));
+            let (pre, cq, sq) = head_factors(_mm512_reduce_max_ps(m));
+            (*c, *s) = ((pre, cq), sq);
         }
         let zero = _mm512_setzero_si512();
         for h0 in (0..hp).step_by(16) {
             for d0 in (0..KV_DIM).step_by(32) {
                 let mut w = [zero; 16];
                 for k in 0..16.min(h.saturating_sub(h0)) {
-                    let c = _mm512_set1_ps(cs[h0 + k]);
+                    let (pre, c) = (_mm512_set1_ps(cs[h0 + k].0), _mm512_set1_ps(cs[h0 + k].1));
+                    let sc = _mm512_mul_ps(sc, pre);
                     // SAFETY: head h0 + k < h, d0 + 32 ≤ 512.
                     unsafe {
                         let p = q.as_ptr().add((h0 + k) * KV_DIM + d0);
@@ -197,8 +201,22 @@ pub(super) mod x86 {
         hp: usize,
         st: &mut [f32],
     ) {
+        static TILE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+        let t = *TILE.get_or_init(|| {
+            std::env::var("CSA2_I16_TILE")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(34)
+        });
         // SAFETY: same contract.
-        unsafe { scores_tiles::<3, 4>(qi, qs, kb, ks, rows, hp, st) }
+        unsafe {
+            match t {
+                62 => scores_tiles::<6, 2>(qi, qs, kb, ks, rows, hp, st),
+                44 => scores_tiles::<4, 4>(qi, qs, kb, ks, rows, hp, st),
+                24 => scores_tiles::<2, 4>(qi, qs, kb, ks, rows, hp, st),
+                _ => scores_tiles::<3, 4>(qi, qs, kb, ks, rows, hp, st),
+            }
+        }
     }
 
     /// Dims of the query per pass of [`scores`].
@@ -320,18 +338,18 @@ mod tests {
             // SAFETY: `supported()` checked; lengths as asserted.
             unsafe { x86::query_i16(&q, h, hp, scale, &mut qi, &mut qs) };
             for hh in 0..hp {
-                let (c, s) = if hh < h {
+                let (pre, c, s) = if hh < h {
                     let m = q[hh * KV_DIM..][..KV_DIM]
                         .iter()
                         .fold(0f32, |a, &v| a.max((v * scale).abs()));
                     head_factors(m)
                 } else {
-                    (0.0, 0.0)
+                    (1.0, 0.0, 0.0)
                 };
                 assert_eq!(qs[hh].to_bits(), s.to_bits(), "h {h} head {hh}");
                 for d in 0..KV_DIM {
                     let want = if hh < h {
-                        ((q[hh * KV_DIM + d] * scale) * c).round_ties_even() as i16
+                        ((q[hh * KV_DIM + d] * (scale * pre)) * c).round_ties_even() as i16
                     } else {
                         0
                     };
