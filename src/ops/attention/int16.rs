@@ -201,22 +201,10 @@ pub(super) mod x86 {
         hp: usize,
         st: &mut [f32],
     ) {
-        static TILE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-        let t = *TILE.get_or_init(|| {
-            std::env::var("CSA2_I16_TILE")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(34)
-        });
+        // 3 rows × 4 vectors: 12 int32 block accumulators + 12 f32 accumulators + 4 query
+        // vectors + the broadcasts fill the 32 registers.
         // SAFETY: same contract.
-        unsafe {
-            match t {
-                62 => scores_tiles::<6, 2>(qi, qs, kb, ks, rows, hp, st),
-                44 => scores_tiles::<4, 4>(qi, qs, kb, ks, rows, hp, st),
-                24 => scores_tiles::<2, 4>(qi, qs, kb, ks, rows, hp, st),
-                _ => scores_tiles::<3, 4>(qi, qs, kb, ks, rows, hp, st),
-            }
-        }
+        unsafe { scores_tiles::<3, 4>(qi, qs, kb, ks, rows, hp, st) }
     }
 
     /// Dims of the query per pass of [`scores`].
