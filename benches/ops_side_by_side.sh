@@ -49,7 +49,8 @@ table = [
     ("decode indexer, q MXFP4 (int8 vpdpbusd)", find(c, "q Mxfp4, int8"), ("f32 keys", find(t, "decode indexer,", "f32 keys (dense only)")), "<= 20 ms"),
     ("decode indexer, q bf16 (bf16 vdpbf16ps)", find(c, "q Bf16, bf16"), ("bf16 keys", find(t, "decode indexer,", "bf16 keys (dense only)")), "<= 20 ms"),
     ("decode attention 64x(512+128)x512, f32 dots", find(c, "decode attention 64"), ("pre-decoded", find(t, "pre-decoded f32 rows")), "<= 1/3 torch"),
-    ("decode attention, bf16 dots (default)", find(c, "decode attention, bf16 dots"), ("pre-decoded", find(t, "pre-decoded f32 rows")), "<= 1/3 torch"),
+    ("decode attention, bf16 dots", find(c, "decode attention, bf16 dots"), ("pre-decoded", find(t, "pre-decoded f32 rows")), "<= 1/3 torch"),
+    ("decode attention, int16 dots (default)", find(c, "decode attention, int16 dots"), ("pre-decoded", find(t, "pre-decoded f32 rows")), "<= 1/3 torch"),
 ]
 print(f"\n== round {rnd} table (medians, ms; ratio = csa2 / torch)")
 print(f"| {'op':<46} | {'csa2':>9} | {'torch (same run)':>24} | {'ratio':>6} | goal |")

@@ -6,7 +6,7 @@
 //!
 //! `CSA2_ISA` is a cap, never a demand: a level the CPU lacks falls back to the best it has.
 //!
-//! | `CSA2_ISA` | vector kernels | dot units (`vpdpbusd`, `vdpbf16ps`) |
+//! | `CSA2_ISA` | vector kernels | dot units (`vpdpbusd`, `vpdpwssd`, `vdpbf16ps`) |
 //! |---|---|---|
 //! | `scalar` | scalar codecs, the portable op bodies (whatever the baseline target vectorises) | off |
 //! | `avx2` | 8 f32 lanes (AVX2 + FMA) | off |
@@ -86,10 +86,11 @@ impl Isa {
 }
 
 /// The narrow dot-product units beyond AVX-512F: AVX-512 VNNI (`vpdpbusd`, 64 int8 MACs per
-/// instruction) and AVX-512 BF16 (`vdpbf16ps`, 32 bf16 MACs), against 16 f32 MACs for an FMA.
+/// instruction; `vpdpwssd`, 32 int16 MACs) and AVX-512 BF16 (`vdpbf16ps`, 32 bf16 MACs), against
+/// 16 f32 MACs for an FMA.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DotUnits {
-    /// AVX-512F/BW + VNNI.
+    /// AVX-512F/BW + VNNI (int8 indexer, int16 attention scores).
     pub vnni: bool,
     /// AVX-512F/BW + BF16.
     pub bf16: bool,

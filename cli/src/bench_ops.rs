@@ -101,11 +101,13 @@ pub fn run(a: Args) -> Result<()> {
         peak1 * threads as f64
     );
     let (vnni_peak, bf16_peak) = simd::dot_peak_gmacs(300);
+    let int16_peak = simd::int16_dot_peak_gmacs(300);
     say!(
-        "dot units (one thread, GMAC/s): f32 FMA {:.1}, int8 vpdpbusd {}, bf16 vdpbf16ps {}",
+        "dot units (one thread, GMAC/s): f32 FMA {:.1}, int8 vpdpbusd {}, bf16 vdpbf16ps {}, int16 vpdpwssd {}",
         peak1 / 2.0,
         vnni_peak.map_or("off".into(), |v| format!("{v:.1}")),
-        bf16_peak.map_or("off".into(), |v| format!("{v:.1}"))
+        bf16_peak.map_or("off".into(), |v| format!("{v:.1}")),
+        int16_peak.map_or("off".into(), |v| format!("{v:.1}"))
     );
 
     // The same int8 probe on every thread at once: whether the threads are cores of their own or
@@ -392,28 +394,70 @@ pub fn run(a: Args) -> Result<()> {
         (512.0 * 288.0 + 128.0 * 528.0) + 64.0 * 512.0 * 8.0,
         "f32 dots",
     );
-    if AttentionDots::Bf16.is_supported() {
-        let t_b = time(a.reps * 4, || {
-            attention::attention_with_dots(
-                &ap,
-                AttentionDots::Bf16,
-                &inp,
-                KvRows::Records(RecordFormat::Nvfp4Ds, &mq),
-                KvRows::Records(RecordFormat::Mxfp8, &sq),
-                &mut o,
-                &mut l,
-            )
-            .expect("valid")
-        });
-        line(
-            "decode attention, bf16 dots",
-            t_b,
-            fl,
-            (512.0 * 288.0 + 128.0 * 528.0) + 64.0 * 512.0 * 8.0,
-            &format!("{:.2}× the f32-dot time", t_att.median / t_b.median),
-        );
-    } else {
+    // The narrow-dot paths, old and new interleaved (bf16, int16, bf16, int16, ...: `ATT_ROUNDS`
+    // alternations of reps × 2 calls each) so that both see the same load; each row's median is
+    // over all of its calls.
+    let att = |dots: AttentionDots, o: &mut [f32], l: &mut [f32]| {
+        attention::attention_with_dots(
+            &ap,
+            dots,
+            &inp,
+            KvRows::Records(RecordFormat::Nvfp4Ds, &mq),
+            KvRows::Records(RecordFormat::Mxfp8, &sq),
+            o,
+            l,
+        )
+        .expect("valid")
+    };
+    let narrow: Vec<AttentionDots> = [AttentionDots::Bf16, AttentionDots::Int16]
+        .into_iter()
+        .filter(|d| d.is_supported())
+        .collect();
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); narrow.len()];
+    for _ in 0..8 {
+        for (k, &d) in narrow.iter().enumerate() {
+            att(d, &mut o, &mut l);
+            for _ in 0..a.reps.max(1) {
+                let t0 = Instant::now();
+                att(d, &mut o, &mut l);
+                samples[k].push(t0.elapsed().as_secs_f64());
+            }
+        }
+    }
+    let stats: Vec<Stats> = samples
+        .iter_mut()
+        .map(|ts| {
+            ts.sort_by(f64::total_cmp);
+            Stats {
+                median: ts[ts.len() / 2],
+                min: ts[0],
+                max: ts[ts.len() - 1],
+            }
+        })
+        .collect();
+    let bytes = (512.0 * 288.0 + 128.0 * 528.0) + 64.0 * 512.0 * 8.0;
+    for (k, &d) in narrow.iter().enumerate() {
+        let (name, note) = match d {
+            AttentionDots::Int16 => (
+                "decode attention, int16 dots (NVFP4 keys)",
+                format!(
+                    "{:.2}× the f32-dot time, {:.2}× the bf16-dot time (interleaved)",
+                    t_att.median / stats[k].median,
+                    stats[0].median / stats[k].median
+                ),
+            ),
+            _ => (
+                "decode attention, bf16 dots",
+                format!("{:.2}× the f32-dot time", t_att.median / stats[k].median),
+            ),
+        };
+        line(name, stats[k], fl, bytes, &note);
+    }
+    if !AttentionDots::Bf16.is_supported() {
         say!("decode attention, bf16 dots: skipped (no AVX-512 BF16, or CSA2_ISA caps it)");
+    }
+    if !AttentionDots::Int16.is_supported() {
+        say!("decode attention, int16 dots: skipped (no AVX-512 VNNI + BF16, or CSA2_ISA caps it)");
     }
 
     // Prefill indexer: a chunk of T tokens over its own T / ratio entries, causal.

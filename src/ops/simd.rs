@@ -119,9 +119,51 @@ pub fn dot_peak_gmacs(millis: u64) -> (Option<f64>, Option<f64>) {
     }
 }
 
+/// Measured MAC rate (GMAC/s, calling thread's CPU time, about `millis` ms) of `vpdpwssd`
+/// (AVX-512 VNNI, 32 int16 MACs per instruction: the int16 attention scores), `None` where VNNI
+/// is off; same 12-chain probe as [`dot_peak_gmacs`].
+pub fn int16_dot_peak_gmacs(millis: u64) -> Option<f64> {
+    if !crate::isa::dot_units().vnni {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let t0 = thread_cpu_seconds();
+        let mut iters = 0usize;
+        let mut sink = 0u64;
+        while thread_cpu_seconds() - t0 < millis as f64 * 1e-3 {
+            // SAFETY: `dot_units` reported VNNI present at run time.
+            sink = sink.wrapping_add(unsafe { probe::vnni16(1 << 16) });
+            iters += 1 << 16;
+        }
+        std::hint::black_box(sink);
+        Some(iters as f64 * 12.0 * 32.0 / (thread_cpu_seconds() - t0) / 1e9)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = millis;
+        None
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod probe {
     use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) fn vnni16(n: usize) -> u64 {
+        let a = _mm512_set1_epi16(std::hint::black_box(3));
+        let b = _mm512_set1_epi16(std::hint::black_box(-5));
+        let mut acc = [_mm512_setzero_si512(); 12];
+        for _ in 0..n {
+            for r in acc.iter_mut() {
+                *r = _mm512_dpwssd_epi32(*r, a, b);
+            }
+        }
+        acc.iter()
+            .map(|&r| _mm512_reduce_add_epi32(r) as u32 as u64)
+            .sum()
+    }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub(super) fn vnni(n: usize) -> u64 {

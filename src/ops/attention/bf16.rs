@@ -26,7 +26,7 @@
 //! the thread count or on other tokens.
 
 use super::cpu::{chunk_softmax, merge_chunks, CHUNK, HEAD_PAD, KS, SLICE};
-use super::{KvRows, TokenRows};
+use super::{int16, KvRows, TokenRows};
 use crate::formats::KV_DIM;
 use std::cell::RefCell;
 
@@ -56,6 +56,8 @@ pub(super) fn supported() -> bool {
 }
 
 /// One token on bf16 dots; same contract as the f32 path's `token` (`buf` is its f32 scratch).
+/// With `int16` (and the CPU's VNNI, [`super::int16::supported`]), NVFP4 main rows are scored on
+/// int16 dots ([`super::int16`]) and only the other rows on the bf16 split query.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn token(
     scale: f32,
@@ -67,6 +69,7 @@ pub(super) fn token(
     lse: &mut [f32],
     par: bool,
     buf: &mut [f32],
+    int16: bool,
 ) {
     assert!(supported(), "bf16 attention needs AVX-512 BF16");
     let h = lse.len();
@@ -79,6 +82,14 @@ pub(super) fn token(
     let hp = h.div_ceil(HEAD_PAD) * HEAD_PAD;
     let n2 = n.div_ceil(2) * 2;
     let nc = n.div_ceil(CHUNK);
+    // Rows 0 .. ni (the main rows, listed first) take the int16 kernel. Its per-head factors live
+    // in the f32 path's row-tile region of `buf`, unused here (n · KS floats; a head count past
+    // 496 per row would not fit, and those tokens stay on bf16).
+    let ni = if int16 && int16::supported() && int16::is_nvfp4(&kv.0) && hp <= n * KS {
+        r.main.len()
+    } else {
+        0
+    };
     let mut local = Vec::new();
     SCRATCH16.with(|c| {
         let mut guard = c.try_borrow_mut();
@@ -94,37 +105,82 @@ pub(super) fn token(
         let (kb, rest) = rest.split_at_mut(n2 * KV_DIM);
         let (vb, pb) = rest.split_at_mut(n2 * KV_DIM);
         // (The f32 path's row tile and Qᵀ regions of `buf` are unused here: rows are decoded
-        // pairwise into a stack buffer, Qᵀ lives in the bf16 scratch.)
-        let (_, rest) = buf.split_at_mut(n * KS);
+        // pairwise into a stack buffer, Qᵀ lives in the bf16 scratch; the int16 query's head
+        // factors take the start of the row tile.)
+        let (tile, rest) = buf.split_at_mut(n * KS);
+        let qs = &mut tile[..hp.min(n * KS)];
         let (st, rest) = rest.split_at_mut(n * hp);
         let (_, rest) = rest.split_at_mut(KV_DIM * hp);
         let (mx, rest) = rest.split_at_mut(nc * hp);
         let (sm, ot) = rest.split_at_mut(nc * hp);
-        // SAFETY (every call below): `supported()` was asserted; the slices have the lengths the
-        // kernels assert.
-        unsafe { x86::query_pairs(q, h, hp, scale, qt) };
-        let qt = &*qt;
+        // The int16 query (256 pairs × hp × 2) takes the first half of the bf16 split's region
+        // when every row is an int16 row, else its own space.
+        let mut qi_own = Vec::new();
+        let (qt, qi): (&mut [u16], &mut [u16]) = if ni == 0 {
+            (qt, &mut [])
+        } else if ni == n {
+            let (a, b) = qt.split_at_mut(KV_DIM * hp);
+            (b, a)
+        } else {
+            qi_own.resize(KV_DIM * hp, 0u16);
+            (qt, &mut qi_own[..])
+        };
+        // SAFETY (every call below): `supported()` was asserted (and `int16::supported()` where
+        // ni > 0); the slices have the lengths the kernels assert.
+        if ni < n {
+            unsafe { x86::query_pairs(q, h, hp, scale, qt) };
+        }
+        if ni > 0 {
+            unsafe { int16::x86::query_i16(q, h, hp, scale, qi, qs) };
+        }
+        let (qt, qi, qs) = (&*qt, &*qi, &*qs);
         let isa = crate::isa::level();
         let score = |(c, ((kb16, (vb16, s)), (m, e))): ScoreChunk16| {
             let rows = s.len() / hp;
+            let r0 = c * CHUNK;
+            // This chunk's int16 rows: its first `ci`.
+            let ci = ni.saturating_sub(r0).min(rows);
+            let mut ks = [0f32; CHUNK * int16::BLOCKS];
             // Two rows at a time: decoded to f32 in an L1-resident pair buffer and converted at
             // once to the K rows and the V row pair, so no f32 tile of the chunk (135 KiB, past
-            // L1) is written and read back twice.
+            // L1) is written and read back twice. An int16 row's K is its codes, read from the
+            // record.
             let mut pair = [0f32; 2 * KS];
             for p in 0..rows.div_ceil(2) {
                 let rr = (rows - 2 * p).min(2);
                 let two = &mut pair[..rr * KS];
-                super::cpu::gather(isa, r, &kv.0, &kv.1, c * CHUNK + 2 * p, two);
+                super::cpu::gather(isa, r, &kv.0, &kv.1, r0 + 2 * p, two);
+                let k_from = ci.saturating_sub(2 * p).min(rr);
+                for e in 0..k_from {
+                    let j = 2 * p + e;
+                    let (d, sc) = int16::parts(&kv.0, r.main[r0 + j]);
+                    unsafe {
+                        int16::x86::key_row(
+                            d,
+                            sc,
+                            &mut kb16[j * KV_DIM..],
+                            &mut ks[j * int16::BLOCKS..],
+                        )
+                    };
+                }
                 unsafe {
                     x86::rows_to_bf16(
                         two,
                         rr,
+                        k_from,
                         &mut kb16[2 * p * KV_DIM..],
                         &mut vb16[2 * p * KV_DIM..],
                     )
                 };
             }
-            unsafe { x86::scores(qt, kb16, rows, hp, s) };
+            if ci > 0 {
+                unsafe {
+                    int16::x86::scores(qi, qs, kb16, &ks, ci, hp, &mut s[..ci * hp]);
+                }
+            }
+            if ci < rows {
+                unsafe { x86::scores(qt, &kb16[ci * KV_DIM..], rows - ci, hp, &mut s[ci * hp..]) };
+            }
             chunk_softmax(s, hp, m, e);
         };
         {
@@ -164,7 +220,7 @@ pub(super) fn token(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use super::*;
     use std::arch::x86_64::*;
 
@@ -235,7 +291,7 @@ mod x86 {
     /// 32-bit then 64-bit unpacks inside 128-bit lanes, then two rounds of 128-bit lane shuffles.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
+    pub(in crate::ops::attention) fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
         let mut t = [_mm512_setzero_si512(); 16];
         for k in 0..8 {
             t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
@@ -264,10 +320,17 @@ mod x86 {
         out
     }
 
-    /// f32 rows (`rows` of stride [`KS`]) → bf16 K rows (`kb`, stride 512) and V row pairs (`vb`);
+    /// f32 rows (`rows` of stride [`KS`]) → bf16 K rows (`kb`, stride 512) from row `k_from` on
+    /// (the rows before it are the int16 kernel's, coded by the caller) and V row pairs (`vb`);
     /// an odd last row is paired with zeros.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) unsafe fn rows_to_bf16(kf: &[f32], rows: usize, kb: &mut [u16], vb: &mut [u16]) {
+    pub(super) unsafe fn rows_to_bf16(
+        kf: &[f32],
+        rows: usize,
+        k_from: usize,
+        kb: &mut [u16],
+        vb: &mut [u16],
+    ) {
         assert!(kf.len() >= rows * KS - (KS - KV_DIM) && kb.len() >= rows * KV_DIM);
         assert!(vb.len() >= rows.div_ceil(2) * 2 * KV_DIM);
         // Interleave the low (row 2r) and high (row 2r + 1) halves of a cvtne2ps result.
@@ -275,7 +338,7 @@ mod x86 {
         // SAFETY: reads 32 u16.
         let idx = unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) };
         let zero = _mm512_setzero_ps();
-        for j in 0..rows {
+        for j in k_from..rows {
             for d in (0..KV_DIM).step_by(32) {
                 // SAFETY: j < rows, d + 32 ≤ 512.
                 unsafe {

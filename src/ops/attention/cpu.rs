@@ -97,8 +97,8 @@ fn scratch_len(n: usize, h: usize) -> usize {
 /// Runs every token: `q` (tokens, heads, 512), `sink` (heads), `rows` from [`super::plan`] or
 /// [`super::plan_indexed`]; shapes are checked by [`super::attention`] /
 /// [`super::attention_indexed`].
-/// `dots` picks the f32 or the bf16 ([`super::bf16`]) GEMMs; the caller checked that the CPU
-/// has the bf16 unit.
+/// `dots` picks the f32, the bf16 ([`super::bf16`]) or the int16 + bf16 ([`super::int16`])
+/// GEMMs; the caller checked that the CPU has the units.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     p: &AttentionParams,
@@ -123,7 +123,12 @@ pub fn attention(
         let q = &q[ti * h * KV_DIM..][..h * KV_DIM];
         with_scratch(scratch_len(n, h), |buf| match dots {
             AttentionDots::F32 => token(p.scale, q, sink, r, &kv, o, l, par, buf),
-            AttentionDots::Bf16 => super::bf16::token(p.scale, q, sink, r, &kv, o, l, par, buf),
+            AttentionDots::Bf16 => {
+                super::bf16::token(p.scale, q, sink, r, &kv, o, l, par, buf, false)
+            }
+            AttentionDots::Int16 => {
+                super::bf16::token(p.scale, q, sink, r, &kv, o, l, par, buf, true)
+            }
         });
     };
     if t >= rayon::current_num_threads() {

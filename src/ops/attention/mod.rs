@@ -25,6 +25,7 @@ mod bf16;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod int16;
 pub mod pools;
 pub mod reference;
 
@@ -152,6 +153,12 @@ pub enum AttentionDots {
     /// exact in bf16 (NVFP4 / MXFP8 values), the scaled query and the softmax weights are rounded
     /// to bf16; within [`crate::tolerance::BF16_DOTS_VS_F64`].
     Bf16,
+    /// [`AttentionDots::Bf16`] with the scores of NVFP4 main rows on int16 dots (`vpdpwssd`,
+    /// AVX-512 VNNI): twice the E2M1 codes are integers, each 16-dim block's dot with the int16
+    /// query is exact in int32 and scaled by the block's E4M3 scale in f32, one pass where the
+    /// bf16 split needs two. Other rows (MXFP8 window, f32) and P·V as [`AttentionDots::Bf16`];
+    /// within [`crate::tolerance::BF16_DOTS_VS_F64`].
+    Int16,
 }
 
 impl AttentionDots {
@@ -161,43 +168,58 @@ impl AttentionDots {
         match self {
             AttentionDots::F32 => true,
             AttentionDots::Bf16 => crate::isa::dot_units().bf16 && bf16::supported(),
+            AttentionDots::Int16 => {
+                let u = crate::isa::dot_units();
+                u.bf16 && u.vnni && int16::supported()
+            }
         }
     }
 
-    /// The backend's choice: bf16 where [`AttentionDots::Bf16`] is supported (AVX-512 BF16, not
-    /// capped off by `CSA2_ISA`), f32 elsewhere or when `CSA2_ATTENTION_DOTS=f32` (read once; an
-    /// unknown value is ignored, `bf16` on a CPU without the unit falls back to f32). With the split
-    /// query (hi + lo bf16 halves, [`bf16`]) the bf16 path meets
-    /// [`crate::tolerance::BF16_DOTS_VS_F64`] in every attention test on rows exact in bf16, which
-    /// every cache format decodes to; f32 stays the reference-grade option.
+    /// The backend's choice: [`AttentionDots::Int16`] where supported (AVX-512 VNNI and BF16,
+    /// not capped off by `CSA2_ISA`), else [`AttentionDots::Bf16`] where supported, else f32;
+    /// `CSA2_ATTENTION_DOTS=f32|bf16|int16` asks for one (read once; an unknown value is ignored,
+    /// a path the CPU lacks falls back to the next one down). With the split query (hi + lo bf16
+    /// halves, [`bf16`]) and the int16 query ([`int16`]) both meet
+    /// [`crate::tolerance::BF16_DOTS_VS_F64`] in every attention test on rows exact in bf16,
+    /// which every cache format decodes to; f32 stays the reference-grade option.
     pub fn backend_default() -> AttentionDots {
         static DOTS: std::sync::OnceLock<AttentionDots> = std::sync::OnceLock::new();
         *DOTS.get_or_init(|| {
             let asked = std::env::var("CSA2_ATTENTION_DOTS")
                 .ok()
                 .and_then(|v| AttentionDots::from_name(&v).ok());
-            Self::choose(asked, AttentionDots::Bf16.is_supported())
+            Self::choose(
+                asked,
+                AttentionDots::Bf16.is_supported(),
+                AttentionDots::Int16.is_supported(),
+            )
         })
     }
 
     /// [`AttentionDots::backend_default`]'s rule: what was asked for (`None`: nothing valid),
-    /// bf16 only where `bf16_supported`.
-    fn choose(asked: Option<AttentionDots>, bf16_supported: bool) -> AttentionDots {
+    /// int16 only where `int16_supported`, bf16 only where `bf16_supported`.
+    fn choose(
+        asked: Option<AttentionDots>,
+        bf16_supported: bool,
+        int16_supported: bool,
+    ) -> AttentionDots {
         match asked {
             Some(AttentionDots::F32) => AttentionDots::F32,
-            Some(AttentionDots::Bf16) | None if bf16_supported => AttentionDots::Bf16,
+            Some(AttentionDots::Int16) | None if int16_supported => AttentionDots::Int16,
+            Some(_) | None if bf16_supported => AttentionDots::Bf16,
             _ => AttentionDots::F32,
         }
     }
 
-    /// Parses `f32` or `bf16`.
+    /// Parses `f32`, `bf16` or `int16`.
     pub fn from_name(s: &str) -> Result<AttentionDots> {
         match s {
             "f32" => Ok(AttentionDots::F32),
             "bf16" => Ok(AttentionDots::Bf16),
+            "int16" => Ok(AttentionDots::Int16),
             _ => Err(Error::invalid(
                 "dots",
-                format!("expected f32 or bf16, found `{s}`"),
+                format!("expected f32, bf16 or int16, found `{s}`"),
             )),
         }
     }
@@ -421,7 +443,8 @@ pub fn attention(
 /// [`attention`] with the GEMMs' operand precision chosen by `dots`.
 ///
 /// Errors: those of [`attention`], and [`Error::Unsupported`] for [`AttentionDots::Bf16`] on a
-/// CPU without AVX-512 BF16 (or with `CSA2_ISA` capping it off).
+/// CPU without AVX-512 BF16, or [`AttentionDots::Int16`] without AVX-512 VNNI and BF16 (or with
+/// `CSA2_ISA` capping them off).
 pub fn attention_with_dots(
     p: &AttentionParams,
     dots: AttentionDots,
@@ -433,7 +456,12 @@ pub fn attention_with_dots(
 ) -> Result<()> {
     if !dots.is_supported() {
         return Err(Error::Unsupported(format!(
-            "attention dots {dots:?} need AVX-512 BF16, which this CPU lacks or CSA2_ISA caps off"
+            "attention dots {dots:?} need {}, which this CPU lacks or CSA2_ISA caps off",
+            if dots == AttentionDots::Int16 {
+                "AVX-512 VNNI and BF16"
+            } else {
+                "AVX-512 BF16"
+            }
         )));
     }
     let rows = plan(p, inp, &main, &swa)?;

@@ -53,15 +53,19 @@ fn both(
     // f64 reference, within its own row of the tolerance table. Its error analysis holds for rows
     // exact in bf16, which every cache format decodes to (the backend's rows); raw f32 test rows
     // that are not are left to the f32 path.
-    if AttentionDots::Bf16.is_supported() && bf16_exact(&main) && bf16_exact(&swa) {
+    // The int16 path (NVFP4 main rows on int16 dots) likewise, where the CPU has VNNI.
+    for dots in [AttentionDots::Bf16, AttentionDots::Int16] {
+        if !(dots.is_supported() && bf16_exact(&main) && bf16_exact(&swa)) {
+            continue;
+        }
         let mut bo = vec![f32::NAN; out.len()];
         let mut bl = vec![f32::NAN; lse.len()];
-        attention_with_dots(p, AttentionDots::Bf16, inp, main, swa, &mut bo, &mut bl).unwrap();
-        assert!(bo.iter().all(|v| v.is_finite()), "bf16: never NaN");
+        attention_with_dots(p, dots, inp, main, swa, &mut bo, &mut bl).unwrap();
+        assert!(bo.iter().all(|v| v.is_finite()), "{dots:?}: never NaN");
         let s = compare(&bo, &ro, &BF16_DOTS_VS_F64);
-        assert!(s.ok(&BF16_DOTS_VS_F64), "bf16 out: {s:?}");
+        assert!(s.ok(&BF16_DOTS_VS_F64), "{dots:?} out: {s:?}");
         let s = compare(&bl, &rl, &BF16_DOTS_VS_F64);
-        assert!(s.ok(&BF16_DOTS_VS_F64), "bf16 lse: {s:?}");
+        assert!(s.ok(&BF16_DOTS_VS_F64), "{dots:?} lse: {s:?}");
     }
     (out, lse, rows)
 }
@@ -418,6 +422,19 @@ fn both_indexed(
     assert!(s.ok(&F32_VS_F64), "out: {s:?}");
     let s = compare(&lse, &rl, &F32_VS_F64);
     assert!(s.ok(&F32_VS_F64), "lse: {s:?}");
+    // The narrow-dot paths on the same rows (records and pools read in place), within their row.
+    for dots in [AttentionDots::Bf16, AttentionDots::Int16] {
+        if !(dots.is_supported() && bf16_exact(&main) && bf16_exact(&swa)) {
+            continue;
+        }
+        let mut bo = vec![f32::NAN; out.len()];
+        let mut bl = vec![f32::NAN; lse.len()];
+        attention_with_rows(p, dots, inp.q, inp.sink, &rows, main, swa, &mut bo, &mut bl);
+        let s = compare(&bo, &ro, &BF16_DOTS_VS_F64);
+        assert!(s.ok(&BF16_DOTS_VS_F64), "{dots:?} out: {s:?}");
+        let s = compare(&bl, &rl, &BF16_DOTS_VS_F64);
+        assert!(s.ok(&BF16_DOTS_VS_F64), "{dots:?} lse: {s:?}");
+    }
     (out, lse, rows)
 }
 
@@ -984,10 +1001,15 @@ fn a_long_token_does_not_pin_its_scratch_to_the_thread() {
 /// whether it runs alone or in a batch.
 #[test]
 fn bf16_dots_match_the_reference_and_are_batch_invariant() {
-    use crate::tolerance::BF16_DOTS_VS_F64 as TOL;
-    if !AttentionDots::Bf16.is_supported() {
-        return;
+    for dots in [AttentionDots::Bf16, AttentionDots::Int16] {
+        if dots.is_supported() {
+            narrow_dots_match_the_reference_and_are_batch_invariant(dots);
+        }
     }
+}
+
+fn narrow_dots_match_the_reference_and_are_batch_invariant(dots: AttentionDots) {
+    use crate::tolerance::BF16_DOTS_VS_F64 as TOL;
     let mut rng = Rng::new(21);
     let (n, s) = (300, 400);
     let c = case(&mut rng, 1, n, s);
@@ -1016,13 +1038,12 @@ fn bf16_dots_match_the_reference_and_are_batch_invariant() {
                 };
                 let mut out = vec![f32::NAN; t * heads * KV_DIM];
                 let mut lse = vec![f32::NAN; t * heads];
-                attention_with_dots(&p, AttentionDots::Bf16, &inp, main, swa, &mut out, &mut lse)
-                    .unwrap();
+                attention_with_dots(&p, dots, &inp, main, swa, &mut out, &mut lse).unwrap();
                 let rows = plan(&p, &inp, &main, &swa).unwrap();
                 let (ro, rl) = reference::attention(&p, &inp, &rows, main, swa);
                 let so = compare(&out, &ro, &TOL);
                 let sl = compare(&lse, &rl, &TOL);
-                let what = format!("heads {heads} k {k} pos {pos} sharp {sharp}");
+                let what = format!("{dots:?} heads {heads} k {k} pos {pos} sharp {sharp}");
                 assert!(so.ok(&TOL), "{what} out: {so:?}");
                 assert!(sl.ok(&TOL), "{what} lse: {sl:?}");
                 // Token 2 alone (the decode path: chunks and slices as rayon tasks).
@@ -1034,8 +1055,7 @@ fn bf16_dots_match_the_reference_and_are_batch_invariant() {
                 };
                 let mut o1 = vec![f32::NAN; heads * KV_DIM];
                 let mut l1 = vec![f32::NAN; heads];
-                attention_with_dots(&p, AttentionDots::Bf16, &one, main, swa, &mut o1, &mut l1)
-                    .unwrap();
+                attention_with_dots(&p, dots, &one, main, swa, &mut o1, &mut l1).unwrap();
                 let row = &out[2 * heads * KV_DIM..][..heads * KV_DIM];
                 assert!(
                     o1.iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()),
@@ -1052,19 +1072,159 @@ fn bf16_dots_names_parse() {
         AttentionDots::from_name("bf16").unwrap(),
         AttentionDots::Bf16
     );
+    assert_eq!(
+        AttentionDots::from_name("int16").unwrap(),
+        AttentionDots::Int16
+    );
     assert_eq!(AttentionDots::from_name("f32").unwrap(), AttentionDots::F32);
     assert!(AttentionDots::from_name("fp8").is_err());
     assert!(AttentionDots::F32.is_supported());
+    // Int16 needs the bf16 unit too (the window rows and P·V run on it).
+    if AttentionDots::Int16.is_supported() {
+        assert!(AttentionDots::Bf16.is_supported());
+    }
 }
 
-/// The backend's rule: bf16 where the unit exists unless f32 is asked for; never bf16 without it.
+/// The backend's rule: int16 where VNNI and BF16 exist, else bf16 where BF16 exists, unless f32
+/// (or bf16) is asked for; never a path without its unit.
 #[test]
 fn backend_dots_default_to_bf16_where_supported() {
-    use AttentionDots::{Bf16, F32};
-    assert_eq!(AttentionDots::choose(None, true), Bf16);
-    assert_eq!(AttentionDots::choose(Some(Bf16), true), Bf16);
-    assert_eq!(AttentionDots::choose(Some(F32), true), F32);
-    assert_eq!(AttentionDots::choose(None, false), F32);
-    assert_eq!(AttentionDots::choose(Some(Bf16), false), F32);
-    assert_eq!(AttentionDots::choose(Some(F32), false), F32);
+    use AttentionDots::{Bf16, Int16, F32};
+    for asked in [None, Some(Int16)] {
+        assert_eq!(AttentionDots::choose(asked, true, true), Int16);
+        assert_eq!(AttentionDots::choose(asked, true, false), Bf16);
+        assert_eq!(AttentionDots::choose(asked, false, false), F32);
+    }
+    assert_eq!(AttentionDots::choose(Some(Bf16), true, true), Bf16);
+    assert_eq!(AttentionDots::choose(Some(Bf16), true, false), Bf16);
+    assert_eq!(AttentionDots::choose(Some(F32), true, true), F32);
+    assert_eq!(AttentionDots::choose(Some(F32), false, false), F32);
+    assert_eq!(AttentionDots::choose(Some(Bf16), false, false), F32);
+}
+
+/// The int16 path's edges on NVFP4 + MXFP8 records, against the f64 reference and against the
+/// bf16 path: one token; all-masked rows (nothing attended: zeros, lse = −∞), a token whose main
+/// list is empty (window rows only) and one whose window is empty (main rows only, so every row is
+/// an int16 row); main lengths around the chunk size and odd (an int16 row and a window row share
+/// a V pair); positions around multiples of the ratio; window lengths 126–129; sharp queries, an
+/// all-zero query head and a tiny one.
+#[test]
+fn int16_dots_edges() {
+    use crate::tolerance::BF16_DOTS_VS_F64 as TOL;
+    if !AttentionDots::Int16.is_supported() {
+        return;
+    }
+    let mut rng = Rng::new(31);
+    let (n, s) = (600, 700);
+    let c = case(&mut rng, 1, n, s);
+    let main = KvRows::Records(RecordFormat::Nvfp4Ds, &c.main_rec);
+    let swa = KvRows::Records(RecordFormat::Mxfp8, &c.swa_rec);
+    let run = |p: &AttentionParams, inp: &AttentionInputs, what: &str| {
+        let t = inp.positions.len();
+        let rows = plan(p, inp, &main, &swa).unwrap();
+        let (ro, rl) = reference::attention(p, inp, &rows, main, swa);
+        let mut out = vec![f32::NAN; t * p.heads * KV_DIM];
+        let mut lse = vec![f32::NAN; t * p.heads];
+        attention_with_dots(p, AttentionDots::Int16, inp, main, swa, &mut out, &mut lse).unwrap();
+        assert!(out.iter().all(|v| v.is_finite()), "{what}: never NaN");
+        for (tok, r) in rows.iter().enumerate() {
+            let o = &out[tok * p.heads * KV_DIM..][..p.heads * KV_DIM];
+            let l = &lse[tok * p.heads..][..p.heads];
+            if r.main.is_empty() && r.swa.is_empty() {
+                assert!(o.iter().all(|&v| v == 0.0), "{what} token {tok}: zeros");
+                assert!(
+                    l.iter().all(|&v| v == f32::NEG_INFINITY),
+                    "{what} token {tok}"
+                );
+            }
+        }
+        let so = compare(&out, &ro, &TOL);
+        let sl = compare(&lse, &rl, &TOL);
+        assert!(so.ok(&TOL), "{what} out: {so:?}");
+        assert!(sl.ok(&TOL), "{what} lse: {sl:?}");
+        (out, lse, rows)
+    };
+    // One token, a main list of each length class, the window full.
+    for k in [0usize, 1, 2, 63, 64, 65, 127, 129, 512] {
+        for sharp in [1.0f32, 4.0] {
+            let mut q = rand_normal(&mut rng, HEADS * KV_DIM, sharp);
+            q[3 * KV_DIM..4 * KV_DIM].fill(0.0);
+            q[5 * KV_DIM..6 * KV_DIM]
+                .iter_mut()
+                .for_each(|v| *v *= 1e-30);
+            let topk: Vec<i32> = (0..k).map(|i| ((i * 13) % n) as i32).collect();
+            let inp = AttentionInputs {
+                q: &q,
+                topk: &topk,
+                topk_len: None,
+                positions: &[s as i64 - 1],
+                replay_start: &[],
+                sink: &c.sink,
+            };
+            let p = AttentionParams::default();
+            let (_, _, rows) = run(&p, &inp, &format!("k {k} sharp {sharp}"));
+            assert_eq!((rows[0].main.len(), rows[0].swa.len()), (k, 128));
+            // The same rows with the window cut off (replay_start past p): only int16 rows.
+            let inp_main = AttentionInputs {
+                replay_start: &[s as i64],
+                ..inp
+            };
+            let (out, lse, rows) = run(&p, &inp_main, &format!("k {k} main only"));
+            assert!(rows[0].swa.is_empty());
+            if k == 0 {
+                assert!(out.iter().all(|&v| v == 0.0) && lse.iter().all(|v| v.is_infinite()));
+            }
+        }
+    }
+    // A prefill batch: positions around multiples of the ratio (visibility guard), window lengths
+    // 126–129, an all-masked top-k row and one cut by its valid length.
+    let positions: Vec<i64> = vec![0, 1, 2, 3, 125, 126, 127, 128, 129, 255, 256, 257, 699];
+    let t = positions.len();
+    let q = rand_normal(&mut rng, t * HEADS * KV_DIM, 2.0);
+    let ratio = 2;
+    let mut topk = topk_rows(&mut rng, &positions, ratio, 64);
+    topk[4 * 64..5 * 64].fill(-1);
+    let len: Vec<i32> = (0..t as i32).map(|i| if i == 6 { 7 } else { 64 }).collect();
+    let inp = AttentionInputs {
+        q: &q,
+        topk: &topk,
+        topk_len: Some(&len),
+        positions: &positions,
+        replay_start: &[],
+        sink: &c.sink,
+    };
+    let p = AttentionParams {
+        ratio: Some(ratio),
+        ..Default::default()
+    };
+    let (out, _, rows) = run(&p, &inp, "prefill");
+    assert!(rows[4].main.is_empty() && rows[6].main.len() <= 7);
+    // Nothing attended anywhere (all −1, window cut): zeros and −∞.
+    let none = vec![-1i32; t * 64];
+    let cut: Vec<i64> = positions.iter().map(|&p| p + 1).collect();
+    let inp_none = AttentionInputs {
+        topk: &none,
+        topk_len: None,
+        replay_start: &cut,
+        ..inp
+    };
+    let (o2, _, rows2) = run(&p, &inp_none, "all masked");
+    assert!(rows2.iter().all(|r| r.main.is_empty() && r.swa.is_empty()));
+    assert!(o2.iter().all(|&v| v == 0.0));
+    // Each token alone gives the bits it got in the batch.
+    for ti in [0usize, 5, 12] {
+        let one = AttentionInputs {
+            q: &q[ti * HEADS * KV_DIM..][..HEADS * KV_DIM],
+            topk: &topk[ti * 64..][..64],
+            topk_len: Some(&len[ti..ti + 1]),
+            positions: &positions[ti..ti + 1],
+            ..inp
+        };
+        let (o1, _, _) = run(&p, &one, "alone");
+        let row = &out[ti * HEADS * KV_DIM..][..HEADS * KV_DIM];
+        assert!(
+            o1.iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "token {ti}: alone vs in a batch"
+        );
+    }
 }
