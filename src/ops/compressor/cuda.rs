@@ -255,6 +255,7 @@ pub(crate) fn compress_rows(
 mod tests {
     use super::super::tests::{cw, params, records_close, weights};
     use super::super::{compress_view, reference, CompressViews};
+    use crate::cuda::Device;
     use crate::formats::{decode_rows, RecordFormat, INDEX_DIM, KV_DIM};
     use crate::formats::{MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
     use crate::tolerance::{compare, QUANT_VS_EXACT};
