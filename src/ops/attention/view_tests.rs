@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::formats::{encode_rows, MXFP8_BYTES, NVFP4_DS_BYTES};
+#[cfg(not(feature = "cuda"))]
 use crate::tensor::DType;
 use crate::tolerance::{compare, F32_VS_F64};
 use csa2_rng::{rand_normal, NewRng, Rng};
@@ -163,6 +164,7 @@ fn cuda<T: crate::tensor::Element>(shape: &[usize]) -> TensorView<'static> {
     .unwrap()
 }
 
+#[cfg(not(feature = "cuda"))]
 fn cuda_mut(shape: &[usize], dt: DType) -> TensorViewMut<'static> {
     // SAFETY: as `cuda`.
     unsafe {
