@@ -231,6 +231,10 @@ typedef struct {
   const DLTensor *out;
   // Output `(T, H)` float log-sum-exp.
   const DLTensor *lse;
+  // `kDLCUDA` tensors only: the `cudaStream_t` / `CUstream` to launch on (0 = the legacy
+  // default stream). Ignored for host tensors. Added after the first version: a caller
+  // compiled without it gets 0.
+  uint64_t stream;
 } Csa2AttentionIndexedArgs;
 
 // One strided page pool: a layer's cache view as vLLM 0.33 hands it to the layer.
@@ -437,6 +441,10 @@ typedef struct {
   const DLTensor *main_kv_out;
   // Output `(E, 68)` uint8 MXFP4 index-K records.
   const DLTensor *index_k_out;
+  // `kDLCUDA` tensors only: the `cudaStream_t` / `CUstream` to launch on (0 = the legacy
+  // default stream). Ignored for host tensors. Added after the first version: a caller
+  // compiled without it gets 0.
+  uint64_t stream;
 } Csa2CompressArgs;
 
 // Arguments of [`csa2_engine_create`]. Set `struct_size` to `sizeof(Csa2EngineCreateArgs)`
@@ -923,6 +931,12 @@ Csa2Status csa2_attention(const Csa2AttentionArgs *args);
 // - outputs `out` `(T, H, 512)` float and `lse` `(T, H)` float (a token with nothing attended:
 //   zeros and −∞).
 //
+// Devices ([`crate::ops::attention::attention_indexed_view`]): all tensors in host memory, or
+// all on one CUDA device (`kDLCUDA`, a build with the `cuda` feature): then csa2's pool kernel
+// runs on `stream` and the call returns after the launch. The CUDA path takes bfloat16 `q` /
+// `out`, float32 `sink` / `lse`, record pools, 64 or 128 heads; it skips slots past a pool
+// instead of reporting them and does not scan the result for NaN.
+//
 // Errors: `CSA2_ERR_INVALID_ARGUMENT` for a valid slot holding an id `< −1` or `≥` its pool's rows
 // (the message names the list, token, slot and id), a token attending more than 65 536 rows
 // (`MAX_TOKEN_ROWS`), non-finite `q`/`sink`, a bad format, a non-finite result (a NaN/Inf KV row
@@ -1363,12 +1377,21 @@ Csa2Status csa2_compressor_state_load(const Csa2CompressorState *s,
 //
 // Stateless: `start_pos` and `T` must be multiples of the ratio (a caller that splits a pair across
 // calls keeps the odd token and sends it with the next call).
+//
+// Devices ([`crate::ops::compressor::compress_view`]): all tensors in host memory, or all on one
+// CUDA device (`kDLCUDA`; a build with the `cuda` feature): then csa2's kernel runs on `stream`
+// and the call returns after the launch (the records are ready in stream order). The CUDA path
+// takes float32 tensors and positions below 2³¹, and does not scan the inputs for NaN / ±∞.
+//
 // Errors: `CSA2_ERR_INVALID_ARGUMENT` (not a compressed layer, misaligned `start_pos`/`T`,
-// `score` given or missing, non-finite values), plus the common ones.
+// `score` given or missing, non-finite values, tensors on different devices),
+// `CSA2_ERR_UNSUPPORTED` (a CUDA tensor in a build without CUDA, or a CUDA call the kernel does
+// not cover), plus the common ones.
 //
 // # Safety
 // `args`: `struct_size` readable bytes of a `Csa2CompressArgs`. Its members:
-// As [`csa2_rope`].
+// As [`csa2_rope`]; a `kDLCUDA` tensor's memory is a live allocation of its device's primary
+// context, and `stream` a live stream of that context.
 Csa2Status csa2_compress(const Csa2CompressArgs *args);
 
 // Validates a `DLTensor` exactly as every csa2 op does and writes a one-line description

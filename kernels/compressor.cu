@@ -11,7 +11,10 @@
 // positions near 1M keep full precision; cos / sin are then rounded to f32.
 //
 // Launch: grid = (max entries of any request + 1, n_requests), block = 128. Block x = 0 also writes
-// the outgoing carry state; state_in and state_out must not alias.
+// the outgoing carry state; state_in and state_out must not alias. Entry j is stored through block
+// table column (j - table_base) / page_slots: 0 for a request's own table (entry ids from 0); the
+// flat row form (one request, pages of one slot = the output rows) passes its first entry, so its
+// table spans only the entries of the call.
 #include "common.cuh"
 
 #define KV CSA2_KV_DIM
@@ -37,7 +40,7 @@ extern "C" __global__ void compressor_f32(
     float* __restrict__ state_out, i32* __restrict__ state_pos_out, const float* __restrict__ norm_w,
     const float* __restrict__ wk, const float* __restrict__ k_norm_w, const double* __restrict__ inv_freq,
     const i32* __restrict__ block_table, int max_blocks, int page_slots, u8* __restrict__ main_pages,
-    u8* __restrict__ index_pages, int ratio) {
+    u8* __restrict__ index_pages, int ratio, i64 table_base) {
     __shared__ float lat[KV];
     __shared__ float kidx[IDX];
     __shared__ float red[32];
@@ -120,7 +123,7 @@ extern "C" __global__ void compressor_f32(
     __syncthreads();
 
     // 4. Quantize into the pages: warp 0 → main KV, warp 1 → index K.
-    i64 slot = table_slot(block_table + (i64)r * max_blocks, max_blocks, j, page_slots);
+    i64 slot = table_slot(block_table + (i64)r * max_blocks, max_blocks, j - table_base, page_slots);
     if (slot < 0) return;
     if (warp == 0) {
         SlotPtr p = slot_ptr(main_pages, slot, page_slots, CSA2_NVFP4_DATA, CSA2_NVFP4_SCALE);

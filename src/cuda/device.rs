@@ -583,3 +583,50 @@ impl Device {
         Ok(())
     }
 }
+
+#[cfg(test)]
+impl Device {
+    /// A device buffer of this device as a CUDA tensor view of `shape` (unit tests of the CUDA
+    /// branches; the buffer must outlive every use of the view).
+    pub(crate) fn test_view<T: Element + DeviceRepr>(
+        &self,
+        b: &CudaSlice<T>,
+        shape: &[usize],
+    ) -> TensorView<'static> {
+        use cudarc::driver::DevicePtr;
+        let (p, _sync) = b.device_ptr(&self.stream);
+        // SAFETY: `b` is live memory of this device holding `shape`'s elements (the caller's
+        // contract above).
+        unsafe {
+            TensorView::from_raw_parts(
+                p as usize as *const u8,
+                shape,
+                &crate::tensor::row_major_strides(shape),
+                T::DTYPE,
+                Place::Cuda(self.ctx.ordinal() as i32),
+            )
+        }
+        .expect("a dense device view")
+    }
+
+    /// [`Device::test_view`] for an output.
+    pub(crate) fn test_view_mut<T: Element + DeviceRepr>(
+        &self,
+        b: &CudaSlice<T>,
+        shape: &[usize],
+    ) -> TensorViewMut<'static> {
+        use cudarc::driver::DevicePtr;
+        let (p, _sync) = b.device_ptr(&self.stream);
+        // SAFETY: as `test_view`; the test leaves `b` alone while the view is used.
+        unsafe {
+            TensorViewMut::from_raw_parts(
+                p as usize as *mut u8,
+                shape,
+                &crate::tensor::row_major_strides(shape),
+                T::DTYPE,
+                Place::Cuda(self.ctx.ordinal() as i32),
+            )
+        }
+        .expect("a dense device view")
+    }
+}

@@ -6,7 +6,7 @@ use super::{guarded, Csa2Status};
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, KV_DIM};
 use crate::ops::attention::signature as sig;
-use crate::ops::attention::{AttentionInputs, AttentionParams, IndexedInputs, KvRows};
+use crate::ops::attention::{AttentionInputs, AttentionParams, IndexedViews, KvRows, KvView};
 use crate::shape::{Arg, Dims};
 use std::borrow::Cow;
 
@@ -201,30 +201,9 @@ fn write_attention(
     let mut lse_vals = vec![0.0f32; lse.numel()];
     fill_floats(out, |o| {
         f(o, &mut lse_vals)?;
-        finite_output(o, &lse_vals, heads)
+        crate::ops::attention::finite_output(o, &lse_vals, heads)
     })?;
     lse.write_f32s(&lse_vals)
-}
-
-/// No silent NaN: the inputs are checked before the op, but a KV record can still decode to
-/// NaN/Inf (E4M3 0x7F, UE8M0 0xFF, an f32 pool holding NaN) or a legal extreme scale can overflow
-/// f32, and FlashMLA would return the NaN. `out` is `(T, H, 512)`, `lse` `(T, H)`; −∞ in `lse` is a
-/// token with nothing attended and is fine.
-fn finite_output(out: &[f32], lse: &[f32], heads: usize) -> Result<()> {
-    let bad = out.iter().position(|v| !v.is_finite()).map(|i| i / KV_DIM);
-    let bad = bad.or_else(|| lse.iter().position(|v| v.is_nan() || *v == f32::INFINITY));
-    match bad {
-        None => Ok(()),
-        Some(row) => Err(Error::invalid(
-            "attention output",
-            format!(
-                "non-finite result at token {}, head {}: the KV rows it attends decode to \
-                 NaN/Inf, or the scale overflows f32",
-                row / heads.max(1),
-                row % heads.max(1)
-            ),
-        )),
-    }
 }
 
 /// The softmax scale of the attention exports: `scale` when positive and finite, else 512^-0.5.
@@ -327,9 +306,13 @@ pub struct Csa2AttentionIndexedArgs {
     pub out: *const DLTensor,
     /// Output `(T, H)` float log-sum-exp.
     pub lse: *const DLTensor,
+    /// `kDLCUDA` tensors only: the `cudaStream_t` / `CUstream` to launch on (0 = the legacy
+    /// default stream). Ignored for host tensors. Added after the first version: a caller
+    /// compiled without it gets 0.
+    pub stream: u64,
 }
 
-args_struct!(Csa2AttentionIndexedArgs);
+args_struct!(Csa2AttentionIndexedArgs, grown_at = stream);
 
 /// Sparse attention over explicit slot lists with a sink — the contract of FlashMLA's sparse
 /// `flash_mla_with_kvcache(q, k_cache=swa, indices=swa_idx, topk_length=swa_len,
@@ -351,6 +334,12 @@ args_struct!(Csa2AttentionIndexedArgs);
 /// - `scale` (not positive and finite → 512^-0.5);
 /// - outputs `out` `(T, H, 512)` float and `lse` `(T, H)` float (a token with nothing attended:
 ///   zeros and −∞).
+///
+/// Devices ([`crate::ops::attention::attention_indexed_view`]): all tensors in host memory, or
+/// all on one CUDA device (`kDLCUDA`, a build with the `cuda` feature): then csa2's pool kernel
+/// runs on `stream` and the call returns after the launch. The CUDA path takes bfloat16 `q` /
+/// `out`, float32 `sink` / `lse`, record pools, 64 or 128 heads; it skips slots past a pool
+/// instead of reporting them and does not scan the result for NaN.
 ///
 /// Errors: `CSA2_ERR_INVALID_ARGUMENT` for a valid slot holding an id `< −1` or `≥` its pool's rows
 /// (the message names the list, token, slot and id), a token attending more than 65 536 rows
@@ -381,32 +370,25 @@ pub unsafe extern "C" fn csa2_attention_indexed(
             scale,
             out,
             lse,
+            stream,
         } = unsafe { super::read_args(args) }?;
         // SAFETY: caller's contract (see above).
         let (qv, mv, miv, mlv, sv, siv, slv, sinkv, mut ov, mut ev) = unsafe {
             (
-                host(q, sig::Q.name)?,
-                host(main_kv, sig::MAIN_KV.name)?,
-                host(main_idx, sig::MAIN_IDX.name)?,
-                host_opt(main_len, sig::MAIN_LEN.name)?,
-                host(swa_kv, sig::SWA_KV.name)?,
-                host(swa_idx, sig::SWA_IDX.name)?,
-                host_opt(swa_len, sig::SWA_LEN.name)?,
-                host(sink, sig::SINK.name)?,
-                host(out, sig::OUT.name)?,
-                host(lse, sig::LSE.name)?,
+                View::from_raw(q, sig::Q.name)?,
+                View::from_raw(main_kv, sig::MAIN_KV.name)?,
+                View::from_raw(main_idx, sig::MAIN_IDX.name)?,
+                View::from_raw_opt(main_len, sig::MAIN_LEN.name)?,
+                View::from_raw(swa_kv, sig::SWA_KV.name)?,
+                View::from_raw(swa_idx, sig::SWA_IDX.name)?,
+                View::from_raw_opt(swa_len, sig::SWA_LEN.name)?,
+                View::from_raw(sink, sig::SINK.name)?,
+                View::from_raw(out, sig::OUT.name)?,
+                View::from_raw(lse, sig::LSE.name)?,
             )
         };
         let mut dims = Dims::default();
         expect_attention_io(&qv, &sinkv, &ov, &ev, &mut dims)?;
-        miv.expect(&sig::MAIN_IDX, &mut dims)?;
-        siv.expect(&sig::SWA_IDX, &mut dims)?;
-        if let Some(l) = &mlv {
-            l.expect(&sig::MAIN_LEN, &mut dims)?;
-        }
-        if let Some(l) = &slv {
-            l.expect(&sig::SWA_LEN, &mut dims)?;
-        }
         let mf = kv_pool(&mv, main_format, MAIN_POOL, "main_format")?;
         let sf = kv_pool(&sv, swa_format, SWA_KV_POOL, "swa_format")?;
         let mut inputs = vec![&qv, &mv, &miv, &sv, &siv, &sinkv];
@@ -418,22 +400,120 @@ pub unsafe extern "C" fn csa2_attention_indexed(
             scale: softmax_scale(scale),
             ..Default::default()
         };
-        let (qf, kf) = (qv.f32s()?, sinkv.f32s()?);
-        let (mut mff, mut sff) = (Cow::Borrowed(&[][..]), Cow::Borrowed(&[][..]));
-        let main = kv_rows(&mv, mf, &mut mff)?;
-        let swa = kv_rows(&sv, sf, &mut sff)?;
-        let inp = IndexedInputs {
-            q: &qf,
-            sink: &kf,
-            main_idx: miv.i32s()?,
-            main_len: mlv.as_ref().map(|l| l.i32s()).transpose()?,
-            swa_idx: siv.i32s()?,
-            swa_len: slv.as_ref().map(|l| l.i32s()).transpose()?,
+        let views = IndexedViews {
+            q: qv.tensor(),
+            main: KvView {
+                rows: mv.tensor(),
+                format: mf,
+            },
+            main_idx: miv.tensor(),
+            main_len: mlv.as_ref().map(|l| l.tensor()),
+            swa: KvView {
+                rows: sv.tensor(),
+                format: sf,
+            },
+            swa_idx: siv.tensor(),
+            swa_len: slv.as_ref().map(|l| l.tensor()),
+            sink: sinkv.tensor(),
         };
-        // Plan first so that no output is touched when a check fails.
-        crate::ops::attention::plan_indexed(&params, &inp, &main, &swa)?;
-        write_attention(&mut ov, &mut ev, |o, l| {
-            crate::ops::attention::attention_indexed(&params, &inp, main, swa, o, l)
-        })
+        crate::ops::attention::attention_indexed_view(
+            &params,
+            &views,
+            stream,
+            &mut ov.tensor_mut()?,
+            &mut ev.tensor_mut()?,
+        )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::dlpack::K_DL_CUDA;
+    use crate::ffi::test_support::{host_tensor, last_error};
+
+    /// `csa2_attention_indexed` on one token of 16 heads over 2 NVFP4-DS main rows and 2 MXFP8 SWA
+    /// rows; `cuda` lists the arguments (0 q, 1 main_kv, 2 main_idx, 3 swa_kv, 4 swa_idx, 5 sink,
+    /// 6 out, 7 lse) whose descriptor claims `kDLCUDA` memory (never dereferenced: those calls fail
+    /// first).
+    fn indexed_on(cuda: &[usize]) -> Csa2Status {
+        let (t, h) = (1usize, 16usize);
+        let mut q = vec![0.1f32; t * h * KV_DIM];
+        let mut sink = vec![0f32; h];
+        let mut main = vec![0u8; 2 * 288];
+        let mut swa = vec![0u8; 2 * 528];
+        crate::formats::encode_rows(RecordFormat::Nvfp4Ds, &[0.25; 2 * KV_DIM], &mut main).unwrap();
+        crate::formats::encode_rows(RecordFormat::Mxfp8, &[0.5; 2 * KV_DIM], &mut swa).unwrap();
+        let (mut mi, mut si) = (vec![0i32, 1], vec![1i32]);
+        let mut out = vec![0f32; t * h * KV_DIM];
+        let mut lse = vec![0f32; t * h];
+        let mut shapes = [
+            vec![t as i64, h as i64, 512],
+            vec![2, 288],
+            vec![t as i64, 2],
+            vec![2, 528],
+            vec![t as i64, 1],
+            vec![h as i64],
+            vec![t as i64, h as i64, 512],
+            vec![t as i64, h as i64],
+        ];
+        let (f, u, i) = (
+            DType::F32.code_bits(),
+            DType::U8.code_bits(),
+            DType::I32.code_bits(),
+        );
+        let [s0, s1, s2, s3, s4, s5, s6, s7] = &mut shapes;
+        let mut d = [
+            host_tensor(q.as_mut_ptr().cast(), f.0, f.1, s0, None),
+            host_tensor(main.as_mut_ptr().cast(), u.0, u.1, s1, None),
+            host_tensor(mi.as_mut_ptr().cast(), i.0, i.1, s2, None),
+            host_tensor(swa.as_mut_ptr().cast(), u.0, u.1, s3, None),
+            host_tensor(si.as_mut_ptr().cast(), i.0, i.1, s4, None),
+            host_tensor(sink.as_mut_ptr().cast(), f.0, f.1, s5, None),
+            host_tensor(out.as_mut_ptr().cast(), f.0, f.1, s6, None),
+            host_tensor(lse.as_mut_ptr().cast(), f.0, f.1, s7, None),
+        ];
+        for &k in cuda {
+            d[k].device.device_type = K_DL_CUDA;
+        }
+        unsafe {
+            csa2_attention_indexed(&Csa2AttentionIndexedArgs {
+                q: &d[0],
+                main_kv: &d[1],
+                main_format: RecordFormat::Nvfp4Ds.abi_id(),
+                main_idx: &d[2],
+                swa_kv: &d[3],
+                swa_format: RecordFormat::Mxfp8.abi_id(),
+                swa_idx: &d[4],
+                sink: &d[5],
+                out: &d[6],
+                lse: &d[7],
+                ..Default::default()
+            })
+        }
+    }
+
+    /// One `kDLCUDA` tensor among host ones is a device mismatch naming it (before the export
+    /// dispatched by device it was "built without CUDA" / "needs host memory").
+    #[test]
+    fn indexed_refuses_mixed_devices() {
+        assert_eq!(indexed_on(&[]), Csa2Status::Csa2Ok);
+        assert_eq!(indexed_on(&[4]), Csa2Status::Csa2ErrInvalidArgument);
+        let msg = last_error();
+        assert!(
+            msg.contains("swa_idx") && msg.contains("share a device"),
+            "{msg}"
+        );
+    }
+
+    /// All tensors on CUDA in a build without the feature: unsupported, saying how to get it.
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn indexed_on_cuda_without_the_feature_says_rebuild() {
+        assert_eq!(
+            indexed_on(&[0, 1, 2, 3, 4, 5, 6, 7]),
+            Csa2Status::Csa2ErrUnsupported
+        );
+        assert!(last_error().contains("--features cuda"), "{}", last_error());
+    }
 }

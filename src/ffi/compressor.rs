@@ -21,7 +21,9 @@ use crate::error::{Error, Result};
 use crate::formats::{KV_DIM, NVFP4_DS_BYTES};
 use crate::geometry::RopeParams;
 use crate::ops::compressor::signature::{INDEX_K_OUT, KV, K_NORM, MAIN_KV_OUT, NORM, SCORE, WK};
-use crate::ops::compressor::{Compressor, CompressorState, CompressorWeights};
+use crate::ops::compressor::{
+    CompressViews, Compressor, CompressorParams, CompressorState, CompressorWeights,
+};
 use crate::ops::rope::Rope;
 use crate::shape::Dims;
 use parking_lot::Mutex;
@@ -479,9 +481,13 @@ pub struct Csa2CompressArgs {
     pub main_kv_out: *const DLTensor,
     /// Output `(E, 68)` uint8 MXFP4 index-K records.
     pub index_k_out: *const DLTensor,
+    /// `kDLCUDA` tensors only: the `cudaStream_t` / `CUstream` to launch on (0 = the legacy
+    /// default stream). Ignored for host tensors. Added after the first version: a caller
+    /// compiled without it gets 0.
+    pub stream: u64,
 }
 
-args_struct!(Csa2CompressArgs);
+args_struct!(Csa2CompressArgs, grown_at = stream);
 
 /// KV compressor of Full layer `layer` (docs/SPEC.md §2 "Compressor"): turns `kv` `(T, 512)` float (and, for
 /// ratio 2, the gate `score` `(T, 512)` float; null for ratio 1) of tokens `start_pos ..
@@ -491,12 +497,21 @@ args_struct!(Csa2CompressArgs);
 ///
 /// Stateless: `start_pos` and `T` must be multiples of the ratio (a caller that splits a pair across
 /// calls keeps the odd token and sends it with the next call).
+///
+/// Devices ([`crate::ops::compressor::compress_view`]): all tensors in host memory, or all on one
+/// CUDA device (`kDLCUDA`; a build with the `cuda` feature): then csa2's kernel runs on `stream`
+/// and the call returns after the launch (the records are ready in stream order). The CUDA path
+/// takes float32 tensors and positions below 2³¹, and does not scan the inputs for NaN / ±∞.
+///
 /// Errors: `CSA2_ERR_INVALID_ARGUMENT` (not a compressed layer, misaligned `start_pos`/`T`,
-/// `score` given or missing, non-finite values), plus the common ones.
+/// `score` given or missing, non-finite values, tensors on different devices),
+/// `CSA2_ERR_UNSUPPORTED` (a CUDA tensor in a build without CUDA, or a CUDA call the kernel does
+/// not cover), plus the common ones.
 ///
 /// # Safety
 /// `args`: `struct_size` readable bytes of a `Csa2CompressArgs`. Its members:
-/// As [`csa2_rope`].
+/// As [`csa2_rope`]; a `kDLCUDA` tensor's memory is a live allocation of its device's primary
+/// context, and `stream` a live stream of that context.
 #[no_mangle]
 pub unsafe extern "C" fn csa2_compress(args: *const Csa2CompressArgs) -> Csa2Status {
     guarded("csa2_compress", || {
@@ -513,60 +528,151 @@ pub unsafe extern "C" fn csa2_compress(args: *const Csa2CompressArgs) -> Csa2Sta
             start_pos,
             main_kv_out,
             index_k_out,
+            stream,
         } = unsafe { super::read_args(args) }?;
         let gl = layer_plan(geometry, layer)?;
         let (plan, eps) = (gl.plan(), gl.eps());
         let m = plan.ratio;
-        // SAFETY: caller's contract (see above).
-        let (kv, score, norm, wk, k_norm, mut main_out, mut index_out) =
-            unsafe { compress_views(kv, score, norm, wk, k_norm, main_kv_out, index_k_out) }?;
-        let t = kv.shape()[0];
         if m == 0 {
             return Err(Error::invalid(
                 "layer",
                 format!("layer {layer} has no compressor (ratio 0)"),
             ));
         }
-        if start_pos < 0 || !(start_pos as u64).is_multiple_of(m as u64) || !t.is_multiple_of(m) {
-            return Err(Error::invalid(
-                "start_pos",
-                format!(
-                    "start_pos and T must be multiples of the ratio {m} (stateless call), \
-                     found start_pos {start_pos}, T {t}"
-                ),
-            ));
-        }
-        if main_out.shape()[0] != t / m {
-            return Err(Error::shape(
-                "main_kv_out",
-                format!("[E={}, {NVFP4_DS_BYTES}] (T / ratio)", t / m),
-                format!("{:?}", main_out.shape()),
-            ));
-        }
+        // SAFETY: caller's contract (see above).
+        let (kv, score, norm, wk, k_norm, mut main_out, mut index_out) = unsafe {
+            (
+                View::from_raw(kv, KV.name)?,
+                View::from_raw_opt(score, SCORE.name)?,
+                View::from_raw(norm, NORM.name)?,
+                View::from_raw(wk, WK.name)?,
+                View::from_raw(k_norm, K_NORM.name)?,
+                View::from_raw(main_kv_out, MAIN_KV_OUT.name)?,
+                View::from_raw(index_k_out, INDEX_K_OUT.name)?,
+            )
+        };
         let mut inputs = vec![&kv, &norm, &wk, &k_norm];
         inputs.extend(score.as_ref());
         check_disjoint(&inputs, &[&main_out, &index_out])?;
-        with_compressor(
-            m,
+        let p = CompressorParams {
+            ratio: m,
             eps,
-            &plan.rope,
-            [&norm, &wk, &k_norm],
-            &kv,
-            score.as_ref(),
-            |c, kvv, sv| {
-                let mut st = CompressorState::new(start_pos as u64);
-                let out = c.compress(&mut st, kvv, sv)?;
-                if out.count != t / m || st.pending_tokens() != 0 {
-                    return Err(Error::Internal(format!(
-                        "compressor emitted {} entries ({} pending) for T={t}, ratio {m}",
-                        out.count,
-                        st.pending_tokens()
-                    )));
-                }
-                main_out.bytes_mut()?.copy_from_slice(&out.main_kv_nvfp4);
-                index_out.bytes_mut()?.copy_from_slice(&out.index_k_mxfp4);
-                Ok(())
-            },
+            rope: Rope::new(&plan.rope)?,
+        };
+        let views = CompressViews {
+            kv: kv.tensor(),
+            score: score.as_ref().map(|s| s.tensor()),
+            norm: norm.tensor(),
+            wk: wk.tensor(),
+            k_norm: k_norm.tensor(),
+        };
+        crate::ops::compressor::compress_view(
+            &p,
+            &views,
+            start_pos,
+            stream,
+            &mut main_out.tensor_mut()?,
+            &mut index_out.tensor_mut()?,
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::dlpack::{DType, K_DL_CUDA};
+    use crate::ffi::test_support::{geometry, host_tensor, last_error};
+
+    /// `csa2_compress` over descriptors; `cuda` lists the arguments (0 kv … 6 index_k_out) whose
+    /// descriptor claims `kDLCUDA` memory (never dereferenced: every call here fails first).
+    fn compress_on(cuda: &[usize], struct_size: Option<usize>) -> Csa2Status {
+        let g = geometry();
+        let layer = crate::geometry::Geometry::embedded()
+            .layers
+            .iter()
+            .position(|l| l.ratio == 1)
+            .unwrap() as u32;
+        let t = 2usize;
+        let mut bufs: Vec<Vec<f32>> = [t * 512, 512, 128 * 512, 128]
+            .iter()
+            .map(|&n| vec![0.5f32; n])
+            .collect();
+        let (mut main, mut index) = (vec![0u8; t * 288], vec![0u8; t * 68]);
+        let mut shapes = [
+            vec![t as i64, 512],
+            vec![512],
+            vec![128, 512],
+            vec![128],
+            vec![t as i64, 288],
+            vec![t as i64, 68],
+        ];
+        let (f, u) = (DType::F32.code_bits(), DType::U8.code_bits());
+        let [s0, s1, s2, s3, s4, s5] = &mut shapes;
+        let [b0, b1, b2, b3] = &mut bufs[..] else {
+            unreachable!()
+        };
+        let mut d = [
+            host_tensor(b0.as_mut_ptr().cast(), f.0, f.1, s0, None),
+            host_tensor(b1.as_mut_ptr().cast(), f.0, f.1, s1, None),
+            host_tensor(b2.as_mut_ptr().cast(), f.0, f.1, s2, None),
+            host_tensor(b3.as_mut_ptr().cast(), f.0, f.1, s3, None),
+            host_tensor(main.as_mut_ptr().cast(), u.0, u.1, s4, None),
+            host_tensor(index.as_mut_ptr().cast(), u.0, u.1, s5, None),
+        ];
+        for &i in cuda {
+            d[i].device.device_type = K_DL_CUDA;
+        }
+        let mut a = Csa2CompressArgs {
+            geometry: g,
+            layer,
+            kv: &d[0],
+            norm: &d[1],
+            wk: &d[2],
+            k_norm: &d[3],
+            main_kv_out: &d[4],
+            index_k_out: &d[5],
+            ..Default::default()
+        };
+        if let Some(s) = struct_size {
+            a.struct_size = s;
+        }
+        let st = unsafe { csa2_compress(&a) };
+        unsafe { crate::ffi::csa2_geometry_free(g) };
+        st
+    }
+
+    /// One `kDLCUDA` tensor among host ones names the odd one out as a device mismatch (it was
+    /// "built without CUDA" / "needs host memory" before the export dispatched by device).
+    #[test]
+    fn compress_refuses_mixed_devices() {
+        assert_eq!(compress_on(&[], None), Csa2Status::Csa2Ok);
+        assert_eq!(compress_on(&[3], None), Csa2Status::Csa2ErrInvalidArgument);
+        let msg = last_error();
+        assert!(
+            msg.contains("k_norm") && msg.contains("share a device"),
+            "{msg}"
+        );
+    }
+
+    /// All tensors on CUDA in a build without the feature: unsupported, saying how to get it.
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn compress_on_cuda_without_the_feature_says_rebuild() {
+        assert_eq!(
+            compress_on(&[0, 1, 2, 3, 4, 5], None),
+            Csa2Status::Csa2ErrUnsupported
+        );
+        assert!(last_error().contains("--features cuda"), "{}", last_error());
+    }
+
+    /// A caller compiled against the first version (no `stream`) still works: the struct grew.
+    #[test]
+    fn compress_accepts_the_first_version_of_its_args() {
+        let v1 = std::mem::offset_of!(Csa2CompressArgs, stream);
+        assert_eq!(compress_on(&[], Some(v1)), Csa2Status::Csa2Ok);
+        assert_eq!(
+            compress_on(&[], Some(v1 - 1)),
+            Csa2Status::Csa2ErrInvalidArgument
+        );
+    }
 }

@@ -72,7 +72,23 @@ macro_rules! handle_type {
 ///
 /// The caller of the macro vouches for the [`ArgsStruct`] contract: `#[repr(C)]`, `struct_size:
 /// usize` first, every field a raw pointer or a number (all-zero bytes valid).
+/// `args_struct!(T, grown_at = field)` is a struct that grew: its first version ended before
+/// `field` (`V1_SIZE` = the field's offset), so callers compiled against it keep working and read
+/// the later members as zero.
 macro_rules! args_struct {
+    ($t:ident, grown_at = $field:ident) => {
+        // SAFETY: the invoking module's struct meets the contract (see the macro's docs).
+        unsafe impl $crate::ffi::ArgsStruct for $t {
+            const NAME: &'static str = stringify!($t);
+            const V1_SIZE: usize = std::mem::offset_of!($t, $field);
+        }
+        impl Default for $t {
+            /// All members zero, `struct_size` set (the C recipe).
+            fn default() -> Self {
+                $crate::ffi::zeroed_args()
+            }
+        }
+    };
     ($t:ident) => {
         // SAFETY: the invoking module's struct meets the contract (see the macro's docs).
         unsafe impl $crate::ffi::ArgsStruct for $t {

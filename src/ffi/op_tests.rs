@@ -311,7 +311,7 @@ fn every_args_struct_export_checks_null_and_struct_size() {
             let st = unsafe { $f(std::ptr::null() $(, $extra)?) };
             assert_eq!(st, Csa2Status::Csa2ErrNullPointer, "{name}");
             assert!(last_error().contains(name), "{name}: {}", last_error());
-            for size in [0, 8, std::mem::size_of::<$T>() - 1] {
+            for size in [0, 8, <$T as crate::ffi::ArgsStruct>::V1_SIZE - 1] {
                 let a = $T {
                     struct_size: size,
                     ..Default::default()

@@ -9,6 +9,7 @@
 //!   pages and block tables (docs/SPEC.md §2 "Attention"), one function over tensor views in host
 //!   or device memory.
 
+use super::{PoolDesc, PoolLayout};
 use crate::cuda::device::{as_i32, cfg, check_len, cuda_error, launch, OrNull};
 use crate::cuda::shapes::{ATTN_HEADS_PER_BLOCK, ATTN_MMA_HEADS_PER_BLOCK, ATTN_THREADS};
 use crate::cuda::Device;
@@ -254,6 +255,34 @@ fn addr_opt(v: &Option<View>) -> u64 {
     v.as_ref().map_or(0, |v| v.addr())
 }
 
+/// One pool as the pool kernel reads it: first byte on the device and its addressing.
+#[derive(Debug, Clone, Copy)]
+struct PoolLaunch {
+    addr: u64,
+    desc: PoolDesc,
+}
+
+/// Every argument of one `attn_pools_bf16` launch (device addresses; 0 = null for the optional
+/// ones), checked by the entry that builds it.
+struct PoolsLaunch {
+    ordinal: i32,
+    tokens: usize,
+    padded_heads: usize,
+    heads: usize,
+    q: u64,
+    main: Option<PoolLaunch>,
+    main_idx: (u64, usize),
+    main_len: u64,
+    swa: PoolLaunch,
+    swa_idx: (u64, usize),
+    swa_len: u64,
+    sink: u64,
+    scale: f32,
+    out: u64,
+    lse: u64,
+    err: u64,
+}
+
 /// Launches `attn_pools_bf16` for a checked `csa2_attention_pools` call on `stream` (a
 /// `CUstream` owned by the caller). Returns after the launch.
 ///
@@ -267,17 +296,145 @@ pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
             ))
         }
     };
+    let pool = |addr: usize, desc: PoolDesc| PoolLaunch {
+        addr: addr as u64,
+        desc,
+    };
+    launch_pools(
+        &PoolsLaunch {
+            ordinal,
+            tokens: c.tokens,
+            padded_heads: c.padded_heads,
+            heads: c.heads,
+            q: c.q.addr(),
+            main: c.main.as_ref().map(|p| pool(p.addr, p.desc)),
+            main_idx: (c.main_idx.addr(), c.main_idx.shape()[1]),
+            main_len: addr_opt(&c.main_len),
+            swa: pool(c.swa.addr, c.swa.desc),
+            swa_idx: (c.swa_idx.addr(), c.swa_idx.shape()[1]),
+            swa_len: addr_opt(&c.swa_len),
+            sink: c.sink.addr(),
+            scale: c.scale,
+            out: c.out.addr(),
+            lse: addr_opt(&c.lse),
+            err: addr_opt(&c.error),
+        },
+        stream,
+    )
+}
+
+/// The CUDA branch of [`super::attention_indexed_view`] (signature and device checked): each flat
+/// record pool `[N, W]` is a pool of N pages holding one record each (`block_stride` W; data then
+/// scales, so interleaved and block-planar read the same bytes), and the slot lists are the
+/// call's own, so the pool kernel runs unchanged on `stream`. No scratch, no host access.
+///
+/// Errors: [`Error::Unsupported`] outside the kernel's contract (see the view entry),
+/// [`Error::Invalid`] for more than 65 535 tokens, [`Error::Cuda`].
+pub(crate) fn attention_indexed_rows(
+    p: &super::AttentionParams,
+    a: &super::IndexedViews<'_, '_>,
+    stream: u64,
+    out: &mut TensorViewMut<'_>,
+    lse: &mut TensorViewMut<'_>,
+) -> Result<()> {
+    use super::signature as sig;
+    use crate::tensor::DType;
+    let (t, h) = (a.q.shape()[0], a.q.shape()[1]);
+    if h != 64 && h != 128 {
+        return Err(Error::Unsupported(format!(
+            "the CUDA attention kernel takes 64 or 128 query heads, found {h}"
+        )));
+    }
+    for (what, dt, want) in [
+        (sig::Q.name, a.q.dtype(), DType::Bf16),
+        (sig::OUT.name, out.dtype(), DType::Bf16),
+        (sig::SINK.name, a.sink.dtype(), DType::F32),
+        (sig::LSE.name, lse.dtype(), DType::F32),
+    ] {
+        if dt != want {
+            return Err(Error::Unsupported(format!(
+                "`{what}` is {}; the CUDA attention kernel takes {} here",
+                dt.name(),
+                want.name()
+            )));
+        }
+    }
+    let pool = |kv: &super::KvView<'_, '_>, what: &str| -> Result<PoolLaunch> {
+        let f = kv.format.ok_or_else(|| {
+            Error::Unsupported(format!(
+                "`{what}` holds float rows; the CUDA attention kernel reads record pools \
+                 (NVFP4-DS, MXFP8, V4)"
+            ))
+        })?;
+        Ok(PoolLaunch {
+            addr: kv.rows.addr() as u64,
+            desc: PoolDesc {
+                format: f,
+                layout: PoolLayout::Interleaved,
+                blocks: kv.rows.shape()[0],
+                states_per_page: 1,
+                block_stride: f.record_bytes(),
+            },
+        })
+    };
+    let main = pool(&a.main, sig::MAIN_KV.name)?;
+    let swa = pool(&a.swa, sig::SWA_KV.name)?;
+    let Place::Cuda(ordinal) = a.q.device() else {
+        return Err(Error::Internal(
+            "attention_indexed_rows on host tensors".into(),
+        ));
+    };
+    if t == 0 {
+        return Ok(());
+    }
+    let addr = |v: &TensorView<'_>| v.addr() as u64;
+    launch_pools(
+        &PoolsLaunch {
+            ordinal,
+            tokens: t,
+            padded_heads: h,
+            heads: p.heads,
+            q: addr(a.q),
+            main: (main.desc.blocks > 0).then_some(main),
+            main_idx: (addr(a.main_idx), a.main_idx.shape()[1]),
+            main_len: a.main_len.map_or(0, addr),
+            swa,
+            swa_idx: (addr(a.swa_idx), a.swa_idx.shape()[1]),
+            swa_len: a.swa_len.map_or(0, addr),
+            sink: addr(a.sink),
+            scale: p.scale,
+            out: out.as_view().addr() as u64,
+            lse: lse.as_view().addr() as u64,
+            err: 0,
+        },
+        stream,
+    )
+}
+
+/// Launches `attn_pools_bf16` (or, with `CSA2_ATTENTION_KERNEL=mma`, its tensor-core variant) on
+/// `stream`; returns after the launch.
+fn launch_pools(c: &PoolsLaunch, stream: u64) -> Result<()> {
     // CSA2_ATTENTION_KERNEL=mma selects the tensor-core variant (bf16 mma.sync, P rounded to
     // bf16: BF16_DOTS_VS_F64); anything else, or unset, the f32 correctness kernel. Read per call
     // (no device work), so one process can compare both.
     let mma = std::env::var("CSA2_ATTENTION_KERNEL").is_ok_and(|v| v == "mma");
-    if mma && (!c.q.addr().is_multiple_of(4) || !c.out.addr().is_multiple_of(4)) {
+    if mma && (!c.q.is_multiple_of(4) || !c.out.is_multiple_of(4)) {
         return Err(Error::invalid(
             "q / out",
             "the tensor-core kernel reads and writes bf16 pairs: q and out must be 4-byte aligned",
         ));
     }
-    let dev = device(ordinal)?;
+    if c.tokens > 65_535 {
+        // One grid row per token; CUDA caps gridDim.y at 65,535 (vLLM's batches are far below).
+        return Err(Error::invalid(
+            "q",
+            format!(
+                "{} tokens in one call; the kernel takes at most 65,535",
+                c.tokens
+            ),
+        ));
+    }
+    let dev = device(c.ordinal)?;
     let f = dev.function(
         "attention",
         if mma {
@@ -295,12 +452,12 @@ pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
     let i = |what: &str, v: usize| as_i32(what, v);
     let (hp, nh) = (i("padded heads", c.padded_heads)?, i("heads", c.heads)?);
     let (km, ks) = (
-        i("main_idx columns", c.main_idx.shape()[1])?,
-        i("swa_idx columns", c.swa_idx.shape()[1])?,
+        i("main_idx columns", c.main_idx.1)?,
+        i("swa_idx columns", c.swa_idx.1)?,
     );
     let (mp, mstride, mstates, mblocks, mfmt, mlay) = match &c.main {
         Some(p) => (
-            p.addr as u64,
+            p.addr,
             p.desc.block_stride as i64,
             i("main states_per_page", p.desc.states_per_page)?,
             p.desc.blocks as i64,
@@ -317,30 +474,9 @@ pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
         sp.desc.format.abi_id(),
         sp.desc.layout as i32,
     );
-    let (q, mi, si, sink, out) = (
-        c.q.addr(),
-        c.main_idx.addr(),
-        c.swa_idx.addr(),
-        c.sink.addr(),
-        c.out.addr(),
-    );
-    let (ml, sl, lse, err) = (
-        addr_opt(&c.main_len),
-        addr_opt(&c.swa_len),
-        addr_opt(&c.lse),
-        addr_opt(&c.error),
-    );
-    let swa_base = sp.addr as u64;
-    if c.tokens > 65_535 {
-        // One grid row per token; CUDA caps gridDim.y at 65,535 (vLLM's batches are far below).
-        return Err(Error::invalid(
-            "q",
-            format!(
-                "{} tokens in one call; the kernel takes at most 65,535",
-                c.tokens
-            ),
-        ));
-    }
+    let (q, mi, si, sink, out) = (c.q, c.main_idx.0, c.swa_idx.0, c.sink, c.out);
+    let (ml, sl, lse, err) = (c.main_len, c.swa_len, c.lse, c.err);
+    let swa_base = sp.addr;
     // One block per 16 heads (correctness kernel) or per 64 heads (tensor-core kernel) of a token.
     let per_block = if mma {
         ATTN_MMA_HEADS_PER_BLOCK
@@ -375,4 +511,112 @@ pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
     unsafe { b.launch(cfg(grid, ATTN_THREADS as u32)) }
         .map_err(|e| cuda_error("launch attn_pools_bf16", e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::view_tests::flat;
+    use super::super::{
+        attention_indexed_view, plan_indexed, reference, AttentionParams, IndexedInputs,
+        IndexedViews, KvRows, KvView,
+    };
+    use crate::cuda::Device;
+    use crate::formats::{RecordFormat, KV_DIM, MXFP8_BYTES, NVFP4_DS_BYTES};
+    use crate::tolerance::{compare, GPU_BF16_VS_F64, GPU_F32_VS_F64};
+    use half::bf16;
+
+    /// The flat indexed form on the GPU (bf16 q / out) against the one f64 reference on the same
+    /// bf16 queries, the output rounded to bf16 where the kernel rounds it (the CPU twin:
+    /// `view_tests::indexed_view_on_host_is_the_fast_path`).
+    #[test]
+    fn indexed_view_on_cuda_matches_the_reference() {
+        if !Device::driver_present() {
+            println!("SKIPPED: no CUDA driver");
+            return;
+        }
+        let dev = Device::shared(0).unwrap();
+        let (t, h) = (5, 64);
+        let f = flat(73, t, h);
+        let qb: Vec<bf16> = f.q.iter().map(|&v| bf16::from_f32(v)).collect();
+        let qf: Vec<f32> = qb.iter().map(|v| v.to_f32()).collect();
+        let (n, s) = (f.main.len() / NVFP4_DS_BYTES, f.swa.len() / MXFP8_BYTES);
+        let (dq, dsink) = (dev.upload(&qb).unwrap(), dev.upload(&f.sink).unwrap());
+        let (dm, ds) = (dev.upload(&f.main).unwrap(), dev.upload(&f.swa).unwrap());
+        let (dmi, dml, dsi) = (
+            dev.upload(&f.main_idx).unwrap(),
+            dev.upload(&f.main_len).unwrap(),
+            dev.upload(&f.swa_idx).unwrap(),
+        );
+        let dout = dev.zeros::<bf16>(t * h * KV_DIM).unwrap();
+        let dlse = dev.zeros::<f32>(t * h).unwrap();
+        let (q, sink) = (
+            dev.test_view(&dq, &[t, h, KV_DIM]),
+            dev.test_view(&dsink, &[h]),
+        );
+        let (mv, sv) = (
+            dev.test_view(&dm, &[n, NVFP4_DS_BYTES]),
+            dev.test_view(&ds, &[s, MXFP8_BYTES]),
+        );
+        let (mi, ml, si) = (
+            dev.test_view(&dmi, &[t, f.km]),
+            dev.test_view(&dml, &[t]),
+            dev.test_view(&dsi, &[t, f.ks]),
+        );
+        let views = IndexedViews {
+            q: &q,
+            main: KvView {
+                rows: &mv,
+                format: Some(RecordFormat::Nvfp4Ds),
+            },
+            main_idx: &mi,
+            main_len: Some(&ml),
+            swa: KvView {
+                rows: &sv,
+                format: Some(RecordFormat::Mxfp8),
+            },
+            swa_idx: &si,
+            swa_len: None,
+            sink: &sink,
+        };
+        let p = AttentionParams {
+            heads: h,
+            ..Default::default()
+        };
+        dev.synchronize_context().unwrap();
+        attention_indexed_view(
+            &p,
+            &views,
+            0,
+            &mut dev.test_view_mut(&dout, &[t, h, KV_DIM]),
+            &mut dev.test_view_mut(&dlse, &[t, h]),
+        )
+        .unwrap();
+        dev.synchronize_context().unwrap();
+        let out: Vec<f32> = dev
+            .download(&dout)
+            .unwrap()
+            .iter()
+            .map(|v| v.to_f32())
+            .collect();
+        let lse = dev.download(&dlse).unwrap();
+        let (main, swa) = (
+            KvRows::Records(RecordFormat::Nvfp4Ds, &f.main),
+            KvRows::Records(RecordFormat::Mxfp8, &f.swa),
+        );
+        let inp = IndexedInputs {
+            q: &qf,
+            sink: &f.sink,
+            main_idx: &f.main_idx,
+            main_len: Some(&f.main_len),
+            swa_idx: &f.swa_idx,
+            swa_len: None,
+        };
+        let rows = plan_indexed(&p, &inp, &main, &swa).unwrap();
+        let (ro, rl) = reference::attention_rows(&p, &qf, &f.sink, &rows, main, swa);
+        let ro: Vec<f64> = ro.iter().map(|&v| bf16::from_f64(v).to_f64()).collect();
+        let st = compare(&out, &ro, &GPU_BF16_VS_F64);
+        assert!(st.ok(&GPU_BF16_VS_F64), "out: {st:?}");
+        let st = compare(&lse, &rl, &GPU_F32_VS_F64);
+        assert!(st.ok(&GPU_F32_VS_F64), "lse: {st:?}");
+    }
 }

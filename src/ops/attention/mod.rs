@@ -34,6 +34,8 @@ pub use pools::{attention_pools, PoolDesc, PoolInputs, PoolLayout, PoolView};
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, KV_DIM};
 use crate::ops::indexer::visible;
+use crate::shape::Dims;
+use crate::tensor::{one_device, Device, TensorView, TensorViewMut};
 
 /// Query heads of V4.1 (the geometry's, [`crate::geometry::consts`]).
 pub use crate::geometry::consts::HEADS;
@@ -611,6 +613,208 @@ pub fn attention_indexed(
     Ok(())
 }
 
+/// A KV pool argument of [`attention_indexed_view`]: float rows `[N, 512]`, or uint8 records
+/// `[N, record bytes]` of `format` (one record per row: data, then its own scales).
+#[derive(Debug, Clone, Copy)]
+pub struct KvView<'v, 'a> {
+    /// The rows.
+    pub rows: &'v TensorView<'a>,
+    /// The records' format; `None` for float rows.
+    pub format: Option<RecordFormat>,
+}
+
+/// The input views of [`attention_indexed_view`] ([`signature::ATTENTION_INDEXED`]).
+#[derive(Debug, Clone, Copy)]
+pub struct IndexedViews<'v, 'a> {
+    /// `[T, H, 512]` float queries, RoPE'd.
+    pub q: &'v TensorView<'a>,
+    /// The compressed (main) KV pool, N rows.
+    pub main: KvView<'v, 'a>,
+    /// `[T, Km]` int32 rows of `main` per token (−1 skipped).
+    pub main_idx: &'v TensorView<'a>,
+    /// Optional `[T]` int32 valid length of each `main_idx` row.
+    pub main_len: Option<&'v TensorView<'a>>,
+    /// The SWA pool, S rows.
+    pub swa: KvView<'v, 'a>,
+    /// `[T, Ks]` int32 rows of `swa` per token (−1 skipped).
+    pub swa_idx: &'v TensorView<'a>,
+    /// Optional `[T]` int32 valid length of each `swa_idx` row.
+    pub swa_len: Option<&'v TensorView<'a>>,
+    /// `[H]` float attention sink per head.
+    pub sink: &'v TensorView<'a>,
+}
+
+/// [`attention_indexed`] over tensor views (what `csa2_attention_indexed` runs), dispatched on
+/// their device: host memory runs the fast path into `out` `[T, H, 512]` and `lse` `[T, H]`
+/// (float), a non-finite result being an error ([`finite_output`]); CUDA memory (feature `cuda`)
+/// runs `kernels/attention.cu`'s pool kernel ([`cuda::attention_indexed_rows`]) with each flat
+/// pool as a pool of N pages of one record, on `stream` (the caller's `CUstream`, 0 = the legacy
+/// default stream; ignored on the host), asynchronously and without reading device memory on the
+/// host. Uses `p.heads` (must equal H) and `p.scale`.
+///
+/// The CUDA branch is the kernel's contract: bfloat16 `q` / `out`, float32 `sink` / `lse`, record
+/// pools (NVFP4-DS, MXFP8, V4), H of 64 or 128, at most 65 535 tokens. Slots past a pool are
+/// skipped there rather than reported (the host reads the lists, the GPU cannot without a
+/// device → host copy), and the result is not scanned for NaN.
+///
+/// Errors: [`Error::Shape`] for a tensor off the signature; [`Error::Invalid`] for tensors on
+/// different devices and those of [`plan_indexed`] (host); [`Error::NoCudaBuild`] for CUDA
+/// tensors without the `cuda` feature; [`Error::Unsupported`] for a CUDA call outside the
+/// kernel's contract; [`Error::Cuda`]. Nothing is written when a check fails.
+pub fn attention_indexed_view(
+    p: &AttentionParams,
+    a: &IndexedViews<'_, '_>,
+    stream: u64,
+    out: &mut TensorViewMut<'_>,
+    lse: &mut TensorViewMut<'_>,
+) -> Result<()> {
+    use signature as sig;
+    let mut dims = Dims::default();
+    a.q.expect(&sig::Q, &mut dims)?;
+    a.sink.expect(&sig::SINK, &mut dims)?;
+    out.expect(&sig::OUT, &mut dims)?;
+    lse.expect(&sig::LSE, &mut dims)?;
+    a.main_idx.expect(&sig::MAIN_IDX, &mut dims)?;
+    a.swa_idx.expect(&sig::SWA_IDX, &mut dims)?;
+    for (l, arg) in [(a.main_len, &sig::MAIN_LEN), (a.swa_len, &sig::SWA_LEN)] {
+        if let Some(l) = l {
+            l.expect(arg, &mut dims)?;
+        }
+    }
+    for (kv, rows, records, width) in [
+        (
+            &a.main,
+            &sig::MAIN_KV,
+            &sig::MAIN_KV_RECORDS,
+            "main_record_bytes",
+        ),
+        (
+            &a.swa,
+            &sig::SWA_KV,
+            &sig::SWA_KV_RECORDS,
+            "swa_record_bytes",
+        ),
+    ] {
+        let mut d = Dims::default();
+        match kv.format {
+            Some(f) => {
+                d.bind(width, f.record_bytes());
+                kv.rows.expect(records, &mut d)?;
+            }
+            None => kv.rows.expect(rows, &mut d)?,
+        }
+    }
+    if dims.get("H") != Some(p.heads) {
+        return Err(Error::shape(
+            "q",
+            format!("[T, H={}, 512] (the params' heads)", p.heads),
+            format!("{:?}", a.q.shape()),
+        ));
+    }
+    let mut devices = vec![
+        (sig::Q.name, a.q.device()),
+        (sig::MAIN_KV.name, a.main.rows.device()),
+        (sig::MAIN_IDX.name, a.main_idx.device()),
+        (sig::SWA_KV.name, a.swa.rows.device()),
+        (sig::SWA_IDX.name, a.swa_idx.device()),
+        (sig::SINK.name, a.sink.device()),
+        (sig::OUT.name, out.device()),
+        (sig::LSE.name, lse.device()),
+    ];
+    if let Some(l) = a.main_len {
+        devices.push((sig::MAIN_LEN.name, l.device()));
+    }
+    if let Some(l) = a.swa_len {
+        devices.push((sig::SWA_LEN.name, l.device()));
+    }
+    match one_device(&devices)? {
+        Device::Cpu => attention_indexed_host(p, a, out, lse),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => cuda::attention_indexed_rows(p, a, stream, out, lse),
+        #[cfg(not(feature = "cuda"))]
+        d @ Device::Cuda(_) => {
+            let _ = stream;
+            Err(crate::tensor::no_cuda_build(sig::Q.name, d))
+        }
+    }
+}
+
+/// The host branch of [`attention_indexed_view`] (signature and device checked).
+fn attention_indexed_host(
+    p: &AttentionParams,
+    a: &IndexedViews<'_, '_>,
+    out: &mut TensorViewMut<'_>,
+    lse: &mut TensorViewMut<'_>,
+) -> Result<()> {
+    use signature as sig;
+    let (q, sink) = (a.q.to_f32(sig::Q.name)?, a.sink.to_f32(sig::SINK.name)?);
+    let (mf, sf) = (
+        kv_floats(&a.main, sig::MAIN_KV.name)?,
+        kv_floats(&a.swa, sig::SWA_KV.name)?,
+    );
+    let main = kv_rows(&a.main, &mf, sig::MAIN_KV.name)?;
+    let swa = kv_rows(&a.swa, &sf, sig::SWA_KV.name)?;
+    let inp = IndexedInputs {
+        q: &q,
+        sink: &sink,
+        main_idx: a.main_idx.as_slice::<i32>(sig::MAIN_IDX.name)?,
+        main_len: a
+            .main_len
+            .map(|l| l.as_slice::<i32>(sig::MAIN_LEN.name))
+            .transpose()?,
+        swa_idx: a.swa_idx.as_slice::<i32>(sig::SWA_IDX.name)?,
+        swa_len: a
+            .swa_len
+            .map(|l| l.as_slice::<i32>(sig::SWA_LEN.name))
+            .transpose()?,
+    };
+    let mut o = vec![0f32; out.numel()];
+    let mut l = vec![0f32; lse.numel()];
+    attention_indexed(p, &inp, main, swa, &mut o, &mut l)?;
+    finite_output(&o, &l, p.heads)?;
+    out.write_f32s(sig::OUT.name, &o)?;
+    lse.write_f32s(sig::LSE.name, &l)
+}
+
+/// Float rows of a pool view as f32 (empty for records).
+fn kv_floats<'a>(kv: &KvView<'_, 'a>, what: &str) -> Result<std::borrow::Cow<'a, [f32]>> {
+    match kv.format {
+        Some(_) => Ok(std::borrow::Cow::Borrowed(&[][..])),
+        None => kv.rows.to_f32(what),
+    }
+}
+
+/// The [`KvRows`] of a pool view: its records in place, or `floats` ([`kv_floats`]).
+fn kv_rows<'b>(kv: &KvView<'_, 'b>, floats: &'b [f32], what: &str) -> Result<KvRows<'b>> {
+    Ok(match kv.format {
+        Some(f) => KvRows::Records(f, kv.rows.as_slice::<u8>(what)?),
+        None => KvRows::F32(floats),
+    })
+}
+
+/// No silent NaN: the inputs are checked before the op, but a KV record can still decode to
+/// NaN/Inf (E4M3 0x7F, UE8M0 0xFF, an f32 pool holding NaN) or a legal extreme scale can overflow
+/// f32, and FlashMLA would return the NaN. `out` is `(T, H, 512)`, `lse` `(T, H)`; −∞ in `lse` is a
+/// token with nothing attended and is fine.
+///
+/// Errors: [`Error::Invalid`] naming the first token and head with a non-finite result.
+pub fn finite_output(out: &[f32], lse: &[f32], heads: usize) -> Result<()> {
+    let bad = out.iter().position(|v| !v.is_finite()).map(|i| i / KV_DIM);
+    let bad = bad.or_else(|| lse.iter().position(|v| v.is_nan() || *v == f32::INFINITY));
+    match bad {
+        None => Ok(()),
+        Some(row) => Err(Error::invalid(
+            "attention output",
+            format!(
+                "non-finite result at token {}, head {}: the KV rows it attends decode to \
+                 NaN/Inf, or the scale overflows f32",
+                row / heads.max(1),
+                row % heads.max(1)
+            ),
+        )),
+    }
+}
+
 /// Runs the fast path on rows already planned by [`plan_indexed`] (or [`plan`]); shapes were
 /// checked there. For entries that build their own [`KvRows`] (e.g. [`pools::attention_pools`]).
 #[allow(clippy::too_many_arguments)]
@@ -775,3 +979,5 @@ pub mod signature {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod view_tests;

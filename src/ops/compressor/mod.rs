@@ -24,6 +24,8 @@ pub mod reference;
 use crate::error::{Error, Result};
 use crate::formats::{INDEX_DIM, KV_DIM, MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
 use crate::ops::rope::Rope;
+use crate::shape::Dims;
+use crate::tensor::{one_device, Device, TensorView, TensorViewMut};
 
 /// The compressor weights of one Full layer.
 #[derive(Debug, Clone, Copy)]
@@ -475,6 +477,183 @@ impl CompressorBatch<'_> {
             pages,
         })
     }
+}
+
+// ---- the flat, stateless row form over tensor views (`csa2_compress`), dispatched by device ----
+
+/// What one stateless compressor call computes, on either device: ratio (1 or 2), RMSNorm `eps`,
+/// the layer's RoPE. The weights and rows are tensors ([`CompressViews`]); the CPU builds a
+/// [`Compressor`] from these params, the CUDA branch checks them against what its kernel was
+/// compiled for ([`cuda::kernel_supports`]).
+#[derive(Debug, Clone)]
+pub struct CompressorParams {
+    /// Compression ratio m (1 or 2).
+    pub ratio: usize,
+    /// RMSNorm epsilon.
+    pub eps: f64,
+    /// The layer's RoPE.
+    pub rope: Rope,
+}
+
+/// The input views of [`compress_view`] ([`signature::COMPRESS`]): `kv` `[T, 512]`, `score`
+/// `[T, 512]` (ratio 2 only), `norm` `[512]`, `wk` `[128, 512]`, `k_norm` `[128]`, all float.
+#[derive(Debug, Clone, Copy)]
+pub struct CompressViews<'v, 'a> {
+    /// `[T, 512]` projected KV of the tokens.
+    pub kv: &'v TensorView<'a>,
+    /// `[T, 512]` gate scores, ratio 2 only.
+    pub score: Option<&'v TensorView<'a>>,
+    /// `[512]` RMSNorm weight of the latent.
+    pub norm: &'v TensorView<'a>,
+    /// `[128, 512]` index-K projection.
+    pub wk: &'v TensorView<'a>,
+    /// `[128]` RMSNorm weight of the index K.
+    pub k_norm: &'v TensorView<'a>,
+}
+
+/// Stateless compressor over tensor views (what `csa2_compress` runs): tokens `start_pos ..
+/// start_pos + T` of `a.kv` become `E = T / ratio` entries, written as NVFP4-DS records to
+/// `main_out` `[E, 288]` uint8 and MXFP4 records to `index_out` `[E, 68]` uint8 (entry i is the
+/// group of tokens `start_pos + i·m ..`). `start_pos` and `T` must be multiples of the ratio.
+///
+/// Dispatched on the tensors' device: host memory runs [`Compressor::compress`]; CUDA memory
+/// (feature `cuda`) runs `kernels/compressor.cu` in its row form ([`cuda::compress_rows`]) on
+/// `stream` (a `CUstream` of the device's primary context; 0 = the legacy default stream;
+/// ignored on the host), asynchronously: the call returns after the launch, without reading device
+/// memory on the host. The CUDA branch reads float32 tensors only and, unlike the host, does not
+/// scan the inputs for NaN / ±∞ (that would need a device → host read); positions must fit the
+/// kernel's 32-bit int.
+///
+/// Errors: [`Error::Shape`] for a tensor off the signature or `E ≠ T / ratio`;
+/// [`Error::Invalid`] for ratio ∉ {1, 2}, misaligned `start_pos` / `T`, `score` given or missing,
+/// tensors on different devices, non-finite values (host); [`Error::NoCudaBuild`] for CUDA
+/// tensors without the `cuda` feature; [`Error::Unsupported`] for a CUDA call the kernel was not
+/// built for (eps, rope dims, a non-f32 tensor, a position past 2³¹ − 1); [`Error::Cuda`].
+/// Nothing is written on error.
+pub fn compress_view(
+    p: &CompressorParams,
+    a: &CompressViews<'_, '_>,
+    start_pos: i64,
+    stream: u64,
+    main_out: &mut TensorViewMut<'_>,
+    index_out: &mut TensorViewMut<'_>,
+) -> Result<()> {
+    use signature::{INDEX_K_OUT, KV, K_NORM, MAIN_KV_OUT, NORM, SCORE, WK};
+    let mut dims = Dims::default();
+    a.kv.expect(&KV, &mut dims)?;
+    if let Some(s) = a.score {
+        s.expect(&SCORE, &mut dims)?;
+    }
+    a.norm.expect(&NORM, &mut dims)?;
+    a.wk.expect(&WK, &mut dims)?;
+    a.k_norm.expect(&K_NORM, &mut dims)?;
+    main_out.expect(&MAIN_KV_OUT, &mut dims)?;
+    index_out.expect(&INDEX_K_OUT, &mut dims)?;
+    let m = p.ratio;
+    if !(m == 1 || m == 2) {
+        return Err(Error::invalid(
+            "ratio",
+            format!("the compressor supports ratio 1 or 2, found {m}"),
+        ));
+    }
+    match (m, a.score) {
+        (2, None) => {
+            return Err(Error::invalid(
+                "score",
+                "ratio 2 needs the gate scores (T, 512)",
+            ))
+        }
+        (1, Some(_)) => {
+            return Err(Error::invalid(
+                "score",
+                "ratio 1 has no gate; pass no score",
+            ))
+        }
+        _ => {}
+    }
+    let t = a.kv.shape()[0];
+    if start_pos < 0 || !(start_pos as u64).is_multiple_of(m as u64) || !t.is_multiple_of(m) {
+        return Err(Error::invalid(
+            "start_pos",
+            format!(
+                "start_pos and T must be multiples of the ratio {m} (stateless call), found \
+                 start_pos {start_pos}, T {t}"
+            ),
+        ));
+    }
+    if main_out.shape()[0] != t / m {
+        return Err(Error::shape(
+            MAIN_KV_OUT.name,
+            format!("[E={}, {NVFP4_DS_BYTES}] (T / ratio)", t / m),
+            format!("{:?}", main_out.shape()),
+        ));
+    }
+    let mut devices = vec![
+        (KV.name, a.kv.device()),
+        (NORM.name, a.norm.device()),
+        (WK.name, a.wk.device()),
+        (K_NORM.name, a.k_norm.device()),
+        (MAIN_KV_OUT.name, main_out.device()),
+        (INDEX_K_OUT.name, index_out.device()),
+    ];
+    if let Some(s) = a.score {
+        devices.push((SCORE.name, s.device()));
+    }
+    match one_device(&devices)? {
+        Device::Cpu => compress_host(p, a, start_pos, main_out, index_out),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => cuda::compress_rows(p, a, start_pos, stream, main_out, index_out),
+        #[cfg(not(feature = "cuda"))]
+        d @ Device::Cuda(_) => {
+            let _ = stream;
+            Err(crate::tensor::no_cuda_build(KV.name, d))
+        }
+    }
+}
+
+/// The host branch of [`compress_view`] (signature, alignment and device checked).
+fn compress_host(
+    p: &CompressorParams,
+    a: &CompressViews<'_, '_>,
+    start_pos: i64,
+    main_out: &mut TensorViewMut<'_>,
+    index_out: &mut TensorViewMut<'_>,
+) -> Result<()> {
+    use signature::{INDEX_K_OUT, KV, K_NORM, MAIN_KV_OUT, NORM, SCORE, WK};
+    let (norm, wk, k_norm) = (
+        a.norm.to_f32(NORM.name)?,
+        a.wk.to_f32(WK.name)?,
+        a.k_norm.to_f32(K_NORM.name)?,
+    );
+    let c = Compressor::new(
+        p.ratio,
+        p.eps,
+        p.rope.clone(),
+        CompressorWeights {
+            norm: &norm,
+            wk: &wk,
+            k_norm: &k_norm,
+        },
+    )?;
+    let kv = a.kv.to_f32(KV.name)?;
+    let score = a.score.map(|s| s.to_f32(SCORE.name)).transpose()?;
+    let mut st = CompressorState::new(start_pos as u64);
+    let out = c.compress(&mut st, &kv, score.as_deref())?;
+    let e = main_out.shape()[0];
+    if out.count != e || st.pending_tokens() != 0 {
+        return Err(Error::Internal(format!(
+            "compressor emitted {} entries ({} pending), expected {e}",
+            out.count,
+            st.pending_tokens()
+        )));
+    }
+    main_out
+        .as_mut_slice::<u8>(MAIN_KV_OUT.name)?
+        .copy_from_slice(&out.main_kv_nvfp4);
+    index_out
+        .as_mut_slice::<u8>(INDEX_K_OUT.name)?
+        .copy_from_slice(&out.index_k_mxfp4);
+    Ok(())
 }
 
 fn check_finite(name: &str, v: &[f32], row: usize) -> Result<()> {

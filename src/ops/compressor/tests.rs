@@ -6,13 +6,13 @@ use csa2_rng::{rand_normal, NewRng, Rng};
 
 const BF16_STEP: Tolerance = crate::tolerance::BF16_ROUNDED;
 
-struct Weights {
-    norm: Vec<f32>,
-    wk: Vec<f32>,
-    k_norm: Vec<f32>,
+pub(super) struct Weights {
+    pub(super) norm: Vec<f32>,
+    pub(super) wk: Vec<f32>,
+    pub(super) k_norm: Vec<f32>,
 }
 
-fn weights(rng: &mut Rng) -> Weights {
+pub(super) fn weights(rng: &mut Rng) -> Weights {
     Weights {
         norm: rand_normal(rng, KV_DIM, 0.2)
             .iter()
@@ -26,7 +26,7 @@ fn weights(rng: &mut Rng) -> Weights {
     }
 }
 
-fn cw(w: &Weights) -> CompressorWeights<'_> {
+pub(super) fn cw(w: &Weights) -> CompressorWeights<'_> {
     CompressorWeights {
         norm: &w.norm,
         wk: &w.wk,
@@ -40,7 +40,7 @@ fn rope(layer: usize) -> Rope {
 
 /// Decoded records agree with the reference's qdq records except for rare one-code flips caused by
 /// f32-vs-f64 rounding just before the quantiser.
-fn records_close(fmt: RecordFormat, a: &[u8], b: &[u8]) {
+pub(super) fn records_close(fmt: RecordFormat, a: &[u8], b: &[u8]) {
     let n = a.len() / fmt.record_bytes();
     let (mut da, mut db) = (vec![0f32; n * fmt.dim()], vec![0f32; n * fmt.dim()]);
     decode_rows(fmt, a, &mut da).unwrap();
@@ -261,4 +261,169 @@ fn batched_plan_checks_the_carry_before_reading_it() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("page pools"), "{e}");
+}
+
+// ---- the view entry (`compress_view`): one dispatch for host and CUDA tensors ----
+
+pub(super) fn params(m: usize) -> CompressorParams {
+    CompressorParams {
+        ratio: m,
+        eps: 1e-20,
+        rope: rope(if m == 2 { 2 } else { 20 }),
+    }
+}
+
+/// The view entry on host tensors writes exactly what `Compressor::compress` emits, for both
+/// ratios and a start that is not 0, and the records follow the f64 reference.
+#[test]
+fn compress_view_on_host_is_the_compressor() {
+    for (m, t, start, seed) in [(2usize, 10usize, 6i64, 41u64), (1, 5, 3, 42)] {
+        let mut rng = Rng::new(seed);
+        let w = weights(&mut rng);
+        let kv = rand_normal(&mut rng, t * KV_DIM, 1.0);
+        let score = rand_normal(&mut rng, t * KV_DIM, 2.0);
+        let sc = (m == 2).then_some(&score[..]);
+        let c = Compressor::new(m, 1e-20, params(m).rope, cw(&w)).unwrap();
+        let want = c
+            .compress(&mut CompressorState::new(start as u64), &kv, sc)
+            .unwrap();
+        let e = t / m;
+        let (kvv, sv) = (
+            TensorView::from_host_slice(&kv, &[t, KV_DIM]).unwrap(),
+            TensorView::from_host_slice(&score, &[t, KV_DIM]).unwrap(),
+        );
+        let nv = TensorView::from_host_slice(&w.norm, &[KV_DIM]).unwrap();
+        let wv = TensorView::from_host_slice(&w.wk, &[INDEX_DIM, KV_DIM]).unwrap();
+        let kn = TensorView::from_host_slice(&w.k_norm, &[INDEX_DIM]).unwrap();
+        let (mut main, mut index) = record_buffers(e);
+        let views = CompressViews {
+            kv: &kvv,
+            score: (m == 2).then_some(&sv),
+            norm: &nv,
+            wk: &wv,
+            k_norm: &kn,
+        };
+        compress_view(
+            &params(m),
+            &views,
+            start,
+            0,
+            &mut TensorViewMut::from_host_slice(&mut main, &[e, NVFP4_DS_BYTES]).unwrap(),
+            &mut TensorViewMut::from_host_slice(&mut index, &[e, MXFP4_INDEX_BYTES]).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(main, want.main_kv_nvfp4, "m={m}");
+        assert_eq!(index, want.index_k_mxfp4, "m={m}");
+        let r = reference::compress(m, 1e-20, &params(m).rope, &cw(&w), &kv, sc, start as usize);
+        records_close(RecordFormat::Nvfp4Ds, &main, &r.f32.main_kv_nvfp4);
+        records_close(RecordFormat::Mxfp4Index, &index, &r.f32.index_k_mxfp4);
+    }
+}
+
+/// A fake device view: never dereferenced (every test below fails before memory is touched).
+fn cuda_view(shape: &[usize], dt: crate::tensor::DType) -> TensorView<'static> {
+    // SAFETY: never dereferenced: the device checks refuse the call first.
+    unsafe {
+        TensorView::from_raw_parts(
+            0x1000 as *const u8,
+            shape,
+            &crate::tensor::row_major_strides(shape),
+            dt,
+            Device::Cuda(0),
+        )
+    }
+    .unwrap()
+}
+
+fn cuda_view_mut(shape: &[usize]) -> TensorViewMut<'static> {
+    // SAFETY: as `cuda_view`.
+    unsafe {
+        TensorViewMut::from_raw_parts(
+            0x8000 as *mut u8,
+            shape,
+            &crate::tensor::row_major_strides(shape),
+            crate::tensor::DType::U8,
+            Device::Cuda(0),
+        )
+    }
+    .unwrap()
+}
+
+/// Host and CUDA tensors in one call are refused by name, whatever the build; bad alignment and
+/// output sizes are refused before any device is looked at.
+#[test]
+fn compress_view_refuses_mixed_devices_and_bad_sizes() {
+    let mut rng = Rng::new(5);
+    let w = weights(&mut rng);
+    let kv = rand_normal(&mut rng, 4 * KV_DIM, 1.0);
+    let kvv = TensorView::from_host_slice(&kv, &[4, KV_DIM]).unwrap();
+    let nv = TensorView::from_host_slice(&w.norm, &[KV_DIM]).unwrap();
+    let wv = TensorView::from_host_slice(&w.wk, &[INDEX_DIM, KV_DIM]).unwrap();
+    let dev_kn = cuda_view(&[INDEX_DIM], crate::tensor::DType::F32);
+    let (mut main, mut index) = record_buffers(4);
+    let views = CompressViews {
+        kv: &kvv,
+        score: None,
+        norm: &nv,
+        wk: &wv,
+        k_norm: &dev_kn,
+    };
+    let mut mo = TensorViewMut::from_host_slice(&mut main, &[4, NVFP4_DS_BYTES]).unwrap();
+    let mut io = TensorViewMut::from_host_slice(&mut index, &[4, MXFP4_INDEX_BYTES]).unwrap();
+    let e = compress_view(&params(1), &views, 0, 0, &mut mo, &mut io).unwrap_err();
+    assert!(
+        matches!(e, Error::Invalid { .. }) && e.to_string().contains("k_norm"),
+        "{e}"
+    );
+    let e = compress_view(
+        &params(1),
+        &views,
+        0,
+        0,
+        &mut mo,
+        &mut cuda_view_mut(&[4, 68]),
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::Invalid { .. }), "{e}");
+    let e = compress_view(&params(2), &views, 0, 0, &mut mo, &mut io).unwrap_err();
+    assert!(e.to_string().contains("score"), "{e}");
+    let views = CompressViews {
+        k_norm: &nv,
+        ..views
+    };
+    let e = compress_view(&params(1), &views, 0, 0, &mut mo, &mut io).unwrap_err();
+    assert!(matches!(e, Error::Shape { .. }), "k_norm of 512: {e}");
+    assert_eq!(
+        main,
+        vec![0u8; 4 * NVFP4_DS_BYTES],
+        "nothing written on error"
+    );
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn compress_view_on_cuda_tensors_without_the_feature_is_no_cuda_build() {
+    use crate::tensor::DType::F32;
+    let (kv, norm) = (cuda_view(&[4, KV_DIM], F32), cuda_view(&[KV_DIM], F32));
+    let (wk, k_norm) = (
+        cuda_view(&[INDEX_DIM, KV_DIM], F32),
+        cuda_view(&[INDEX_DIM], F32),
+    );
+    let views = CompressViews {
+        kv: &kv,
+        score: None,
+        norm: &norm,
+        wk: &wk,
+        k_norm: &k_norm,
+    };
+    let e = compress_view(
+        &params(1),
+        &views,
+        0,
+        0,
+        &mut cuda_view_mut(&[4, NVFP4_DS_BYTES]),
+        &mut cuda_view_mut(&[4, MXFP4_INDEX_BYTES]),
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::NoCudaBuild(_)), "{e:?}");
 }
