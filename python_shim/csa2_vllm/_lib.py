@@ -853,3 +853,46 @@ def indexer_logits_pool(q, w, positions, req, keys, block_table, ratio: int, q_q
         Csa2Pool(t(keys), _FORMAT_MXFP4_INDEX, POOL_BLOCK_PLANAR), t(block_table), int(ratio),
         int(q_quant), t(out), 0)
     call("csa2_indexer_logits_pool", ctypes.byref(args))
+
+
+# ---- top-k on the caller's CUDA stream (src/ffi/topk.rs `csa2_topk_on_stream`; issues 14/15) ----
+
+
+class Csa2TopkOnStreamArgs(ctypes.Structure):
+    """``Csa2TopkOnStreamArgs`` (include/csa2.h); ``struct_size`` is filled in by
+    :func:`topk_on_stream`."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("logits", _T), ("positions", _T),
+        ("ratio", ctypes.c_uint32), ("out", _T), ("counts_out", _T), ("error", _T),
+        ("stream", ctypes.c_uint64),
+    ]
+
+
+SIGNATURES.update({
+    "csa2_topk_on_stream": ([ctypes.POINTER(Csa2TopkOnStreamArgs)], _C_STATUS),
+})
+__all__ += ["topk_on_stream"]
+
+
+def topk_on_stream(logits, positions, ratio: int, out, counts=None, error=None,
+                   stream: int = 0) -> None:
+    """``csa2_topk_on_stream``: the top-K entry ids of each row of ``logits`` ``(T, N)`` float
+    over its first ``(positions[t] + 1) // ratio`` entries into ``out`` ``(T, K)`` int32, in the
+    order (logit desc, index asc), −1 padded; ``counts`` ``(T,)`` int32 gets the number selected.
+    On CUDA tensors the kernel runs on ``stream`` (a raw ``cudaStream_t``, e.g.
+    ``torch.cuda.current_stream().cuda_stream``) with no host access — capturable in a CUDA graph
+    once :func:`cuda_preload` ran — and a negative position is recorded in ``error`` (``(4,)``
+    int32 on the device, zeroed by the caller) instead of raising. On host tensors it is
+    ``csa2_topk``."""
+    keep = []
+
+    def t(x):
+        b, p = _ptr(x)
+        keep.append(b)
+        return p
+
+    args = Csa2TopkOnStreamArgs(
+        ctypes.sizeof(Csa2TopkOnStreamArgs), t(logits), t(positions), int(ratio), t(out),
+        t(counts), t(error), int(stream))
+    call("csa2_topk_on_stream", ctypes.byref(args))
