@@ -790,7 +790,8 @@ fn pooled_view_entry_dispatches_by_device_and_checks() {
             dev(&[t], DType::I32),
             dev(&[2, max_blocks], DType::I32),
         );
-        let dkeys = unsafe { PoolPlace::new(desc, 0x100000, Device::Cuda(0)) };
+        // Far apart: the output must not overlap the (fake) inputs.
+        let dkeys = unsafe { PoolPlace::new(desc, 0x6000_0000, Device::Cuda(0)) };
         let c = PoolQueries {
             q: &dq,
             w: &dw,
@@ -802,7 +803,7 @@ fn pooled_view_entry_dispatches_by_device_and_checks() {
         // SAFETY: as above.
         let mut ov = unsafe {
             TensorViewMut::from_raw_parts(
-                0x2000 as *mut u8,
+                0x7000_0000 as *mut u8,
                 &[t, n_cols],
                 &[n_cols, 1],
                 DType::F32,
