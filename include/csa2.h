@@ -670,8 +670,15 @@ typedef struct {
   int32_t q_quant;
   // Output `(T, N)` float: entries `0..N` of each row's request.
   const DLTensor *logits_out;
-  // `cudaStream_t` for a CUDA call (reserved: CUDA pools are refused today, see the entry).
+  // `cudaStream_t` / `CUstream` to launch on (CUDA only; 0 = the legacy default stream).
+  // Borrowed: csa2 neither synchronizes nor keeps it.
   uint64_t stream;
+  // Optional `[4]` int32 on the call's device (added after the first version: a caller whose
+  // `struct_size` ends before it passes none). On CUDA the kernel records the first bad value
+  // here — `{1 = request / 2 = block / 3 = position, row, column, value}` — and writes −∞ for
+  // what it touches; the caller zeroes it once and reads it whenever it syncs. On the host bad
+  // values are an error status instead (nothing written) and the tensor is left as it is.
+  const DLTensor *error;
 } Csa2IndexerLogitsPoolArgs;
 
 // Scalars of [`csa2_mhc`] (docs/SPEC.md §4; config `hc_*`, `rms_norm_eps`). Pass null for the V4.1 values
@@ -867,6 +874,30 @@ typedef struct {
   // Bytes held.
   uint64_t bytes;
 } Csa2DramStats;
+
+// Arguments of [`csa2_topk_on_stream`] (shapes there).
+// Set `struct_size` to `sizeof(Csa2TopkOnStreamArgs)` (rules: "Args structs", header top).
+typedef struct {
+  // `sizeof(Csa2TopkOnStreamArgs)` as the caller was compiled.
+  size_t struct_size;
+  // `(T, N)` float indexer logits (float32 on CUDA).
+  const DLTensor *logits;
+  // `(T)` int token positions (int32 or int64 on CUDA).
+  const DLTensor *positions;
+  // Compression ratio (≥ 1): row t sees `(positions[t] + 1) div ratio` entries.
+  uint32_t ratio;
+  // Output `(T, K)` int32, −1 padded.
+  const DLTensor *out;
+  // Optional output `(T)` int32: entries selected per row.
+  const DLTensor *counts_out;
+  // Optional `[4]` int32 on the call's device: on CUDA the first negative position is
+  // recorded as `{1, row, 0, position}` (its row selects nothing); zero it once, read it
+  // whenever you sync. Untouched on the host, where a negative position is the error.
+  const DLTensor *error;
+  // `cudaStream_t` / `CUstream` to launch on (CUDA only; 0 = the legacy default stream).
+  // Borrowed: csa2 neither synchronizes nor keeps it.
+  uint64_t stream;
+} Csa2TopkOnStreamArgs;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1670,18 +1701,25 @@ Csa2Status csa2_indexer_logits_in_blocks(const Csa2IndexerLogitsInBlocksArgs *ar
 // ratio`), mapped entries, −∞ elsewhere. Each record is decoded exactly at use: no gather.
 // Follow with [`super::csa2_topk`] for the top-k entry ids.
 //
-// Devices: every tensor `kDLCPU`. CUDA pools answer `CSA2_ERR_UNSUPPORTED` today: csa2's CUDA
-// indexer kernel (`kernels/indexer.cu`) reads compact pages, not a strided slab.
+// Devices: every tensor (and the pool) `kDLCPU` → the CPU path, in place on the strided pool;
+// all `kDLCUDA` on one device → csa2's kernel (`indexer_logits_pool_f32`) launched on `stream`
+// (asynchronous: returns after the launch; nothing is copied to the host, nothing synchronizes,
+// nothing is allocated; CUDA-graph capturable once the modules are loaded, see
+// [`super::csa2_cuda_preload`]). On CUDA, `q`, `w` and `logits_out` are float32 and at most 32
+// heads; bad requests, blocks or positions are not seen on the host but recorded in `error`
+// (the kernel writes −∞ for what they touch). A build without the `cuda` feature returns
+// `CSA2_ERR_UNSUPPORTED` for CUDA tensors.
 //
 // Errors: `CSA2_ERR_INVALID_ARGUMENT` (ratio 0, `q_quant`, a pool that is not MXFP4 / block-planar,
-// a request or block outside the table / pool, a negative position, an output overlapping an
-// input), `CSA2_ERR_SHAPE`, `CSA2_ERR_UNSUPPORTED`, plus the common ones.
+// a request or block outside the table / pool (host), a negative position (host), mixed devices,
+// an output overlapping an input), `CSA2_ERR_SHAPE`, `CSA2_ERR_UNSUPPORTED`, `CSA2_ERR_CUDA`,
+// plus the common ones. Nothing is written on error.
 //
 // # Safety
 // `args`: `struct_size` readable bytes of a `Csa2IndexerLogitsPoolArgs`. Its members:
 // each tensor pointer null or a readable `DLTensor` whose memory stays valid and unused by other
-// threads for the call; `keys.tensor`'s extent (`(blocks − 1) · stride(0) + page bytes` from
-// `data + byte_offset`) readable.
+// threads for the call (on CUDA: until the kernel has run on `stream`); `keys.tensor`'s extent
+// (`(blocks − 1) · stride(0) + page bytes` from `data + byte_offset`) readable on its device.
 Csa2Status csa2_indexer_logits_pool(const Csa2IndexerLogitsPoolArgs *args);
 
 // One mHC boundary between two sublayer sites (docs/SPEC.md §4, V4.1 single-pass shift; fused CPU path):
@@ -1963,6 +2001,23 @@ Csa2Status csa2_topk(const DLTensor *logits,
                      uint32_t ratio,
                      const DLTensor *out,
                      const DLTensor *counts_out);
+
+// [`csa2_topk`] launched on the caller's CUDA stream (the capture-safe form, for a forward
+// captured in a CUDA graph): same selection and the same order (a scored row by (logit desc,
+// index asc), sorted in the kernel; a row with ≤ K visible entries `0..visible`). On `kDLCUDA`
+// tensors it returns after the launch: nothing is allocated, copied to or from the host, or
+// synchronized (load the modules first with `csa2_cuda_preload`); positions are read on the
+// device only, so a negative one is reported in `error`, not as a status. On `kDLCPU` tensors
+// it is [`csa2_topk`] (`stream` unused).
+//
+// Errors: as [`csa2_topk`], plus `CSA2_ERR_UNSUPPORTED` for a CUDA K over 4096 (the in-kernel
+// sort's capacity) and `CSA2_ERR_CUDA` for a failed launch. Nothing is written on error.
+//
+// # Safety
+// `args`: `struct_size` readable bytes of a `Csa2TopkOnStreamArgs`. Its members: each tensor
+// pointer null (where optional) or a readable `DLTensor` whose memory stays valid, and unused by
+// others, for the call (on CUDA: until the kernel has run on `stream`).
+Csa2Status csa2_topk_on_stream(const Csa2TopkOnStreamArgs *args);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -72,6 +72,151 @@ extern "C" __global__ void indexer_logits_f32(
     }
 }
 
+// ---- the pooled indexer over vLLM's strided index-K slab (issue 15; src/ops/indexer/mod.rs
+// `logits_in_pool`, the CPU entry this kernel mirrors) -------------------------------------------
+//
+// Row t (request req[t], position pos[t]) scores entries j < n_cols of its request: entry j lives
+// at slot block_table[req[t], j / states] · states + j % states of a block-planar MXFP4 index-K
+// pool whose pages are `block_stride` bytes apart (vLLM's per-block slab, read from the tensor's
+// stride(0)). logit = Σ_{h < heads} w[t,h] · max(q[t,h] · k_j, 0) for visible (j < (pos + 1) div
+// ratio), mapped entries; -Inf elsewhere. ReLU is fmaxf(x, 0): NaN → 0, as the CPU entry's
+// `f32::max`. The query is fake-quantised first (q_quant: 0 none, 1 MXFP4, 2 FP8 with one
+// power-of-two scale per row, 3 bf16; the rules of src/formats/records.rs).
+//
+// Nothing is checked on the host (that would need the values): a negative position, a request
+// outside 0..n_req or a block id outside -1..blocks is recorded once in err[4] = {kind (1 request,
+// 2 block, 3 position), row, column, value} (first writer wins; the caller zeroes err and reads it
+// whenever it syncs), and the affected entries are written as -Inf. Raw pointers only, no host
+// access, no allocation: capturable in a CUDA graph.
+//
+// Launch: grid = (ceil(n_cols / ENTRIES_PER_BLOCK), min(rows, 65535)), block = WARPS · 32; grid
+// rows stride over the query rows.
+
+// In-lane fake quantisation of one head row (DIM values in registers), bit-exact to
+// QueryQuant::apply (src/ops/indexer/mod.rs).
+__device__ __forceinline__ void fake_quant_row(float* v, int q_quant) {
+    if (q_quant == 3) {
+#pragma unroll
+        for (int i = 0; i < DIM; ++i) v[i] = bf16_round(v[i]);
+    } else if (q_quant == 1) {
+        // DeepSeek MXFP4 per 32: e = clamp(ceil(log2(max(amax, 6·2^-126) / 6)), -127, 127).
+#pragma unroll
+        for (int b = 0; b < DIM / 32; ++b) {
+            float a = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+                v[32 * b + i] = bf16_round(v[32 * b + i]);
+                a = fmaxf(a, fabsf(v[32 * b + i]));
+            }
+            a = fmaxf(a, 6.0f * csa2_pow2(-126));
+            int e = ceil_log2(__fdiv_rn(a, 6.0f));
+            e = e < -127 ? -127 : (e > 127 ? 127 : e);
+            float inv = csa2_pow2(-e), s = csa2_pow2(e);
+#pragma unroll
+            for (int i = 0; i < 32; ++i) v[32 * b + i] = e2m1_decode(e2m1_encode_sw(v[32 * b + i] * inv)) * s;
+        }
+    } else if (q_quant == 2) {
+        // E4M3 with one scale 2^e per row: amax floored at 1e-4, e = clamp(ceil(log2(amax/448)), -126, 127).
+        float a = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DIM; ++i) {
+            v[i] = bf16_round(v[i]);
+            a = fmaxf(a, fabsf(v[i]));
+        }
+        a = fmaxf(a, 1e-4f);
+        int e = ceil_log2(__fdiv_rn(a, 448.0f));
+        e = e < -126 ? -126 : (e > 127 ? 127 : e);
+        float inv = csa2_pow2(-e), s = csa2_pow2(e);
+#pragma unroll
+        for (int i = 0; i < DIM; ++i) v[i] = e4m3_decode(e4m3_encode(clamp_keep_nan(v[i] * inv, -448.0f, 448.0f))) * s;
+    }
+}
+
+// Records the first bad value of a call (see above).
+__device__ __forceinline__ void pool_flag(i32* err, int kind, int row, i64 col, i64 value) {
+    if (err && atomicCAS(&err[0], 0, kind) == 0) {
+        err[1] = row;
+        err[2] = (i32)col;
+        err[3] = (i32)value;
+    }
+}
+
+// q: (rows, heads, DIM) f32; w: (rows, heads) f32; pos: (rows,) i32 or i64 (pos_i64); req: (rows,)
+// i32; block_table: (n_req, max_blocks) i32, -1 = unmapped; pool: block-planar 68-B MXFP4 index K
+// (`blocks` pages of `states` records, `block_stride` bytes apart); logits: (rows, n_cols) f32.
+extern "C" __global__ void __launch_bounds__(CSA2_INDEXER_THREADS) indexer_logits_pool_f32(
+    const float* __restrict__ q, const float* __restrict__ w, const void* __restrict__ pos, int pos_i64,
+    const i32* __restrict__ req, int n_req, const i32* __restrict__ block_table, int max_blocks,
+    const u8* __restrict__ pool, i64 block_stride, int states, i64 blocks, int ratio, int heads, int q_quant,
+    float* __restrict__ logits, int n_cols, int rows, i32* __restrict__ err) {
+    __shared__ float4 ks[WARPS][DIM / 4];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    bool live = lane < heads;
+    for (int t = blockIdx.y; t < rows; t += gridDim.y) {
+        // Lane h keeps head h's (fake-quantised) query and weight in registers; lanes past the
+        // heads add exact zeros.
+        float qh[DIM];
+        const float* qrow = q + ((i64)t * heads + (live ? lane : 0)) * DIM;
+#pragma unroll
+        for (int i = 0; i < DIM; ++i) qh[i] = live ? qrow[i] : 0.0f;
+        if (live) fake_quant_row(qh, q_quant);
+        float wh = live ? w[(i64)t * heads + lane] : 0.0f;
+        i64 p = pos_i64 ? ((const i64*)pos)[t] : (i64)((const i32*)pos)[t];
+        i32 r = req[t];
+        bool row_ok = true;
+        if (p < 0) {
+            if (blockIdx.x == 0 && threadIdx.x == 0) pool_flag(err, 3, t, 0, p);
+            row_ok = false;
+        } else if (r < 0 || r >= n_req) {
+            if (blockIdx.x == 0 && threadIdx.x == 0) pool_flag(err, 1, t, 0, r);
+            row_ok = false;
+        }
+        // (p + 1) div ratio without overflowing at i64::MAX.
+        i64 visible = row_ok ? p / ratio + (p % ratio + 1) / ratio : 0;
+        const i32* bt = block_table + (i64)(row_ok ? r : 0) * max_blocks;
+        float* out = logits + (i64)t * n_cols;
+        for (int e = warp; e < ENTRIES_PER_BLOCK; e += WARPS) {
+            i64 j = (i64)blockIdx.x * ENTRIES_PER_BLOCK + e;
+            if (j >= n_cols) break;
+            i64 slot = -1;
+            if (j < visible && j / states < max_blocks) {
+                i32 blk = bt[j / states];
+                if (blk >= 0 && blk < blocks) {
+                    slot = (i64)blk * states + j % states;
+                } else if (blk != -1) {
+                    if (lane == 0) pool_flag(err, 2, t, j, blk);
+                }
+            }
+            if (slot < 0) {
+                if (lane == 0) out[j] = CSA2_NEG_INF;
+                continue;
+            }
+            // Lane l decodes dims [4l, 4l + 4) (two packed bytes, read one by one: a slab offset
+            // need not be even) with its block's E8M0 scale.
+            SlotPtr sp = pool_slot_ptr((u8*)pool, block_stride, slot, states, CSA2_MXFP4_INDEX_DATA,
+                                       CSA2_MXFP4_INDEX_SCALE, CSA2_POOL_BLOCK_PLANAR);
+            u32 b = (u32)sp.data[2 * lane] | ((u32)sp.data[2 * lane + 1] << 8);
+            float s = e8m0_decode(sp.scale[lane / 8]);
+            ks[warp][lane] = make_float4(e2m1_decode(b & 0xf) * s, e2m1_decode((b >> 4) & 0xf) * s,
+                                         e2m1_decode((b >> 8) & 0xf) * s, e2m1_decode((b >> 12) & 0xf) * s);
+            __syncwarp();
+            float dot = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DIM / 4; ++i) {
+                float4 k = ks[warp][i];
+                dot = fmaf(qh[4 * i], k.x, dot);
+                dot = fmaf(qh[4 * i + 1], k.y, dot);
+                dot = fmaf(qh[4 * i + 2], k.z, dot);
+                dot = fmaf(qh[4 * i + 3], k.w, dot);
+            }
+            float v = live ? wh * fmaxf(dot, 0.0f) : 0.0f;
+            v = warp_sum(v);
+            if (lane == 0) out[j] = v;
+            __syncwarp();
+        }
+    }
+}
+
 // Block scores of the candidate pool: score[t, b] = max of logits[t, CB·b .. CB·b + CB) over visible
 // entries; the block holding the newest visible entry is pinned to +Inf; blocks past the last one
 // are -Inf. n_valid: (T,) visible entries; blocks_valid: (T,) out, the visible blocks ceil(n / 8)

@@ -1,22 +1,35 @@
 // Top-k selection by radix select (docs/SPEC.md §2: the 512 largest logits, ties → smaller index; the
 // candidate pool uses the same kernel with k = 2048 over block scores).
 //
-// Row t considers its first n = min(n_valid[t], n_cols) keys. -Inf and NaN keys are never selected.
-// If n ≤ k, the row selects 0..n-1 unconditionally (docs/SPEC.md §2.5: "if visible ≤ k, select all visible").
-// Otherwise it selects the k largest selectable keys; if fewer than k are selectable it selects them
-// all. The output row holds the selected indices in ascending index order, padded with -1, so the
-// result is deterministic and comparable bit for bit with the CPU.
+// Row t considers its first n = min(visible_t, n_cols) keys, where visible_t is n_valid[t] or, when
+// n_valid is null, (positions[t] + 1) div ratio (positions i32 or i64: pos_i64). -Inf and NaN keys
+// are never selected; -0 and +0 are one value (the index decides). If n ≤ k, the row selects
+// 0..n-1 unconditionally (docs/SPEC.md §2.5: "if visible ≤ k, select all visible"). Otherwise it
+// selects the k largest selectable keys (all of them if fewer than k are selectable) and writes
+// them in the one order of src/ops/topk/mod.rs: logit descending, then index ascending, sorted in
+// shared memory here (bitonic over (key, ~index) pairs), so no host step follows. The row is padded
+// with -1; counts[t] (when not null) receives the number selected.
 //
-// Launch: grid = T, block = 1024 (the code needs exactly 1024 threads).
+// A negative position selects nothing and is recorded once in err[4] = {1, row, 0, position}
+// (first writer wins; the caller zeroes err and reads it whenever it syncs). No allocation, no host
+// access: capturable in a CUDA graph.
+//
+// Launch: grid = T, block = 1024 (the code needs exactly 1024 threads); k ≤ CSA2_TOPK_SORT_MAX
+// whenever a row scores (n > k), checked by the launches in src/ops/topk/cuda.rs.
 #include "common.cuh"
 
 #define TPB CSA2_TOPK_THREADS
 #define NWARP (TPB / 32)
+#define SORT_MAX CSA2_TOPK_SORT_MAX
+#if (SORT_MAX & (SORT_MAX - 1)) != 0
+#error "topk_f32: the bitonic sort needs a power-of-two CSA2_TOPK_SORT_MAX"
+#endif
 
-// Order-preserving map f32 → u32 (larger float → larger key); -Inf and NaN → 0 (unselectable).
+// Order-preserving map f32 → u32 (larger float → larger key); -Inf and NaN → 0 (unselectable);
+// -0 maps as +0 (one value, as the CPU's order).
 __device__ __forceinline__ u32 sort_key(float f) {
     if (f != f || f == CSA2_NEG_INF) return 0u;
-    u32 b = __float_as_uint(f);
+    u32 b = f == 0.0f ? 0u : __float_as_uint(f);
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
@@ -47,20 +60,45 @@ __device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* warp_tot, u32* t
 }
 
 extern "C" __global__ void __launch_bounds__(TPB) topk_f32(const float* __restrict__ keys, int n_cols,
-                                                           const i32* __restrict__ n_valid, int k,
-                                                           i32* __restrict__ out) {
+                                                           const i32* __restrict__ n_valid,
+                                                           const void* __restrict__ positions, int pos_i64,
+                                                           int ratio, int k, i32* __restrict__ out,
+                                                           i32* __restrict__ counts, i32* __restrict__ err) {
     __shared__ u32 hist[256];
     __shared__ u32 warp_tot[32];
     __shared__ u32 total;
     __shared__ u32 sh_prefix, sh_need, sh_zero;
+    // The selection as (key << 32 | ~index): one descending sort gives (logit desc, index asc).
+    __shared__ u64 sel[SORT_MAX];
     int t = blockIdx.x, tid = threadIdx.x;
     const float* row = keys + (i64)t * n_cols;
     i32* o = out + (i64)t * k;
-    i64 n = n_valid[t] < n_cols ? n_valid[t] : n_cols;
+    i64 n;
+    if (n_valid) {
+        n = n_valid[t];
+    } else {
+        i64 p = pos_i64 ? ((const i64*)positions)[t] : (i64)((const i32*)positions)[t];
+        if (p < 0) {
+            if (tid == 0 && err && atomicCAS(&err[0], 0, 1) == 0) {
+                err[1] = t;
+                err[2] = 0;
+                err[3] = (i32)p;
+            }
+            n = 0;
+        } else {
+            n = p / ratio + (p % ratio + 1) / ratio;  // (p + 1) div ratio without overflow
+        }
+    }
+    if (n > n_cols) n = n_cols;
     if (n < 0) n = 0;
 
     if (n <= k) {
         for (int i = tid; i < k; i += TPB) o[i] = i < n ? i : -1;
+        if (counts && tid == 0) counts[t] = (i32)n;
+        return;
+    }
+    if (k == 0) {
+        if (counts && tid == 0) counts[t] = 0;
         return;
     }
 
@@ -102,7 +140,8 @@ extern "C" __global__ void __launch_bounds__(TPB) topk_f32(const float* __restri
     bool take_all = sh_need == 0xffffffffu;
     u32 thr = prefix;  // the k-th largest key; `need` of its ties are taken, smallest index first
 
-    // Ordered compaction, one tile of 1024 keys at a time.
+    // Compaction into shared memory, one tile of 1024 keys at a time (in index order, so the
+    // ties taken are the smallest indices).
     u32 out_base = 0, tie_base = 0;
     for (i64 base = 0; base < n; base += TPB) {
         i64 i = base + tid;
@@ -113,9 +152,31 @@ extern "C" __global__ void __launch_bounds__(TPB) topk_f32(const float* __restri
         u32 tie_total = total;
         u32 take = gt || (eq && tie_base + tie_rank < need);
         u32 rank = block_exclusive_scan(take, warp_tot, &total);
-        if (take) o[out_base + rank] = (i32)i;
+        if (take) sel[out_base + rank] = ((u64)u << 32) | (u64)(~(u32)i);
         out_base += total;
         tie_base += tie_total;
     }
-    for (u32 i = out_base + tid; i < (u32)k; i += TPB) o[i] = -1;
+    // Bitonic sort, descending, over the next power of two; padding (0) sorts last.
+    u32 m = 1;
+    while (m < out_base) m <<= 1;
+    for (u32 i = out_base + tid; i < m; i += TPB) sel[i] = 0ull;
+    __syncthreads();
+    for (u32 size = 2; size <= m; size <<= 1) {
+        for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
+            for (u32 i = tid; i < m; i += TPB) {
+                u32 j = i ^ stride;
+                if (j > i) {
+                    u64 a = sel[i], b = sel[j];
+                    bool desc = (i & size) == 0;
+                    if (desc ? a < b : a > b) {
+                        sel[i] = b;
+                        sel[j] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    for (u32 i = tid; i < (u32)k; i += TPB) o[i] = i < out_base ? (i32)(~(u32)sel[i]) : -1;
+    if (counts && tid == 0) counts[t] = (i32)out_base;
 }

@@ -271,6 +271,22 @@ fn topk_matches_cpu_exactly() {
     assert_report(checks::check_topk(&dev, SMALL, 400));
 }
 
+/// The order contract from the kernel itself (no host sort), on the caller's stream and through
+/// the synchronous entry: equal to the CPU entry.
+#[test]
+fn topk_on_stream_orders_like_cpu() {
+    let Some(dev) = device() else { return };
+    assert_report(checks::check_topk_ordered(&dev, SMALL, 402));
+}
+
+/// The pooled indexer on a strided, offset vLLM-style slab: GPU vs the CPU entry and the f64
+/// reference, each query quantisation, the in-kernel error record.
+#[test]
+fn indexer_pool_on_a_strided_slab_matches_cpu() {
+    let Some(dev) = device() else { return };
+    assert_report(checks::check_indexer_pool(&dev, SMALL, 303));
+}
+
 #[test]
 fn candidate_pool_matches_cpu_exactly() {
     let Some(dev) = device() else { return };

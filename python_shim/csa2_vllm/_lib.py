@@ -857,6 +857,7 @@ class Csa2IndexerLogitsPoolArgs(ctypes.Structure):
         ("struct_size", ctypes.c_size_t), ("q", _T), ("w", _T), ("positions", _T), ("req", _T),
         ("keys", Csa2Pool), ("block_table", _T), ("ratio", ctypes.c_uint32),
         ("q_quant", ctypes.c_int32), ("logits_out", _T), ("stream", ctypes.c_uint64),
+        ("error", _T),
     ]
 
 
@@ -867,13 +868,16 @@ __all__ += ["indexer_logits_pool"]
 
 
 def indexer_logits_pool(q, w, positions, req, keys, block_table, ratio: int, q_quant: int,
-                        out) -> None:
+                        out, stream: int = 0, error=None) -> None:
     """``csa2_indexer_logits_pool`` into ``out`` (T, N) float32: row t of request ``req[t]``
     scores entries ``0..N`` of that request, read in place from ``keys`` — vLLM's index-K cache
     view ``(blocks, states_per_page, 68)`` uint8 (strided: ``stride(0)`` = the per-block slab;
     block-planar MXFP4) — through ``block_table`` ``(R, B)`` int32. ``q`` ``(T, H, 128)``, ``w``
     ``(T, H)`` float, ``positions`` ``(T,)`` int, ``req`` ``(T,)`` int32; ``q_quant`` 0 none,
-    1 MXFP4, 2 FP8. Host tensors only (the library refuses CUDA pools by name)."""
+    1 MXFP4, 2 FP8. Every tensor on one device. On CUDA the kernel runs on ``stream`` (a raw
+    ``cudaStream_t``) with no host access (capturable once :func:`cuda_preload` ran) and a bad
+    request, block or position is recorded in ``error`` (``(4,)`` int32 on the device, zeroed by
+    the caller: code, row, column, value) instead of raising; its entry scores −∞."""
     idx = record_format_named("mxfp4")
     keep = []
 
@@ -885,7 +889,7 @@ def indexer_logits_pool(q, w, positions, req, keys, block_table, ratio: int, q_q
     args = Csa2IndexerLogitsPoolArgs(
         ctypes.sizeof(Csa2IndexerLogitsPoolArgs), t(q), t(w), t(positions), t(req),
         Csa2Pool(t(keys), idx.format_id, idx.vllm_pool_layout), t(block_table), int(ratio),
-        int(q_quant), t(out), 0)
+        int(q_quant), t(out), int(stream), t(error))
     call("csa2_indexer_logits_pool", ctypes.byref(args))
 
 
@@ -901,3 +905,46 @@ def topk(logits, positions, ratio: int, out, counts=None) -> None:
     float; every tensor on one device (CUDA: float32 logits)."""
     _call_tensors("csa2_topk", lambda t: (t(logits), t(positions), int(ratio), t(out),
                                           t(counts)))
+
+
+# ---- top-k on the caller's CUDA stream (src/ffi/topk.rs `csa2_topk_on_stream`; issues 14/15) ----
+
+
+class Csa2TopkOnStreamArgs(ctypes.Structure):
+    """``Csa2TopkOnStreamArgs`` (include/csa2.h); ``struct_size`` is filled in by
+    :func:`topk_on_stream`."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("logits", _T), ("positions", _T),
+        ("ratio", ctypes.c_uint32), ("out", _T), ("counts_out", _T), ("error", _T),
+        ("stream", ctypes.c_uint64),
+    ]
+
+
+SIGNATURES.update({
+    "csa2_topk_on_stream": ([ctypes.POINTER(Csa2TopkOnStreamArgs)], _C_STATUS),
+})
+__all__ += ["topk_on_stream"]
+
+
+def topk_on_stream(logits, positions, ratio: int, out, counts=None, error=None,
+                   stream: int = 0) -> None:
+    """``csa2_topk_on_stream``: the top-K entry ids of each row of ``logits`` ``(T, N)`` float
+    over its first ``(positions[t] + 1) // ratio`` entries into ``out`` ``(T, K)`` int32, in the
+    order (logit desc, index asc), −1 padded; ``counts`` ``(T,)`` int32 gets the number selected.
+    On CUDA tensors the kernel runs on ``stream`` (a raw ``cudaStream_t``, e.g.
+    ``torch.cuda.current_stream().cuda_stream``) with no host access — capturable in a CUDA graph
+    once :func:`cuda_preload` ran — and a negative position is recorded in ``error`` (``(4,)``
+    int32 on the device, zeroed by the caller) instead of raising. On host tensors it is
+    ``csa2_topk``."""
+    keep = []
+
+    def t(x):
+        b, p = _ptr(x)
+        keep.append(b)
+        return p
+
+    args = Csa2TopkOnStreamArgs(
+        ctypes.sizeof(Csa2TopkOnStreamArgs), t(logits), t(positions), int(ratio), t(out),
+        t(counts), t(error), int(stream))
+    call("csa2_topk_on_stream", ctypes.byref(args))

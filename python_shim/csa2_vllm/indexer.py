@@ -323,7 +323,10 @@ def score(op, q, w, positions, req, block_table) -> None:
             else:
                 apply_candidate_mask(lg, visible[lo:hi], cand, op.candidate_block_size)
         dst = topk[lo:hi] if out is None else out[: hi - lo]
-        _lib.topk(lg, pos[lo:hi], ratio, dst)
+        if on_gpu:  # no host check of positions: capturable on the current stream
+            _lib.topk_on_stream(lg, pos[lo:hi], ratio, dst, stream=stream)
+        else:
+            _lib.topk(lg, pos[lo:hi], ratio, dst)
         if out is not None:
             topk[lo:hi, : op.topk_tokens].copy_(dst)
 

@@ -76,6 +76,7 @@ pub const EXPECTED_KERNELS: &[(&str, &[&str])] = &[
         "indexer",
         &[
             "indexer_logits_f32",
+            "indexer_logits_pool_f32",
             "candidate_block_scores_f32",
             "candidate_mask_from_blocks",
         ],

@@ -24,6 +24,10 @@ pub const MHC_TOKENS_PER_BLOCK: usize = 4;
 pub const MHC_THREADS: usize = 256;
 /// `kernels/topk.cu`: threads per block (the radix select needs exactly this many).
 pub const TOPK_THREADS: usize = 1024;
+/// `kernels/topk.cu`: the most entries one row's selection may hold when it is sorted into the
+/// order contract in shared memory (a power of two; 8 B each: 32 KiB). A CUDA top-k with a larger
+/// k is refused.
+pub const TOPK_SORT_MAX: usize = 4096;
 /// `kernels/attention.cu`: threads per block of every attention kernel.
 pub const ATTN_THREADS: usize = 256;
 /// `kernels/attention.cu`: heads per block of the f32 kernels (16 threads per head).
@@ -42,6 +46,7 @@ pub const LAUNCH_DEFINES: &[(&str, usize)] = &[
     ("CSA2_MHC_TOKENS_PER_BLOCK", MHC_TOKENS_PER_BLOCK),
     ("CSA2_MHC_THREADS", MHC_THREADS),
     ("CSA2_TOPK_THREADS", TOPK_THREADS),
+    ("CSA2_TOPK_SORT_MAX", TOPK_SORT_MAX),
     ("CSA2_ATTN_THREADS", ATTN_THREADS),
     ("CSA2_ATTN_HEADS_PER_BLOCK", ATTN_HEADS_PER_BLOCK),
     ("CSA2_ATTN_MMA_HEADS_PER_BLOCK", ATTN_MMA_HEADS_PER_BLOCK),

@@ -6,7 +6,7 @@ use super::{guarded, Csa2Status};
 use crate::error::{Error, Result};
 use crate::ops::candidates::CandidateParams;
 use crate::ops::indexer::signature::{
-    BLOCKS, BLOCK_TABLE, KEYS, KEYS_MXFP4, LOGITS_OUT, POSITIONS, Q, REQ, W,
+    BLOCKS, BLOCK_TABLE, ERROR, KEYS, KEYS_MXFP4, LOGITS_OUT, POSITIONS, Q, REQ, W,
 };
 use crate::ops::indexer::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant, INDEX_DIM};
 use crate::shape::Dims;
@@ -265,11 +265,30 @@ pub struct Csa2IndexerLogitsPoolArgs {
     pub q_quant: i32,
     /// Output `(T, N)` float: entries `0..N` of each row's request.
     pub logits_out: *const DLTensor,
-    /// `cudaStream_t` for a CUDA call (reserved: CUDA pools are refused today, see the entry).
+    /// `cudaStream_t` / `CUstream` to launch on (CUDA only; 0 = the legacy default stream).
+    /// Borrowed: csa2 neither synchronizes nor keeps it.
     pub stream: u64,
+    /// Optional `[4]` int32 on the call's device (added after the first version: a caller whose
+    /// `struct_size` ends before it passes none). On CUDA the kernel records the first bad value
+    /// here — `{1 = request / 2 = block / 3 = position, row, column, value}` — and writes −∞ for
+    /// what it touches; the caller zeroes it once and reads it whenever it syncs. On the host bad
+    /// values are an error status instead (nothing written) and the tensor is left as it is.
+    pub error: *const DLTensor,
 }
 
-args_struct!(Csa2IndexerLogitsPoolArgs);
+// SAFETY: #[repr(C)], `struct_size: usize` first, every field a pointer, an integer or a
+// `Csa2Pool` of those, so all-zero bytes are a valid value. The first version ended at `error`.
+unsafe impl super::ArgsStruct for Csa2IndexerLogitsPoolArgs {
+    const NAME: &'static str = "Csa2IndexerLogitsPoolArgs";
+    const V1_SIZE: usize = std::mem::offset_of!(Csa2IndexerLogitsPoolArgs, error);
+}
+
+impl Default for Csa2IndexerLogitsPoolArgs {
+    /// All members zero, `struct_size` set (the C recipe).
+    fn default() -> Self {
+        super::zeroed_args()
+    }
+}
 
 /// Lightning-indexer logits over vLLM's paged MXFP4 index-K cache read **in place** (docs/SPEC.md
 /// §2 "Indexer"; docs/VLLM.md "890 B/token on Hopper"): row t of request `req[t]` scores entries
@@ -280,18 +299,25 @@ args_struct!(Csa2IndexerLogitsPoolArgs);
 /// ratio`), mapped entries, −∞ elsewhere. Each record is decoded exactly at use: no gather.
 /// Follow with [`super::csa2_topk`] for the top-k entry ids.
 ///
-/// Devices: every tensor `kDLCPU`. CUDA pools answer `CSA2_ERR_UNSUPPORTED` today: csa2's CUDA
-/// indexer kernel (`kernels/indexer.cu`) reads compact pages, not a strided slab.
+/// Devices: every tensor (and the pool) `kDLCPU` → the CPU path, in place on the strided pool;
+/// all `kDLCUDA` on one device → csa2's kernel (`indexer_logits_pool_f32`) launched on `stream`
+/// (asynchronous: returns after the launch; nothing is copied to the host, nothing synchronizes,
+/// nothing is allocated; CUDA-graph capturable once the modules are loaded, see
+/// [`super::csa2_cuda_preload`]). On CUDA, `q`, `w` and `logits_out` are float32 and at most 32
+/// heads; bad requests, blocks or positions are not seen on the host but recorded in `error`
+/// (the kernel writes −∞ for what they touch). A build without the `cuda` feature returns
+/// `CSA2_ERR_UNSUPPORTED` for CUDA tensors.
 ///
 /// Errors: `CSA2_ERR_INVALID_ARGUMENT` (ratio 0, `q_quant`, a pool that is not MXFP4 / block-planar,
-/// a request or block outside the table / pool, a negative position, an output overlapping an
-/// input), `CSA2_ERR_SHAPE`, `CSA2_ERR_UNSUPPORTED`, plus the common ones.
+/// a request or block outside the table / pool (host), a negative position (host), mixed devices,
+/// an output overlapping an input), `CSA2_ERR_SHAPE`, `CSA2_ERR_UNSUPPORTED`, `CSA2_ERR_CUDA`,
+/// plus the common ones. Nothing is written on error.
 ///
 /// # Safety
 /// `args`: `struct_size` readable bytes of a `Csa2IndexerLogitsPoolArgs`. Its members:
 /// each tensor pointer null or a readable `DLTensor` whose memory stays valid and unused by other
-/// threads for the call; `keys.tensor`'s extent (`(blocks − 1) · stride(0) + page bytes` from
-/// `data + byte_offset`) readable.
+/// threads for the call (on CUDA: until the kernel has run on `stream`); `keys.tensor`'s extent
+/// (`(blocks − 1) · stride(0) + page bytes` from `data + byte_offset`) readable on its device.
 #[no_mangle]
 pub unsafe extern "C" fn csa2_indexer_logits_pool(
     args: *const Csa2IndexerLogitsPoolArgs,
@@ -307,8 +333,8 @@ pub unsafe extern "C" fn csa2_indexer_logits_pool(
 /// # Safety
 /// As [`csa2_indexer_logits_pool`].
 unsafe fn indexer_pool(a: &Csa2IndexerLogitsPoolArgs) -> Result<()> {
-    use super::dlpack::Device;
-    use crate::ops::attention::{PoolLayout, PoolView};
+    use super::dlpack::View;
+    use crate::ops::indexer::{logits_in_pool_view, PoolPlace, PoolQueries};
     let query_quant = match a.q_quant {
         0 => QueryQuant::None,
         1 => QueryQuant::Mxfp4,
@@ -324,71 +350,174 @@ unsafe fn indexer_pool(a: &Csa2IndexerLogitsPoolArgs) -> Result<()> {
     let pool =
         unsafe { super::attention_pools::pool_arg_of(&a.keys, "keys", INDEX_DIM, "1 mxfp4") }?
             .ok_or(Error::NullPointer("keys.tensor"))?;
-    if pool.desc.format != crate::formats::RecordFormat::Mxfp4Index {
-        return Err(Error::invalid(
-            "keys.format",
-            format!(
-                "the pooled indexer reads MXFP4 index K (1), found {}",
-                a.keys.format
-            ),
-        ));
-    }
-    if pool.desc.layout != PoolLayout::BlockPlanar {
-        return Err(Error::invalid(
-            "keys.layout",
-            "vLLM's index-K pages are block-planar (1): all values of a page, then all scales",
-        ));
-    }
-    if pool.device != Device::Cpu {
-        return Err(Error::Unsupported(
-            "csa2_indexer_logits_pool reads host pools only: csa2's CUDA indexer kernel reads \
-             compact pages, not vLLM's strided slab"
-                .into(),
-        ));
-    }
     // SAFETY: caller's contract (see above).
-    let (qv, wv, pv, rv, bv, mut out) = unsafe {
+    let (qv, wv, pv, rv, bv, mut out, mut err) = unsafe {
         (
-            host(a.q, "q")?,
-            host(a.w, "w")?,
-            host(a.positions, "positions")?,
-            host(a.req, "req")?,
-            host(a.block_table, "block_table")?,
-            host(a.logits_out, "logits_out")?,
+            View::from_raw(a.q, Q.name)?,
+            View::from_raw(a.w, W.name)?,
+            View::from_raw(a.positions, POSITIONS.name)?,
+            View::from_raw(a.req, REQ.name)?,
+            View::from_raw(a.block_table, BLOCK_TABLE.name)?,
+            View::from_raw(a.logits_out, LOGITS_OUT.name)?,
+            View::from_raw_opt(a.error, ERROR.name)?,
         )
     };
-    let mut dims = Dims::default();
-    qv.expect(&Q, &mut dims)?;
-    wv.expect(&W, &mut dims)?;
-    pv.expect(&POSITIONS, &mut dims)?;
-    rv.expect(&REQ, &mut dims)?;
-    bv.expect(&BLOCK_TABLE, &mut dims)?;
-    out.expect(&LOGITS_OUT, &mut dims)?;
-    check_disjoint(&[&qv, &wv, &pv, &rv, &bv], &[&out])?;
-    if super::attention_pools::overlaps(&out.byte_range(), &pool.range()) {
-        return Err(Error::invalid(
-            "logits_out",
-            "overlaps `keys`; outputs must not alias any other argument",
-        ));
-    }
-    // SAFETY: a host pool (checked) whose extent the caller keeps readable, apart from `out`.
-    let bytes = unsafe { std::slice::from_raw_parts(pool.addr as *const u8, pool.desc.extent()) };
-    let view = PoolView::new(pool.desc, bytes, "keys")?;
+    let mut outs = vec![&out];
+    outs.extend(err.as_ref());
+    check_disjoint(&[&qv, &wv, &pv, &rv, &bv], &outs)?;
+    let heads = qv.shape().get(1).copied().unwrap_or(0);
     let params = IndexerParams {
         ratio: a.ratio as usize,
-        heads: qv.shape()[1],
+        heads,
         query_quant,
     };
-    let (qf, wf, pos) = (qv.f32s()?, wv.f32s()?, pv.i64s()?);
-    let qs = IndexerQueries {
-        q: &qf,
-        w: &wf,
-        positions: &pos,
+    // SAFETY: the caller keeps the pool's extent valid on its device for the call.
+    let keys = unsafe { PoolPlace::new(pool.desc, pool.addr, pool.device) };
+    let call = PoolQueries {
+        q: qv.tensor(),
+        w: wv.tensor(),
+        positions: pv.tensor(),
+        req: rv.tensor(),
+        block_table: bv.tensor(),
+        keys,
     };
-    let n_cols = out.shape()[1];
-    let max_blocks = bv.shape()[1];
-    let (req, table) = (rv.i32s()?, bv.i32s()?);
-    fill_floats(&mut out, |o| {
-        crate::ops::indexer::logits_in_pool(&params, &qs, req, &view, table, max_blocks, n_cols, o)
-    })
+    let mut ev = err.as_mut().map(|e| e.tensor_mut()).transpose()?;
+    logits_in_pool_view(
+        &params,
+        &call,
+        &mut out.tensor_mut()?,
+        ev.as_mut(),
+        a.stream,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::dlpack::{K_DL_CUDA, K_DL_UINT};
+    use crate::ffi::test_support::{host_tensor, last_error};
+    use crate::ops::attention::{PoolDesc, PoolLayout, PoolView};
+
+    fn desc<T>(data: &mut [T], shape: &mut [i64], dtype: DType) -> DLTensor {
+        let (code, bits) = dtype.code_bits();
+        host_tensor(data.as_mut_ptr().cast(), code, bits, shape, None)
+    }
+
+    /// `csa2_indexer_logits_pool` through the C ABI equals the Rust entry on a strided, offset
+    /// slab, for a caller of the first struct version (no `error` member) and of this one; CUDA
+    /// tensors among host ones are a mixed-device error.
+    #[test]
+    fn pool_export_equals_the_rust_entry_for_both_struct_versions() {
+        let (spp, blocks) = (4usize, 3usize);
+        let (stride, offset) = (spp * 68 + 12, 5usize);
+        let mut slab: Vec<u8> = (0..offset + blocks * stride)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let pd = PoolDesc {
+            format: crate::formats::RecordFormat::Mxfp4Index,
+            layout: PoolLayout::BlockPlanar,
+            blocks,
+            states_per_page: spp,
+            block_stride: stride,
+        };
+        for slot in 0..blocks * spp {
+            let row: Vec<f32> = (0..INDEX_DIM)
+                .map(|i| ((slot * 131 + i * 7) % 23) as f32 / 5.0 - 2.0)
+                .collect();
+            let mut rec = [0u8; 68];
+            crate::formats::encode_rows(crate::formats::RecordFormat::Mxfp4Index, &row, &mut rec)
+                .unwrap();
+            let (d, s) = pd.offsets(slot);
+            slab[offset + d..][..64].copy_from_slice(&rec[..64]);
+            slab[offset + s..][..4].copy_from_slice(&rec[64..]);
+        }
+        let (t, h, mb) = (3usize, 2usize, 2usize);
+        let n_cols = mb * spp;
+        let mut q: Vec<f32> = (0..t * h * INDEX_DIM)
+            .map(|i| ((i * 17) % 29) as f32 / 14.0 - 1.0)
+            .collect();
+        let mut w = vec![0.5f32, -0.25, 1.0, 0.125, 0.75, 2.0];
+        let mut pos = vec![1i64, 6, 7];
+        let mut req = vec![0i32, 1, 1];
+        let mut table = vec![2i32, -1, 0, 1];
+        let view = PoolView::new(pd, &slab[offset..], "keys").unwrap();
+        let mut want = vec![0f32; t * n_cols];
+        let p = IndexerParams {
+            ratio: 1,
+            heads: h,
+            query_quant: QueryQuant::None,
+        };
+        let qs = IndexerQueries {
+            q: &q,
+            w: &w,
+            positions: &pos,
+        };
+        crate::ops::indexer::logits_in_pool(&p, &qs, &req, &view, &table, mb, n_cols, &mut want)
+            .unwrap();
+        let mut out = vec![9f32; t * n_cols];
+        let (mut sq, mut sw, mut sp, mut sr, mut sb, mut so) = (
+            [t as i64, h as i64, INDEX_DIM as i64],
+            [t as i64, h as i64],
+            [t as i64],
+            [t as i64],
+            [2i64, mb as i64],
+            [t as i64, n_cols as i64],
+        );
+        let (mut ks, mut kst) = ([blocks as i64, spp as i64, 68], [stride as i64, 68, 1]);
+        let tq = desc(&mut q, &mut sq, DType::F32);
+        let tw = desc(&mut w, &mut sw, DType::F32);
+        let tp = desc(&mut pos, &mut sp, DType::I64);
+        let tr = desc(&mut req, &mut sr, DType::I32);
+        let tb = desc(&mut table, &mut sb, DType::I32);
+        let to = desc(&mut out, &mut so, DType::F32);
+        let mut tk = host_tensor(
+            slab.as_mut_ptr().cast(),
+            K_DL_UINT,
+            8,
+            &mut ks,
+            Some(&mut kst),
+        );
+        tk.byte_offset = offset as u64;
+        let args = Csa2IndexerLogitsPoolArgs {
+            struct_size: std::mem::size_of::<Csa2IndexerLogitsPoolArgs>(),
+            q: &tq,
+            w: &tw,
+            positions: &tp,
+            req: &tr,
+            keys: super::super::Csa2Pool {
+                tensor: &tk,
+                format: 1,
+                layout: 1,
+            },
+            block_table: &tb,
+            ratio: 1,
+            q_quant: 0,
+            logits_out: &to,
+            stream: 0,
+            error: std::ptr::null(),
+        };
+        let v1 = Csa2IndexerLogitsPoolArgs {
+            struct_size: std::mem::offset_of!(Csa2IndexerLogitsPoolArgs, error),
+            ..args
+        };
+        let mut cuda_q = tq;
+        cuda_q.device.device_type = K_DL_CUDA;
+        let mixed = Csa2IndexerLogitsPoolArgs { q: &cuda_q, ..args };
+        assert_eq!(
+            unsafe { csa2_indexer_logits_pool(&mixed) },
+            Csa2Status::Csa2ErrInvalidArgument
+        );
+        assert!(last_error().contains("device"), "{}", last_error());
+        assert!(out.iter().all(|&v| v == 9.0), "written on error");
+        for a in [v1, args] {
+            out.fill(9.0);
+            assert_eq!(
+                unsafe { csa2_indexer_logits_pool(&a) },
+                Csa2Status::Csa2Ok,
+                "{}",
+                last_error()
+            );
+            assert_eq!(out, want);
+        }
+    }
 }

@@ -16,7 +16,7 @@ use csa2::ops::compressor::{self, CarryState, Compressor, CompressorBatch, Compr
 use csa2::ops::indexer::{self, IndexCache, IndexerParams, IndexerQueries};
 use csa2::ops::mhc::{self, MhcParams, MixWeights, PostUpdate};
 use csa2::ops::rope::Rope;
-use csa2::ops::topk::reference::select_rows_index_order as topk_ref;
+use csa2::ops::topk::reference::select_rows as topk_ref;
 use csa2::tensor::{Device as Place, Element, TensorView, TensorViewMut};
 use csa2::tolerance::{compare, Stats, Tolerance, GPU_BF16_VS_F64, GPU_F32_VS_F64, QUANT_VS_EXACT};
 use csa2::Result;
@@ -1145,9 +1145,381 @@ pub fn all(dev: &Device, size: Size, seed: u64) -> Vec<(String, Result<Report>)>
         check_indexer(dev, false, true, size, seed + 22),
     ));
     v.push(("topk".into(), check_topk(dev, size, seed + 30)));
+    v.push((
+        "topk ordered, caller's stream".into(),
+        check_topk_ordered(dev, size, seed + 32),
+    ));
+    v.push((
+        "indexer pool (strided slab)".into(),
+        check_indexer_pool(dev, size, seed + 22),
+    ));
     v.push(("candidates".into(), check_candidates(dev, size, seed + 31)));
     v.push(("attention".into(), check_attention(dev, size, seed + 40)));
     v.push(("mhc".into(), check_mhc(dev, true, size, seed + 50)));
     v.push(("mhc first".into(), check_mhc(dev, false, size, seed + 51)));
     v
+}
+
+// ---- 7. the pooled indexer and the ordered top-k on the caller's stream (issue 15) ---------------------
+
+/// The CUDA stream csa2's device uses, as a caller's raw `CUstream` (the entries borrow it).
+fn raw_stream(dev: &Device) -> u64 {
+    dev.stream().cu_stream() as u64
+}
+
+/// `csa2::ops::indexer::logits_in_pool_view` on a strided, offset, block-planar MXFP4 index-K slab
+/// laid out as vLLM 0.33 does (pages `block_stride` bytes apart, other layers' bytes between them):
+/// GPU vs the CPU entry on the same slab and vs the f64 reference, for each query quantisation;
+/// the kernel's error record for a bad block and a negative position; a bitwise rerun.
+pub fn check_indexer_pool(dev: &Device, size: Size, seed: u64) -> Result<Report> {
+    use csa2::ops::attention::{PoolDesc, PoolLayout};
+    use csa2::ops::indexer::{PoolPlace, PoolQueries, QueryQuant};
+    let mut rep = Report::new("indexer logits over a strided vLLM index-K slab (caller's stream)");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (states, ratio) = (64usize, 4usize);
+    let (requests, ctx) = if size.large {
+        (8, 131_072usize)
+    } else {
+        (3, 3000)
+    };
+    let entries = ctx / ratio;
+    let max_blocks = entries.div_ceil(states);
+    let blocks = requests * max_blocks + 3;
+    let fmt = RecordFormat::Mxfp4Index;
+    // A slab of all layers per block: this pool's page (64 × 68 B) plus 1,000 bytes of others,
+    // at an odd offset into the slab.
+    let (offset, block_stride) = (1001usize, states * fmt.record_bytes() + 1000);
+    let desc = PoolDesc {
+        format: fmt,
+        layout: PoolLayout::BlockPlanar,
+        blocks,
+        states_per_page: states,
+        block_stride,
+    };
+    let mut slab = vec![0x7fu8; offset + blocks * block_stride];
+    let mut compact = vec![0u8; blocks * states * fmt.record_bytes()];
+    for slot in 0..blocks * states {
+        let row = normal(&mut rng, IDX, 1.0);
+        let (d, s) = desc.offsets(slot);
+        let (data, scale) = (fmt.data_bytes(), fmt.scale_bytes());
+        let mut rec = vec![0u8; fmt.record_bytes()];
+        csa2::formats::encode_rows(fmt, &row, &mut rec)?;
+        slab[offset + d..][..data].copy_from_slice(&rec[..data]);
+        slab[offset + s..][..scale].copy_from_slice(&rec[data..]);
+        // csa2's own dense pages hold the same page bytes back to back (the reference's input).
+        let page = slot / states;
+        let src = offset + page * block_stride;
+        let len = states * fmt.record_bytes();
+        compact[page * len..][..len].copy_from_slice(&slab[src..src + len]);
+    }
+    let bt = block_tables(&mut rng, requests, max_blocks, blocks, true);
+    let (mut pos, mut req) = (vec![], vec![]);
+    for r in 0..requests {
+        for p in [0usize, 3, 4, 2047, 2048, ctx - 1 - r] {
+            pos.push(p.min(ctx - 1) as i64);
+            req.push(r as i32);
+        }
+    }
+    let t = pos.len();
+    let heads = 32usize;
+    let q = normal(&mut rng, t * heads * IDX, 1.0);
+    let w: Vec<f32> = normal(&mut rng, t * heads, 1.0)
+        .iter()
+        .map(|v| v / 64.0)
+        .collect();
+    let n_cols = entries;
+    let qs = IndexerQueries {
+        q: &q,
+        w: &w,
+        positions: &pos,
+    };
+    let cache = IndexCache {
+        pages: &compact,
+        block_table: &bt,
+        max_blocks,
+        page_slots: states,
+    };
+    let view = csa2::ops::attention::PoolView::new(desc, &slab[offset..], "keys")?;
+
+    let ordinal = dev.context().ordinal() as i32;
+    let d_slab = dev.upload(&slab)?;
+    let (dq, dw, dp, dr, dbt) = (
+        dev.upload(&q)?,
+        dev.upload(&w)?,
+        dev.upload(&pos)?,
+        dev.upload(&req)?,
+        dev.upload(&bt)?,
+    );
+    let mut dout = dev.zeros::<f32>(t * n_cols)?;
+    let mut derr = dev.zeros::<i32>(4)?;
+    let slab_addr = {
+        use csa2::cuda::cudarc::driver::DevicePtr;
+        d_slab.device_ptr(dev.stream()).0 as usize
+    };
+    let launch = |p: &IndexerParams,
+                  bt_dev: &csa2::cuda::DeviceBuffer<i32>,
+                  pos_dev: &csa2::cuda::DeviceBuffer<i64>,
+                  out: &mut csa2::cuda::DeviceBuffer<f32>,
+                  err: &mut csa2::cuda::DeviceBuffer<i32>|
+     -> Result<()> {
+        // SAFETY: every buffer outlives the views and the launch (synchronized below).
+        unsafe {
+            let (qv, wv, pv, rv, bv) = (
+                dev_view(dev, &dq, &[t, heads, IDX]),
+                dev_view(dev, &dw, &[t, heads]),
+                dev_view(dev, pos_dev, &[t]),
+                dev_view(dev, &dr, &[t]),
+                dev_view(dev, bt_dev, &[requests, max_blocks]),
+            );
+            let keys = PoolPlace::new(desc, slab_addr + offset, Place::Cuda(ordinal));
+            let call = PoolQueries {
+                q: &qv,
+                w: &wv,
+                positions: &pv,
+                req: &rv,
+                block_table: &bv,
+                keys,
+            };
+            let mut ov = dev_view_mut(dev, out, &[t, n_cols]);
+            let mut ev = dev_view_mut(dev, err, &[4]);
+            indexer::logits_in_pool_view(p, &call, &mut ov, Some(&mut ev), raw_stream(dev))
+        }
+    };
+    let run = |p: &IndexerParams,
+               bt_dev: &csa2::cuda::DeviceBuffer<i32>,
+               pos_dev: &csa2::cuda::DeviceBuffer<i64>,
+               out: &mut csa2::cuda::DeviceBuffer<f32>,
+               err: &mut csa2::cuda::DeviceBuffer<i32>|
+     -> Result<()> {
+        launch(p, bt_dev, pos_dev, out, err)?;
+        dev.synchronize()
+    };
+    for quant in [QueryQuant::None, QueryQuant::Mxfp4, QueryQuant::Fp8] {
+        let p = IndexerParams {
+            ratio,
+            heads,
+            query_quant: quant,
+        };
+        run(&p, &dbt, &dp, &mut dout, &mut derr)?;
+        let got = dev.download(&dout)?;
+        let mut cpu = vec![0f32; t * n_cols];
+        indexer::logits_in_pool(&p, &qs, &req, &view, &bt, max_blocks, n_cols, &mut cpu)?;
+        let want = indexer::reference::logits_paged(&p, &qs, &req, &cache, None, n_cols);
+        rep.stats(
+            &format!("{quant:?}: GPU vs f64 reference"),
+            &got,
+            &want,
+            &GPU_F32_VS_F64,
+        );
+        rep.stats(
+            &format!("{quant:?}: GPU vs the CPU entry on the same slab"),
+            &got,
+            &cpu,
+            &GPU_F32_VS_F64,
+        );
+        let e = dev.download(&derr)?;
+        rep.check(
+            &format!("{quant:?}: no error recorded"),
+            e == [0; 4],
+            format!("{e:?}"),
+        );
+        if quant == QueryQuant::None {
+            run(&p, &dbt, &dp, &mut dout, &mut derr)?;
+            rep.check(
+                "bitwise rerun",
+                bits_eq_f32(&dev.download(&dout)?, &got),
+                "",
+            );
+        }
+    }
+    // Bad input the host never sees: a block past the pool (request 0's first block) and a
+    // negative position (row 1). The kernel records the first one and writes −∞ there.
+    let mut bad_bt = bt.clone();
+    bad_bt[0] = blocks as i32 + 5;
+    let mut bad_pos = pos.clone();
+    bad_pos[1] = -3;
+    let (dbad_bt, dbad_pos) = (dev.upload(&bad_bt)?, dev.upload(&bad_pos)?);
+    let p = IndexerParams::new(ratio);
+    run(&p, &dbad_bt, &dbad_pos, &mut dout, &mut derr)?;
+    let e = dev.download(&derr)?;
+    let got = dev.download(&dout)?;
+    rep.check(
+        "bad block / position recorded in the error tensor",
+        (e[0] == 2 && e[3] == blocks as i32 + 5) || (e[0] == 3 && e[1] == 1 && e[3] == -3),
+        format!("{e:?}"),
+    );
+    rep.check(
+        "the negative position's row is all −∞",
+        got[n_cols..2 * n_cols]
+            .iter()
+            .all(|&v| v == f32::NEG_INFINITY),
+        "",
+    );
+    if size.iters > 0 {
+        let mut z = dev.zeros::<i32>(4)?;
+        let us = time_us(dev, size.iters, || launch(&p, &dbt, &dp, &mut dout, &mut z))?;
+        let visible: usize = pos
+            .iter()
+            .map(|&p| ((p as usize + 1) / ratio).min(n_cols))
+            .sum();
+        rep.timing = Some((us, (visible * (68 + 4) + t * heads * 129 * 4) as f64));
+    }
+    Ok(rep)
+}
+
+/// `csa2::ops::topk::select_rows_view_on_stream` on device tensors (the capture-safe entry: the
+/// order comes from the kernel, positions are read on the device) and the synchronous
+/// `select_rows_view`: both equal to the CPU entry on the same rows, for k = 512 and 2048, with
+/// ties, signed zeros, NaN, −∞ and rows that select everything; counts and the error record of a
+/// negative position.
+pub fn check_topk_ordered(dev: &Device, size: Size, seed: u64) -> Result<Report> {
+    use csa2::ops::topk::{select_rows_view, select_rows_view_on_stream};
+    let mut rep = Report::new("top-k in the order contract on the caller's stream");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let n = if size.large { 262_144 } else { 6000 };
+    let pos: Vec<i64> = vec![
+        n as i64 - 1,
+        n as i64 + 100,
+        5000,
+        511,
+        512,
+        2047,
+        2048,
+        n as i64 / 2,
+        -4,
+        0,
+    ];
+    let t = pos.len();
+    let mut logits = vec![0f32; t * n];
+    for (r, row) in logits.chunks_mut(n).enumerate() {
+        for (i, v) in row.iter_mut().enumerate() {
+            *v = match r % 5 {
+                0 => rng.random_range(0..4) as f32,
+                1 => match i % 9 {
+                    0 => -0.0,
+                    1 => 0.0,
+                    2 => f32::NAN,
+                    3 => f32::NEG_INFINITY,
+                    _ => rng.random_range(-1.0f32..1.0),
+                },
+                2 => {
+                    if i % 5 == 0 && i < 1500 {
+                        StandardNormal.sample(&mut rng)
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                }
+                _ => StandardNormal.sample(&mut rng),
+            };
+        }
+    }
+    let (dl, dp) = (dev.upload(&logits)?, dev.upload(&pos)?);
+    for k in [512usize, 2048] {
+        // CPU entry (the negative row is refused there, so it runs on the other rows).
+        let ok_rows: Vec<usize> = (0..t).filter(|&r| pos[r] >= 0).collect();
+        let mut want = vec![-1i32; t * k];
+        let mut want_counts = vec![0i32; t];
+        for &r in &ok_rows {
+            let lv = TensorView::from_host_slice(&logits[r * n..(r + 1) * n], &[1, n])?;
+            let pv = TensorView::from_host_slice(&pos[r..r + 1], &[1])?;
+            let (mut o, mut c) = (vec![0i32; k], vec![0i32; 1]);
+            let mut ov = TensorViewMut::from_host_slice(&mut o, &[1, k])?;
+            let mut cv = TensorViewMut::from_host_slice(&mut c, &[1])?;
+            select_rows_view(&lv, &pv, 1, &mut ov, Some(&mut cv))?;
+            want[r * k..(r + 1) * k].copy_from_slice(&o);
+            want_counts[r] = c[0];
+        }
+        let mut dout = dev.zeros::<i32>(t * k)?;
+        let mut dcnt = dev.zeros::<i32>(t)?;
+        let mut derr = dev.zeros::<i32>(4)?;
+        // SAFETY: the buffers outlive the views and the launch (synchronized below).
+        unsafe {
+            let lv = dev_view(dev, &dl, &[t, n]);
+            let pv = dev_view(dev, &dp, &[t]);
+            let mut ov = dev_view_mut(dev, &mut dout, &[t, k]);
+            let mut cv = dev_view_mut(dev, &mut dcnt, &[t]);
+            let mut ev = dev_view_mut(dev, &mut derr, &[4]);
+            select_rows_view_on_stream(
+                &lv,
+                &pv,
+                1,
+                &mut ov,
+                Some(&mut cv),
+                Some(&mut ev),
+                raw_stream(dev),
+            )?;
+        }
+        dev.synchronize()?;
+        let (got, counts, e) = (
+            dev.download(&dout)?,
+            dev.download(&dcnt)?,
+            dev.download(&derr)?,
+        );
+        let bad: Vec<usize> = (0..t)
+            .filter(|&r| got[r * k..(r + 1) * k] != want[r * k..(r + 1) * k])
+            .collect();
+        rep.check(
+            &format!("k={k}: on-stream selection and order == CPU"),
+            bad.is_empty(),
+            format!("rows differing: {bad:?}"),
+        );
+        rep.check(
+            &format!("k={k}: counts == CPU"),
+            counts == want_counts,
+            format!("{counts:?} vs {want_counts:?}"),
+        );
+        rep.check(
+            &format!("k={k}: negative position recorded"),
+            e == [1, 8, 0, -4],
+            format!("{e:?}"),
+        );
+        // The synchronous entry (csa2_topk's) on the rows it accepts.
+        let sel: Vec<usize> = ok_rows.clone();
+        let sub_l: Vec<f32> = sel
+            .iter()
+            .flat_map(|&r| logits[r * n..(r + 1) * n].iter().copied())
+            .collect();
+        let sub_p: Vec<i64> = sel.iter().map(|&r| pos[r]).collect();
+        let (dsl, dsp) = (dev.upload(&sub_l)?, dev.upload(&sub_p)?);
+        let mut dso = dev.zeros::<i32>(sel.len() * k)?;
+        // SAFETY: as above; the entry synchronizes before it returns.
+        unsafe {
+            let lv = dev_view(dev, &dsl, &[sel.len(), n]);
+            let pv = dev_view(dev, &dsp, &[sel.len()]);
+            let mut ov = dev_view_mut(dev, &mut dso, &[sel.len(), k]);
+            select_rows_view(&lv, &pv, 1, &mut ov, None)?;
+        }
+        let sync_got = dev.download(&dso)?;
+        let sync_want: Vec<i32> = sel
+            .iter()
+            .flat_map(|&r| want[r * k..(r + 1) * k].iter().copied())
+            .collect();
+        rep.check(
+            &format!("k={k}: synchronous entry == CPU"),
+            sync_got == sync_want,
+            "",
+        );
+    }
+    if size.iters > 0 {
+        let k = 512;
+        let mut dout = dev.zeros::<i32>(t * k)?;
+        let us = time_us(dev, size.iters, || {
+            // SAFETY: as above.
+            unsafe {
+                let lv = dev_view(dev, &dl, &[t, n]);
+                let pv = dev_view(dev, &dp, &[t]);
+                let mut ov = dev_view_mut(dev, &mut dout, &[t, k]);
+                select_rows_view_on_stream(&lv, &pv, 1, &mut ov, None, None, raw_stream(dev))
+            }
+        })?;
+        let read: usize = pos
+            .iter()
+            .map(|&p| ((p.max(-1) + 1) as usize).min(n) * 4 * 5)
+            .sum();
+        rep.timing = Some((us, read as f64));
+        rep.detail.push_str(
+            "note: bytes = 5 passes over the visible keys (4 radix passes + compaction)\n",
+        );
+    }
+    Ok(rep)
 }

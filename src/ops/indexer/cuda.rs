@@ -125,3 +125,120 @@ pub fn logits(
     );
     Ok(())
 }
+
+/// Launches `indexer_logits_pool_f32` for a checked [`super::logits_in_pool_view`] call on
+/// `stream` (a `CUstream` of device `ordinal`, owned by the caller; 0 = the legacy default
+/// stream). Returns after the launch: no allocation, no copy, no synchronization.
+///
+/// Errors: [`Error::Unsupported`] for more than 32 heads or no usable device, [`Error::Shape`]
+/// for a tensor that is not dense or not of the kernel's dtype, [`Error::Invalid`] for ratio 0 or
+/// a dimension past `i32`, [`Error::Cuda`] for the module or the launch.
+pub(crate) fn logits_in_pool_launch(
+    ordinal: i32,
+    p: &IndexerParams,
+    a: &super::PoolQueries<'_>,
+    out: &mut crate::tensor::TensorViewMut<'_>,
+    error: Option<&mut crate::tensor::TensorViewMut<'_>>,
+    stream: u64,
+) -> Result<()> {
+    use super::signature::{BLOCK_TABLE, ERROR, LOGITS_OUT, POSITIONS, Q, REQ, W};
+    use crate::tensor::{DType, TensorView};
+    if p.ratio == 0 {
+        return Err(Error::invalid(
+            "ratio",
+            "the indexer needs a compressed layer (ratio ≥ 1), found 0",
+        ));
+    }
+    if p.heads == 0 || p.heads > 32 {
+        return Err(Error::Unsupported(format!(
+            "the CUDA pooled indexer keeps one head per lane of a warp: 1..=32 heads, found {}",
+            p.heads
+        )));
+    }
+    let dense = |v: &TensorView<'_>, dtypes: &[DType], what: &str| -> Result<u64> {
+        if !dtypes.contains(&v.dtype()) || !v.is_contiguous() {
+            return Err(Error::shape(
+                what,
+                format!(
+                    "a dense {} tensor on the GPU",
+                    dtypes
+                        .iter()
+                        .map(|d| d.name())
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ),
+                format!("{} with strides {:?}", v.dtype().name(), v.strides()),
+            ));
+        }
+        Ok(v.addr() as u64)
+    };
+    let q = dense(a.q, &[DType::F32], Q.name)?;
+    let w = dense(a.w, &[DType::F32], W.name)?;
+    let pos = dense(a.positions, &[DType::I32, DType::I64], POSITIONS.name)?;
+    let pos_i64 = i32::from(a.positions.dtype() == DType::I64);
+    let req = dense(a.req, &[DType::I32], REQ.name)?;
+    let bt = dense(a.block_table, &[DType::I32], BLOCK_TABLE.name)?;
+    let lo = dense(&out.as_view(), &[DType::F32], LOGITS_OUT.name)?;
+    let err = match &error {
+        Some(e) => dense(&e.as_view(), &[DType::I32], ERROR.name)?,
+        None => 0,
+    };
+    let (rows, n_cols) = (a.q.shape()[0], out.shape()[1]);
+    let (n_req, max_blocks) = (a.block_table.shape()[0], a.block_table.shape()[1]);
+    if rows == 0 || n_cols == 0 {
+        return Ok(());
+    }
+    let desc = *a.keys.desc();
+    let i = |what: &str, v: usize| as_i32(what, v);
+    let (rows_i, nc, nr, mb) = (
+        i("rows", rows)?,
+        i("n_cols", n_cols)?,
+        i("block_table rows", n_req)?,
+        i("max_blocks", max_blocks)?,
+    );
+    let (states, ratio, heads) = (
+        i("states_per_page", desc.states_per_page)?,
+        i("ratio", p.ratio)?,
+        i("heads", p.heads)?,
+    );
+    let q_quant: i32 = match p.query_quant {
+        QueryQuant::None => 0,
+        QueryQuant::Mxfp4 => 1,
+        QueryQuant::Fp8 => 2,
+        QueryQuant::Bf16 => 3,
+    };
+    let (pool, stride, blocks) = (
+        a.keys.addr() as u64,
+        desc.block_stride as i64,
+        desc.blocks as i64,
+    );
+    let idx = usize::try_from(ordinal)
+        .map_err(|_| Error::invalid(Q.name, format!("CUDA device {ordinal} does not exist")))?;
+    let dev = Device::shared(idx)?;
+    let f = dev.function("indexer", "indexer_logits_pool_f32")?;
+    // SAFETY: `stream` is the caller's live stream of this device's context (the entry's
+    // contract); the wrapper does not own it and is dropped after the launch.
+    let s = unsafe {
+        dev.context()
+            .wrap_borrowed_stream(stream as cudarc::driver::sys::CUstream)
+    };
+    let grid = (
+        n_cols.div_ceil(INDEXER_ENTRIES_PER_BLOCK) as u32,
+        rows.min(65_535) as u32,
+    );
+    use cudarc::driver::PushKernelArg;
+    let mut b = s.launch_builder(&f);
+    // indexer_logits_pool_f32(q, w, pos, pos_i64, req, n_req, block_table, max_blocks, pool,
+    //   block_stride, states, blocks, ratio, heads, q_quant, logits, n_cols, rows, err)
+    b.arg(&q).arg(&w).arg(&pos).arg(&pos_i64);
+    b.arg(&req).arg(&nr).arg(&bt).arg(&mb);
+    b.arg(&pool).arg(&stride).arg(&states).arg(&blocks);
+    b.arg(&ratio).arg(&heads).arg(&q_quant);
+    b.arg(&lo).arg(&nc).arg(&rows_i).arg(&err);
+    // SAFETY: the arguments follow the kernel's signature above in order and type; the entry
+    // checked every tensor's shape, dtype, device and density, and the kernel checks every
+    // request, block and position it reads against n_req, blocks and 0 before using it.
+    unsafe { b.launch(cfg(grid, INDEXER_THREADS as u32)) }
+        .map_err(|e| crate::cuda::device::cuda_error("launch indexer_logits_pool_f32", e))?;
+    Ok(())
+}

@@ -18,6 +18,7 @@ pub mod reference;
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, MXFP4_INDEX_BYTES};
 use crate::ops::candidates::CandidateParams;
+use crate::tensor::{Device, TensorView, TensorViewMut};
 
 /// Index-K / index-Q head dim and the indexer heads of V4.1 (the geometry's,
 /// [`crate::geometry::consts`]).
@@ -416,8 +417,10 @@ pub mod signature {
     /// checked by [`crate::ops::attention::PoolView`]).
     pub const LOGITS_POOL: Signature = Signature {
         op: "indexer_logits_pool",
-        args: &[Q, W, POSITIONS, REQ, BLOCK_TABLE, LOGITS_OUT],
+        args: &[Q, W, POSITIONS, REQ, BLOCK_TABLE, LOGITS_OUT, ERROR],
     };
+    /// `[4]` int32 error record of a CUDA call (see [`super::logits_in_pool_view`]).
+    pub const ERROR: Arg = Arg::write("error", &[DType::I32], &[Dim::Fixed(4)]).optional();
 }
 
 /// Logits (T, `n_cols`) of T query rows of any requests over an MXFP4 index-K pool read **in
@@ -549,6 +552,191 @@ pub fn logits_in_pool(
             }
         });
     Ok(())
+}
+
+/// An index-K pool as [`logits_in_pool_view`] takes it: the strided descriptor and the address of
+/// its first byte (`data + byte_offset` of vLLM's view), in host or device memory.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolPlace {
+    desc: crate::ops::attention::PoolDesc,
+    addr: usize,
+    device: Device,
+}
+
+impl PoolPlace {
+    /// A pool of `desc.extent()` bytes at `addr` on `device`.
+    ///
+    /// # Safety
+    /// Those bytes stay allocated, and unwritten by others, for every call the value is passed to
+    /// (on CUDA: until the launch has run on its stream); on [`Device::Cpu`] they are readable.
+    pub unsafe fn new(desc: crate::ops::attention::PoolDesc, addr: usize, device: Device) -> Self {
+        PoolPlace { desc, addr, device }
+    }
+    /// The descriptor.
+    pub fn desc(&self) -> &crate::ops::attention::PoolDesc {
+        &self.desc
+    }
+    /// The address of the first byte.
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+    /// Where the bytes live.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    fn range(&self) -> std::ops::Range<usize> {
+        self.addr..self.addr + self.desc.extent()
+    }
+}
+
+/// The tensors of one pooled indexer call ([`signature::LOGITS_POOL`]): shapes as
+/// [`logits_in_pool`] (q `[T, H, 128]` and w `[T, H]` float, positions `[T]` int, req `[T]` and
+/// block_table `[R, B]` int32).
+#[derive(Debug, Clone, Copy)]
+pub struct PoolQueries<'a> {
+    /// RoPE'd index Q.
+    pub q: &'a TensorView<'a>,
+    /// Head weights, already scaled.
+    pub w: &'a TensorView<'a>,
+    /// Token positions.
+    pub positions: &'a TensorView<'a>,
+    /// Request (block-table row) of each query row.
+    pub req: &'a TensorView<'a>,
+    /// Block table of the index-K pool, −1 = unmapped.
+    pub block_table: &'a TensorView<'a>,
+    /// The index-K pool (MXFP4, block-planar).
+    pub keys: PoolPlace,
+}
+
+/// [`logits_in_pool`] over tensor views, dispatched on their device (all on one): host memory
+/// runs [`logits_in_pool`] in place on the strided pool; CUDA memory (feature `cuda`) launches
+/// `indexer_logits_pool_f32` (`kernels/indexer.cu`) on `stream` — a `CUstream` of that device,
+/// borrowed (0 = the legacy default stream) — and returns after the launch: nothing is allocated,
+/// copied to or from the host, or synchronized, so a CUDA graph can capture it once the modules
+/// are loaded (`csa2_cuda_preload`). The kernel scores 1..=32 heads of f32 queries (q_quant as
+/// [`QueryQuant`]), the sums in f32 in another order than the CPU's (both within
+/// [`crate::tolerance::F32_VS_F64`] of [`reference::logits_paged`]).
+///
+/// On CUDA the values are not read on the host: a negative position, a request outside the
+/// table or a block outside the pool is written as −∞ for the entries it touches and recorded in
+/// `error` (`[4]` int32 on the device, zeroed by the caller, written only on bad input:
+/// `{1 request | 2 block | 3 position, row, column, value}`, the first one wins). On the host
+/// those are the error (nothing written) and `error` is left as it is.
+///
+/// Errors: those of [`logits_in_pool`] (host); [`Error::Shape`] for a tensor off the signature
+/// or (CUDA) not dense / not float32; [`Error::Invalid`] for mixed devices, a pool that is not
+/// MXFP4 block-planar, an output overlapping an input; [`Error::Unsupported`] for more than 32
+/// heads on CUDA; [`Error::NoCudaBuild`] for CUDA tensors without the `cuda` feature;
+/// [`Error::Cuda`].
+pub fn logits_in_pool_view(
+    p: &IndexerParams,
+    a: &PoolQueries<'_>,
+    out: &mut TensorViewMut<'_>,
+    error: Option<&mut TensorViewMut<'_>>,
+    stream: u64,
+) -> Result<()> {
+    use crate::ops::attention::PoolLayout;
+    use signature::{BLOCK_TABLE, ERROR, LOGITS_OUT, POSITIONS, Q, REQ, W};
+    let desc = *a.keys.desc();
+    if desc.format != RecordFormat::Mxfp4Index {
+        return Err(Error::invalid(
+            "keys.format",
+            format!(
+                "the pooled indexer reads MXFP4 index K, found {}",
+                desc.format.name()
+            ),
+        ));
+    }
+    if desc.layout != PoolLayout::BlockPlanar {
+        return Err(Error::invalid(
+            "keys.layout",
+            "vLLM's index-K pages are block-planar: all values of a page, then all scales",
+        ));
+    }
+    let mut dims = crate::shape::Dims::default();
+    a.q.expect(&Q, &mut dims)?;
+    a.w.expect(&W, &mut dims)?;
+    a.positions.expect(&POSITIONS, &mut dims)?;
+    a.req.expect(&REQ, &mut dims)?;
+    a.block_table.expect(&BLOCK_TABLE, &mut dims)?;
+    out.expect(&LOGITS_OUT, &mut dims)?;
+    if a.q.shape()[1] != p.heads {
+        return Err(Error::shape(
+            Q.name,
+            format!("[T, H={}, {INDEX_DIM}]", p.heads),
+            format!("{:?}", a.q.shape()),
+        ));
+    }
+    let mut devices = vec![
+        (Q.name, a.q.device()),
+        (W.name, a.w.device()),
+        (POSITIONS.name, a.positions.device()),
+        (REQ.name, a.req.device()),
+        (BLOCK_TABLE.name, a.block_table.device()),
+        ("keys", a.keys.device()),
+        (LOGITS_OUT.name, out.device()),
+    ];
+    if let Some(e) = &error {
+        e.expect(&ERROR, &mut dims)?;
+        devices.push((ERROR.name, e.device()));
+    }
+    let device = crate::tensor::one_device(&devices)?;
+    let overlaps = |x: &std::ops::Range<usize>, y: &std::ops::Range<usize>| {
+        !x.is_empty() && !y.is_empty() && x.start < y.end && y.start < x.end
+    };
+    let mut writes = vec![(LOGITS_OUT.name, out.byte_range())];
+    if let Some(e) = &error {
+        writes.push((ERROR.name, e.byte_range()));
+    }
+    let reads = [
+        (Q.name, a.q.byte_range()),
+        (W.name, a.w.byte_range()),
+        (POSITIONS.name, a.positions.byte_range()),
+        (REQ.name, a.req.byte_range()),
+        (BLOCK_TABLE.name, a.block_table.byte_range()),
+        ("keys", a.keys.range()),
+    ];
+    for (i, (wn, wr)) in writes.iter().enumerate() {
+        let others = reads.iter().chain(&writes[i + 1..]);
+        if let Some((rn, _)) = others.clone().find(|(_, r)| overlaps(wr, r)) {
+            return Err(Error::invalid(
+                *wn,
+                format!("overlaps `{rn}`; outputs must not alias any other argument"),
+            ));
+        }
+    }
+    match device {
+        Device::Cpu => {
+            // SAFETY: a host pool (checked above) whose extent the `PoolPlace` contract keeps
+            // readable; no output overlaps it (checked above).
+            let bytes =
+                unsafe { std::slice::from_raw_parts(a.keys.addr() as *const u8, desc.extent()) };
+            let view = crate::ops::attention::PoolView::new(desc, bytes, "keys")?;
+            let (qf, wf, pos) = (
+                a.q.to_f32(Q.name)?,
+                a.w.to_f32(W.name)?,
+                a.positions.to_i64(POSITIONS.name)?,
+            );
+            let qs = IndexerQueries {
+                q: &qf,
+                w: &wf,
+                positions: &pos,
+            };
+            let req = a.req.as_slice::<i32>(REQ.name)?;
+            let table = a.block_table.as_slice::<i32>(BLOCK_TABLE.name)?;
+            let (n_cols, max_blocks) = (out.shape()[1], a.block_table.shape()[1]);
+            let mut o = vec![0f32; out.numel()];
+            logits_in_pool(p, &qs, req, &view, table, max_blocks, n_cols, &mut o)?;
+            out.write_f32s(LOGITS_OUT.name, &o)
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => cuda::logits_in_pool_launch(ordinal, p, a, out, error, stream),
+        #[cfg(not(feature = "cuda"))]
+        d @ Device::Cuda(_) => {
+            let _ = (error, stream);
+            Err(crate::tensor::no_cuda_build(Q.name, d))
+        }
+    }
 }
 
 #[cfg(test)]

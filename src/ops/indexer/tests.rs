@@ -609,3 +609,209 @@ fn pooled_indexer_reads_a_strided_slab_in_place() {
     assert!(format!("{}", e.unwrap_err()).contains("request 2"));
     assert!(out.iter().all(|v| *v == 0.0), "an error writes nothing");
 }
+
+/// [`logits_in_pool_view`]: on host views it is [`logits_in_pool`] bit for bit (int32 and int64
+/// positions); mixed devices, a pool that is not MXFP4 block-planar, an output over the pool and a
+/// head count off `q` are refused and write nothing; CUDA views without the `cuda` feature are
+/// `NoCudaBuild`.
+#[test]
+fn pooled_view_entry_dispatches_by_device_and_checks() {
+    use crate::ops::attention::{PoolDesc, PoolLayout, PoolView};
+    use crate::tensor::{DType, Device, TensorView, TensorViewMut};
+    let mut rng = Rng::new(43);
+    let (spp, n_pages, max_blocks) = (8usize, 4usize, 3usize);
+    let (stride, offset) = (spp * MXFP4_INDEX_BYTES + 24, 9usize);
+    let mut slab: Vec<u8> = (0..offset + n_pages * stride)
+        .map(|i| (i * 37 % 239) as u8)
+        .collect();
+    let desc = PoolDesc {
+        format: RecordFormat::Mxfp4Index,
+        layout: PoolLayout::BlockPlanar,
+        blocks: n_pages,
+        states_per_page: spp,
+        block_stride: stride,
+    };
+    for slot in 0..n_pages * spp {
+        let row = rand_normal(&mut rng, INDEX_DIM, 1.0);
+        let mut rec = [0u8; MXFP4_INDEX_BYTES];
+        encode_rows(RecordFormat::Mxfp4Index, &row, &mut rec).unwrap();
+        let (d, s) = desc.offsets(slot);
+        slab[offset + d..][..64].copy_from_slice(&rec[..64]);
+        slab[offset + s..][..4].copy_from_slice(&rec[64..]);
+    }
+    let block_table = vec![3i32, -1, 0, 2, 1, 3];
+    let positions = vec![0i64, 9, 23, 5, 17];
+    let pos32: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+    let req = vec![0i32, 0, 0, 1, 1];
+    let (t, h, n_cols) = (positions.len(), 4usize, max_blocks * spp);
+    let q = rand_normal(&mut rng, t * h * INDEX_DIM, 1.0);
+    let w = rand_normal(&mut rng, t * h, 0.1);
+    let p = IndexerParams {
+        ratio: 1,
+        heads: h,
+        query_quant: QueryQuant::Mxfp4,
+    };
+    let view = PoolView::new(desc, &slab[offset..], "keys").unwrap();
+    let qs = IndexerQueries {
+        q: &q,
+        w: &w,
+        positions: &positions,
+    };
+    let mut want = vec![0f32; t * n_cols];
+    logits_in_pool(
+        &p,
+        &qs,
+        &req,
+        &view,
+        &block_table,
+        max_blocks,
+        n_cols,
+        &mut want,
+    )
+    .unwrap();
+
+    let qv = TensorView::from_host_slice(&q, &[t, h, INDEX_DIM]).unwrap();
+    let wv = TensorView::from_host_slice(&w, &[t, h]).unwrap();
+    let pv = TensorView::from_host_slice(&positions, &[t]).unwrap();
+    let pv32 = TensorView::from_host_slice(&pos32, &[t]).unwrap();
+    let rv = TensorView::from_host_slice(&req, &[t]).unwrap();
+    let bv = TensorView::from_host_slice(&block_table, &[2, max_blocks]).unwrap();
+    // SAFETY: the slab outlives every call below and is only read.
+    let keys = unsafe { PoolPlace::new(desc, slab.as_ptr() as usize + offset, Device::Cpu) };
+    let call = PoolQueries {
+        q: &qv,
+        w: &wv,
+        positions: &pv,
+        req: &rv,
+        block_table: &bv,
+        keys,
+    };
+    let mut out = vec![7f32; t * n_cols];
+    let mut err = [0i32; 4];
+    for positions in [&pv, &pv32] {
+        let c = PoolQueries { positions, ..call };
+        let mut ov = TensorViewMut::from_host_slice(&mut out, &[t, n_cols]).unwrap();
+        let mut ev = TensorViewMut::from_host_slice(&mut err, &[4]).unwrap();
+        logits_in_pool_view(&p, &c, &mut ov, Some(&mut ev), 0).unwrap();
+        drop(ov);
+        assert_eq!(
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+    assert_eq!(err, [0; 4], "the host path leaves the error record alone");
+
+    let mut fresh = vec![7f32; t * n_cols];
+    let mut expect_err = |c: &PoolQueries, p: &IndexerParams, needle: &str| {
+        let mut ov = TensorViewMut::from_host_slice(&mut fresh, &[t, n_cols]).unwrap();
+        let e = logits_in_pool_view(p, c, &mut ov, None, 0).unwrap_err();
+        assert!(e.to_string().contains(needle), "{needle}: {e}");
+        e
+    };
+    // SAFETY (views below): never dereferenced, the checks fail first.
+    let cuda_q = unsafe {
+        TensorView::from_raw_parts(
+            0x1000 as *const u8,
+            &[t, h, INDEX_DIM],
+            &crate::tensor::row_major_strides(&[t, h, INDEX_DIM]),
+            DType::F32,
+            Device::Cuda(0),
+        )
+    }
+    .unwrap();
+    let mixed = PoolQueries { q: &cuda_q, ..call };
+    expect_err(&mixed, &p, "share a device");
+    let wrong_fmt = PoolQueries {
+        keys: unsafe {
+            PoolPlace::new(
+                PoolDesc {
+                    format: RecordFormat::Fp8Index,
+                    ..desc
+                },
+                keys.addr(),
+                Device::Cpu,
+            )
+        },
+        ..call
+    };
+    expect_err(&wrong_fmt, &p, "MXFP4");
+    let interleaved = PoolQueries {
+        keys: unsafe {
+            PoolPlace::new(
+                PoolDesc {
+                    layout: PoolLayout::Interleaved,
+                    ..desc
+                },
+                keys.addr(),
+                Device::Cpu,
+            )
+        },
+        ..call
+    };
+    expect_err(&interleaved, &p, "block-planar");
+    let p8 = IndexerParams { heads: 8, ..p };
+    expect_err(&call, &p8, "H=8");
+    assert!(fresh.iter().all(|&v| v == 7.0), "an error writes nothing");
+    // The output inside the pool's bytes.
+    // SAFETY: the slab is this test's; the call is refused before anything is written.
+    let mut over = unsafe {
+        let a = slab.as_mut_ptr().add(offset);
+        TensorViewMut::from_raw_parts(
+            a.add(a.align_offset(4)),
+            &[t, n_cols],
+            &[n_cols, 1],
+            DType::F32,
+            Device::Cpu,
+        )
+    }
+    .unwrap();
+    let e = logits_in_pool_view(&p, &call, &mut over, None, 0).unwrap_err();
+    assert!(e.to_string().contains("overlaps"), "{e}");
+
+    #[cfg(not(feature = "cuda"))]
+    {
+        let dev = |shape: &[usize], dt| {
+            // SAFETY: never dereferenced: the build refuses CUDA memory first.
+            unsafe {
+                TensorView::from_raw_parts(
+                    0x1000 as *const u8,
+                    shape,
+                    &crate::tensor::row_major_strides(shape),
+                    dt,
+                    Device::Cuda(0),
+                )
+            }
+            .unwrap()
+        };
+        let (dq, dw, dp, dr, db) = (
+            dev(&[t, h, INDEX_DIM], DType::F32),
+            dev(&[t, h], DType::F32),
+            dev(&[t], DType::I64),
+            dev(&[t], DType::I32),
+            dev(&[2, max_blocks], DType::I32),
+        );
+        // Far apart: the output must not overlap the (fake) inputs.
+        let dkeys = unsafe { PoolPlace::new(desc, 0x6000_0000, Device::Cuda(0)) };
+        let c = PoolQueries {
+            q: &dq,
+            w: &dw,
+            positions: &dp,
+            req: &dr,
+            block_table: &db,
+            keys: dkeys,
+        };
+        // SAFETY: as above.
+        let mut ov = unsafe {
+            TensorViewMut::from_raw_parts(
+                0x7000_0000 as *mut u8,
+                &[t, n_cols],
+                &[n_cols, 1],
+                DType::F32,
+                Device::Cuda(0),
+            )
+        }
+        .unwrap();
+        let e = logits_in_pool_view(&p, &c, &mut ov, None, 0).unwrap_err();
+        assert!(matches!(e, Error::NoCudaBuild(_)), "{e:?}");
+    }
+}

@@ -16,10 +16,10 @@
 //! The engine feeds the list to attention in this order, so it is part of the result (the f32
 //! sums of attention follow it). The fast path ([`cpu::select_scored`]) produces it directly: one
 //! streaming pass against a running threshold with a bounded candidate buffer (see its module
-//! docs). The CUDA radix select (`kernels/topk.cu`) yields the same set in ascending index order;
-//! [`select_rows_view`] puts a CUDA result into the contract's order with [`order_rows`] on the
-//! host. The tests compare the CPU path with [`reference::select`] under this contract, and the
-//! CUDA post-step with [`reference::select_rows_index_order`] (the kernel's own reference).
+//! docs). The CUDA kernel (`kernels/topk.cu`) selects by radix select and sorts the selection in
+//! shared memory into the same order, so a CUDA result needs no host step. The tests compare the
+//! CPU path with [`reference::select`] under this contract, and the GPU tests (`tests/cuda.rs`)
+//! the CUDA path with the CPU path.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -119,19 +119,18 @@ pub fn visible_counts(positions: &[i64], ratio: usize) -> Result<Vec<usize>> {
 }
 
 /// Top-k over tensor views ([`signature::TOPK`]), dispatched on their device: host memory runs
-/// [`select_rows`]; CUDA memory the radix select of `kernels/topk.cu` (feature `cuda`) followed by
-/// [`order_rows`], so both give the order of the module's contract. Row t sees
-/// `(positions[t] + 1) div ratio` entries (clamped to N). `counts_out`, when given, receives the
-/// entries selected per row.
+/// [`select_rows`]; CUDA memory the kernel of `kernels/topk.cu` (feature `cuda`), which gives
+/// the order of the module's contract itself. Row t sees `(positions[t] + 1) div ratio` entries
+/// (clamped to N). `counts_out`, when given, receives the entries selected per row.
 ///
-/// The CUDA path reads `positions` back to the host (T values) to count the visible entries, and
-/// for the contract's order reads the logits and the selection back, sorts, and writes the
-/// selection again: O(T·N) bytes over the bus, the price of one order on both devices.
+/// Synchronous on both devices: on CUDA it waits for the device's work, reads `positions` back
+/// to check them (T values), launches on csa2's own stream and waits for it. For a launch on the
+/// caller's stream with no host access (CUDA-graph capture), use [`select_rows_view_on_stream`].
 ///
 /// Errors: [`Error::Shape`] for a tensor off the signature; [`Error::Invalid`] for tensors on
 /// different devices, ratio 0 or a negative position; [`Error::NoCudaBuild`] for CUDA tensors in
-/// a build without the `cuda` feature; [`Error::Cuda`] on a GPU. Nothing is written on error
-/// before the kernel runs.
+/// a build without the `cuda` feature; [`Error::Unsupported`] for a CUDA k over
+/// `cuda::shapes::TOPK_SORT_MAX` (4096); [`Error::Cuda`] on a GPU. Nothing is written on error.
 pub fn select_rows_view(
     logits: &TensorView<'_>,
     positions: &TensorView<'_>,
@@ -139,7 +138,49 @@ pub fn select_rows_view(
     out: &mut TensorViewMut<'_>,
     counts_out: Option<&mut TensorViewMut<'_>>,
 ) -> Result<()> {
-    use signature::{COUNTS_OUT, LOGITS, OUT, POSITIONS};
+    select_rows_view_impl(logits, positions, ratio, out, counts_out, None, None)
+}
+
+/// [`select_rows_view`] for a caller that owns a CUDA stream: on CUDA tensors the kernel is
+/// launched on `stream` (a `CUstream` of the tensors' device, borrowed; 0 = the legacy default
+/// stream) and the call returns after the launch — nothing is allocated, copied to or from the
+/// host, or synchronized, so it can be captured in a CUDA graph once the modules are loaded
+/// (`csa2_cuda_preload`). Positions are not read on the host there: a negative one selects nothing
+/// for its row and is recorded in `error` (`[4]` int32 on the device, zeroed by the caller,
+/// written only on a bad position: `{1, row, 0, position}`, first one wins). On host tensors this
+/// is [`select_rows_view`] (`stream` unused, `error` left as it is; a bad position is the error).
+///
+/// Errors: as [`select_rows_view`], minus the negative position on CUDA.
+pub fn select_rows_view_on_stream(
+    logits: &TensorView<'_>,
+    positions: &TensorView<'_>,
+    ratio: usize,
+    out: &mut TensorViewMut<'_>,
+    counts_out: Option<&mut TensorViewMut<'_>>,
+    error: Option<&mut TensorViewMut<'_>>,
+    stream: u64,
+) -> Result<()> {
+    select_rows_view_impl(
+        logits,
+        positions,
+        ratio,
+        out,
+        counts_out,
+        error,
+        Some(stream),
+    )
+}
+
+fn select_rows_view_impl(
+    logits: &TensorView<'_>,
+    positions: &TensorView<'_>,
+    ratio: usize,
+    out: &mut TensorViewMut<'_>,
+    counts_out: Option<&mut TensorViewMut<'_>>,
+    error: Option<&mut TensorViewMut<'_>>,
+    stream: Option<u64>,
+) -> Result<()> {
+    use signature::{COUNTS_OUT, ERROR, LOGITS, OUT, POSITIONS};
     let mut dims = Dims::default();
     logits.expect(&LOGITS, &mut dims)?;
     positions.expect(&POSITIONS, &mut dims)?;
@@ -152,6 +193,10 @@ pub fn select_rows_view(
     if let Some(c) = &counts_out {
         c.expect(&COUNTS_OUT, &mut dims)?;
         devices.push((COUNTS_OUT.name, c.device()));
+    }
+    if let Some(e) = &error {
+        e.expect(&ERROR, &mut dims)?;
+        devices.push((ERROR.name, e.device()));
     }
     match one_device(&devices)? {
         Device::Cpu => {
@@ -171,16 +216,20 @@ pub fn select_rows_view(
             Ok(())
         }
         #[cfg(feature = "cuda")]
-        Device::Cuda(ordinal) => {
-            select_rows_cuda(ordinal, logits, positions, ratio, out, counts_out)
-        }
+        Device::Cuda(ordinal) => select_rows_cuda(
+            ordinal, logits, positions, ratio, out, counts_out, error, stream,
+        ),
         #[cfg(not(feature = "cuda"))]
-        d @ Device::Cuda(_) => Err(crate::tensor::no_cuda_build(LOGITS.name, d)),
+        d @ Device::Cuda(_) => {
+            let _ = (error, stream);
+            Err(crate::tensor::no_cuda_build(LOGITS.name, d))
+        }
     }
 }
 
-/// The CUDA branch of [`select_rows_view`] (signature and device already checked).
+/// The CUDA branch of [`select_rows_view_impl`] (signature and device already checked).
 #[cfg(feature = "cuda")]
+#[allow(clippy::too_many_arguments)]
 fn select_rows_cuda(
     ordinal: i32,
     logits: &TensorView<'_>,
@@ -188,82 +237,77 @@ fn select_rows_cuda(
     ratio: usize,
     out: &mut TensorViewMut<'_>,
     counts_out: Option<&mut TensorViewMut<'_>>,
+    error: Option<&mut TensorViewMut<'_>>,
+    stream: Option<u64>,
 ) -> Result<()> {
-    use crate::cuda::device::as_i32;
-    use signature::{COUNTS_OUT, LOGITS, OUT, POSITIONS};
+    use crate::tensor::DType;
+    use signature::{COUNTS_OUT, ERROR, LOGITS, OUT, POSITIONS};
     let ordinal = usize::try_from(ordinal).map_err(|_| {
         Error::invalid(LOGITS.name, format!("CUDA device {ordinal} does not exist"))
     })?;
-    let (t, n, k) = (logits.shape()[0], logits.shape()[1], out.shape()[1]);
-    let dev = crate::cuda::Device::shared(ordinal)?;
-    dev.synchronize_context()?;
-    // SAFETY (every borrow below): the views' contract — live device memory of this context,
-    // unused by others for the call.
-    let pos: Vec<i64> = match positions.dtype() {
-        crate::tensor::DType::I32 => dev
-            .download(&*unsafe { dev.borrow::<i32>(positions, POSITIONS.name)? })?
-            .into_iter()
-            .map(i64::from)
-            .collect(),
-        _ => dev.download(&*unsafe { dev.borrow::<i64>(positions, POSITIONS.name)? })?,
-    };
-    let vis: Vec<usize> = visible_counts(&pos[..t], ratio)?
-        .into_iter()
-        .map(|v| v.min(n))
-        .collect();
-    let mut sel = vec![-1i32; t * k];
-    if t > 0 && k > 0 {
-        let nv = vis
-            .iter()
-            .map(|&v| as_i32("visible entries", v))
-            .collect::<Result<Vec<i32>>>()?;
-        let dn = dev.upload(&nv)?;
-        let dl = unsafe { dev.borrow::<f32>(logits, LOGITS.name)? };
-        let mut dout = unsafe { dev.borrow::<i32>(&out.as_view(), OUT.name)? };
-        cuda::select_rows(&dev, &dl, n, &dn, k, &mut dout, t)?;
-        dev.stream()
-            .memcpy_dtoh(&*dout, &mut sel[..])
-            .map_err(|e| crate::cuda::device::cuda_error("copy top-k → host", e))?;
-        let lh = if n > 0 {
-            dev.download(&*dl)?
-        } else {
-            Vec::new()
-        };
-        order_rows(&lh[..t * n], n, &vis, &mut sel);
-        dev.stream()
-            .memcpy_htod(&sel[..], &mut *dout)
-            .map_err(|e| crate::cuda::device::cuda_error("copy top-k → device", e))?;
-    }
-    if let Some(c) = counts_out {
-        let counts: Vec<i32> = if k == 0 {
-            vec![0; t]
-        } else {
-            sel.chunks(k)
-                .map(|r| r.iter().filter(|&&i| i >= 0).count() as i32)
-                .collect()
-        };
-        if t > 0 {
-            let mut dc = unsafe { dev.borrow::<i32>(&c.as_view(), COUNTS_OUT.name)? };
-            dev.stream()
-                .memcpy_htod(&counts[..], &mut *dc)
-                .map_err(|e| crate::cuda::device::cuda_error("copy counts → device", e))?;
+    let dense = |v: &TensorView<'_>, dtypes: &[DType], what: &str| -> Result<u64> {
+        if !dtypes.contains(&v.dtype()) || !v.is_contiguous() {
+            return Err(Error::shape(
+                what,
+                format!(
+                    "a dense {} tensor on the GPU",
+                    dtypes
+                        .iter()
+                        .map(|d| d.name())
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ),
+                format!("{} with strides {:?}", v.dtype().name(), v.strides()),
+            ));
         }
+        Ok(v.addr() as u64)
+    };
+    let (t, n, k) = (logits.shape()[0], logits.shape()[1], out.shape()[1]);
+    let a = cuda::RowsLaunch {
+        logits: dense(logits, &[DType::F32], LOGITS.name)?,
+        n_cols: n,
+        positions: dense(positions, &[DType::I32, DType::I64], POSITIONS.name)?,
+        pos_i64: positions.dtype() == DType::I64,
+        ratio,
+        out: dense(&out.as_view(), &[DType::I32], OUT.name)?,
+        k,
+        counts: match &counts_out {
+            Some(c) => dense(&c.as_view(), &[DType::I32], COUNTS_OUT.name)?,
+            None => 0,
+        },
+        err: match (&error, stream) {
+            (Some(e), Some(_)) => dense(&e.as_view(), &[DType::I32], ERROR.name)?,
+            _ => 0,
+        },
+        rows: t,
+    };
+    if ratio == 0 {
+        return Err(Error::invalid("ratio", "must be ≥ 1, found 0"));
     }
-    dev.synchronize()
-}
-
-/// Puts rows selected in ascending index order (the CUDA kernel's output, −1 padded) into the
-/// module's order contract: rows with `visible[t] > k` sorted by [`order`]; rows with
-/// `visible[t] ≤ k` hold `0..visible` already. `logits` is `(rows, n)`, `sel` `(rows, k)`.
-pub fn order_rows(logits: &[f32], n: usize, visible: &[usize], sel: &mut [i32]) {
-    let rows = visible.len();
-    if rows == 0 || sel.is_empty() {
-        return;
+    if t == 0 {
+        return Ok(());
     }
-    let k = sel.len() / rows;
-    for (t, row) in sel.chunks_mut(k).enumerate() {
-        if visible[t].min(n) > k {
-            sort_selection(&logits[t * n..(t + 1) * n], row);
+    if k > 0 {
+        cuda::check_k(k)?;
+    }
+    let dev = crate::cuda::Device::shared(ordinal)?;
+    match stream {
+        Some(s) => cuda::select_rows_launch(&dev, &a, s),
+        None => {
+            dev.synchronize_context()?;
+            // The synchronous entry refuses a negative position before writing anything, as on
+            // the host. SAFETY: the view's contract — live device memory of this context.
+            let pos: Vec<i64> = if a.pos_i64 {
+                dev.download(&*unsafe { dev.borrow::<i64>(positions, POSITIONS.name)? })?
+            } else {
+                dev.download(&*unsafe { dev.borrow::<i32>(positions, POSITIONS.name)? })?
+                    .into_iter()
+                    .map(i64::from)
+                    .collect()
+            };
+            crate::ops::rope::check_positions(&pos[..t])?;
+            cuda::select_rows_launch(&dev, &a, dev.stream().cu_stream() as u64)?;
+            dev.synchronize()
         }
     }
 }
@@ -307,10 +351,18 @@ pub mod signature {
     /// `[T]` int32 entries selected per row.
     pub const COUNTS_OUT: Arg =
         Arg::write("counts_out", &[DType::I32], &[Dim::Any("T")]).optional();
+    /// `[4]` int32 error record of a launch on the caller's stream (CUDA only; see
+    /// [`super::select_rows_view_on_stream`]).
+    pub const ERROR: Arg = Arg::write("error", &[DType::I32], &[Dim::Fixed(4)]).optional();
     /// `csa2_topk`.
     pub const TOPK: Signature = Signature {
         op: "topk",
         args: &[LOGITS, POSITIONS, OUT, COUNTS_OUT],
+    };
+    /// `csa2_topk_on_stream`.
+    pub const TOPK_ON_STREAM: Signature = Signature {
+        op: "topk_on_stream",
+        args: &[LOGITS, POSITIONS, OUT, COUNTS_OUT, ERROR],
     };
 }
 
@@ -401,8 +453,8 @@ mod tests {
     }
 
     #[test]
-    fn index_order_rows_are_the_selection_sorted_by_index() {
-        // The CUDA kernel's contract: the same set as `select`, ascending, −1 padded; a row with
+    fn reference_rows_follow_the_contract() {
+        // The CUDA kernel's reference: `select` per row with n_valid clamped; a row with
         // n_valid ≤ k takes 0..n_valid even when those keys are −∞.
         let mut r = rand::rngs::StdRng::seed_from_u64(5);
         let n = 700;
@@ -411,11 +463,9 @@ mod tests {
         keys[2 * n..]
             .iter_mut()
             .for_each(|v| *v = f32::NEG_INFINITY);
-        let got = reference::select_rows_index_order(&keys, n, &[n as i32, 600, 5], 512);
+        let got = reference::select_rows(&keys, n, &[n as i32 + 5, 600, 5], 512);
         for (t, &nv) in [n, 600, 5].iter().enumerate() {
-            let mut want = reference::select(&keys[t * n..(t + 1) * n], nv, 512);
-            let c = want.iter().filter(|&&i| i >= 0).count();
-            want[..c].sort_unstable();
+            let want = reference::select(&keys[t * n..(t + 1) * n], nv, 512);
             assert_eq!(&got[t * 512..(t + 1) * 512], &want[..]);
         }
         assert!(
@@ -435,30 +485,59 @@ mod tests {
         assert!(select_rows(&logits, 4, &[5, 5], &mut out).is_err());
     }
 
+    /// `kernels/topk.cu`'s `sort_key` and its `(key << 32) | !index` sort word, written again
+    /// here: the kernel's order is one descending sort of those words, so sorting a selection by
+    /// them must give exactly the CPU's order (signed zeros one value, NaN / −∞ unselectable).
+    /// The GPU tests check the kernel itself (`tests/cuda.rs`).
+    fn kernel_sort_word(v: f32, i: i32) -> u64 {
+        let key = if v.is_nan() || v == f32::NEG_INFINITY {
+            0
+        } else {
+            let b = if v == 0.0 { 0 } else { v.to_bits() };
+            if b & 0x8000_0000 != 0 {
+                !b
+            } else {
+                b | 0x8000_0000
+            }
+        };
+        (u64::from(key) << 32) | u64::from(!(i as u32))
+    }
+
     #[test]
-    fn cuda_order_post_step_turns_the_kernels_contract_into_the_cpus() {
-        // The kernel's output is modelled by its reference (the set in ascending index order);
-        // `order_rows` must turn it into exactly what the CPU path returns, row by row.
+    fn kernel_sort_words_give_the_contract_order() {
         let mut r = rand::rngs::StdRng::seed_from_u64(11);
         let n = 900;
         let k = 64;
-        let mut keys: Vec<f32> = (0..4 * n).map(|_| r.random_range(0..5) as f32).collect();
-        keys[2 * n + 7] = f32::NAN;
-        keys[3 * n..]
-            .iter_mut()
-            .step_by(2)
-            .for_each(|v| *v = f32::NEG_INFINITY);
-        let nv = [n, 40, 500, 64 + 1];
-        let mut sel = reference::select_rows_index_order(
-            &keys,
-            n,
-            &nv.iter().map(|&v| v as i32).collect::<Vec<_>>(),
-            k,
+        for case in 0..4 {
+            let row: Vec<f32> = (0..n)
+                .map(|j| match (case, j % 7) {
+                    (0, _) => r.random_range(0..5) as f32,
+                    (1, 0) => -0.0,
+                    (1, 1) => 0.0,
+                    (1, 2) => f32::NAN,
+                    (2, 3) => f32::NEG_INFINITY,
+                    _ => r.random_range(-2.0f32..2.0),
+                })
+                .collect();
+            let want = reference::select(&row, n, k);
+            let c = want.iter().filter(|&&i| i >= 0).count();
+            let mut words: Vec<u64> = want[..c]
+                .iter()
+                .map(|&i| kernel_sort_word(row[i as usize], i))
+                .collect();
+            assert!(
+                words.iter().all(|&w| w >> 32 != 0),
+                "a selected key maps to 0"
+            );
+            words.sort_unstable_by(|a, b| b.cmp(a));
+            let got: Vec<i32> = words.iter().map(|&w| !(w as u32) as i32).collect();
+            assert_eq!(&got[..], &want[..c], "case {case}");
+        }
+        assert!(kernel_sort_word(f32::NAN, 0) >> 32 == 0);
+        assert_eq!(
+            kernel_sort_word(-0.0, 3) >> 32,
+            kernel_sort_word(0.0, 3) >> 32
         );
-        order_rows(&keys, n, &nv, &mut sel);
-        let mut want = vec![0i32; 4 * k];
-        select_rows(&keys, n, &nv, &mut want).unwrap();
-        assert_eq!(sel, want);
     }
 
     #[test]

@@ -28,17 +28,14 @@ pub fn select_scored(values: &[f32], k: usize) -> Vec<i32> {
     c
 }
 
-/// Top-k of every row of `keys` (rows, n_cols) over its first `n_valid[t]` keys, the selected
-/// indices in **ascending index order**, −1 padded, (rows, k): the CUDA kernel's output contract
-/// (the same set as [`select`]; the CPU path orders by score instead).
-pub fn select_rows_index_order(keys: &[f32], n_cols: usize, n_valid: &[i32], k: usize) -> Vec<i32> {
+/// Top-k of every row of `keys` (rows, n_cols) over its first `n_valid[t]` keys (clamped to
+/// `0..=n_cols`) with [`select`]: the module's order contract, −1 padded, (rows, k). This is what
+/// the CUDA kernel returns (`kernels/topk.cu` sorts its selection into this order).
+pub fn select_rows(keys: &[f32], n_cols: usize, n_valid: &[i32], k: usize) -> Vec<i32> {
     let mut out = Vec::with_capacity(n_valid.len() * k);
     for (t, &nv) in n_valid.iter().enumerate() {
         let row = &keys[t * n_cols..(t + 1) * n_cols];
-        let mut sel = select(row, (nv.max(0) as usize).min(n_cols), k);
-        let n = sel.iter().position(|&i| i < 0).unwrap_or(k);
-        sel[..n].sort_unstable();
-        out.extend(sel);
+        out.extend(select(row, (nv.max(0) as usize).min(n_cols), k));
     }
     out
 }
