@@ -186,7 +186,7 @@ where
     V::A8: Vf32<A8 = V::A8>,
 {
     let (xp, yp) = (xt.as_ptr(), y.as_ptr());
-    let op = (!cp.as_ref().is_some_and(|c| c.only)).then(|| xn.as_mut_ptr());
+    let op = (!cp.as_ref().is_some_and(|c| c.only)).then_some(xn.as_mut_ptr());
     let up = u.as_deref_mut().map(|u| u.as_mut_ptr());
     let cpp = cp
         .as_deref_mut()
@@ -267,14 +267,14 @@ where
     let (xp, up) = (xt.as_ptr(), u.as_mut_ptr());
     let mut acc = V::A8::splat(0.0);
     let mut k = c0;
-    let p = pre.map(|v| V::splat(v));
+    let p = pre.map(V::splat);
     while k + V::L <= c1 {
         // SAFETY: k + L ≤ c1 ≤ d.
         acc = unsafe { collapse_step::<V>(d, xp, up, k, &p, acc) };
         k += V::L;
     }
     if V::L > 8 && k + 8 <= c1 {
-        let p = pre.map(|v| V::A8::splat(v));
+        let p = pre.map(V::A8::splat);
         // SAFETY: k + 8 ≤ c1 ≤ d.
         acc = unsafe { collapse_step::<V::A8>(d, xp, up, k, &p, acc) };
         k += 8;
@@ -1744,6 +1744,8 @@ mod tests {
         if !Isa::Avx512.is_supported() {
             return;
         }
+        /// X', u, the collapse's u, the tile, and the three sums.
+        type Outs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, [f32; 3]);
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx512f,avx2,fma")]
         fn run<const WIDE: bool>(
@@ -1754,7 +1756,7 @@ mod tests {
             pre: &[f32; HC],
             c0: usize,
             c1: usize,
-        ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, [f32; 3]) {
+        ) -> Outs {
             let (mut xn, mut u, mut u2) = (vec![0.0; HC * d], vec![0.0; d], vec![0.0; d]);
             let mut tile = vec![0.0; HC * CHUNK];
             let mut cp = ChunkCopy {
