@@ -85,5 +85,10 @@ for l in open(sys.argv[1], encoding="utf-8"):
         a, g = f[1].split(), f[3].split()
         goal = ">= 1.6x" if int(f[0]) >= 256 else "—"
         print(f"| {f[0]} | {a[0]} | {a[2]} | {a[4]} | {g[0]} ({g[2]}) | {goal} |")
+# The peak the % column is taken of (thread CPU time, all threads at once) and the wall-clock rate
+# of the same loop, which says how much of the cores the machine gave the run.
+for l in open(sys.argv[1], encoding="utf-8"):
+    if l.startswith(("FMA peak", "memcpy")):
+        print("  " + l.strip())
 PYEOF
 fi

@@ -243,6 +243,18 @@ pub(crate) trait Vf32: Copy {
     /// minimax polynomial); below −87.3 it returns e^−87.3 ≈ 1.2e-38 instead of a subnormal or 0;
     /// NaN stays NaN.
     fn exp(self) -> Self;
+    /// Whether [`Vf32::fmadd`] rounds once (true for the AVX2 / AVX-512 types, false for
+    /// [`Portable8`]): scalar tails use the same kind of multiply-add so a row's bits do not
+    /// depend on where the vector part ends.
+    const FMA: bool;
+    /// The 8-lane vector of the same ISA: the accumulator of [`Vf32::fma_sq8`].
+    type A8: Vf32;
+    /// Lane-wise `a · b`.
+    fn mul(a: Self, b: Self) -> Self;
+    /// `acc + self²` summed in 8-lane blocks in lane order (lanes 0..8 first, then 8..16): the
+    /// order of an 8-lane accumulator walking the same values, so a sum of squares has the same
+    /// bits whether its kernel runs 8 or 16 lanes wide (mHC's RMS statistics rely on it).
+    fn fma_sq8(self, acc: Self::A8) -> Self::A8;
 }
 
 /// Constants of [`Vf32::exp`]: ln 2 split in a part exact in f32 and the rest, then the
@@ -326,6 +338,25 @@ impl Vf32 for F32x16 {
             F32x16(_mm512_mul_ps(y, _mm512_castsi512_ps(two_n)))
         }
     }
+    const FMA: bool = true;
+    type A8 = F32x8;
+    #[inline(always)]
+    fn mul(a: Self, b: Self) -> Self {
+        // SAFETY: AVX-512F is enabled (see splat).
+        F32x16(unsafe { std::arch::x86_64::_mm512_mul_ps(a.0, b.0) })
+    }
+    #[inline(always)]
+    fn fma_sq8(self, acc: F32x8) -> F32x8 {
+        use std::arch::x86_64::*;
+        // SAFETY: AVX-512F, AVX2 and FMA are enabled (multiversion!'s 512-bit wrapper).
+        unsafe {
+            let lo = _mm512_castps512_ps256(self.0);
+            // (The upper half through the AVX-512F 64-bit extract: the 32-bit one needs AVX-512DQ.)
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(self.0)));
+            let a = _mm256_fmadd_ps(lo, lo, acc.0);
+            F32x8(_mm256_fmadd_ps(hi, hi, a))
+        }
+    }
 }
 
 /// 8 lanes of AVX2 + FMA.
@@ -400,6 +431,17 @@ impl Vf32 for F32x8 {
             F32x8(_mm256_mul_ps(y, _mm256_castsi256_ps(two_n)))
         }
     }
+    const FMA: bool = true;
+    type A8 = F32x8;
+    #[inline(always)]
+    fn mul(a: Self, b: Self) -> Self {
+        // SAFETY: AVX is enabled (see splat).
+        F32x8(unsafe { std::arch::x86_64::_mm256_mul_ps(a.0, b.0) })
+    }
+    #[inline(always)]
+    fn fma_sq8(self, acc: F32x8) -> F32x8 {
+        F32x8::fmadd(self, self, acc)
+    }
 }
 
 /// 8 lanes in plain arrays (any target); multiply then add, no fused libm call.
@@ -441,6 +483,16 @@ impl Vf32 for Portable8 {
             self.0
                 .map(|x| if x < expc::LO { expc::LO } else { x }.exp()),
         )
+    }
+    const FMA: bool = false;
+    type A8 = Portable8;
+    #[inline(always)]
+    fn mul(a: Self, b: Self) -> Self {
+        Portable8(std::array::from_fn(|i| a.0[i] * b.0[i]))
+    }
+    #[inline(always)]
+    fn fma_sq8(self, acc: Portable8) -> Portable8 {
+        Portable8::fmadd(self, self, acc)
     }
 }
 

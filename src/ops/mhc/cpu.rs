@@ -22,6 +22,7 @@
 use super::{BoundaryIn, BoundaryOut, CoeffsMut, MhcParams, MixWeights, PostUpdate, HC, MIX};
 use crate::error::Result;
 use crate::isa::{level, Isa};
+use crate::ops::simd::{multiversion, Vf32};
 use rayon::prelude::*;
 
 /// Most tokens per tile: one `hc_fn` chunk (24 × 4 × [`CHUNK`] f32 = 192 KiB) serves this many
@@ -34,11 +35,6 @@ const CHUNK: usize = 512;
 const MIX_ACC: usize = MIX + 1;
 
 // ---- inner kernels: dispatch --------------------------------------------------------------------
-
-/// AVX2 + FMA usable (also true on AVX-512 machines unless `CSA2_ISA=scalar`).
-fn has_avx2_fma() -> bool {
-    cfg!(target_arch = "x86_64") && level() != Isa::Scalar
-}
 
 /// Tokens per tile for `t` tokens: at most [`MAX_TILE`], few enough that every rayon thread gets a
 /// tile, a multiple of the 4-token GEMV group where that does not starve a thread.
@@ -58,8 +54,26 @@ struct TokenMix {
     comb: [f32; HC * HC],
 }
 
-/// X'[j][c0..c1] = post_j·y + Σ_i C[i,j]·X[i]; optionally u = Σ_j pre_j·X'[j] and returns Σ u².
-/// `xt`/`xn` are one token's 4 streams (4d), `y`/`u` one token's row (d).
+/// Where the fused path's GEMV wants one token's X' chunk besides the output rows: stream j's
+/// dims c0..c1 at `buf[j·stride + (k − c0)]` (the token's column of a [`XTile`]), so the update
+/// writes X' there from its registers and the GEMV needs no copy pass over it.
+struct ChunkCopy<'a> {
+    buf: &'a mut [f32],
+    stride: usize,
+    c0: usize,
+    /// Write X' only here, not to the output rows (the fused path streams the tile out to them
+    /// after the GEMV, with non-temporal stores).
+    only: bool,
+}
+
+/// X'[j][c0..c1] = post_j·y + Σ_i C[i,j]·X[i]; optionally u = Σ_j pre_j·X'[j] and returns Σ u²;
+/// optionally also writes X' into `cp`. `xt`/`xn` are one token's 4 streams (4d), `y`/`u` one
+/// token's row (d).
+///
+/// Written once over the lane count ([`multiversion!`]: 16 lanes with AVX-512, 8 with AVX2, the
+/// portable 8): every X' and u value is the same FMA chain at any width, and Σ u² is summed in
+/// 8-lane blocks in order ([`Vf32::fma_sq8`]), so the 16-lane kernel gives the 8-lane kernel's
+/// bits while issuing half the instructions.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn update_collapse(
@@ -72,33 +86,230 @@ fn update_collapse(
     c1: usize,
     xn: &mut [f32],
     u: Option<&mut [f32]>,
+    cp: Option<&mut ChunkCopy>,
 ) -> f32 {
+    multiversion!(
+        uc_mv,
+        fn(
+            d: usize,
+            xt: &[f32],
+            y: &[f32],
+            m: &TokenMix,
+            pre: Option<&[f32; HC]>,
+            c0: usize,
+            c1: usize,
+            xn: &mut [f32],
+            u: Option<&mut [f32]>,
+            cp: Option<&mut ChunkCopy>,
+        ) -> f32,
+        update_collapse_body
+    );
     assert!(xt.len() == HC * d && xn.len() == HC * d && y.len() == d && c0 <= c1 && c1 <= d);
     if let Some(u) = &u {
         assert!(u.len() == d);
     }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: AVX2 and FMA were detected on this CPU just above; the lengths the kernel
-        // indexes (4 rows of d, chunk c0..c1 ≤ d) were asserted above.
-        return unsafe { avx2::update_collapse(d, xt, y, m, pre, c0, c1, xn, u) };
+    if let Some(cp) = &cp {
+        assert!(cp.c0 <= c0 && (c1 == c0 || cp.buf.len() >= (HC - 1) * cp.stride + c1 - cp.c0));
     }
-    scalar::update_collapse::<false>(d, xt, y, m, pre, c0, c1, xn, u)
+    uc_mv(d, xt, y, m, pre, c0, c1, xn, u, cp)
 }
 
-/// u[c0..c1] = Σ_j pre_j·X[j]; returns Σ u² over the range.
+/// One `W::L`-dim step of [`update_collapse`] at dim k; returns the Σ u² accumulator.
+///
+/// SAFETY (callers): k + W::L ≤ d for the 4 rows at `xp`/`op` (stride d) and the rows at `yp`,
+/// `up`; `cp`, when given, holds stream j's dim k at `cp.0 + j·cp.1 + k − c0` for k < c1.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn uc_step<W: Vf32>(
+    d: usize,
+    xp: *const f32,
+    yp: *const f32,
+    op: Option<*mut f32>,
+    up: Option<*mut f32>,
+    cp: Option<(*mut f32, usize, usize)>,
+    k: usize,
+    post: &[W; HC],
+    cb: &[W; HC * HC],
+    pv: Option<&[W; HC]>,
+    acc: W::A8,
+) -> W::A8 {
+    // SAFETY: in bounds by the caller's contract.
+    unsafe {
+        let x = [
+            W::load(xp.add(k)),
+            W::load(xp.add(d + k)),
+            W::load(xp.add(2 * d + k)),
+            W::load(xp.add(3 * d + k)),
+        ];
+        let yv = W::load(yp.add(k));
+        let mut v = [yv; HC];
+        for j in 0..HC {
+            let mut a = W::mul(post[j], yv);
+            for i in 0..HC {
+                a = W::fmadd(cb[i * HC + j], x[i], a);
+            }
+            v[j] = a;
+            if let Some(op) = op {
+                a.store(op.add(j * d + k));
+            }
+            if let Some((cpb, stride, cc0)) = cp {
+                a.store(cpb.add(j * stride + k - cc0));
+            }
+        }
+        if let (Some(p), Some(up)) = (pv, up) {
+            let mut s = W::mul(p[0], v[0]);
+            for j in 1..HC {
+                s = W::fmadd(p[j], v[j], s);
+            }
+            s.store(up.add(k));
+            return s.fma_sq8(acc);
+        }
+        acc
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn update_collapse_body<V: Vf32>(
+    d: usize,
+    xt: &[f32],
+    y: &[f32],
+    m: &TokenMix,
+    pre: Option<&[f32; HC]>,
+    c0: usize,
+    c1: usize,
+    xn: &mut [f32],
+    mut u: Option<&mut [f32]>,
+    mut cp: Option<&mut ChunkCopy>,
+) -> f32
+where
+    V::A8: Vf32<A8 = V::A8>,
+{
+    let (xp, yp) = (xt.as_ptr(), y.as_ptr());
+    let op = (!cp.as_ref().is_some_and(|c| c.only)).then_some(xn.as_mut_ptr());
+    let up = u.as_deref_mut().map(|u| u.as_mut_ptr());
+    let cpp = cp
+        .as_deref_mut()
+        .map(|c| (c.buf.as_mut_ptr(), c.stride, c.c0));
+    let mut acc = V::A8::splat(0.0);
+    let mut k = c0;
+    let splat = |v: f32| V::splat(v);
+    let (post, cb) = (m.post.map(splat), m.comb.map(splat));
+    let pv = pre.map(|p| p.map(splat));
+    while k + V::L <= c1 {
+        // SAFETY: k + L ≤ c1 ≤ d inside every row; `cp` was checked by `update_collapse`.
+        acc = unsafe { uc_step::<V>(d, xp, yp, op, up, cpp, k, &post, &cb, pv.as_ref(), acc) };
+        k += V::L;
+    }
+    if V::L > 8 && k + 8 <= c1 {
+        // The 8-dim remainder of a 16-lane kernel at 8 lanes, as the 8-lane kernel would run it.
+        let splat = |v: f32| V::A8::splat(v);
+        let (post, cb) = (m.post.map(splat), m.comb.map(splat));
+        let pv = pre.map(|p| p.map(splat));
+        // SAFETY: k + 8 ≤ c1, as above.
+        acc = unsafe { uc_step::<V::A8>(d, xp, yp, op, up, cpp, k, &post, &cb, pv.as_ref(), acc) };
+        k += 8;
+    }
+    let tail = if V::FMA {
+        scalar::update_collapse::<true>(d, xt, y, m, pre, k, c1, xn, u, cp)
+    } else {
+        scalar::update_collapse::<false>(d, xt, y, m, pre, k, c1, xn, u, cp)
+    };
+    acc.hsum() + tail
+}
+
+/// u[c0..c1] = Σ_j pre_j·X[j]; returns Σ u² over the range (written once over the lane count,
+/// as [`update_collapse`]).
 #[inline]
 fn collapse(d: usize, xt: &[f32], pre: &[f32; HC], c0: usize, c1: usize, u: &mut [f32]) -> f32 {
+    multiversion!(
+        collapse_mv,
+        fn(d: usize, xt: &[f32], pre: &[f32; HC], c0: usize, c1: usize, u: &mut [f32]) -> f32,
+        collapse_body
+    );
     assert!(xt.len() == HC * d && u.len() == d && c0 <= c1 && c1 <= d);
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: AVX2+FMA detected; lengths asserted above.
-        return unsafe { avx2::collapse(d, xt, pre, c0, c1, u) };
+    collapse_mv(d, xt, pre, c0, c1, u)
+}
+
+/// One `W::L`-dim step of [`collapse`]. SAFETY (callers): k + W::L ≤ d.
+#[inline(always)]
+unsafe fn collapse_step<W: Vf32>(
+    d: usize,
+    xp: *const f32,
+    up: *mut f32,
+    k: usize,
+    p: &[W; HC],
+    acc: W::A8,
+) -> W::A8 {
+    // SAFETY: k + L ≤ d inside every row (caller's contract).
+    unsafe {
+        let mut s = W::mul(p[0], W::load(xp.add(k)));
+        for j in 1..HC {
+            s = W::fmadd(p[j], W::load(xp.add(j * d + k)), s);
+        }
+        s.store(up.add(k));
+        s.fma_sq8(acc)
     }
-    scalar::collapse::<false>(d, xt, pre, c0, c1, u)
+}
+
+#[inline(always)]
+fn collapse_body<V: Vf32>(
+    d: usize,
+    xt: &[f32],
+    pre: &[f32; HC],
+    c0: usize,
+    c1: usize,
+    u: &mut [f32],
+) -> f32
+where
+    V::A8: Vf32<A8 = V::A8>,
+{
+    let (xp, up) = (xt.as_ptr(), u.as_mut_ptr());
+    let mut acc = V::A8::splat(0.0);
+    let mut k = c0;
+    let p = pre.map(V::splat);
+    while k + V::L <= c1 {
+        // SAFETY: k + L ≤ c1 ≤ d.
+        acc = unsafe { collapse_step::<V>(d, xp, up, k, &p, acc) };
+        k += V::L;
+    }
+    if V::L > 8 && k + 8 <= c1 {
+        let p = pre.map(V::A8::splat);
+        // SAFETY: k + 8 ≤ c1 ≤ d.
+        acc = unsafe { collapse_step::<V::A8>(d, xp, up, k, &p, acc) };
+        k += 8;
+    }
+    let tail = if V::FMA {
+        scalar::collapse::<true>(d, xt, pre, k, c1, u)
+    } else {
+        scalar::collapse::<false>(d, xt, pre, k, c1, u)
+    };
+    acc.hsum() + tail
 }
 
 // ---- the mix GEMV: hc_fn [24, 4d] · vec(X') for a block of tokens ---------------------------------
+
+/// A tile's X' chunk stream-major (`[stream][token][CHUNK]`, 128 KiB at 16 tokens), the form the
+/// packed GEMV reads: each token's 2 KiB stream segment is contiguous and the segments of one
+/// stream are adjacent, instead of 20–80 KiB apart in the same L1 sets.
+#[repr(align(64))]
+struct XTile([f32; HC * MAX_TILE * CHUNK]);
+
+impl XTile {
+    /// A zeroed tile on the heap (one per fused tile, reused for every chunk).
+    fn boxed() -> Box<XTile> {
+        let layout = std::alloc::Layout::new::<XTile>();
+        // SAFETY: the layout is XTile's own (non-zero size, align 64); all-zero bits are valid
+        // f32 values, so the zeroed allocation is an initialized XTile that the Box then owns.
+        unsafe {
+            let p = std::alloc::alloc_zeroed(layout) as *mut XTile;
+            if p.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            Box::from_raw(p)
+        }
+    }
+}
 
 /// Rows per group and lanes per vector of the packed layout (those of the AVX-512 kernel).
 #[cfg(target_arch = "x86_64")]
@@ -292,29 +503,139 @@ fn mix_block_ahead(
     }
 }
 
-/// Σ v[c0..c1]² (same lane order as the sums inside the other kernels).
-#[inline]
-fn sumsq(v: &[f32], c0: usize, c1: usize) -> f32 {
-    assert!(c0 <= c1 && c1 <= v.len());
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: AVX2+FMA detected; range asserted above.
-        return unsafe { avx2::sumsq(v, c0, c1) };
-    }
-    scalar::sumsq::<false>(v, c0, c1)
+/// The packed table when the fused path can hand the GEMV its X' tile directly: AVX-512 (the
+/// packed kernel's ISA) and a table packed for this d.
+fn direct_table<'a>(d: usize, w: &MixWeights<'a>) -> Option<&'a PackedHcFn> {
+    let pk = w.packed?;
+    (cfg!(target_arch = "x86_64") && level() == Isa::Avx512 && pk.hidden() == d).then_some(pk)
 }
 
-/// v[k] = (v[k]·s)·w[k].
+/// The GEMV of one chunk c0..c1 (on the packing grid) of `nt` ≤ [`MAX_TILE`] tokens whose X' is
+/// already in `xc`: [`mix_block_ahead`]'s packed AVX-512 kernel, same bits, no copy pass.
+#[allow(clippy::too_many_arguments)]
+fn mix_tile(
+    d: usize,
+    pk: &PackedHcFn,
+    xc: &XTile,
+    nt: usize,
+    c0: usize,
+    c1: usize,
+    acc: &mut [f32],
+    ahead: Ahead,
+) {
+    let chunk = pk
+        .chunk(d, c0, c1)
+        .expect("fused chunks lie on the packing grid");
+    assert!(nt <= MAX_TILE && acc.len() == nt * MIX_ACC);
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert!(level() == Isa::Avx512);
+        // SAFETY: AVX-512F reported by `level()`; `chunk` is the packed c0..c1 of this d; `xc`
+        // holds the nt tokens' X' of c0..c1 at (j·MAX_TILE + tt)·CHUNK (written by the update).
+        unsafe { avx512::mix_tile_packed(chunk, xc, nt, c1 - c0, acc, ahead) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!(
+        "direct_table is None off x86_64: {:?}",
+        (xc.0.len(), chunk.len(), ahead.lines)
+    )
+}
+
+/// X' of chunk c0..c1 from the GEMV tile to the output rows (`rows` = the tile's `[nt, 4, d]`),
+/// with non-temporal stores: X' is not read again in this boundary (the next one reads it after
+/// the whole sublayer), so its lines go to memory without being read for ownership first and
+/// without evicting the streams still to be updated. Values are copied, not recomputed.
+fn rows_from_tile(d: usize, xc: &XTile, nt: usize, c0: usize, c1: usize, rows: &mut [f32]) {
+    assert!(nt <= MAX_TILE && rows.len() >= nt * HC * d && c0 <= c1 && c1 - c0 <= CHUNK && c1 <= d);
+    for tt in 0..nt {
+        for j in 0..HC {
+            let src = &xc.0[(j * MAX_TILE + tt) * CHUNK..][..c1 - c0];
+            let dst = &mut rows[(tt * HC + j) * d + c0..][..c1 - c0];
+            #[cfg(target_arch = "x86_64")]
+            if level() == Isa::Avx512 {
+                // SAFETY: AVX-512F reported by `level()`; equal lengths.
+                unsafe { avx512::copy_nt(src, dst) };
+                continue;
+            }
+            dst.copy_from_slice(src);
+        }
+    }
+}
+
+/// Orders this thread's non-temporal stores before whatever it does next (the rayon join that
+/// publishes the tile's rows).
+fn stream_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of x86_64.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
+/// Σ v[c0..c1]² in 8-lane blocks (the order of the sums inside [`update_collapse`] and
+/// [`collapse`], so the unfused RMSNorm pass and the fused path agree bit for bit).
+#[inline]
+fn sumsq(v: &[f32], c0: usize, c1: usize) -> f32 {
+    multiversion!(
+        sumsq_mv,
+        fn(v: &[f32], c0: usize, c1: usize) -> f32,
+        sumsq_body
+    );
+    assert!(c0 <= c1 && c1 <= v.len());
+    sumsq_mv(v, c0, c1)
+}
+
+#[inline(always)]
+fn sumsq_body<V: Vf32>(v: &[f32], c0: usize, c1: usize) -> f32
+where
+    V::A8: Vf32<A8 = V::A8>,
+{
+    let p = v.as_ptr();
+    let mut acc = V::A8::splat(0.0);
+    let mut k = c0;
+    while k + V::L <= c1 {
+        // SAFETY: k + L ≤ c1 ≤ v.len().
+        acc = unsafe { V::load(p.add(k)) }.fma_sq8(acc);
+        k += V::L;
+    }
+    if V::L > 8 && k + 8 <= c1 {
+        // SAFETY: k + 8 ≤ c1 ≤ v.len().
+        acc = unsafe { V::A8::load(p.add(k)) }.fma_sq8(acc);
+        k += 8;
+    }
+    let tail = if V::FMA {
+        scalar::sumsq::<true>(v, k, c1)
+    } else {
+        scalar::sumsq::<false>(v, k, c1)
+    };
+    acc.hsum() + tail
+}
+
+/// v[k] = (v[k]·s)·w[k] (two roundings per value at any lane count).
 #[inline]
 fn scale_by(v: &mut [f32], s: f32, w: &[f32]) {
+    multiversion!(scale_mv, fn(v: &mut [f32], s: f32, w: &[f32]), scale_body);
     assert!(v.len() == w.len());
-    for (a, &b) in v.iter_mut().zip(w) {
+    scale_mv(v, s, w)
+}
+
+#[inline(always)]
+fn scale_body<V: Vf32>(v: &mut [f32], s: f32, w: &[f32]) {
+    let n = v.len() / V::L * V::L;
+    let (vp, wp, sv) = (v.as_mut_ptr(), w.as_ptr(), V::splat(s));
+    let mut k = 0;
+    while k < n {
+        // SAFETY: k + L ≤ n ≤ v.len() = w.len().
+        unsafe { V::mul(V::mul(V::load(vp.add(k)), sv), V::load(wp.add(k))).store(vp.add(k)) };
+        k += V::L;
+    }
+    for (a, &b) in v[n..].iter_mut().zip(&w[n..]) {
         *a = *a * s * b;
     }
 }
 
 mod scalar {
-    use super::{TokenMix, HC, MIX, MIX_ACC};
+    use super::{ChunkCopy, TokenMix, HC, MIX, MIX_ACC};
 
     #[inline(always)]
     pub fn madd<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
@@ -337,6 +658,7 @@ mod scalar {
         c1: usize,
         xn: &mut [f32],
         mut u: Option<&mut [f32]>,
+        mut cp: Option<&mut ChunkCopy>,
     ) -> f32 {
         let mut su = 0.0f32;
         for k in c0..c1 {
@@ -347,7 +669,15 @@ mod scalar {
                     a = madd::<F>(m.comb[i * HC + j], xt[i * d + k], a);
                 }
                 *vj = a;
-                xn[j * d + k] = a;
+                match cp.as_deref_mut() {
+                    Some(cp) => {
+                        cp.buf[j * cp.stride + k - cp.c0] = a;
+                        if !cp.only {
+                            xn[j * d + k] = a;
+                        }
+                    }
+                    None => xn[j * d + k] = a,
+                }
             }
             if let (Some(p), Some(u)) = (pre, u.as_deref_mut()) {
                 let mut s = p[0] * v[0];
@@ -413,7 +743,8 @@ mod scalar {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{scalar, TokenMix, HC, MIX, MIX_ACC};
+    use super::{HC, MIX, MIX_ACC};
+    use crate::ops::simd::F32x8;
     use std::arch::x86_64::*;
 
     #[inline(always)]
@@ -431,111 +762,6 @@ mod avx2 {
     #[inline(always)]
     fn split(c0: usize, c1: usize) -> usize {
         c0 + (c1 - c0) / 8 * 8
-    }
-
-    /// SAFETY (callers): AVX2+FMA present; `xt`, `xn` hold 4·d, `y` and `u` hold d, c0 ≤ c1 ≤ d.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn update_collapse(
-        d: usize,
-        xt: &[f32],
-        y: &[f32],
-        m: &TokenMix,
-        pre: Option<&[f32; HC]>,
-        c0: usize,
-        c1: usize,
-        xn: &mut [f32],
-        mut u: Option<&mut [f32]>,
-    ) -> f32 {
-        let cv = split(c0, c1);
-        let xp = xt.as_ptr();
-        let yp = y.as_ptr();
-        let op = xn.as_mut_ptr();
-        let post = [
-            _mm256_set1_ps(m.post[0]),
-            _mm256_set1_ps(m.post[1]),
-            _mm256_set1_ps(m.post[2]),
-            _mm256_set1_ps(m.post[3]),
-        ];
-        let mut cb = [_mm256_setzero_ps(); HC * HC];
-        for (c, &v) in cb.iter_mut().zip(&m.comb) {
-            *c = _mm256_set1_ps(v);
-        }
-        let mut acc = _mm256_setzero_ps();
-        let pv = pre.map(|p| {
-            [
-                _mm256_set1_ps(p[0]),
-                _mm256_set1_ps(p[1]),
-                _mm256_set1_ps(p[2]),
-                _mm256_set1_ps(p[3]),
-            ]
-        });
-        let up = u.as_deref_mut().map(|u| u.as_mut_ptr());
-        let mut k = c0;
-        while k < cv {
-            // SAFETY: k + 8 ≤ cv ≤ c1 ≤ d, so every load/store stays inside its row.
-            let x = [
-                _mm256_loadu_ps(xp.add(k)),
-                _mm256_loadu_ps(xp.add(d + k)),
-                _mm256_loadu_ps(xp.add(2 * d + k)),
-                _mm256_loadu_ps(xp.add(3 * d + k)),
-            ];
-            let yv = _mm256_loadu_ps(yp.add(k));
-            let mut v = [_mm256_setzero_ps(); HC];
-            for j in 0..HC {
-                let mut a = _mm256_mul_ps(post[j], yv);
-                for i in 0..HC {
-                    a = _mm256_fmadd_ps(cb[i * HC + j], x[i], a);
-                }
-                v[j] = a;
-                _mm256_storeu_ps(op.add(j * d + k), a);
-            }
-            if let (Some(p), Some(up)) = (pv, up) {
-                let mut s = _mm256_mul_ps(p[0], v[0]);
-                for j in 1..HC {
-                    s = _mm256_fmadd_ps(p[j], v[j], s);
-                }
-                _mm256_storeu_ps(up.add(k), s);
-                acc = _mm256_fmadd_ps(s, s, acc);
-            }
-            k += 8;
-        }
-        let tail = scalar::update_collapse::<true>(d, xt, y, m, pre, cv, c1, xn, u);
-        hsum(acc) + tail
-    }
-
-    /// SAFETY (callers): AVX2+FMA present; `xt` holds 4·d, `u` holds d, c0 ≤ c1 ≤ d.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn collapse(
-        d: usize,
-        xt: &[f32],
-        pre: &[f32; HC],
-        c0: usize,
-        c1: usize,
-        u: &mut [f32],
-    ) -> f32 {
-        let cv = split(c0, c1);
-        let xp = xt.as_ptr();
-        let up = u.as_mut_ptr();
-        let p = [
-            _mm256_set1_ps(pre[0]),
-            _mm256_set1_ps(pre[1]),
-            _mm256_set1_ps(pre[2]),
-            _mm256_set1_ps(pre[3]),
-        ];
-        let mut acc = _mm256_setzero_ps();
-        let mut k = c0;
-        while k < cv {
-            // SAFETY: k + 8 ≤ d inside every row.
-            let mut s = _mm256_mul_ps(p[0], _mm256_loadu_ps(xp.add(k)));
-            for j in 1..HC {
-                s = _mm256_fmadd_ps(p[j], _mm256_loadu_ps(xp.add(j * d + k)), s);
-            }
-            _mm256_storeu_ps(up.add(k), s);
-            acc = _mm256_fmadd_ps(s, s, acc);
-            k += 8;
-        }
-        hsum(acc) + scalar::collapse::<true>(d, xt, pre, cv, c1, u)
     }
 
     /// Rows per accumulator group and tokens per group of the AVX2 GEMV: 4 × 3 accumulators + 3
@@ -620,26 +846,10 @@ mod avx2 {
             let xt = &xs[bb * row..(bb + 1) * row];
             let mut s = 0.0;
             for j in 0..HC {
-                s += sumsq(xt, j * d + c0, j * d + c1);
+                s += super::sumsq_body::<F32x8>(xt, j * d + c0, j * d + c1);
             }
             acc[bb * MIX_ACC + MIX] += s;
         }
-    }
-
-    /// SAFETY (callers): AVX2+FMA present; c0 ≤ c1 ≤ v.len().
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn sumsq(v: &[f32], c0: usize, c1: usize) -> f32 {
-        let cv = split(c0, c1);
-        let p = v.as_ptr();
-        let mut acc = _mm256_setzero_ps();
-        let mut k = c0;
-        while k < cv {
-            // SAFETY: k + 8 ≤ v.len().
-            let x = _mm256_loadu_ps(p.add(k));
-            acc = _mm256_fmadd_ps(x, x, acc);
-            k += 8;
-        }
-        hsum(acc) + scalar::sumsq::<true>(v, cv, c1)
     }
 }
 
@@ -688,10 +898,7 @@ mod avx512 {
 
     /// Tokens of one pass of [`tile_packed`] (the fused path's tile cap).
     const TILE: usize = super::MAX_TILE;
-
-    /// A tile's X' chunk copied stream-major (`[stream][token][CHUNK]`, 128 KiB at 16 tokens).
-    #[repr(align(64))]
-    struct XTile([f32; HC * TILE * super::CHUNK]);
+    use super::XTile;
 
     #[inline(always)]
     unsafe fn blocks<const P: bool>(
@@ -765,10 +972,7 @@ mod avx512 {
         debug_assert!(nt <= TILE && c1 - c0 <= CH);
         let row = HC * d;
         let w = c1 - c0;
-        let nfull = w / 16;
-        let rem = w - nfull * 16;
-        let mask: __mmask16 = ((1u32 << rem) - 1) as __mmask16;
-        let nkb = w.div_ceil(16);
+        // On the stack: this runs once per chunk, and a 128 KiB heap block would be mmapped.
         let mut xc = XTile([0.0; HC * TILE * CH]);
         for tt in 0..nt {
             for j in 0..HC {
@@ -776,6 +980,65 @@ mod avx512 {
                     .copy_from_slice(&xs[tt * row + j * d + c0..][..w]);
             }
         }
+        tile_gemv(fp, &xc, nt, w, acc, ahead)
+    }
+
+    /// `dst = src` with 64-byte non-temporal stores where `dst` is line-aligned (ordinary stores
+    /// for the unaligned head and the tail).
+    ///
+    /// SAFETY (callers): AVX-512F present; `src.len() == dst.len()`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn copy_nt(src: &[f32], dst: &mut [f32]) {
+        let n = dst.len();
+        debug_assert_eq!(src.len(), n);
+        let head = (dst.as_ptr().align_offset(64)).min(n);
+        dst[..head].copy_from_slice(&src[..head]);
+        let mut k = head;
+        while k + 16 <= n {
+            // SAFETY: k + 16 ≤ n for both slices; dst + k is 64-byte aligned (head, then steps of
+            // 64 bytes).
+            _mm512_stream_ps(
+                dst.as_mut_ptr().add(k),
+                _mm512_loadu_ps(src.as_ptr().add(k)),
+            );
+            k += 16;
+        }
+        dst[k..].copy_from_slice(&src[k..]);
+    }
+
+    /// [`tile_packed`] on a tile whose X' chunk is already in `xc` (the fused path's update
+    /// writes it there): the same FMAs in the same order, without the copy pass.
+    ///
+    /// SAFETY (callers): AVX-512F present; `chunk` is the packed chunk of width w = c1 − c0 ≤
+    /// [`super::CHUNK`] (24·4·⌈w/16⌉·16 values), `xc` holds each token tt < nt ≤ [`TILE`] at
+    /// `(j·TILE + tt)·CHUNK`, dims 0..w, `acc` holds nt·25.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn mix_tile_packed(
+        chunk: &[f32],
+        xc: &XTile,
+        nt: usize,
+        w: usize,
+        acc: &mut [f32],
+        ahead: super::Ahead,
+    ) {
+        tile_gemv(chunk.as_ptr(), xc, nt, w, acc, ahead)
+    }
+
+    #[inline(always)]
+    unsafe fn tile_gemv(
+        fp: *const f32,
+        xc: &XTile,
+        nt: usize,
+        w: usize,
+        acc: &mut [f32],
+        ahead: super::Ahead,
+    ) {
+        const CH: usize = super::CHUNK;
+        debug_assert!(nt <= TILE && w <= CH && acc.len() >= nt * MIX_ACC);
+        let nfull = w / 16;
+        let rem = w - nfull * 16;
+        let mask: __mmask16 = ((1u32 << rem) - 1) as __mmask16;
+        let nkb = w.div_ceil(16);
         let ng = nt.div_ceil(TB);
         let calls = HC * (MIX / RG) * ng;
         let ns = ahead.segs.len();
@@ -987,44 +1250,23 @@ mod avx512 {
             acc[bb * MIX_ACC + MIX] += _mm512_reduce_add_ps(*sb);
         }
     }
-
-    /// 24 independent accumulators × 16 lanes for `iters` rounds (the FMA peak probe).
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn fma_probe(iters: usize) -> f32 {
-        let a = _mm512_set1_ps(std::hint::black_box(0.999));
-        let b = _mm512_set1_ps(std::hint::black_box(1e-3));
-        let mut acc = [_mm512_setzero_ps(); 24];
-        for _ in 0..iters {
-            for r in acc.iter_mut() {
-                *r = _mm512_fmadd_ps(*r, a, b);
-            }
-        }
-        acc.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
-    }
 }
 
 /// This machine's f32 FMA throughput with the vector width the mix GEMV uses, measured on every
-/// rayon thread at once and summed (GFLOP/s, 2 flop per FMA): the ceiling the benchmark compares the
-/// GEMV's GFLOP/s to. Runs about `millis` milliseconds.
+/// rayon thread at the same time ([`rayon::broadcast`]) and summed (GFLOP/s, 2 flop per FMA): the
+/// ceiling the benchmark compares the GEMV's GFLOP/s to. Each thread runs
+/// [`crate::ops::simd::fma_peak_gflops`] for about `millis` ms of its own CPU time, so time slices
+/// lost to other processes do not count; compare it with GEMV times on the same clock
+/// (`CSA2_BENCH_CLOCK=cpu`), or expect a wall-clock GEMV on a loaded machine to fall short of it.
+///
+/// Why not wall clock: the previous probe timed its own loop by wall clock on `into_par_iter`
+/// items, so it measured the share of the cores this process got, not the cores: on the shared
+/// machine it read 144.8 GFLOP/s for two threads where one thread alone does 238.6 by CPU time
+/// (and 47.1 against this probe's 472.4 at load 19), and a GEMV compared to it looked 89–92 %
+/// "of peak" while it ran at ≈ 30 % of the cores' FMA rate.
 pub fn fma_peak_gflops(millis: u64) -> f64 {
-    let threads = rayon::current_num_threads().max(1);
-    (0..threads)
-        .into_par_iter()
-        .map(|_| {
-            #[cfg(target_arch = "x86_64")]
-            if level() == Isa::Avx512 {
-                let t0 = std::time::Instant::now();
-                let (mut iters, mut sink) = (0usize, 0f32);
-                while t0.elapsed().as_millis() < millis as u128 {
-                    // SAFETY: `level()` reported AVX-512F at run time.
-                    sink += unsafe { avx512::fma_probe(1 << 16) };
-                    iters += 1 << 16;
-                }
-                std::hint::black_box(sink);
-                return iters as f64 * 24.0 * 16.0 * 2.0 / t0.elapsed().as_secs_f64() / 1e9;
-            }
-            crate::ops::simd::fma_peak_gflops(millis)
-        })
+    rayon::broadcast(|_| crate::ops::simd::fma_peak_gflops(millis))
+        .into_iter()
         .sum()
 }
 
@@ -1136,11 +1378,16 @@ pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) ->
         .zip(out.layer_in.par_chunks_mut(tile * d))
         .zip(acc.par_chunks_mut(tile * MIX_ACC))
         .enumerate();
+    // With the packed table on AVX-512 the update also writes each X' chunk into the GEMV's
+    // stream-major tile (`XTile`) from its registers, so the GEMV reads it from L1/L2 with no copy
+    // pass over X' (`tile_packed` copies it when the GEMV runs alone).
+    let direct = inp.next.as_ref().and_then(|w| direct_table(d, w));
     tiles.for_each(|(ti, ((xn_tile, u_tile), acc_tile))| {
         let t0 = ti * tile;
         let nt = u_tile.len() / d;
         let mut su = vec![0.0f32; nt];
         let mut segs: Vec<*const f32> = Vec::with_capacity(nt * (2 * HC + 2));
+        let mut xc = direct.map(|_| XTile::boxed());
         // Chunk-major: the update of one CHUNK of every token of the tile (X' chunk: ≤ 16 × 4 ×
         // 2 KiB = 128 KiB) is followed at once by the GEMV on that chunk, so the GEMV reads X' from
         // L1/L2 instead of L3 (the whole tile's X', 16 × 80 KiB at d = 5120, exceeds a 1 MiB L2),
@@ -1156,17 +1403,29 @@ pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) ->
                 let xn = &mut xn_tile[tt * HC * d..(tt + 1) * HC * d];
                 let u = &mut u_tile[tt * d..(tt + 1) * d];
                 let pre = pre_of(inp.pre_prev, tok);
+                let mut cp = xc.as_deref_mut().map(|x| ChunkCopy {
+                    buf: &mut x.0[tt * CHUNK..],
+                    stride: MAX_TILE * CHUNK,
+                    c0,
+                    only: true,
+                });
                 su[tt] += match &inp.update {
                     Some(upd) => {
                         let m = token_mix(&inp.update, tok);
                         let y = &upd.y[tok * d..(tok + 1) * d];
-                        update_collapse(d, xt, y, &m, Some(&pre), c0, c1, xn, Some(u))
+                        update_collapse(d, xt, y, &m, Some(&pre), c0, c1, xn, Some(u), cp.as_mut())
                     }
                     None => {
+                        // X' = X: into the tile (streamed out after the GEMV) or the rows;
+                        // u from X itself, the same values.
                         for j in 0..HC {
-                            xn[j * d + c0..j * d + c1].copy_from_slice(&xt[j * d + c0..j * d + c1]);
+                            let seg = &xt[j * d + c0..j * d + c1];
+                            match cp.as_mut() {
+                                Some(cp) => cp.buf[j * cp.stride..][..c1 - c0].copy_from_slice(seg),
+                                None => xn[j * d + c0..j * d + c1].copy_from_slice(seg),
+                            }
                         }
-                        collapse(d, xn, &pre, c0, c1, u)
+                        collapse(d, xt, &pre, c0, c1, u)
                     }
                 };
             }
@@ -1179,7 +1438,9 @@ pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) ->
                         let tok = t0 + tt;
                         for j in 0..HC {
                             segs.push(inp.x[(tok * HC + j) * d + c1..].as_ptr());
-                            segs.push(xn_tile[(tt * HC + j) * d + c1..].as_ptr());
+                            if direct.is_none() {
+                                segs.push(xn_tile[(tt * HC + j) * d + c1..].as_ptr());
+                            }
                         }
                         if let Some(upd) = &inp.update {
                             segs.push(upd.y[tok * d + c1..].as_ptr());
@@ -1191,9 +1452,18 @@ pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) ->
                     segs: &segs,
                     lines: (d - c1).min(CHUNK).div_ceil(16),
                 };
-                mix_block_ahead(d, w.hc_fn, w.packed, xn_tile, c0, c1, acc_tile, ahead);
+                match (direct, xc.as_deref()) {
+                    (Some(pk), Some(xc)) => {
+                        mix_tile(d, pk, xc, nt, c0, c1, acc_tile, ahead);
+                        rows_from_tile(d, xc, nt, c0, c1, xn_tile);
+                    }
+                    _ => mix_block_ahead(d, w.hc_fn, w.packed, xn_tile, c0, c1, acc_tile, ahead),
+                }
             }
             c0 = c1;
+        }
+        if xc.is_some() {
+            stream_fence();
         }
         for (tt, &s) in su.iter().enumerate().take(nt) {
             let r = 1.0 / (s / d as f32 + p.rms_eps).sqrt();
@@ -1222,7 +1492,7 @@ pub fn post_update(p: &MhcParams, x: &[f32], upd: &PostUpdate, x_new: &mut [f32]
             let mut c0 = 0;
             while c0 < d {
                 let c1 = (c0 + CHUNK).min(d);
-                update_collapse(d, xt, y, &m, None, c0, c1, xn, None);
+                update_collapse(d, xt, y, &m, None, c0, c1, xn, None, None);
                 c0 = c1;
             }
         });
@@ -1461,6 +1731,121 @@ mod tests {
         let e = PackedHcFn::new(8, &[0.0; MIX * HC * 8 - 1]).unwrap_err();
         assert!(matches!(e, crate::Error::Shape { .. }), "{e}");
         assert!(PackedHcFn::new(0, &[]).is_err());
+    }
+
+    /// The stream kernels written once over the lane count give the 8-lane (AVX2) kernel's bits
+    /// when they run 16 lanes wide: X', u and Σ u² (summed in 8-lane blocks), the collapse and
+    /// the RMS sum, on ranges whose lengths leave every remainder of 16 and of 8, and with the
+    /// copy into the GEMV tile equal to the rows.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn stream_kernels_give_the_same_bits_at_16_and_8_lanes() {
+        use crate::ops::simd::{F32x16, F32x8};
+        if !Isa::Avx512.is_supported() {
+            return;
+        }
+        /// X', u, the collapse's u, the tile, and the three sums.
+        type Outs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, [f32; 3]);
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        fn run<const WIDE: bool>(
+            d: usize,
+            xt: &[f32],
+            y: &[f32],
+            m: &TokenMix,
+            pre: &[f32; HC],
+            c0: usize,
+            c1: usize,
+        ) -> Outs {
+            let (mut xn, mut u, mut u2) = (vec![0.0; HC * d], vec![0.0; d], vec![0.0; d]);
+            let mut tile = vec![0.0; HC * CHUNK];
+            let mut cp = ChunkCopy {
+                buf: &mut tile,
+                stride: CHUNK,
+                c0,
+                only: false,
+            };
+            let (a, b, c) = if WIDE {
+                (
+                    update_collapse_body::<F32x16>(
+                        d,
+                        xt,
+                        y,
+                        m,
+                        Some(pre),
+                        c0,
+                        c1,
+                        &mut xn,
+                        Some(&mut u),
+                        Some(&mut cp),
+                    ),
+                    collapse_body::<F32x16>(d, xt, pre, c0, c1, &mut u2),
+                    sumsq_body::<F32x16>(xt, c0, c1),
+                )
+            } else {
+                (
+                    update_collapse_body::<F32x8>(
+                        d,
+                        xt,
+                        y,
+                        m,
+                        Some(pre),
+                        c0,
+                        c1,
+                        &mut xn,
+                        Some(&mut u),
+                        Some(&mut cp),
+                    ),
+                    collapse_body::<F32x8>(d, xt, pre, c0, c1, &mut u2),
+                    sumsq_body::<F32x8>(xt, c0, c1),
+                )
+            };
+            (xn, u, u2, tile, [a, b, c])
+        }
+        let mut rng = StdRng::seed_from_u64(23);
+        let d = 2 * CHUNK + 29;
+        let xt: Vec<f32> = (0..HC * d).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let y: Vec<f32> = (0..d).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let mut m = TokenMix {
+            post: [0.0; HC],
+            comb: [0.0; HC * HC],
+        };
+        m.post
+            .iter_mut()
+            .for_each(|v| *v = rng.random_range(0.0..2.0));
+        m.comb
+            .iter_mut()
+            .for_each(|v| *v = rng.random_range(0.0..0.5));
+        let pre: [f32; HC] = std::array::from_fn(|_| rng.random_range(0.0..1.0));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (c0, c1) in [
+            (0, CHUNK),
+            (CHUNK, 2 * CHUNK),
+            (2 * CHUNK, d),
+            (3, 3 + 24),
+            (5, 12),
+        ] {
+            for len in [c1 - c0, (c1 - c0) / 2 + 7, 1, 0] {
+                let c1 = c0 + len;
+                // SAFETY: AVX-512F (and so AVX2 + FMA) detected above.
+                let (w, n) = unsafe {
+                    (
+                        run::<true>(d, &xt, &y, &m, &pre, c0, c1),
+                        run::<false>(d, &xt, &y, &m, &pre, c0, c1),
+                    )
+                };
+                let tag = format!("{c0}..{c1}");
+                assert_eq!(bits(&w.0), bits(&n.0), "X' {tag}");
+                assert_eq!(bits(&w.1), bits(&n.1), "u {tag}");
+                assert_eq!(bits(&w.2), bits(&n.2), "collapse {tag}");
+                assert_eq!(bits(&w.3), bits(&n.3), "tile {tag}");
+                assert_eq!(bits(&w.4), bits(&n.4), "sums {tag}");
+                for j in 0..HC {
+                    let row = &w.0[j * d + c0..j * d + c1];
+                    assert_eq!(bits(&w.3[j * CHUNK..j * CHUNK + len]), bits(row), "{tag}");
+                }
+            }
+        }
     }
 
     #[test]
