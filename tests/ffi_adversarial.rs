@@ -6,10 +6,11 @@
 //! argument, write no output, and leave the object as it was: after the refusals an engine's next
 //! step equals that of a twin that never saw them, bit for bit.
 //!
-//! The one break found (`counts_no_buffer_can_hold_are_refused_before_a_slice_is_made`): a
-//! pointer-and-count argument whose count spans more than `isize::MAX` bytes went straight into
-//! `slice::from_raw_parts` (undefined behaviour; the test binary aborted on Rust's precondition
-//! check). `ffi::check_span` now refuses it.
+//! Breaks found and fixed: a pointer-and-count argument whose count spans more than `isize::MAX`
+//! bytes went straight into `slice::from_raw_parts` (undefined behaviour; the test binary aborted
+//! on Rust's precondition check; `counts_no_buffer_can_hold_are_refused_before_a_slice_is_made`),
+//! now refused by `ffi::check_span`; an engine step of zero sequences was OK although the
+//! contract says `n_seqs` ≥ 1 (`engine_step_refuses_hostile_tensors_and_changes_nothing`).
 
 use crate::ffi_support::{geometry, last_error, HostTensor};
 use csa2::ffi::dlpack::{DLDataType, DLTensor, K_DL_CUDA};
@@ -93,7 +94,11 @@ fn run(e: *const Csa2Engine, seqs: &[Csa2EngineSeq], tok: &mut HostTensor<i64>) 
     };
     let mut rows = 0usize;
     ok(unsafe { csa2_engine_step(e, &args, &mut rows) });
-    let mut h = HostTensor::new(vec![f32::NAN; rows * d], &[rows as i64, d as i64], DType::F32);
+    let mut h = HostTensor::new(
+        vec![f32::NAN; rows * d],
+        &[rows as i64, d as i64],
+        DType::F32,
+    );
     let hd = h.dl();
     args.hidden = &hd;
     ok(unsafe { csa2_engine_step(e, &args, &mut rows) });
@@ -169,7 +174,13 @@ fn engine_step_refuses_hostile_tensors_and_changes_nothing() {
         (
             "float token ids",
             &dec,
-            |t, _| t.dtype = DLDataType { code: 2, bits: 64, lanes: 1 },
+            |t, _| {
+                t.dtype = DLDataType {
+                    code: 2,
+                    bits: 32,
+                    lanes: 1,
+                }
+            },
             Csa2Status::Csa2ErrShape,
             "tokens.dtype",
         ),
@@ -277,7 +288,13 @@ fn engine_step_refuses_hostile_tensors_and_changes_nothing() {
         (
             "an int32 hidden output",
             &dec,
-            |_, h| h.dtype = DLDataType { code: 0, bits: 32, lanes: 1 },
+            |_, h| {
+                h.dtype = DLDataType {
+                    code: 0,
+                    bits: 32,
+                    lanes: 1,
+                }
+            },
             Csa2Status::Csa2ErrShape,
             "hidden.dtype",
         ),
@@ -375,8 +392,20 @@ fn engine_step_refuses_hostile_tensors_and_changes_nothing() {
     let okt = ok_tok.dl();
     for (what, tok, hid, pos, needle) in [
         ("hidden over tokens", &t, &over, null(), "overlaps `tokens`"),
-        ("positions over hidden", &okt, &hd, &pos_over as *const DLTensor, "overlaps `hidden`"),
-        ("positions on a GPU", &okt, &hd, &gpu_pos as *const DLTensor, "share a device"),
+        (
+            "positions over hidden",
+            &okt,
+            &hd,
+            &pos_over as *const DLTensor,
+            "overlaps `hidden`",
+        ),
+        (
+            "positions on a GPU",
+            &okt,
+            &hd,
+            &gpu_pos as *const DLTensor,
+            "share a device",
+        ),
     ] {
         let args = Csa2EngineStepArgs {
             seqs: dec.as_ptr(),
@@ -419,7 +448,11 @@ fn engine_step_refuses_hostile_tensors_and_changes_nothing() {
         ),
     ];
     for (args, want, needle) in nulls {
-        refused(unsafe { csa2_engine_step(e, &args, &mut rows) }, want, needle);
+        refused(
+            unsafe { csa2_engine_step(e, &args, &mut rows) },
+            want,
+            needle,
+        );
     }
     let mut empty = HostTensor::new(Vec::<i64>::new(), &[0], DType::I64);
     let et = empty.dl();
@@ -427,10 +460,23 @@ fn engine_step_refuses_hostile_tensors_and_changes_nothing() {
         tokens: &et,
         ..Default::default()
     };
+    // Zero sequences (the contract's n_seqs ≥ 1): before the fix, planned as zero rows and OK.
     refused(
         unsafe { csa2_engine_step(e, &args, &mut rows) },
         Csa2Status::Csa2ErrInvalidArgument,
-        "",
+        "n_seqs",
+    );
+    let mut h0 = HostTensor::new(Vec::<f32>::new(), &[0, d as i64], DType::F32);
+    let h0d = h0.dl();
+    let args = Csa2EngineStepArgs {
+        tokens: &et,
+        hidden: &h0d,
+        ..Default::default()
+    };
+    refused(
+        unsafe { csa2_engine_step(e, &args, &mut rows) },
+        Csa2Status::Csa2ErrInvalidArgument,
+        "n_seqs",
     );
     let args = Csa2EngineStepArgs {
         seqs: dec.as_ptr(),
@@ -551,7 +597,11 @@ fn foreign_and_stale_handles_are_refused_and_a_wrong_free_frees_nothing() {
             "",
         );
     }
-    assert_eq!(s, Csa2EngineStats::default(), "stats written through a bad handle");
+    assert_eq!(
+        s,
+        Csa2EngineStats::default(),
+        "stats written through a bad handle"
+    );
     ok(unsafe { csa2_engine_free(e) });
     for call in [
         unsafe { csa2_engine_stats(e, &mut s) },
@@ -576,7 +626,7 @@ fn one_engine_from_several_threads_and_a_free_racing_its_steps() {
         run(e, &[prefill_seq(r, n)], &mut tokens(r, 0, n));
         run(twin, &[prefill_seq(r, n)], &mut tokens(r, 0, n));
     }
-    let decodes = 3;
+    let decodes = 2;
     let addr = e as usize;
     let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = reqs
@@ -641,7 +691,7 @@ fn one_engine_from_several_threads_and_a_free_racing_its_steps() {
     let stepper = std::thread::spawn(move || {
         let e = std::ptr::without_provenance::<Csa2Engine>(addr);
         let mut statuses = vec![];
-        for i in 0..64 {
+        for i in 0..16 {
             let mut t = tokens(11, n + decodes + i, 1);
             let dl = t.dl();
             let seqs = [decode_seq(11, n + decodes + i)];
@@ -667,12 +717,12 @@ fn one_engine_from_several_threads_and_a_free_racing_its_steps() {
     ok(unsafe { csa2_engine_free(e) });
     let statuses = stepper.join().unwrap();
     let (last, rest) = statuses.split_last().unwrap();
-    assert!(rest.iter().all(|&s| s == Csa2Status::Csa2Ok), "{statuses:?}");
     assert!(
-        matches!(
-            last,
-            Csa2Status::Csa2Ok | Csa2Status::Csa2ErrInvalidHandle
-        ),
+        rest.iter().all(|&s| s == Csa2Status::Csa2Ok),
+        "{statuses:?}"
+    );
+    assert!(
+        matches!(last, Csa2Status::Csa2Ok | Csa2Status::Csa2ErrInvalidHandle),
         "{statuses:?}"
     );
 }
@@ -682,7 +732,8 @@ fn one_engine_from_several_threads_and_a_free_racing_its_steps() {
 #[test]
 fn out_of_blocks_mid_step_is_recovered_by_freeing_the_request() {
     let (e, twin) = (engine(1), engine(1));
-    let n = 300;
+    // One row past the one 256-token block.
+    let n = 257;
     let seqs = [prefill_seq(1, n)];
     let mut tok = tokens(1, 0, n);
     let t = tok.dl();
@@ -703,12 +754,15 @@ fn out_of_blocks_mid_step_is_recovered_by_freeing_the_request() {
         Csa2Status::Csa2ErrOutOfBlocks,
         "",
     );
-    assert!(h.data.iter().all(|&x| x == 0.0), "no output after a failed step");
+    assert!(
+        h.data.iter().all(|&x| x == 0.0),
+        "no output after a failed step"
+    );
     // The module docs: the request may be partly advanced; free it before reusing the id.
     let _ = unsafe { csa2_engine_free_request(e, 1) };
     let s = stats(e);
     assert_eq!((s.requests, s.used_blocks, s.main_bytes), (0, 0, 0));
-    let m = 200;
+    let m = 8;
     assert_eq!(
         run(e, &[prefill_seq(1, m)], &mut tokens(1, 0, m)),
         run(twin, &[prefill_seq(1, m)], &mut tokens(1, 0, m))
@@ -755,7 +809,15 @@ fn damaged_store_directories_are_typed_errors_or_clean_recoveries() {
     ok(s);
     let key = [3u8; 32];
     let payload = vec![0x5Au8; 3000];
-    ok(unsafe { csa2_ssd_put(st, key.as_ptr(), payload.as_ptr(), payload.len(), null_mut()) });
+    ok(unsafe {
+        csa2_ssd_put(
+            st,
+            key.as_ptr(),
+            payload.as_ptr(),
+            payload.len(),
+            null_mut(),
+        )
+    });
     ok(unsafe { csa2_ssd_free(st) });
     let seg = std::fs::read_dir(&good)
         .unwrap()
@@ -793,21 +855,38 @@ fn damaged_store_directories_are_typed_errors_or_clean_recoveries() {
         let (s, rep, st) = open(&dir);
         if s != Csa2Status::Csa2Ok {
             assert!(st.is_null(), "{what}");
-            assert!(!last_error().is_empty(), "{what}: a status without a message");
+            assert!(
+                !last_error().is_empty(),
+                "{what}: a status without a message"
+            );
             continue;
         }
         assert_eq!(rep.records, 0, "{what}: nothing unverifiable is indexed");
         let mut buf = vec![0u8; 4096];
         let (mut len, mut found) = (0usize, 9u8);
         ok(unsafe {
-            csa2_ssd_get(st, key.as_ptr(), buf.as_mut_ptr(), buf.len(), &mut len, &mut found)
+            csa2_ssd_get(
+                st,
+                key.as_ptr(),
+                buf.as_mut_ptr(),
+                buf.len(),
+                &mut len,
+                &mut found,
+            )
         });
         assert_eq!(found, 0, "{what}: a damaged record served");
         // The tier keeps working: a new put is read back byte-exact.
         let k2 = [4u8; 32];
         ok(unsafe { csa2_ssd_put(st, k2.as_ptr(), payload.as_ptr(), 100, null_mut()) });
         ok(unsafe {
-            csa2_ssd_get(st, k2.as_ptr(), buf.as_mut_ptr(), buf.len(), &mut len, &mut found)
+            csa2_ssd_get(
+                st,
+                k2.as_ptr(),
+                buf.as_mut_ptr(),
+                buf.len(),
+                &mut len,
+                &mut found,
+            )
         });
         assert_eq!((found, &buf[..len]), (1, &payload[..100]), "{what}");
         ok(unsafe { csa2_ssd_free(st) });

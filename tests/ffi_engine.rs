@@ -93,7 +93,11 @@ fn step(
     if s != Csa2Status::Csa2Ok {
         return Err((s, last_error()));
     }
-    let mut h = HostTensor::new(vec![f32::NAN; rows * d], &[rows as i64, d as i64], DType::F32);
+    let mut h = HostTensor::new(
+        vec![f32::NAN; rows * d],
+        &[rows as i64, d as i64],
+        DType::F32,
+    );
     let mut p = HostTensor::new(vec![-1i64; rows], &[rows as i64], DType::I64);
     let mut r = HostTensor::new(vec![-1i64; rows], &[rows as i64], DType::I64);
     let (hd, pd, rd) = (h.dl(), p.dl(), r.dl());
@@ -336,7 +340,10 @@ fn bad_handles_stale_handles_and_wrong_shapes_are_refused_and_change_nothing() {
         let s = unsafe { csa2_engine_step(e, &args, &mut rows) };
         if s != Csa2Status::Csa2Ok {
             assert_eq!(rows, 12345, "rows_out untouched on error");
-            assert!(h.data.iter().all(|&x| x == 0.0), "hidden untouched on error");
+            assert!(
+                h.data.iter().all(|&x| x == 0.0),
+                "hidden untouched on error"
+            );
         }
         s
     };

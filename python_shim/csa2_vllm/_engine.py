@@ -142,8 +142,9 @@ class Engine(_Handle):
         """Runs one step; returns (hidden ``[rows, d]``, positions ``int64 [rows]``, request ids
         ``[rows]``) of the output rows.
 
-        ``tokens``: ``[T]`` int32 or int64 ids (a torch tensor, a numpy array, or a sequence, which
-        becomes an int64 numpy array), compact; the library refuses other dtypes and strides.
+        ``tokens``: ``[T]`` int32 or int64 ids, compact (a torch tensor or numpy array, read in
+        place; other numpy integer arrays and sequences become an int64 copy); the library refuses
+        other dtypes and strides.
         ``out``: an optional ``[rows, d]`` float32 / bfloat16 / float16 tensor to write the hidden
         state into (then no count-only call is made); by default a float32 tensor of the tokens'
         kind is made. Request ids come back as ``uint64`` for numpy and as ``int64`` (the same
@@ -153,8 +154,11 @@ class Engine(_Handle):
                                         s.prefill_start, s.replay_start, s.cached_until)
                                    for s in seqs])
         torch_kind = type(tokens).__module__.startswith("torch")
-        if not torch_kind and type(tokens).__module__ != "numpy":
-            tokens = np.asarray(tokens, dtype=np.int64)
+        if not torch_kind:
+            tokens = np.asarray(tokens)
+            if tokens.dtype.kind in "ui" and tokens.dtype not in (np.int32, np.int64):
+                # uint32 ids (or a list): the library reads int32 / int64, so this one copies.
+                tokens = tokens.astype(np.int64)
         tok = borrow(tokens)
         args = EngineStepArgs(seqs=arr, n_seqs=len(seqs), tokens=tok.ptr)
         rows = _SZ()

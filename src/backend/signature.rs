@@ -13,8 +13,7 @@ use crate::tensor::{DType, FLOATS, INTS};
 pub const TOKENS: Arg = Arg::read("tokens", INTS, &[Dim::Any("T")]);
 /// `[rows, d]` float final hidden state of the output rows (float32 exact; bfloat16 / float16
 /// rounded to nearest even). Absent: the step is planned, not run (count only).
-pub const HIDDEN: Arg =
-    Arg::write("hidden", FLOATS, &[Dim::Any("rows"), Dim::Any("d")]).optional();
+pub const HIDDEN: Arg = Arg::write("hidden", FLOATS, &[Dim::Any("rows"), Dim::Any("d")]).optional();
 /// `[rows]` int64 absolute position of each output row.
 pub const POSITIONS: Arg = Arg::write("positions", &[DType::I64], &[Dim::Any("rows")]).optional();
 /// `[rows]` int64 request id of each output row (the `uint64` id's bits).

@@ -34,13 +34,13 @@
 //! calls on different engines run concurrently. `csa2_engine_free` may race other calls, as for
 //! every handle.
 
+use super::dlpack::{check_disjoint, fill_floats, DLTensor, View};
 use super::geometry::Csa2Geometry;
 use super::handle;
-use super::dlpack::{check_disjoint, fill_floats, DLTensor, View};
 use super::{arg_out, arg_slice, guarded, guarded_free, read_args, Csa2Status};
-use crate::backend::signature as sig;
 use crate::backend::cache::SwaSnapshot;
 use crate::backend::launch_day::LAUNCH_DAY;
+use crate::backend::signature as sig;
 use crate::backend::timing::Timings;
 use crate::backend::{
     Backend, BackendConfig, ContiguousCache, KvCache, Model, PagedCache, Phase, SeqStep, StepPlan,
@@ -516,8 +516,9 @@ fn seq_arg(i: usize, s: &Csa2EngineSeq) -> Result<SeqStep> {
 ///
 /// Errors, each before anything runs (nothing changes, no output is written):
 /// `CSA2_ERR_NULL_POINTER` (`args`, `seqs` with `n_seqs` > 0, `tokens`, `rows_out`),
-/// `CSA2_ERR_INVALID_HANDLE`, `CSA2_ERR_INVALID_ARGUMENT` (`struct_size`, an unknown phase, a
-/// position at or above 2^62, a step the planner refuses: no rows, a request twice, a decode of
+/// `CSA2_ERR_INVALID_HANDLE`, `CSA2_ERR_INVALID_ARGUMENT` (`struct_size`, `n_seqs` 0, a count
+/// past the address space, an unknown phase, a position at or above 2^62, a step the planner
+/// refuses: no rows, a request twice, a decode of
 /// more than one row, a prefill past its prompt end, `cached_until` past the rows it may reach; a
 /// token id outside `0 ..= UINT32_MAX`; an output overlapping another argument; tensors on
 /// different devices), `CSA2_ERR_SHAPE` (a tensor whose dtype, shape or strides differ from the
@@ -557,6 +558,11 @@ pub unsafe extern "C" fn csa2_engine_step(
                 View::from_raw_opt(a.requests, sig::REQUESTS.name)?,
             )
         };
+        // An empty step was planned as zero rows and returned OK (the contract says n_seqs ≥ 1;
+        // found by tests/ffi_adversarial.rs).
+        if seqs.is_empty() {
+            return Err(Error::invalid("n_seqs", "a step needs at least one sequence"));
+        }
         let steps = seqs
             .iter()
             .enumerate()
