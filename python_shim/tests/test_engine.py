@@ -44,7 +44,7 @@ def test_torch_tensors_cross_by_dlpack_without_copies_and_match_numpy():
     torch = pytest.importorskip("torch")
     a = _engine.Engine(num_blocks=8)
     b = _engine.Engine(num_blocks=8)
-    n = 40
+    n = 16
     toks = _tokens(n)
     hn, pn, rn = a.step([_engine.Seq.prefill(5, 0, n)], toks)
     tt = torch.from_numpy(toks.astype(np.int32))

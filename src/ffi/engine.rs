@@ -561,7 +561,10 @@ pub unsafe extern "C" fn csa2_engine_step(
         // An empty step was planned as zero rows and returned OK (the contract says n_seqs ≥ 1;
         // found by tests/ffi_adversarial.rs).
         if seqs.is_empty() {
-            return Err(Error::invalid("n_seqs", "a step needs at least one sequence"));
+            return Err(Error::invalid(
+                "n_seqs",
+                "a step needs at least one sequence",
+            ));
         }
         let steps = seqs
             .iter()
