@@ -678,10 +678,10 @@ fn one_engine_from_several_threads_and_a_free_racing_its_steps() {
     for r in readers {
         assert!(r.join().unwrap() > 0);
     }
-    for (k, &r) in reqs.iter().enumerate() {
-        for i in 0..decodes {
+    for (&r, outs) in reqs.iter().zip(&got) {
+        for (i, out) in outs.iter().enumerate() {
             let want = run(twin, &[decode_seq(r, n + i)], &mut tokens(r, n + i, 1));
-            assert_eq!(got[k][i], want, "request {r} decode {i}");
+            assert_eq!(out, &want, "request {r} decode {i}");
         }
     }
     assert_eq!(stats(e), stats(twin));
@@ -825,7 +825,8 @@ fn damaged_store_directories_are_typed_errors_or_clean_recoveries() {
         .find(|p| p.extension().is_some_and(|e| e == "log"))
         .unwrap();
     let bytes = std::fs::read(&seg).unwrap();
-    let damage: [(&str, Box<dyn Fn(&std::path::Path)>); 3] = [
+    type Damage<'a> = (&'a str, Box<dyn Fn(&std::path::Path) + 'a>);
+    let damage: [Damage; 3] = [
         (
             "garbage",
             Box::new(|p| std::fs::write(p, vec![0xC3u8; 5000]).unwrap()),

@@ -325,7 +325,7 @@ fn bad_handles_stale_handles_and_wrong_shapes_are_refused_and_change_nothing() {
         let mut tok = token_tensor(tokens);
         let tok_dl = tok.dl();
         let mut h = HostTensor::new(vec![0f32; cap], &[(cap / d) as i64, d as i64], DType::F32);
-        if cap % d != 0 {
+        if !cap.is_multiple_of(d) {
             h.shape = vec![1, cap as i64];
         }
         let hd = h.dl();
