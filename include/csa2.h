@@ -505,6 +505,8 @@ typedef struct {
 } Csa2EngineSeq;
 
 // Arguments of [`csa2_engine_step`]. Set `struct_size` to `sizeof(Csa2EngineStepArgs)`.
+// Tensors are borrowed DLPack descriptors (signature: `backend::signature::STEP`), host memory,
+// compact row-major, no output overlapping another argument.
 typedef struct {
   // `sizeof(Csa2EngineStepArgs)` as the caller was compiled.
   size_t struct_size;
@@ -512,22 +514,18 @@ typedef struct {
   const Csa2EngineSeq *seqs;
   // Entries at `seqs` (≥ 1).
   size_t n_seqs;
-  // One token id per row, requests in `seqs` order, each request's rows in position order.
-  const uint32_t *tokens;
-  // Entries at `tokens` (= the sum of the `len`s).
-  size_t n_tokens;
-  // Output: the final hidden state `[rows, hidden_size]` float32, row-major, in output-row
-  // order (requests in `seqs` order, positions ascending). Null with `hidden_cap` 0: count
-  // only (the step is planned, not run).
-  float *hidden;
-  // Floats of room at `hidden`.
-  size_t hidden_cap;
-  // Optional output: the position of each output row (`rows` int64), or null.
-  int64_t *positions;
-  // Optional output: the request id of each output row (`rows` uint64), or null.
-  uint64_t *requests;
-  // Room (rows) at `positions` and `requests` (each, when non-null).
-  size_t rows_cap;
+  // `[T]` int32 or int64 token ids (`0 ..= UINT32_MAX`), one per row (T = the sum of the
+  // `len`s), requests in `seqs` order, each request's rows in position order.
+  const DLTensor *tokens;
+  // Output `[rows, hidden_size]` float32 (bit-exact) or bfloat16 / float16 (rounded to
+  // nearest even): the final hidden state of the output rows, requests in `seqs` order,
+  // positions ascending. Null: count only (the step is planned, not run; `positions` and
+  // `requests`, if given, are still written).
+  const DLTensor *hidden;
+  // Optional output `[rows]` int64: the position of each output row.
+  const DLTensor *positions;
+  // Optional output `[rows]` int64: the request id of each output row (the id's 64 bits).
+  const DLTensor *requests;
 } Csa2EngineStepArgs;
 
 // Bytes and counts of an engine's KV cache (`backend::cache::CacheUsage`, measured from the
@@ -1480,25 +1478,32 @@ Csa2Status csa2_engine_info(const Csa2Engine *e, Csa2EngineInfo *out);
 
 // Runs one step of the engine: `n_seqs` requests' rows (prefill chunks and decode tokens), one
 // token id per row, through the 40-layer stack and the engine's KV cache, and writes the final
-// hidden state of the output rows (`rows × hidden_size` float32) to `hidden`, their positions and
-// request ids to `positions` / `requests` if given, and the row count to `*rows_out`. A request
-// seen for the first time is opened.
+// hidden state of the output rows to `hidden`, their positions and request ids to `positions` /
+// `requests` if given, and the row count to `*rows_out`. A request seen for the first time is
+// opened.
 //
-// Count only: `hidden` null and `hidden_cap` 0 plan the step without running it and write only
-// `*rows_out`.
+// Count only: `hidden` null plans the step without running it; it writes `*rows_out` (and
+// `positions` / `requests` when given, which the plan alone fixes). A caller that does not know
+// the row count calls once without tensors, then with tensors of `rows` rows.
 //
-// Errors, each before anything runs (nothing changes): `CSA2_ERR_NULL_POINTER`,
-// `CSA2_ERR_INVALID_HANDLE`, `CSA2_ERR_INVALID_ARGUMENT` (`struct_size`, an unknown phase, a
-// position at or above 2^62, a step the planner refuses: no rows, a request twice, a decode of
-// more than one row, a prefill past its prompt end, `cached_until` past the rows it may reach;
-// `hidden_cap` or `rows_cap` below what the step outputs, the message giving the count),
-// `CSA2_ERR_SHAPE` (`n_tokens` ≠ the rows). While the step runs: `CSA2_ERR_OUT_OF_BLOCKS`,
+// Errors, each before anything runs (nothing changes, no output is written):
+// `CSA2_ERR_NULL_POINTER` (`args`, `seqs` with `n_seqs` > 0, `tokens`, `rows_out`),
+// `CSA2_ERR_INVALID_HANDLE`, `CSA2_ERR_INVALID_ARGUMENT` (`struct_size`, `n_seqs` 0, a count
+// past the address space, an unknown phase, a position at or above 2^62, a step the planner
+// refuses: no rows, a request twice, a decode of
+// more than one row, a prefill past its prompt end, `cached_until` past the rows it may reach; a
+// token id outside `0 ..= UINT32_MAX`; an output overlapping another argument; tensors on
+// different devices), `CSA2_ERR_SHAPE` (a tensor whose dtype, shape or strides differ from the
+// signature: `tokens` `[T]`, `hidden` `[rows, hidden_size]`, the message giving the bound sizes),
+// `CSA2_ERR_UNSUPPORTED` (a CUDA tensor: the engine runs on the host; without the `cuda` feature
+// the message says the build has no CUDA). While the step runs: `CSA2_ERR_OUT_OF_BLOCKS`,
 // `CSA2_ERR_INVALID_ARGUMENT` (rows that do not continue a request's stored entries), naming the
-// layer; then the step's requests may be partly advanced (see the module docs).
+// layer; then the step's requests may be partly advanced (see the module docs) and the outputs
+// are not written.
 //
 // # Safety
-// `args`: `struct_size` readable bytes of a `Csa2EngineStepArgs` whose pointers cover the counts
-// it gives; `rows_out` writable.
+// `args`: `struct_size` readable bytes of a `Csa2EngineStepArgs`, `seqs` covering `n_seqs`
+// entries, its tensors as in the op exports (`dlpack::tensor_from_dlpack`); `rows_out` writable.
 Csa2Status csa2_engine_step(const Csa2Engine *e, const Csa2EngineStepArgs *args, size_t *rows_out);
 
 // Ends request `id` in the engine: its blocks (or buffers), windows and carries are freed, and a

@@ -2,11 +2,12 @@
 //! `csa2 run`'s session drives, bit for bit, and bad handles / stale handles / wrong shapes refused
 //! with a clear error and nothing changed.
 
-use crate::ffi_support::last_error;
+use crate::ffi_support::{last_error, HostTensor};
 use csa2::backend::{Backend, BackendConfig, KvCache, Model, PagedCache, Phase, SeqStep};
 use csa2::ffi::*;
 use csa2::replay::ReplayMode;
 use csa2::store::TierPolicy;
+use csa2::tensor::DType;
 use csa2::weights::Scale;
 use csa2_harness::session::{self, token_at, SessionConfig, TurnReport};
 use std::ptr::{null, null_mut};
@@ -62,18 +63,29 @@ fn seq(s: &SeqStep) -> Csa2EngineSeq {
 /// (hidden, positions, requests) of a step's output rows.
 type StepRows = (Vec<f32>, Vec<i64>, Vec<u64>);
 
-/// One step through the C ABI.
+/// Token ids as the `[T]` int64 tensor `csa2_engine_step` reads.
+fn token_tensor(tokens: &[u32]) -> HostTensor<i64> {
+    HostTensor::new(
+        tokens.iter().map(|&t| t as i64).collect(),
+        &[tokens.len() as i64],
+        DType::I64,
+    )
+}
+
+/// One step through the C ABI: a count-only call, then the step into `[rows, d]` float32 hidden
+/// and `[rows]` int64 positions and request ids.
 fn step(
     e: *const Csa2Engine,
     seqs: &[Csa2EngineSeq],
     tokens: &[u32],
 ) -> Result<StepRows, (Csa2Status, String)> {
     let d = hidden_size(e);
+    let mut tok = token_tensor(tokens);
+    let tok_dl = tok.dl();
     let mut args = Csa2EngineStepArgs {
         seqs: seqs.as_ptr(),
         n_seqs: seqs.len(),
-        tokens: tokens.as_ptr(),
-        n_tokens: tokens.len(),
+        tokens: &tok_dl,
         ..Default::default()
     };
     let mut rows = usize::MAX;
@@ -81,21 +93,24 @@ fn step(
     if s != Csa2Status::Csa2Ok {
         return Err((s, last_error()));
     }
-    let mut h = vec![f32::NAN; rows * d];
-    let mut p = vec![-1i64; rows];
-    let mut r = vec![u64::MAX; rows];
-    args.hidden = h.as_mut_ptr();
-    args.hidden_cap = h.len();
-    args.positions = p.as_mut_ptr();
-    args.requests = r.as_mut_ptr();
-    args.rows_cap = rows;
+    let mut h = HostTensor::new(
+        vec![f32::NAN; rows * d],
+        &[rows as i64, d as i64],
+        DType::F32,
+    );
+    let mut p = HostTensor::new(vec![-1i64; rows], &[rows as i64], DType::I64);
+    let mut r = HostTensor::new(vec![-1i64; rows], &[rows as i64], DType::I64);
+    let (hd, pd, rd) = (h.dl(), p.dl(), r.dl());
+    args.hidden = &hd;
+    args.positions = &pd;
+    args.requests = &rd;
     let mut rows2 = 0;
     let s = unsafe { csa2_engine_step(e, &args, &mut rows2) };
     if s != Csa2Status::Csa2Ok {
         return Err((s, last_error()));
     }
     assert_eq!(rows2, rows, "the count-only call planned the same rows");
-    Ok((h, p, r))
+    Ok((h.data, p.data, r.data.iter().map(|&x| x as u64).collect()))
 }
 
 fn stats(e: *const Csa2Engine) -> Csa2EngineStats {
@@ -307,21 +322,28 @@ fn bad_handles_stale_handles_and_wrong_shapes_are_refused_and_change_nothing() {
         assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
     };
     let call = |seqs: &[Csa2EngineSeq], tokens: &[u32], cap: usize| {
-        let mut h = vec![0f32; cap];
+        let mut tok = token_tensor(tokens);
+        let tok_dl = tok.dl();
+        let mut h = HostTensor::new(vec![0f32; cap], &[(cap / d) as i64, d as i64], DType::F32);
+        if !cap.is_multiple_of(d) {
+            h.shape = vec![1, cap as i64];
+        }
+        let hd = h.dl();
         let args = Csa2EngineStepArgs {
             seqs: seqs.as_ptr(),
             n_seqs: seqs.len(),
-            tokens: tokens.as_ptr(),
-            n_tokens: tokens.len(),
-            hidden: h.as_mut_ptr(),
-            hidden_cap: cap,
+            tokens: &tok_dl,
+            hidden: &hd,
             ..Default::default()
         };
         let mut rows = 12345usize;
         let s = unsafe { csa2_engine_step(e, &args, &mut rows) };
         if s != Csa2Status::Csa2Ok {
             assert_eq!(rows, 12345, "rows_out untouched on error");
-            assert!(h.iter().all(|&x| x == 0.0), "hidden untouched on error");
+            assert!(
+                h.data.iter().all(|&x| x == 0.0),
+                "hidden untouched on error"
+            );
         }
         s
     };
@@ -330,8 +352,8 @@ fn bad_handles_stale_handles_and_wrong_shapes_are_refused_and_change_nothing() {
     expect(call(&good, &[1, 2], d), Csa2Status::Csa2ErrShape, "tokens");
     expect(
         call(&good, &tok, d - 1),
-        Csa2Status::Csa2ErrInvalidArgument,
-        "hidden_cap",
+        Csa2Status::Csa2ErrShape,
+        "hidden: expected [rows=1, d=",
     );
     let mut bad_phase = good;
     bad_phase[0].phase = 9;
@@ -370,12 +392,13 @@ fn bad_handles_stale_handles_and_wrong_shapes_are_refused_and_change_nothing() {
         "struct_size",
     );
     // Bad and stale handles.
+    let mut tok_t = token_tensor(&tok);
+    let tok_dl = tok_t.dl();
     let step_on = |h: *const Csa2Engine| {
         let args = Csa2EngineStepArgs {
             seqs: good.as_ptr(),
             n_seqs: 1,
-            tokens: tok.as_ptr(),
-            n_tokens: 1,
+            tokens: &tok_dl,
             ..Default::default()
         };
         let mut rows = 0;

@@ -2,8 +2,11 @@
 stack (the Rust ``backend::Backend`` that ``csa2 run`` drives) with its KV cache, behind one handle.
 
 ``Engine.step`` takes one or more requests' rows (prefill chunks and decode tokens) with one token
-id per row and returns the final hidden state of the step's output rows as a ``float32`` numpy
-array ``[rows, hidden_size]`` with the rows' positions and request ids. Argument errors raise
+id per row and returns the final hidden state of the step's output rows ``[rows, hidden_size]``
+with the rows' positions and request ids. Tensors cross as borrowed DLPack descriptors
+(``_lib.borrow``): a torch ``int32``/``int64`` token tensor is read where it lies, and the outputs
+are written in place into torch tensors (numpy arrays when the tokens are not a torch tensor), or
+into a caller's ``out``; nothing is copied on either side. Argument errors raise
 :class:`csa2_vllm._lib.Csa2Error` with the library's message and leave the engine unchanged.
 """
 
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _lib
-from ._lib import _Handle, _args, call, lib
+from ._lib import _T, _Handle, _args, borrow, lib
 
 __all__ = ["Engine", "Seq", "PREFILL", "DECODE", "SCALE_TINY", "SCALE_FULL", "CACHE_PAGED",
            "CACHE_CONTIGUOUS", "BACKEND_CSA2", "BACKEND_LAUNCH_DAY"]
@@ -40,10 +43,8 @@ class _Seq(ctypes.Structure):
 
 
 EngineStepArgs = _args("EngineStepArgs", [
-    ("seqs", ctypes.POINTER(_Seq)), ("n_seqs", _SZ), ("tokens", ctypes.POINTER(ctypes.c_uint32)),
-    ("n_tokens", _SZ), ("hidden", ctypes.POINTER(ctypes.c_float)), ("hidden_cap", _SZ),
-    ("positions", ctypes.POINTER(ctypes.c_int64)), ("requests", ctypes.POINTER(_U64)),
-    ("rows_cap", _SZ)])
+    ("seqs", ctypes.POINTER(_Seq)), ("n_seqs", _SZ), ("tokens", _T), ("hidden", _T),
+    ("positions", _T), ("requests", _T)])
 
 
 class EngineStats(ctypes.Structure):
@@ -137,32 +138,42 @@ class Engine(_Handle):
                    "csa2_engine_stats")
         return s
 
-    def step(self, seqs: list[Seq], tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Runs one step; returns (hidden ``float32 [rows, d]``, positions ``int64 [rows]``,
-        request ids ``uint64 [rows]``) of the output rows."""
+    def step(self, seqs: list[Seq], tokens, *, out=None):
+        """Runs one step; returns (hidden ``[rows, d]``, positions ``int64 [rows]``, request ids
+        ``[rows]``) of the output rows.
+
+        ``tokens``: ``[T]`` int32 or int64 ids, compact (a torch tensor or numpy array, read in
+        place; other numpy integer arrays and sequences become an int64 copy); the library refuses
+        other dtypes and strides.
+        ``out``: an optional ``[rows, d]`` float32 / bfloat16 / float16 tensor to write the hidden
+        state into (then no count-only call is made); by default a float32 tensor of the tokens'
+        kind is made. Request ids come back as ``uint64`` for numpy and as ``int64`` (the same
+        bits) for torch."""
         h = _lib_with_engine()
         arr = (_Seq * len(seqs))(*[_Seq(s.req, s.first_pos, s.len, s.phase, s.prompt_end,
                                         s.prefill_start, s.replay_start, s.cached_until)
                                    for s in seqs])
-        toks = np.ascontiguousarray(tokens, dtype=np.uint32)
-        args = EngineStepArgs(seqs=arr, n_seqs=len(seqs),
-                              tokens=toks.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
-                              n_tokens=toks.size)
+        torch_kind = type(tokens).__module__.startswith("torch")
+        if not torch_kind:
+            tokens = np.asarray(tokens)
+            if tokens.dtype.kind in "ui" and tokens.dtype not in (np.int32, np.int64):
+                # uint32 ids (or a list): the library reads int32 / int64, so this one copies.
+                tokens = tokens.astype(np.int64)
+        tok = borrow(tokens)
+        args = EngineStepArgs(seqs=arr, n_seqs=len(seqs), tokens=tok.ptr)
         rows = _SZ()
+        if out is None:
+            _lib.check(h.csa2_engine_step(self.handle, ctypes.byref(args), ctypes.byref(rows)),
+                       "csa2_engine_step")
+            n, d = rows.value, self.info().hidden_size
+            out = _empty((n, d), "float32", torch_kind)
+        n = out.shape[0] if len(out.shape) else 0
+        pos, req = _empty((n,), "int64", torch_kind), _empty((n,), "int64", torch_kind)
+        keep = [borrow(out), borrow(pos), borrow(req)]
+        args.hidden, args.positions, args.requests = (b.ptr for b in keep)
         _lib.check(h.csa2_engine_step(self.handle, ctypes.byref(args), ctypes.byref(rows)),
                    "csa2_engine_step")
-        n, d = rows.value, self.info().hidden_size
-        hidden = np.zeros((n, d), np.float32)
-        pos = np.zeros(n, np.int64)
-        req = np.zeros(n, np.uint64)
-        args.hidden = hidden.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        args.hidden_cap = hidden.size
-        args.positions = pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
-        args.requests = req.ctypes.data_as(ctypes.POINTER(_U64))
-        args.rows_cap = n
-        _lib.check(h.csa2_engine_step(self.handle, ctypes.byref(args), ctypes.byref(rows)),
-                   "csa2_engine_step")
-        return hidden, pos, req
+        return out, pos, (req if torch_kind else req.view(np.uint64))
 
     def free_request(self, req: int) -> None:
         _lib.check(_lib_with_engine().csa2_engine_free_request(self.handle, req),
@@ -176,3 +187,12 @@ class Engine(_Handle):
         """Next turn: restore what ``suspend`` kept (a snapshot hit) or discard it (a miss)."""
         _lib.check(_lib_with_engine().csa2_engine_resume(self.handle, req, int(restore)),
                    "csa2_engine_resume")
+
+
+def _empty(shape: tuple, dtype: str, torch_kind: bool):
+    """An uninitialised output the library fills (every element is written on success)."""
+    if torch_kind:
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+    return np.empty(shape, dtype=dtype)

@@ -8,6 +8,7 @@
 //! - [`layer`]: one attention sublayer in its role (Full / Reindex / Reuse / SWA-only);
 //! - [`stack`]: the layers with mHC at both sites, embedding and FFN placeholders;
 //! - [`launch_day`]: the configuration vLLM first shipped (docs/SPEC.md §5);
+//! - [`signature`]: the tensor signature of one engine step (the C ABI's `csa2_engine_step`);
 //! - [`gemm`]: the dense projections; [`timing`]: per-role, per-op wall time (recorded by the
 //!   layers as they run, so it stays beside them; the harness aggregates it).
 //!
@@ -19,6 +20,7 @@ pub mod gemm;
 pub mod launch_day;
 pub mod layer;
 pub mod paged;
+pub mod signature;
 pub mod stack;
 pub mod timing;
 

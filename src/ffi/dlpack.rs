@@ -584,6 +584,10 @@ impl<'a> View<'a> {
     pub fn f32s_mut(&mut self) -> Result<&'a mut [f32]> {
         self.typed_mut(DType::F32)
     }
+    /// Mutable `i64` elements (int64 only).
+    pub fn i64s_mut(&mut self) -> Result<&'a mut [i64]> {
+        self.typed_mut(DType::I64)
+    }
     /// Mutable bytes (uint8 only).
     pub fn bytes_mut(&mut self) -> Result<&'a mut [u8]> {
         self.typed_mut(DType::U8)

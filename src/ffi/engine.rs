@@ -4,7 +4,8 @@
 //! A C caller creates an engine from a scale and weights ([`csa2_engine_create`]: synthetic
 //! weights generated in memory, or a checkpoint directory in the released naming), then runs steps
 //! of prefill chunks and decode tokens of many requests ([`csa2_engine_step`]: token ids in, the
-//! final hidden state of the step's output rows out). Between turns of a request the caller either
+//! final hidden state of the step's output rows out, both as borrowed DLPack tensors checked
+//! against the step's one signature, `backend::signature::STEP`). Between turns of a request the caller either
 //! keeps everything (the next step continues), suspends it ([`csa2_engine_suspend`]: the encoder
 //! layers' SWA windows and the compressor carries are kept aside, every live window and carry is
 //! dropped, global KV stays; [`csa2_engine_resume`] restores them or discards them on a snapshot
@@ -33,11 +34,13 @@
 //! calls on different engines run concurrently. `csa2_engine_free` may race other calls, as for
 //! every handle.
 
+use super::dlpack::{check_disjoint, fill_floats, DLTensor, View};
 use super::geometry::Csa2Geometry;
 use super::handle;
-use super::{arg_out, arg_slice, arg_slice_mut, guarded, guarded_free, read_args, Csa2Status};
+use super::{arg_out, arg_slice, guarded, guarded_free, read_args, Csa2Status};
 use crate::backend::cache::SwaSnapshot;
 use crate::backend::launch_day::LAUNCH_DAY;
+use crate::backend::signature as sig;
 use crate::backend::timing::Timings;
 use crate::backend::{
     Backend, BackendConfig, ContiguousCache, KvCache, Model, PagedCache, Phase, SeqStep, StepPlan,
@@ -46,6 +49,7 @@ use crate::cache::{CacheManager, RequestId};
 use crate::error::{Error, Result};
 use crate::ops::compressor::CompressorState;
 use crate::replay::ReplayMode;
+use crate::shape::Dims;
 use crate::store::TierPolicy;
 use crate::weights::Scale;
 use parking_lot::Mutex;
@@ -143,6 +147,8 @@ pub struct Csa2EngineSeq {
 }
 
 /// Arguments of [`csa2_engine_step`]. Set `struct_size` to `sizeof(Csa2EngineStepArgs)`.
+/// Tensors are borrowed DLPack descriptors (signature: `backend::signature::STEP`), host memory,
+/// compact row-major, no output overlapping another argument.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct Csa2EngineStepArgs {
@@ -152,22 +158,18 @@ pub struct Csa2EngineStepArgs {
     pub seqs: *const Csa2EngineSeq,
     /// Entries at `seqs` (≥ 1).
     pub n_seqs: usize,
-    /// One token id per row, requests in `seqs` order, each request's rows in position order.
-    pub tokens: *const u32,
-    /// Entries at `tokens` (= the sum of the `len`s).
-    pub n_tokens: usize,
-    /// Output: the final hidden state `[rows, hidden_size]` float32, row-major, in output-row
-    /// order (requests in `seqs` order, positions ascending). Null with `hidden_cap` 0: count
-    /// only (the step is planned, not run).
-    pub hidden: *mut f32,
-    /// Floats of room at `hidden`.
-    pub hidden_cap: usize,
-    /// Optional output: the position of each output row (`rows` int64), or null.
-    pub positions: *mut i64,
-    /// Optional output: the request id of each output row (`rows` uint64), or null.
-    pub requests: *mut u64,
-    /// Room (rows) at `positions` and `requests` (each, when non-null).
-    pub rows_cap: usize,
+    /// `[T]` int32 or int64 token ids (`0 ..= UINT32_MAX`), one per row (T = the sum of the
+    /// `len`s), requests in `seqs` order, each request's rows in position order.
+    pub tokens: *const DLTensor,
+    /// Output `[rows, hidden_size]` float32 (bit-exact) or bfloat16 / float16 (rounded to
+    /// nearest even): the final hidden state of the output rows, requests in `seqs` order,
+    /// positions ascending. Null: count only (the step is planned, not run; `positions` and
+    /// `requests`, if given, are still written).
+    pub hidden: *const DLTensor,
+    /// Optional output `[rows]` int64: the position of each output row.
+    pub positions: *const DLTensor,
+    /// Optional output `[rows]` int64: the request id of each output row (the id's 64 bits).
+    pub requests: *const DLTensor,
 }
 args_struct!(Csa2EngineStepArgs);
 
@@ -504,25 +506,32 @@ fn seq_arg(i: usize, s: &Csa2EngineSeq) -> Result<SeqStep> {
 
 /// Runs one step of the engine: `n_seqs` requests' rows (prefill chunks and decode tokens), one
 /// token id per row, through the 40-layer stack and the engine's KV cache, and writes the final
-/// hidden state of the output rows (`rows × hidden_size` float32) to `hidden`, their positions and
-/// request ids to `positions` / `requests` if given, and the row count to `*rows_out`. A request
-/// seen for the first time is opened.
+/// hidden state of the output rows to `hidden`, their positions and request ids to `positions` /
+/// `requests` if given, and the row count to `*rows_out`. A request seen for the first time is
+/// opened.
 ///
-/// Count only: `hidden` null and `hidden_cap` 0 plan the step without running it and write only
-/// `*rows_out`.
+/// Count only: `hidden` null plans the step without running it; it writes `*rows_out` (and
+/// `positions` / `requests` when given, which the plan alone fixes). A caller that does not know
+/// the row count calls once without tensors, then with tensors of `rows` rows.
 ///
-/// Errors, each before anything runs (nothing changes): `CSA2_ERR_NULL_POINTER`,
-/// `CSA2_ERR_INVALID_HANDLE`, `CSA2_ERR_INVALID_ARGUMENT` (`struct_size`, an unknown phase, a
-/// position at or above 2^62, a step the planner refuses: no rows, a request twice, a decode of
-/// more than one row, a prefill past its prompt end, `cached_until` past the rows it may reach;
-/// `hidden_cap` or `rows_cap` below what the step outputs, the message giving the count),
-/// `CSA2_ERR_SHAPE` (`n_tokens` ≠ the rows). While the step runs: `CSA2_ERR_OUT_OF_BLOCKS`,
+/// Errors, each before anything runs (nothing changes, no output is written):
+/// `CSA2_ERR_NULL_POINTER` (`args`, `seqs` with `n_seqs` > 0, `tokens`, `rows_out`),
+/// `CSA2_ERR_INVALID_HANDLE`, `CSA2_ERR_INVALID_ARGUMENT` (`struct_size`, `n_seqs` 0, a count
+/// past the address space, an unknown phase, a position at or above 2^62, a step the planner
+/// refuses: no rows, a request twice, a decode of
+/// more than one row, a prefill past its prompt end, `cached_until` past the rows it may reach; a
+/// token id outside `0 ..= UINT32_MAX`; an output overlapping another argument; tensors on
+/// different devices), `CSA2_ERR_SHAPE` (a tensor whose dtype, shape or strides differ from the
+/// signature: `tokens` `[T]`, `hidden` `[rows, hidden_size]`, the message giving the bound sizes),
+/// `CSA2_ERR_UNSUPPORTED` (a CUDA tensor: the engine runs on the host; without the `cuda` feature
+/// the message says the build has no CUDA). While the step runs: `CSA2_ERR_OUT_OF_BLOCKS`,
 /// `CSA2_ERR_INVALID_ARGUMENT` (rows that do not continue a request's stored entries), naming the
-/// layer; then the step's requests may be partly advanced (see the module docs).
+/// layer; then the step's requests may be partly advanced (see the module docs) and the outputs
+/// are not written.
 ///
 /// # Safety
-/// `args`: `struct_size` readable bytes of a `Csa2EngineStepArgs` whose pointers cover the counts
-/// it gives; `rows_out` writable.
+/// `args`: `struct_size` readable bytes of a `Csa2EngineStepArgs`, `seqs` covering `n_seqs`
+/// entries, its tensors as in the op exports (`dlpack::tensor_from_dlpack`); `rows_out` writable.
 #[no_mangle]
 pub unsafe extern "C" fn csa2_engine_step(
     e: *const Csa2Engine,
@@ -534,93 +543,112 @@ pub unsafe extern "C" fn csa2_engine_step(
         let a = unsafe { read_args(args) }?;
         let e = engine(e)?;
         // SAFETY: pointer validity is the caller's contract; nulls are checked.
-        let (seqs, tokens, rows_out) = unsafe {
+        let (seqs, rows_out) = unsafe {
             (
                 arg_slice(a.seqs, a.n_seqs, "seqs")?,
-                arg_slice(a.tokens, a.n_tokens, "tokens")?,
                 arg_out(rows_out, "rows_out")?,
             )
         };
+        // SAFETY: the descriptors are the caller's (validated by `View::from_raw`).
+        let (tok, mut hid, mut pos, mut req) = unsafe {
+            (
+                View::from_raw(a.tokens, sig::TOKENS.name)?,
+                View::from_raw_opt(a.hidden, sig::HIDDEN.name)?,
+                View::from_raw_opt(a.positions, sig::POSITIONS.name)?,
+                View::from_raw_opt(a.requests, sig::REQUESTS.name)?,
+            )
+        };
+        // An empty step was planned as zero rows and returned OK (the contract says n_seqs ≥ 1;
+        // found by tests/ffi_adversarial.rs).
+        if seqs.is_empty() {
+            return Err(Error::invalid(
+                "n_seqs",
+                "a step needs at least one sequence",
+            ));
+        }
         let steps = seqs
             .iter()
             .enumerate()
             .map(|(i, s)| seq_arg(i, s))
             .collect::<Result<Vec<_>>>()?;
         // The rows against the tokens first: the planner then sizes nothing the caller did not
-        // back with a buffer.
+        // back with a tensor.
         let total = steps
             .iter()
             .try_fold(0usize, |t, s| t.checked_add(s.len))
-            .filter(|&t| t == tokens.len())
-            .ok_or_else(|| {
-                Error::shape(
-                    "tokens",
-                    "one per row (the sum of the seqs' len)",
-                    tokens.len(),
-                )
-            })?;
+            .ok_or_else(|| Error::invalid("seqs", "the sum of the len overflows"))?;
         let g = e.backend.geometry();
+        let mut dims = Dims::default();
+        dims.bind("T", total);
+        tok.expect(&sig::TOKENS, &mut dims)?;
         let plan = StepPlan::new(g, &steps, e.backend.cfg.decoder_replay)?;
         debug_assert_eq!(plan.total_rows(), total);
         let rows = plan.output_rows().len();
-        let d = g.hidden_size;
-        let need = rows
-            .checked_mul(d)
-            .ok_or_else(|| Error::invalid("seqs", "the output size overflows"))?;
-        if a.hidden.is_null() && a.hidden_cap == 0 {
-            *rows_out = rows;
-            return Ok(());
+        dims.bind("rows", rows);
+        dims.bind("d", g.hidden_size);
+        for (v, arg) in [
+            (&hid, &sig::HIDDEN),
+            (&pos, &sig::POSITIONS),
+            (&req, &sig::REQUESTS),
+        ] {
+            if let Some(v) = v {
+                v.expect(arg, &mut dims)?;
+            }
         }
-        if a.hidden_cap < need {
-            return Err(Error::invalid(
-                "hidden_cap",
-                format!(
-                    "the step outputs {rows} rows × {d} = {need} floats, hidden_cap is {}",
-                    a.hidden_cap
-                ),
-            ));
+        let outputs: Vec<&View> = [&hid, &pos, &req].into_iter().flatten().collect();
+        check_disjoint(&[&tok], &outputs)?;
+        tok.require_host()?;
+        for v in &outputs {
+            v.require_host()?;
         }
-        let wants_rows = !a.positions.is_null() || !a.requests.is_null();
-        if wants_rows && a.rows_cap < rows {
-            return Err(Error::invalid(
-                "rows_cap",
-                format!("the step outputs {rows} rows, rows_cap is {}", a.rows_cap),
-            ));
-        }
-        // SAFETY: room for the caps is the caller's contract; nulls with a non-zero need refused.
-        let (hidden, positions, requests) = unsafe {
-            (
-                arg_slice_mut(a.hidden, need, "hidden")?,
-                if a.positions.is_null() {
-                    None
-                } else {
-                    Some(arg_slice_mut(a.positions, rows, "positions")?)
-                },
-                if a.requests.is_null() {
-                    None
-                } else {
-                    Some(arg_slice_mut(a.requests, rows, "requests")?)
-                },
-            )
+        let tokens = tok
+            .i64s()?
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                u32::try_from(t).map_err(|_| {
+                    Error::invalid(
+                        format!("tokens[{i}]"),
+                        format!("token id {t} is outside 0..=4294967295"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<u32>>>()?;
+        let (hidden, kept_pos, kept_req) = match hid.as_mut() {
+            None => {
+                let kept = plan.output_rows();
+                let r: Vec<u64> = kept.seq.iter().map(|&si| plan.seqs[si].req).collect();
+                (None, kept.pos.clone(), r)
+            }
+            Some(_) => {
+                let out = e.with(|b, st| {
+                    let mut tm = Timings::default();
+                    b.run_plan(plan, &tokens, st.cache.get(), &mut tm, false, None)
+                })?;
+                let kept = out.plan.output_rows();
+                let p = kept.pos.clone();
+                let r: Vec<u64> = kept.seq.iter().map(|&si| out.plan.seqs[si].req).collect();
+                (Some(out.hidden), p, r)
+            }
         };
-        let out = e.with(|b, st| {
-            let mut tm = Timings::default();
-            b.run_plan(plan, tokens, st.cache.get(), &mut tm, false, None)
-        })?;
-        if out.hidden.len() != need {
-            return Err(Error::Internal(format!(
-                "the step returned {} floats for {rows} rows",
-                out.hidden.len()
-            )));
+        if let (Some(v), Some(h)) = (hid.as_mut(), &hidden) {
+            if h.len() != rows * g.hidden_size {
+                return Err(Error::Internal(format!(
+                    "the step returned {} floats for {rows} rows",
+                    h.len()
+                )));
+            }
+            fill_floats(v, |o| {
+                o.copy_from_slice(h);
+                Ok(())
+            })?;
         }
-        hidden.copy_from_slice(&out.hidden);
-        let kept = out.plan.output_rows();
-        if let Some(p) = positions {
-            p.copy_from_slice(&kept.pos);
+        if let Some(v) = pos.as_mut() {
+            v.i64s_mut()?.copy_from_slice(&kept_pos);
         }
-        if let Some(r) = requests {
-            for (o, &si) in r.iter_mut().zip(&kept.seq) {
-                *o = out.plan.seqs[si].req;
+        if let Some(v) = req.as_mut() {
+            for (o, &r) in v.i64s_mut()?.iter_mut().zip(&kept_req) {
+                *o = r as i64;
             }
         }
         *rows_out = rows;

@@ -302,6 +302,28 @@ fn check_aligned<T>(p: *const T, what: &'static str) -> Result<()> {
     Ok(())
 }
 
+/// Errors unless `len` elements of `T` from `p` are a span a slice may have: at most `isize::MAX`
+/// bytes, not wrapping the address space. A count no buffer can have is refused here rather than
+/// handed to `slice::from_raw_parts`, whose precondition it breaks (undefined behaviour; an abort
+/// in debug builds). Found by tests/ffi_adversarial.rs.
+fn check_span<T>(p: *const T, len: usize, what: &'static str) -> Result<()> {
+    let fits = len
+        .checked_mul(std::mem::size_of::<T>())
+        .filter(|&b| b <= isize::MAX as usize)
+        .is_some_and(|b| (p as usize).checked_add(b).is_some());
+    if fits {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            what,
+            format!(
+                "{len} elements of {} bytes from {p:p} exceed the address space",
+                std::mem::size_of::<T>()
+            ),
+        ))
+    }
+}
+
 /// A slice from a C pointer and element count. Null is accepted only with `len` 0.
 ///
 /// # Safety
@@ -320,7 +342,9 @@ pub(crate) unsafe fn arg_slice<'a, T>(
         };
     }
     check_aligned(p, what)?;
-    // SAFETY: non-null and aligned (checked); length and validity are the caller's contract.
+    check_span(p, len, what)?;
+    // SAFETY: non-null, aligned and a span that fits the address space (checked); validity for
+    // `len` elements is the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts(p, len) })
 }
 
@@ -341,8 +365,9 @@ pub(crate) unsafe fn arg_slice_mut<'a, T>(
         };
     }
     check_aligned(p, what)?;
-    // SAFETY: non-null and aligned (checked); length, validity and exclusivity are the caller's
-    // contract.
+    check_span(p, len, what)?;
+    // SAFETY: non-null, aligned and a span that fits the address space (checked); validity and
+    // exclusivity for `len` elements are the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
 }
 
