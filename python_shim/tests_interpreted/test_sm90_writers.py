@@ -214,7 +214,7 @@ def test_mxfp4_index_k_store_equals_vllms_writer_and_the_rule(ratio):
     # 1/sqrt as the interpreter's rsqrt (numpy) computes it, in f32
     k = _bf16(k * (1 / torch.sqrt((k * k).sum(1, keepdim=True) / 128 + 1e-6)) * w.float())
     first = positions[writes] - positions[writes] % ratio
-    want = torch.from_numpy(_lib.encode_rows(FORMAT_MXFP4, _rope_rows(k, cs[first], 32)))
+    want = torch.from_numpy(_lib.encode_rows(_lib.FORMAT_MXFP4, _rope_rows(k, cs[first], 32)))
     got = _index_pages(ours, slots[writes], states)
     assert torch.equal(got, want)
     untouched = torch.ones(blocks * states, dtype=torch.bool)

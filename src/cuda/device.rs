@@ -630,3 +630,22 @@ impl Device {
         .expect("a dense device view")
     }
 }
+
+/// The device address of `v` for a kernel argument: `v` must be one of `dtypes` and dense
+/// (row-major, no gaps), since the kernels index it as a flat array. `what` names the tensor in
+/// the error. The device itself is checked by the caller's signature.
+pub(crate) fn dense_device_addr(
+    v: &crate::tensor::TensorView<'_>,
+    dtypes: &[crate::tensor::DType],
+    what: &str,
+) -> Result<u64> {
+    if !dtypes.contains(&v.dtype()) || !v.is_contiguous() {
+        let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
+        return Err(Error::shape(
+            what,
+            format!("a dense {} tensor on the GPU", names.join(" or ")),
+            format!("{} with strides {:?}", v.dtype().name(), v.strides()),
+        ));
+    }
+    Ok(v.addr() as u64)
+}

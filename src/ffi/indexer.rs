@@ -395,13 +395,9 @@ unsafe fn indexer_pool(a: &Csa2IndexerLogitsPoolArgs) -> Result<()> {
 mod tests {
     use super::*;
     use crate::ffi::dlpack::{K_DL_CUDA, K_DL_UINT};
-    use crate::ffi::test_support::{host_tensor, last_error};
+    use crate::ffi::test_support::{desc, host_tensor, last_error};
     use crate::ops::attention::{PoolDesc, PoolLayout, PoolView};
 
-    fn desc<T>(data: &mut [T], shape: &mut [i64], dtype: DType) -> DLTensor {
-        let (code, bits) = dtype.code_bits();
-        host_tensor(data.as_mut_ptr().cast(), code, bits, shape, None)
-    }
 
     /// `csa2_indexer_logits_pool` through the C ABI equals the Rust entry on a strided, offset
     /// slab, for a caller of the first struct version (no `error` member) and of this one; CUDA

@@ -12,11 +12,7 @@ use crate::ops::compressor::{Compressor, CompressorState, CompressorWeights};
 use crate::ops::rope::{Direction, Rope};
 use csa2_rng::{rand_normal, NewRng, Rng};
 
-/// A float32/int/uint8 host descriptor over `data` with `shape` (kept alive by the caller).
-fn desc<T>(data: &mut [T], shape: &mut [i64], dtype: DType) -> DLTensor {
-    let (code, bits) = dtype.code_bits();
-    super::test_support::host_tensor(data.as_mut_ptr().cast(), code, bits, shape, None)
-}
+use super::test_support::desc;
 
 /// A registered geometry handle (`p`) and the geometry it holds (`g`), freed on drop.
 struct TestGeometry {

@@ -51,3 +51,10 @@ pub(crate) fn host_tensor(
         byte_offset: 0,
     }
 }
+
+/// A host descriptor of `dtype` over `data` with `shape`, compact strides (both kept alive by the
+/// caller).
+pub(crate) fn desc<T>(data: &mut [T], shape: &mut [i64], dtype: super::dlpack::DType) -> DLTensor {
+    let (code, bits) = dtype.code_bits();
+    host_tensor(data.as_mut_ptr().cast(), code, bits, shape, None)
+}

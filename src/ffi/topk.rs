@@ -130,12 +130,8 @@ pub unsafe extern "C" fn csa2_topk_on_stream(args: *const Csa2TopkOnStreamArgs) 
 mod tests {
     use super::*;
     use crate::ffi::dlpack::DType;
-    use crate::ffi::test_support::{host_tensor, last_error};
+    use crate::ffi::test_support::{desc, last_error};
 
-    fn desc<T>(data: &mut [T], shape: &mut [i64], dtype: DType) -> DLTensor {
-        let (code, bits) = dtype.code_bits();
-        host_tensor(data.as_mut_ptr().cast(), code, bits, shape, None)
-    }
 
     /// On host tensors the stream form is `csa2_topk`: same selection, same order, same counts;
     /// the error record is left alone, a negative position is the status and writes nothing, and

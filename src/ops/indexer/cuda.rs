@@ -142,7 +142,8 @@ pub(crate) fn logits_in_pool_launch(
     stream: u64,
 ) -> Result<()> {
     use super::signature::{BLOCK_TABLE, ERROR, LOGITS_OUT, POSITIONS, Q, REQ, W};
-    use crate::tensor::{DType, TensorView};
+    use crate::cuda::device::dense_device_addr as dense;
+    use crate::tensor::DType;
     if p.ratio == 0 {
         return Err(Error::invalid(
             "ratio",
@@ -155,23 +156,6 @@ pub(crate) fn logits_in_pool_launch(
             p.heads
         )));
     }
-    let dense = |v: &TensorView<'_>, dtypes: &[DType], what: &str| -> Result<u64> {
-        if !dtypes.contains(&v.dtype()) || !v.is_contiguous() {
-            return Err(Error::shape(
-                what,
-                format!(
-                    "a dense {} tensor on the GPU",
-                    dtypes
-                        .iter()
-                        .map(|d| d.name())
-                        .collect::<Vec<_>>()
-                        .join(" or ")
-                ),
-                format!("{} with strides {:?}", v.dtype().name(), v.strides()),
-            ));
-        }
-        Ok(v.addr() as u64)
-    };
     let q = dense(a.q, &[DType::F32], Q.name)?;
     let w = dense(a.w, &[DType::F32], W.name)?;
     let pos = dense(a.positions, &[DType::I32, DType::I64], POSITIONS.name)?;

@@ -1748,7 +1748,7 @@ mod tests {
         type Outs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, [f32; 3]);
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx512f,avx2,fma")]
-        fn run<const WIDE: bool>(
+        fn run<V: Vf32>(
             d: usize,
             xt: &[f32],
             y: &[f32],
@@ -1756,7 +1756,10 @@ mod tests {
             pre: &[f32; HC],
             c0: usize,
             c1: usize,
-        ) -> Outs {
+        ) -> Outs
+        where
+            V::A8: Vf32<A8 = V::A8>,
+        {
             let (mut xn, mut u, mut u2) = (vec![0.0; HC * d], vec![0.0; d], vec![0.0; d]);
             let mut tile = vec![0.0; HC * CHUNK];
             let mut cp = ChunkCopy {
@@ -1765,41 +1768,20 @@ mod tests {
                 c0,
                 only: false,
             };
-            let (a, b, c) = if WIDE {
-                (
-                    update_collapse_body::<F32x16>(
-                        d,
-                        xt,
-                        y,
-                        m,
-                        Some(pre),
-                        c0,
-                        c1,
-                        &mut xn,
-                        Some(&mut u),
-                        Some(&mut cp),
-                    ),
-                    collapse_body::<F32x16>(d, xt, pre, c0, c1, &mut u2),
-                    sumsq_body::<F32x16>(xt, c0, c1),
-                )
-            } else {
-                (
-                    update_collapse_body::<F32x8>(
-                        d,
-                        xt,
-                        y,
-                        m,
-                        Some(pre),
-                        c0,
-                        c1,
-                        &mut xn,
-                        Some(&mut u),
-                        Some(&mut cp),
-                    ),
-                    collapse_body::<F32x8>(d, xt, pre, c0, c1, &mut u2),
-                    sumsq_body::<F32x8>(xt, c0, c1),
-                )
-            };
+            let a = update_collapse_body::<V>(
+                d,
+                xt,
+                y,
+                m,
+                Some(pre),
+                c0,
+                c1,
+                &mut xn,
+                Some(&mut u),
+                Some(&mut cp),
+            );
+            let b = collapse_body::<V>(d, xt, pre, c0, c1, &mut u2);
+            let c = sumsq_body::<V>(xt, c0, c1);
             (xn, u, u2, tile, [a, b, c])
         }
         let mut rng = StdRng::seed_from_u64(23);
@@ -1830,8 +1812,8 @@ mod tests {
                 // SAFETY: AVX-512F (and so AVX2 + FMA) detected above.
                 let (w, n) = unsafe {
                     (
-                        run::<true>(d, &xt, &y, &m, &pre, c0, c1),
-                        run::<false>(d, &xt, &y, &m, &pre, c0, c1),
+                        run::<F32x16>(d, &xt, &y, &m, &pre, c0, c1),
+                        run::<F32x8>(d, &xt, &y, &m, &pre, c0, c1),
                     )
                 };
                 let tag = format!("{c0}..{c1}");

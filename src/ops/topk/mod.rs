@@ -240,28 +240,12 @@ fn select_rows_cuda(
     error: Option<&mut TensorViewMut<'_>>,
     stream: Option<u64>,
 ) -> Result<()> {
+    use crate::cuda::device::dense_device_addr as dense;
     use crate::tensor::DType;
     use signature::{COUNTS_OUT, ERROR, LOGITS, OUT, POSITIONS};
     let ordinal = usize::try_from(ordinal).map_err(|_| {
         Error::invalid(LOGITS.name, format!("CUDA device {ordinal} does not exist"))
     })?;
-    let dense = |v: &TensorView<'_>, dtypes: &[DType], what: &str| -> Result<u64> {
-        if !dtypes.contains(&v.dtype()) || !v.is_contiguous() {
-            return Err(Error::shape(
-                what,
-                format!(
-                    "a dense {} tensor on the GPU",
-                    dtypes
-                        .iter()
-                        .map(|d| d.name())
-                        .collect::<Vec<_>>()
-                        .join(" or ")
-                ),
-                format!("{} with strides {:?}", v.dtype().name(), v.strides()),
-            ));
-        }
-        Ok(v.addr() as u64)
-    };
     let (t, n, k) = (logits.shape()[0], logits.shape()[1], out.shape()[1]);
     let a = cuda::RowsLaunch {
         logits: dense(logits, &[DType::F32], LOGITS.name)?,
