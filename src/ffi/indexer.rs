@@ -398,7 +398,6 @@ mod tests {
     use crate::ffi::test_support::{desc, host_tensor, last_error};
     use crate::ops::attention::{PoolDesc, PoolLayout, PoolView};
 
-
     /// `csa2_indexer_logits_pool` through the C ABI equals the Rust entry on a strided, offset
     /// slab, for a caller of the first struct version (no `error` member) and of this one; CUDA
     /// tensors among host ones are a mixed-device error.

@@ -132,7 +132,6 @@ mod tests {
     use crate::ffi::dlpack::DType;
     use crate::ffi::test_support::{desc, last_error};
 
-
     /// On host tensors the stream form is `csa2_topk`: same selection, same order, same counts;
     /// the error record is left alone, a negative position is the status and writes nothing, and
     /// a short `struct_size` is refused.
