@@ -152,6 +152,32 @@ pub struct IndexerQueries<'a> {
     pub positions: &'a [i64],
 }
 
+impl IndexerQueries<'_> {
+    /// A NaN or ±∞ in `q` or `w` is an [`Error::Invalid`] naming the token and head: the score's
+    /// ReLU (`max(x, 0)`) would turn a NaN dot into a silent 0 instead of failing. (Shapes are
+    /// checked before this.)
+    pub fn check_finite(&self, heads: usize) -> Result<()> {
+        for (what, v, row) in [
+            ("indexer q", self.q, heads * INDEX_DIM),
+            ("indexer w", self.w, heads),
+        ] {
+            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+                let per_head = row / heads.max(1);
+                return Err(Error::invalid(
+                    what,
+                    format!(
+                        "non-finite value {} at token {}, head {}",
+                        v[i],
+                        i / row.max(1),
+                        (i % row.max(1)) / per_head.max(1)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A paged MXFP4 index-K cache as the batched (CUDA) indexer reads it: entry j of request r is
 /// at slot [`block_table_slot`](crate::formats::page::block_table_slot)`(block_table[r], j,
 /// page_slots)`; an unmapped entry scores −∞.
@@ -257,6 +283,7 @@ fn check(
         ));
     }
     crate::ops::rope::check_positions(qs.positions)?;
+    qs.check_finite(p.heads)?;
     let vis: Vec<usize> = qs
         .positions
         .iter()
@@ -515,6 +542,7 @@ pub fn logits_in_pool(
         ));
     }
     crate::ops::rope::check_positions(qs.positions)?;
+    qs.check_finite(p.heads)?;
     let spp = desc.states_per_page;
     out.par_chunks_mut(n_cols.max(1))
         .take(t)

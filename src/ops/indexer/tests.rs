@@ -445,6 +445,41 @@ fn bad_inputs_are_errors() {
     .is_err());
 }
 
+/// A NaN or ±∞ query value or head weight is an error naming token and head. Before the check the
+/// score's ReLU (`max(x, 0)`) turned a NaN dot into a silent 0 logit and the call returned Ok.
+#[test]
+fn non_finite_queries_are_errors_not_silent_zeros() {
+    let mut rng = Rng::new(6);
+    let c = case(&mut rng, 10, vec![8, 9]);
+    let p = IndexerParams::new(1);
+    let heads = p.heads;
+    let mut out = vec![0f32; 20];
+    let mut q = c.q.clone();
+    q[(heads + 1) * INDEX_DIM + 5] = f32::NAN; // token 1, head 1
+    let qs = IndexerQueries {
+        q: &q,
+        w: &c.w,
+        positions: &c.positions,
+    };
+    let e = logits(&p, &qs, IndexKeys::F32(&c.k), &mut out).unwrap_err();
+    assert!(
+        e.to_string().contains("indexer q") && e.to_string().contains("token 1, head 1"),
+        "{e}"
+    );
+    let mut w = c.w.clone();
+    w[2] = f32::INFINITY; // token 0, head 2
+    let qs = IndexerQueries {
+        q: &c.q,
+        w: &w,
+        positions: &c.positions,
+    };
+    let e = logits(&p, &qs, IndexKeys::F32(&c.k), &mut out).unwrap_err();
+    assert!(
+        e.to_string().contains("indexer w") && e.to_string().contains("token 0, head 2"),
+        "{e}"
+    );
+}
+
 /// The paged reference (the CUDA kernel's contract): records scattered over pages through a
 /// block table with a hole score like the contiguous keys, −∞ in the hole and outside the mask.
 #[test]
