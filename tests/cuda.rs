@@ -103,7 +103,7 @@ fn kernels_accept_the_released_geometry_and_refuse_other_parameters() {
     ip.query_quant = indexer::QueryQuant::Mxfp4;
     assert!(indexer::cuda::kernel_supports(&ip).is_err());
     let (norm, wk, k_norm) = (vec![1f32; 512], vec![0f32; 128 * 512], vec![1f32; 128]);
-    let w = compressor::CompressorWeights {
+    let w = compressor::PooledWeights {
         norm: &norm,
         wk: &wk,
         k_norm: &k_norm,

@@ -7,7 +7,7 @@ use crate::out::JsonOut;
 use csa2::formats::{decode_rows, encode_rows, RecordFormat};
 use csa2::ops::attention::{self, AttentionInputs, AttentionParams, KvRows, HEADS};
 use csa2::ops::candidates::{self, CandidateParams};
-use csa2::ops::compressor::{self, Compressor, CompressorState, CompressorWeights};
+use csa2::ops::compressor::{self, Compressor, CompressorState, PooledWeights};
 use csa2::ops::indexer::{self, IndexKeys, IndexerParams, IndexerQueries, QueryQuant};
 use csa2::ops::rope::{self, Direction, Rope};
 use csa2::ops::topk;
@@ -185,7 +185,7 @@ fn check_compressor(r: &mut Report, rng: &mut Rng, g: &Geometry) -> Result<()> {
     let norm: Vec<f32> = rand_normal(rng, 512, 0.2).iter().map(|v| 1.0 + v).collect();
     let wk = rand_normal(rng, 128 * 512, 512f32.sqrt().recip());
     let k_norm: Vec<f32> = rand_normal(rng, 128, 0.2).iter().map(|v| 1.0 + v).collect();
-    let w = CompressorWeights {
+    let w = PooledWeights {
         norm: &norm,
         wk: &wk,
         k_norm: &k_norm,

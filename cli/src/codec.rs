@@ -23,9 +23,10 @@ pub struct Args {
     out: PathBuf,
 }
 
-type Element = (fn(f32) -> u8, fn(u8) -> f32);
+/// One element format's scalar codec: (encode, decode).
+type ElementCodec = (fn(f32) -> u8, fn(u8) -> f32);
 
-fn element(name: &str) -> Option<Element> {
+fn element(name: &str) -> Option<ElementCodec> {
     match name {
         "e2m1" => Some((e2m1_encode, e2m1_decode)),
         "e4m3" => Some((e4m3_encode, e4m3_decode)),

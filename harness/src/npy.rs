@@ -20,11 +20,11 @@ pub struct Tensor<T> {
 
 /// Element types the op runner reads and writes: the core's tensor element types (their
 /// [`csa2::tensor::Element::DTYPE`] names the NumPy spelling) that npyz can read and write.
-pub trait Element:
+pub trait NpyElement:
     csa2::tensor::Element + npyz::Deserialize + npyz::Serialize + npyz::AutoSerialize
 {
 }
-impl<T> Element for T where
+impl<T> NpyElement for T where
     T: csa2::tensor::Element + npyz::Deserialize + npyz::Serialize + npyz::AutoSerialize
 {
 }
@@ -40,7 +40,7 @@ fn parse_err(path: &Path, reason: impl Into<String>) -> Error {
 ///
 /// Errors: [`Error::Io`] when unreadable, [`Error::Parse`] when not a `.npy`, Fortran-ordered, or of
 /// another dtype (the message names the dtype found).
-pub fn read<T: Element>(path: &Path) -> Result<Tensor<T>> {
+pub fn read<T: NpyElement>(path: &Path) -> Result<Tensor<T>> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| parse_err(path, e.to_string()))?;
     if npy.order() != npyz::Order::C {
@@ -69,13 +69,13 @@ pub fn read<T: Element>(path: &Path) -> Result<Tensor<T>> {
 /// Errors: those of [`read`]; [`Error::Shape`] naming the file and its dtype, the expected shape
 /// (with bound sizes) and the one found; [`Error::Internal`] when `T` is not a dtype `arg` accepts
 /// (a runner bug, not an input error).
-pub fn read_arg<T: Element>(dir: &Path, arg: &Arg, dims: &mut Dims) -> Result<Tensor<T>> {
+pub fn read_arg<T: NpyElement>(dir: &Path, arg: &Arg, dims: &mut Dims) -> Result<Tensor<T>> {
     read_file_as(dir, arg.name, arg, dims)
 }
 
 /// [`read_arg`] for a file named differently from the argument: `csa2 op` keeps the file names of
 /// its documented contract (docs/OPS.md), e.g. `k_mxfp4.npy` for the indexer's `keys` records.
-pub fn read_file_as<T: Element>(
+pub fn read_file_as<T: NpyElement>(
     dir: &Path,
     file: &str,
     arg: &Arg,
@@ -99,7 +99,7 @@ pub fn read_file_as<T: Element>(
 }
 
 /// [`read_file_as`], but `Ok(None)` when the file does not exist.
-pub fn read_file_optional<T: Element>(
+pub fn read_file_optional<T: NpyElement>(
     dir: &Path,
     file: &str,
     arg: &Arg,
@@ -113,7 +113,7 @@ pub fn read_file_optional<T: Element>(
 }
 
 /// [`read_arg`], but `Ok(None)` when the file does not exist.
-pub fn read_arg_optional<T: Element>(
+pub fn read_arg_optional<T: NpyElement>(
     dir: &Path,
     arg: &Arg,
     dims: &mut Dims,
@@ -122,7 +122,7 @@ pub fn read_arg_optional<T: Element>(
 }
 
 /// Writes `data` with `shape` to `path` as a C-order little-endian `.npy`.
-pub fn write<T: Element>(path: &Path, shape: &[usize], data: &[T]) -> Result<()> {
+pub fn write<T: NpyElement>(path: &Path, shape: &[usize], data: &[T]) -> Result<()> {
     let n: usize = shape.iter().product();
     if n != data.len() {
         return Err(Error::shape(

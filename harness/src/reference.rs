@@ -26,7 +26,7 @@ use csa2::formats::{INDEX_DIM, KV_DIM};
 use csa2::geometry::{CandidateUse, Geometry, Role};
 use csa2::ops::attention::{self, AttentionInputs, AttentionParams, KvRows};
 use csa2::ops::candidates::{self, CandidateParams};
-use csa2::ops::compressor::{self, CompressorWeights as OpCompressorWeights};
+use csa2::ops::compressor::{self, PooledWeights};
 use csa2::ops::indexer::visible;
 use csa2::ops::mhc::{self, one_hot_pre, BoundaryIn, MhcParams, PostUpdate};
 use csa2::ops::rope::{reference::rotate_f64, Direction, Rope};
@@ -214,7 +214,7 @@ fn sublayer(
             1,
             eps,
             &rope,
-            &OpCompressorWeights {
+            &PooledWeights {
                 norm: &cw.norm,
                 wk: &ik.wk.f32_values(),
                 k_norm: &ik.k_norm,

@@ -139,6 +139,42 @@ pub trait KvCache: Send + Sync {
     fn usage(&self) -> CacheUsage;
 }
 
+/// The layers a [`KvCache`] implementation serves: every layer has an SWA window, only the
+/// KV-source layers (the geometry's `Full` layers) hold global KV. The two checks every trait
+/// method starts with, shared by [`ContiguousCache`] and `PagedCache`.
+#[derive(Debug, Clone)]
+pub(crate) struct LayerSet {
+    pub(crate) num_layers: usize,
+    /// KV-source layers, in layer order.
+    pub(crate) kv_layers: Vec<usize>,
+}
+
+impl LayerSet {
+    /// Errors: [`Error::Invalid`] (`layer`) naming the KV-source layers when `layer` holds none.
+    pub(crate) fn check_kv(&self, layer: usize) -> Result<()> {
+        if self.kv_layers.contains(&layer) {
+            return Ok(());
+        }
+        Err(Error::invalid(
+            "layer",
+            format!(
+                "layer {layer} owns no global KV (KV-source layers: {:?})",
+                self.kv_layers
+            ),
+        ))
+    }
+    /// Errors: [`Error::Invalid`] (`layer`) when `layer` is past the last layer.
+    pub(crate) fn check(&self, layer: usize) -> Result<()> {
+        if layer < self.num_layers {
+            return Ok(());
+        }
+        Err(Error::invalid(
+            "layer",
+            format!("{layer} is out of range 0..{}", self.num_layers),
+        ))
+    }
+}
+
 #[derive(Debug, Default)]
 struct Records {
     count: usize,
@@ -167,8 +203,7 @@ struct ReqState {
 pub struct ContiguousCache {
     formats: KvScheme,
     window: usize,
-    num_layers: usize,
-    kv_layers: Vec<usize>,
+    layers: LayerSet,
     reqs: HashMap<RequestId, ReqState>,
 }
 
@@ -178,8 +213,10 @@ impl ContiguousCache {
         ContiguousCache {
             formats,
             window: g.window,
-            num_layers: g.num_layers,
-            kv_layers: g.layers_with(Role::Full).map(|l| l.id).collect(),
+            layers: LayerSet {
+                num_layers: g.num_layers,
+                kv_layers: g.layers_with(Role::Full).map(|l| l.id).collect(),
+            },
             reqs: HashMap::new(),
         }
     }
@@ -195,27 +232,10 @@ impl ContiguousCache {
             .ok_or_else(|| Error::NotFound(format!("request {req} is not in the KV cache")))
     }
     fn check_kv_layer(&self, layer: usize) -> Result<()> {
-        if self.kv_layers.contains(&layer) {
-            Ok(())
-        } else {
-            Err(Error::invalid(
-                "layer",
-                format!(
-                    "layer {layer} owns no global KV (KV-source layers: {:?})",
-                    self.kv_layers
-                ),
-            ))
-        }
+        self.layers.check_kv(layer)
     }
     fn check_layer(&self, layer: usize) -> Result<()> {
-        if layer < self.num_layers {
-            Ok(())
-        } else {
-            Err(Error::invalid(
-                "layer",
-                format!("{layer} is out of range 0..{}", self.num_layers),
-            ))
-        }
+        self.layers.check(layer)
     }
 
     /// Appends `n` entries of synthetic records directly (bypassing the encoder), for building long
@@ -349,7 +369,7 @@ impl KvCache for ContiguousCache {
             req,
             ReqState {
                 global: HashMap::new(),
-                swa: (0..self.num_layers).map(|_| None).collect(),
+                swa: (0..self.layers.num_layers).map(|_| None).collect(),
                 carry: HashMap::new(),
             },
         );

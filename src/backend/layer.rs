@@ -28,7 +28,7 @@ use crate::ops::attention::{
     attention_with_dots, AttentionDots, AttentionInputs, AttentionParams, KvRows,
 };
 use crate::ops::candidates::{mask_outside, select_blocks_rows, CandidateParams};
-use crate::ops::compressor::{cpu::rms_norm, Compressor, CompressorState, CompressorWeights};
+use crate::ops::compressor::{cpu::rms_norm, Compressor, CompressorState, PooledWeights};
 use crate::ops::indexer::{
     logits, logits_in_blocks, visible, IndexKeys, IndexerParams, IndexerQueries,
 };
@@ -393,7 +393,7 @@ fn compress_and_store(
         m,
         g.rms_norm_eps,
         Rope::for_layer(lp),
-        CompressorWeights {
+        PooledWeights {
             norm: &cw.norm,
             wk: &wk,
             k_norm: &ik.k_norm,

@@ -23,7 +23,7 @@
 //! must not reuse them. Prefix publishing and adoption stay with the manager's callers: this
 //! adapter never seals a block.
 
-use super::cache::{checks, CacheUsage, KvCache, SwaSnapshot};
+use super::cache::{checks, CacheUsage, KvCache, LayerSet, SwaSnapshot};
 use crate::cache::{CacheConfig, CacheManager, CacheSpec, RecordKind, RequestId};
 use crate::error::{Error, Result};
 use crate::formats::KvScheme;
@@ -40,9 +40,7 @@ use std::sync::Arc;
 pub struct PagedCache {
     manager: Arc<CacheManager>,
     formats: KvScheme,
-    /// KV-source layers, in layer order.
-    kv_layers: Vec<usize>,
-    num_layers: usize,
+    layers: LayerSet,
     window: usize,
     /// The requests this adapter opened (their state is all in the manager).
     reqs: BTreeSet<RequestId>,
@@ -96,8 +94,10 @@ impl PagedCache {
         }
         Ok(PagedCache {
             formats,
-            kv_layers: spec.pools.iter().map(|p| p.layer).collect(),
-            num_layers: spec.num_layers,
+            layers: LayerSet {
+                kv_layers: spec.pools.iter().map(|p| p.layer).collect(),
+                num_layers: spec.num_layers,
+            },
             window: spec.window,
             reqs: BTreeSet::new(),
             manager,
@@ -121,26 +121,10 @@ impl PagedCache {
     }
 
     fn check_kv_layer(&self, layer: usize) -> Result<()> {
-        if self.kv_layers.contains(&layer) {
-            return Ok(());
-        }
-        Err(Error::invalid(
-            "layer",
-            format!(
-                "layer {layer} owns no global KV (KV-source layers: {:?})",
-                self.kv_layers
-            ),
-        ))
+        self.layers.check_kv(layer)
     }
     fn check_layer(&self, layer: usize) -> Result<()> {
-        if layer < self.num_layers {
-            Ok(())
-        } else {
-            Err(Error::invalid(
-                "layer",
-                format!("{layer} is out of range 0..{}", self.num_layers),
-            ))
-        }
+        self.layers.check(layer)
     }
     fn req(&self, req: RequestId) -> Result<()> {
         if self.reqs.contains(&req) {
@@ -377,7 +361,7 @@ impl KvCache for PagedCache {
             self.formats.index.record_bytes(),
         );
         for &req in &self.reqs {
-            for &l in &self.kv_layers {
+            for &l in &self.layers.kv_layers {
                 let n = |k| self.manager.stored_entries(req, l, k).unwrap_or(0);
                 u.main_bytes += n(RecordKind::Main) * mb;
                 u.index_bytes += n(RecordKind::Index) * ib;

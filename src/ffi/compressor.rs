@@ -22,7 +22,7 @@ use crate::formats::{KV_DIM, NVFP4_DS_BYTES};
 use crate::geometry::RopeParams;
 use crate::ops::compressor::signature::{INDEX_K_OUT, KV, K_NORM, MAIN_KV_OUT, NORM, SCORE, WK};
 use crate::ops::compressor::{
-    CompressViews, Compressor, CompressorParams, CompressorState, CompressorWeights,
+    CompressViews, Compressor, CompressorParams, CompressorState, PooledWeights,
 };
 use crate::ops::rope::Rope;
 use crate::shape::Dims;
@@ -394,7 +394,7 @@ fn with_compressor<R>(
         m,
         eps,
         Rope::new(rope)?,
-        CompressorWeights {
+        PooledWeights {
             norm: &normv,
             wk: &wkv,
             k_norm: &knv,

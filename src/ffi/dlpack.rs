@@ -495,7 +495,8 @@ impl<'a> View<'a> {
         }
     }
 
-    fn typed<T>(&self, want: DType) -> Result<&'a [T]> {
+    /// Host memory of element type `want`: what a typed slice of the view needs.
+    fn require_host_of(&self, want: DType) -> Result<()> {
         self.require_host()?;
         if self.t.dtype() != want {
             return Err(Error::shape(
@@ -504,6 +505,11 @@ impl<'a> View<'a> {
                 self.t.dtype().name(),
             ));
         }
+        Ok(())
+    }
+
+    fn typed<T>(&self, want: DType) -> Result<&'a [T]> {
+        self.require_host_of(want)?;
         // SAFETY: `from_raw` checked non-null (or dangling for empty), alignment for the element
         // size, the byte count and no wrap-around; the caller's contract keeps the memory valid
         // for 'a; host-readable was checked just above.
@@ -511,14 +517,7 @@ impl<'a> View<'a> {
     }
 
     fn typed_mut<T>(&mut self, want: DType) -> Result<&'a mut [T]> {
-        self.require_host()?;
-        if self.t.dtype() != want {
-            return Err(Error::shape(
-                format!("{}.dtype", self.name),
-                want.name(),
-                self.t.dtype().name(),
-            ));
-        }
+        self.require_host_of(want)?;
         // SAFETY: as in `typed`; exclusivity against the other arguments of the same call is
         // established by `check_disjoint`, which every export runs before taking a mutable view.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.t.addr() as *mut T, self.t.numel()) })

@@ -161,17 +161,7 @@ unsafe fn indexer(
     q_quant: i32,
     logits_out: *const DLTensor,
 ) -> Result<()> {
-    let query_quant = match q_quant {
-        0 => QueryQuant::None,
-        1 => QueryQuant::Mxfp4,
-        2 => QueryQuant::Fp8,
-        v => {
-            return Err(Error::invalid(
-                "q_quant",
-                format!("0 none, 1 mxfp4 or 2 fp8, found {v}"),
-            ))
-        }
-    };
+    let query_quant = query_quant_arg(q_quant)?;
     // SAFETY: caller's contract (see above).
     let (qv, wv, pv, kv, mut out) = unsafe {
         (
@@ -330,22 +320,25 @@ pub unsafe extern "C" fn csa2_indexer_logits_pool(
     })
 }
 
+/// The C ABI's `q_quant` argument (0 none, 1 MXFP4, 2 FP8) as the op's [`QueryQuant`].
+fn query_quant_arg(v: i32) -> Result<QueryQuant> {
+    match v {
+        0 => Ok(QueryQuant::None),
+        1 => Ok(QueryQuant::Mxfp4),
+        2 => Ok(QueryQuant::Fp8),
+        v => Err(Error::invalid(
+            "q_quant",
+            format!("0 none, 1 mxfp4 or 2 fp8, found {v}"),
+        )),
+    }
+}
+
 /// # Safety
 /// As [`csa2_indexer_logits_pool`].
 unsafe fn indexer_pool(a: &Csa2IndexerLogitsPoolArgs) -> Result<()> {
     use super::dlpack::View;
     use crate::ops::indexer::{logits_in_pool_view, PoolPlace, PoolQueries};
-    let query_quant = match a.q_quant {
-        0 => QueryQuant::None,
-        1 => QueryQuant::Mxfp4,
-        2 => QueryQuant::Fp8,
-        v => {
-            return Err(Error::invalid(
-                "q_quant",
-                format!("0 none, 1 mxfp4 or 2 fp8, found {v}"),
-            ))
-        }
-    };
+    let query_quant = query_quant_arg(a.q_quant)?;
     // SAFETY: caller's contract (see above).
     let pool =
         unsafe { super::attention_pools::pool_arg_of(&a.keys, "keys", INDEX_DIM, "1 mxfp4") }?

@@ -8,7 +8,7 @@ use crate::formats::RecordFormat;
 use crate::geometry::Geometry;
 use crate::ops::attention::{AttentionParams, KvRows};
 use crate::ops::candidates::CandidateParams;
-use crate::ops::compressor::{Compressor, CompressorState, CompressorWeights};
+use crate::ops::compressor::{Compressor, CompressorState, PooledWeights};
 use crate::ops::rope::{Direction, Rope};
 use csa2_rng::{rand_normal, NewRng, Rng};
 
@@ -75,7 +75,7 @@ fn compress_export_equals_direct_call_and_refuses_a_split_pair() {
         2,
         g.g.rms_norm_eps,
         Rope::new(&g.g.layers[layer].rope).unwrap(),
-        CompressorWeights {
+        PooledWeights {
             norm: &norm,
             wk: &wk,
             k_norm: &k_norm,

@@ -12,7 +12,7 @@ use csa2::cuda::Device;
 use csa2::formats::RecordFormat;
 use csa2::geometry::Geometry;
 use csa2::ops::candidates::{reference as candidates_ref, CandidateParams};
-use csa2::ops::compressor::{self, CarryState, Compressor, CompressorBatch, CompressorWeights};
+use csa2::ops::compressor::{self, CarryState, Compressor, CompressorBatch, PooledWeights};
 use csa2::ops::indexer::{self, IndexCache, IndexerParams, IndexerQueries};
 use csa2::ops::mhc::{self, MhcParams, MixWeights, PostUpdate};
 use csa2::ops::rope::Rope;
@@ -294,7 +294,7 @@ pub fn check_compressor(dev: &Device, ratio: usize, size: Size, seed: u64) -> Re
         ratio,
         csa2::geometry::consts::RMS_NORM_EPS,
         Rope::for_layer(layer),
-        CompressorWeights {
+        PooledWeights {
             norm: &norm_w,
             wk: &wk,
             k_norm: &k_norm_w,

@@ -5,7 +5,7 @@
 
 use super::{save, Params};
 use csa2::ops::compressor::signature::{KV, K_NORM, NORM, SCORE, WK};
-use csa2::ops::compressor::{reference, Compressor, CompressorState, CompressorWeights};
+use csa2::ops::compressor::{reference, Compressor, CompressorState, PooledWeights};
 use csa2::ops::rope::Rope;
 use csa2::Result;
 use csa2_harness::npy::{read_arg, read_arg_optional, Dims};
@@ -29,7 +29,7 @@ pub fn run(in_dir: &Path, out_dir: &Path, reference: bool) -> Result<()> {
         .find(|l| l.ratio > 0)
         .expect("the geometry has compressed layers");
     let rope = Rope::for_layer(layer);
-    let w = CompressorWeights {
+    let w = PooledWeights {
         norm: &norm.data,
         wk: &wk.data,
         k_norm: &k_norm.data,

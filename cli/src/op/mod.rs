@@ -175,7 +175,7 @@ impl Params {
 }
 
 /// Writes `dir/name.npy`.
-pub fn save<T: csa2_harness::npy::Element>(
+pub fn save<T: csa2_harness::npy::NpyElement>(
     dir: &Path,
     name: &str,
     shape: &[usize],

@@ -403,22 +403,41 @@ pub fn run(trace: &[TraceRequest], cfg: &SimConfig, progress: &dyn Fn(usize)) ->
         t.hbm.free_request(p.id)?;
         Ok(())
     };
-
-    for (n, r) in trace.iter().enumerate() {
-        // Completions due before this arrival, in time order.
+    // Completes, in time order, every request due at or before `until`, sampling the tiers on
+    // the way: before each arrival, and once more (until = ∞) after the last one.
+    let drain_due = |until: u64,
+                     events: &mut BinaryHeap<Reverse<(u64, usize)>>,
+                     pending: &mut [Option<Pending>],
+                     t: &mut Tiers,
+                     rep: &mut SimReport,
+                     next_sample: &mut u64|
+     -> Result<()> {
         while let Some(&Reverse((due, idx))) = events.peek() {
-            if due > r.timestamp {
+            if due > until {
                 break;
             }
             events.pop();
             clock.set(due);
-            while next_sample <= due {
-                sample(&t, next_sample, &mut rep);
-                next_sample += cfg.sample_ms;
+            while *next_sample <= due {
+                sample(t, *next_sample, rep);
+                *next_sample += cfg.sample_ms;
             }
             let p = pending[idx].take().expect("scheduled once");
-            complete(&mut t, p)?;
+            complete(t, p)?;
         }
+        Ok(())
+    };
+
+    for (n, r) in trace.iter().enumerate() {
+        // Completions due before this arrival, in time order.
+        drain_due(
+            r.timestamp,
+            &mut events,
+            &mut pending,
+            &mut t,
+            &mut rep,
+            &mut next_sample,
+        )?;
         clock.set(r.timestamp);
         while next_sample <= r.timestamp {
             sample(&t, next_sample, &mut rep);
@@ -546,15 +565,14 @@ pub fn run(trace: &[TraceRequest], cfg: &SimConfig, progress: &dyn Fn(usize)) ->
         events.push(Reverse((due, n)));
         progress(n);
     }
-    while let Some(Reverse((due, idx))) = events.pop() {
-        clock.set(due);
-        while next_sample <= due {
-            sample(&t, next_sample, &mut rep);
-            next_sample += cfg.sample_ms;
-        }
-        let p = pending[idx].take().expect("scheduled once");
-        complete(&mut t, p)?;
-    }
+    drain_due(
+        u64::MAX,
+        &mut events,
+        &mut pending,
+        &mut t,
+        &mut rep,
+        &mut next_sample,
+    )?;
     let end = clock.now_ms();
     sample(&t, end, &mut rep);
 

@@ -40,7 +40,7 @@ fn supports(eps: f64, rope_dim: usize) -> Result<()> {
 }
 
 /// Device buffers of one batched call (shapes as [`super::CompressorBatch`]; weights as
-/// [`super::CompressorWeights`], RoPE inverse frequencies (32,) f64).
+/// [`super::PooledWeights`], RoPE inverse frequencies (32,) f64).
 #[derive(Debug)]
 pub struct DeviceBatch<'a> {
     /// (tokens, 512) f32.

@@ -27,9 +27,11 @@ use crate::ops::rope::Rope;
 use crate::shape::Dims;
 use crate::tensor::{one_device, Device, TensorView, TensorViewMut};
 
-/// The compressor weights of one Full layer.
+/// The weights one Full layer applies to a pooled (compressed) entry: the entry's RMSNorm, then
+/// the index-K projection and its RMSNorm. Borrowed views; the checkpoint's owned projections
+/// that produce the pooled inputs (`wkv`, `wgate`) are `crate::weights::CompressorWeights`.
 #[derive(Debug, Clone, Copy)]
-pub struct CompressorWeights<'a> {
+pub struct PooledWeights<'a> {
     /// RMSNorm weight of the latent, (512).
     pub norm: &'a [f32],
     /// Index-K projection, (128, 512) row-major.
@@ -44,7 +46,7 @@ pub struct Compressor<'a> {
     ratio: usize,
     eps: f64,
     rope: Rope,
-    w: CompressorWeights<'a>,
+    w: PooledWeights<'a>,
 }
 
 /// Per-request compressor state: the next position expected and the tokens of the open group.
@@ -133,7 +135,7 @@ impl<'a> Compressor<'a> {
     ///
     /// Errors: [`Error::Invalid`] for another ratio or a negative / non-finite eps, [`Error::Shape`]
     /// for weights of the wrong length.
-    pub fn new(ratio: usize, eps: f64, rope: Rope, w: CompressorWeights<'a>) -> Result<Self> {
+    pub fn new(ratio: usize, eps: f64, rope: Rope, w: PooledWeights<'a>) -> Result<Self> {
         if !(ratio == 1 || ratio == 2) {
             return Err(Error::invalid(
                 "ratio",
@@ -189,7 +191,7 @@ impl<'a> Compressor<'a> {
         &self.rope
     }
     /// The layer's weights.
-    pub fn weights(&self) -> &CompressorWeights<'a> {
+    pub fn weights(&self) -> &PooledWeights<'a> {
         &self.w
     }
 
@@ -225,27 +227,13 @@ impl<'a> Compressor<'a> {
             ));
         }
         let t = kv.len() / KV_DIM;
-        match (m, score) {
-            (2, None) => {
-                return Err(Error::invalid(
-                    "score",
-                    "ratio 2 needs the gate scores (T, 512)",
-                ))
-            }
-            (1, Some(_)) => {
-                return Err(Error::invalid(
-                    "score",
-                    "ratio 1 has no gate; pass no score",
-                ))
-            }
-            (_, Some(s)) if s.len() != kv.len() => {
-                return Err(Error::shape(
-                    "compressor score",
-                    format!("[T={t}, 512]"),
-                    format!("{} values", s.len()),
-                ))
-            }
-            _ => {}
+        check_gate(m, score.is_some())?;
+        if let Some(s) = score.filter(|s| s.len() != kv.len()) {
+            return Err(Error::shape(
+                "compressor score",
+                format!("[T={t}, 512]"),
+                format!("{} values", s.len()),
+            ));
         }
         let pending = state.pending_tokens();
         if !(state.next_pos as usize - pending).is_multiple_of(m) {
@@ -556,21 +544,7 @@ pub fn compress_view(
             format!("the compressor supports ratio 1 or 2, found {m}"),
         ));
     }
-    match (m, a.score) {
-        (2, None) => {
-            return Err(Error::invalid(
-                "score",
-                "ratio 2 needs the gate scores (T, 512)",
-            ))
-        }
-        (1, Some(_)) => {
-            return Err(Error::invalid(
-                "score",
-                "ratio 1 has no gate; pass no score",
-            ))
-        }
-        _ => {}
-    }
+    check_gate(m, a.score.is_some())?;
     let t = a.kv.shape()[0];
     if start_pos < 0 || !(start_pos as u64).is_multiple_of(m as u64) || !t.is_multiple_of(m) {
         return Err(Error::invalid(
@@ -629,7 +603,7 @@ fn compress_host(
         p.ratio,
         p.eps,
         p.rope.clone(),
-        CompressorWeights {
+        PooledWeights {
             norm: &norm,
             wk: &wk,
             k_norm: &k_norm,
@@ -714,6 +688,24 @@ pub mod signature {
         op: "compress",
         args: &[KV, SCORE, NORM, WK, K_NORM, MAIN_KV_OUT, INDEX_K_OUT],
     };
+}
+
+/// Ratio 2 compresses pairs through a softmax gate and needs its scores; ratio 1 has no gate. The
+/// rule of docs/SPEC.md §2.3, checked the same way by the stateful and the stateless entries.
+///
+/// Errors: [`Error::Invalid`] (`score`) when the scores are missing for ratio 2 or given for ratio 1.
+fn check_gate(ratio: usize, has_score: bool) -> Result<()> {
+    match (ratio, has_score) {
+        (2, false) => Err(Error::invalid(
+            "score",
+            "ratio 2 needs the gate scores (T, 512)",
+        )),
+        (1, true) => Err(Error::invalid(
+            "score",
+            "ratio 1 has no gate; pass no score",
+        )),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Compressor reference: one whole sequence, every step in f64 except the bf16 latent rounding
 //! (part of the math) and the final f32 values handed to the (shared, bit-exact) record encoders.
 
-use super::{CarryState, Compressed, Compressor, CompressorBatch, CompressorWeights};
+use super::{CarryState, Compressed, Compressor, CompressorBatch, PooledWeights};
 use crate::error::Result;
 use crate::formats::page::{block_table_slot, PageLayout};
 use crate::formats::{encode_rows, RecordFormat, INDEX_DIM, KV_DIM};
@@ -33,7 +33,7 @@ fn rms_f64(x: &[f64], w: &[f32], eps: f64) -> Vec<f64> {
 pub fn from_latent(
     eps: f64,
     rope: &Rope,
-    w: &CompressorWeights,
+    w: &PooledWeights,
     lat: &[f32],
     pos: usize,
 ) -> (Vec<f64>, Vec<f64>) {
@@ -65,7 +65,7 @@ pub fn from_latent(
 /// per-channel softmax gate of `(kv0, s0)` and `pair = (kv1, s0, s1)`), RMSNorm, bf16 rounding.
 pub fn latent_of_group(
     eps: f64,
-    w: &CompressorWeights,
+    w: &PooledWeights,
     kv0: &[f32],
     pair: Option<(&[f32], &[f32], &[f32])>,
 ) -> Vec<f32> {
@@ -91,7 +91,7 @@ pub fn compress<'a>(
     ratio: usize,
     eps: f64,
     rope: &Rope,
-    w: &CompressorWeights,
+    w: &PooledWeights,
     kv: &'a [f32],
     score: Option<&'a [f32]>,
     start_pos: usize,

@@ -26,8 +26,8 @@ pub(super) fn weights(rng: &mut Rng) -> Weights {
     }
 }
 
-pub(super) fn cw(w: &Weights) -> CompressorWeights<'_> {
-    CompressorWeights {
+pub(super) fn cw(w: &Weights) -> PooledWeights<'_> {
+    PooledWeights {
         norm: &w.norm,
         wk: &w.wk,
         k_norm: &w.k_norm,
@@ -174,7 +174,7 @@ fn bad_inputs_are_errors_and_leave_the_state_alone() {
     assert_eq!(st, CompressorState::new(0));
     assert!(c2.compress(&mut st, &kv[..100], Some(&kv[..100])).is_err());
     assert!(Compressor::new(3, 1e-20, rope(2), cw(&w)).is_err());
-    let short = CompressorWeights {
+    let short = PooledWeights {
         wk: &w.wk[..10],
         ..cw(&w)
     };
