@@ -18,7 +18,10 @@
 //! quantiser (the reference applies the same rounding). The products are then exact in f32 and
 //! `vdpbf16ps` accumulates pairs of them in f32. The instruction treats bf16 inputs below 2^−126
 //! as zero and flushes subnormal results (Intel SDM, VDPBF16PS): only keys whose block scale is
-//! 2^−127 (E8M0 byte 0) or queries below 2^−126 are affected.
+//! 2^−127 (E8M0 byte 0) or queries below 2^−126 are affected. The keys are not unpacked: each
+//! data byte (two dims) and its block's scale byte index a 256 × 256 table of bf16 pairs
+//! ([`bf16_pair_table`]), whose entry the kernel broadcasts into `vdpbf16ps` straight from the
+//! record (one byte load and one broadcast load per pair and key: load ports, not the dot unit).
 //!
 //! Layout. A key is unpacked into 128 bytes in *kernel order*: bytes 0..64 hold the even dims
 //! (low nibbles, dim 2i at byte i) and bytes 64..128 the odd dims (high nibbles), so block b is
@@ -618,6 +621,16 @@ mod x86 {
                 let kr: [*const u8; K] = std::array::from_fn(|i| {
                     recs.add(*ids.add((g0 + i).min(n - 1)) as usize * MXFP4_INDEX_BYTES)
                 });
+                // The records two groups ahead (both ends of each 68-byte record): scattered
+                // pool entries would otherwise wait on memory. A hint only.
+                for i in 0..K {
+                    let g = g0 + 2 * K + i;
+                    if g < n {
+                        let p = recs.add(*ids.add(g) as usize * MXFP4_INDEX_BYTES) as *const i8;
+                        _mm_prefetch::<_MM_HINT_T0>(p);
+                        _mm_prefetch::<_MM_HINT_T0>(p.add(MXFP4_INDEX_BYTES - 1));
+                    }
+                }
                 let mut lv = [zero; K];
                 let mut h0 = 0;
                 while h0 < hp {
