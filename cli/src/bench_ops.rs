@@ -256,16 +256,22 @@ pub fn run(a: Args) -> Result<()> {
                 t_idx.median / t.median
             ),
         );
-        if let Some(b) = indexer::cpu::int8_breakdown(&pr, &km, n.min(1 << 18), 5) {
-            // One thread; 64 vpdpbusd per key at 32 heads × 128 dims.
-            let ideal = 32.0 * 128.0 / vnni_peak.unwrap_or(f64::NAN);
+        if let Some(b) = indexer::cpu::kernel_breakdown(&pr, &km, n.min(1 << 18), 5) {
+            // One thread; 64 vpdpbusd (64 MACs each) or 128 vdpbf16ps (32 each) per key at
+            // 32 heads × 128 dims.
+            let (what, unit, peak) = match b.kernel {
+                DotKernel::Int8 => ("int8", "vpdpbusd", vnni_peak),
+                _ => ("bf16", "vdpbf16ps", bf16_peak),
+            };
+            let ideal = 32.0 * 128.0 / peak.unwrap_or(f64::NAN);
             say!(
-                "  int8 breakdown, one thread, CPU time, ns/key: unpack {:.2}, scoring hot keys {:.2}, whole loop {:.2}; vpdpbusd-only bound {:.2} (hot scoring at {:.0}% of it)",
+                "  {what} breakdown, one thread, CPU time, ns/key: unpack {:.2}, scoring hot keys {:.2}, whole loop {:.2}; {unit}-only bound {:.2} (hot scoring at {:.0}%, whole loop at {:.0}% of it)",
                 b.unpack_ns,
                 b.score_hot_ns,
                 b.total_ns,
                 ideal,
-                100.0 * ideal / b.score_hot_ns
+                100.0 * ideal / b.score_hot_ns,
+                100.0 * ideal / b.total_ns
             );
         }
     }

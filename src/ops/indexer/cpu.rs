@@ -14,7 +14,7 @@
 //! run the integer kernel and bf16 queries against MXFP4 keys the bf16 kernel ([`super::dot`]);
 //! [`DotKernel`] names the three, and [`Prepared::with_kernel`] picks one explicitly.
 
-use super::dot::{self, Bf16Queries, Bf16Row, IntKeys, IntQueries};
+use super::dot::{self, Bf16Queries, IntKeys, IntQueries};
 use super::{IndexKeys, IndexerParams, IndexerQueries, QueryQuant, INDEX_DIM};
 use crate::error::{Error, Result};
 use crate::formats::{fast, RecordFormat, MXFP4_INDEX_BYTES};
@@ -370,27 +370,6 @@ impl KeyBatch for IntBatch<'_> {
     }
 }
 
-struct Bf16Batch<'a> {
-    k: &'a [u8],
-    rows: Box<[Bf16Row; KB]>,
-    n: usize,
-}
-
-impl KeyBatch for Bf16Batch<'_> {
-    fn records(&self) -> &[u8] {
-        self.k
-    }
-    fn unpack(&mut self, chunk: &[u32]) {
-        dot::unpack_bf16(self.k, chunk, &mut self.rows[..]);
-        self.n = chunk.len();
-    }
-    fn score(&self, pr: &Prepared, t: usize, dst: &mut [f32]) {
-        let bq = pr.bq.as_ref().expect("bf16 kernel prepared");
-        let w = &pr.w[t * pr.hp..][..pr.hp];
-        dot::bf16_logits(bq, t, w, pr.hp, &self.rows[..self.n], dst);
-    }
-}
-
 fn score_ids_int(pr: &Prepared, t0: usize, k: &[u8], ids: &[u32], outs: &mut [&mut [f32]]) {
     let mut kb = IntBatch {
         k,
@@ -399,13 +378,34 @@ fn score_ids_int(pr: &Prepared, t0: usize, k: &[u8], ids: &[u32], outs: &mut [&m
     for_batches(pr, t0, ids, outs, &mut kb);
 }
 
+/// Keys per bf16-kernel call: the kernel reads the records in place (16 KiB of them here, which
+/// stay in L1 for every query of a prefill block) and prefetches its own next keys.
+const BF16_CHUNK: usize = 240;
+
+/// The bf16 kernel over `ids`: batches no query sees are −∞ without scoring, and ids a query does
+/// not see are −∞ in its row (the same rules as [`for_batches`], over larger batches: this kernel
+/// has no unpack step to keep in L1).
 fn score_ids_bf16(pr: &Prepared, t0: usize, k: &[u8], ids: &[u32], outs: &mut [&mut [f32]]) {
-    let mut kb = Bf16Batch {
-        k,
-        rows: Box::new([[0; INDEX_DIM]; KB]),
-        n: 0,
-    };
-    for_batches(pr, t0, ids, outs, &mut kb);
+    let bq = pr.bq.as_ref().expect("bf16 kernel prepared");
+    for (ci, chunk) in ids.chunks(BF16_CHUNK).enumerate() {
+        let off = ci * BF16_CHUNK;
+        let first = chunk[0] as usize;
+        for (qi, out) in outs.iter_mut().enumerate() {
+            let t = t0 + qi;
+            let dst = &mut out[off..off + chunk.len()];
+            if first >= pr.vis[t] {
+                dst.fill(f32::NEG_INFINITY);
+                continue;
+            }
+            let w = &pr.w[t * pr.hp..][..pr.hp];
+            dot::bf16_logits(bq, t, w, pr.hp, k, chunk, dst);
+            for (d, &j) in dst.iter_mut().zip(chunk) {
+                if j as usize >= pr.vis[t] {
+                    *d = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
 }
 
 /// Entries `ids` as f32 rows (the exact reference values): f32 keys with consecutive ids are used
@@ -492,52 +492,75 @@ fn logits_body<V: Vf32>(
     }
 }
 
-/// Where one thread's time goes in the integer kernel (benchmarks: `csa2 bench ops`), in thread
+/// Where one thread's time goes in a narrow-dot kernel (benchmarks: `csa2 bench ops`), in thread
 /// CPU time, the minimum of `reps` runs each.
 #[derive(Debug, Clone, Copy)]
-pub struct Int8Breakdown {
-    /// Unpacking MXFP4 records into kernel order (nibbles → bytes, scales, offset sums), ns/key.
+pub struct KernelBreakdown {
+    /// The kernel measured.
+    pub kernel: DotKernel,
+    /// Unpacking MXFP4 records into kernel order (nibbles → bytes, scales, offset sums), ns/key;
+    /// 0 for the bf16 kernel, which reads the records in place.
     pub unpack_ns: f64,
-    /// Scoring one L1-resident batch of unpacked keys over and over, ns/key.
+    /// Scoring one L1-resident batch of keys over and over, ns/key.
     pub score_hot_ns: f64,
     /// The whole per-batch loop (prefetch, unpack, score, visibility) over `n` keys, ns/key.
     pub total_ns: f64,
 }
 
-/// Times the integer kernel's parts on the calling thread over the first `n` records of `k`
-/// (entries, 68), query 0 of `pr`; `None` unless `pr` runs [`DotKernel::Int8`].
-pub fn int8_breakdown(pr: &Prepared, k: &[u8], n: usize, reps: usize) -> Option<Int8Breakdown> {
+/// Times the narrow kernel's parts on the calling thread over the first `n` records of `k`
+/// (entries, 68), query 0 of `pr`; `None` unless `pr` runs [`DotKernel::Int8`] or
+/// [`DotKernel::Bf16`].
+pub fn kernel_breakdown(pr: &Prepared, k: &[u8], n: usize, reps: usize) -> Option<KernelBreakdown> {
     use crate::ops::simd::thread_cpu_seconds as now;
-    if pr.kernel != DotKernel::Int8 || n < KB || k.len() < n * MXFP4_INDEX_BYTES {
+    if pr.kernel == DotKernel::F32 || n < KB || k.len() < n * MXFP4_INDEX_BYTES {
         return None;
     }
     let n = n / KB * KB;
+    let hot_n = match pr.kernel {
+        DotKernel::Bf16 if n >= BF16_CHUNK => n / BF16_CHUNK * BF16_CHUNK,
+        DotKernel::Bf16 => return None,
+        _ => n,
+    };
     let ids: Vec<u32> = (0..n as u32).collect();
     let mut keys = Box::new(IntKeys::<KB>::new());
-    let iq = pr.iq.as_ref().expect("int8 kernel prepared");
     let w = &pr.w[..pr.hp];
     let mut out = vec![0f32; n];
     let mut best = [f64::INFINITY; 3];
     for _ in 0..reps.max(1) {
         let t0 = now();
-        for c in ids.chunks_exact(KB) {
-            dot::unpack_int(k, c, &mut keys);
-            std::hint::black_box(&keys);
+        if pr.kernel == DotKernel::Int8 {
+            for c in ids.chunks_exact(KB) {
+                dot::unpack_int(k, c, &mut keys);
+                std::hint::black_box(&keys);
+            }
         }
         let t1 = now();
-        for o in out.chunks_exact_mut(KB) {
-            dot::int_logits(iq, 0, w, pr.hp, &keys, KB, o);
+        match (&pr.iq, &pr.bq) {
+            (Some(iq), _) => {
+                for o in out.chunks_exact_mut(KB) {
+                    dot::int_logits(iq, 0, w, pr.hp, &keys, KB, o);
+                }
+            }
+            (_, Some(bq)) => {
+                for o in out[..hot_n].chunks_exact_mut(BF16_CHUNK) {
+                    dot::bf16_logits(bq, 0, w, pr.hp, k, &ids[..BF16_CHUNK], o);
+                }
+            }
+            _ => unreachable!("a narrow kernel is prepared"),
         }
         std::hint::black_box(&out);
         let t2 = now();
+        // Hot scoring covers `hot_n` keys; the other two figures all `n`.
+        let t2h = t1 + (t2 - t1) * n as f64 / hot_n as f64;
         score_ids(pr, 0, &IndexKeys::Mxfp4(k), &ids, &mut [&mut out[..]]);
         let t3 = now();
-        for (b, t) in best.iter_mut().zip([t1 - t0, t2 - t1, t3 - t2]) {
+        for (b, t) in best.iter_mut().zip([t1 - t0, t2h - t1, t3 - t2]) {
             *b = b.min(t);
         }
     }
     let per = 1e9 / n as f64;
-    Some(Int8Breakdown {
+    Some(KernelBreakdown {
+        kernel: pr.kernel,
         unpack_ns: best[0] * per,
         score_hot_ns: best[1] * per,
         total_ns: best[2] * per,

@@ -18,7 +18,10 @@
 //! quantiser (the reference applies the same rounding). The products are then exact in f32 and
 //! `vdpbf16ps` accumulates pairs of them in f32. The instruction treats bf16 inputs below 2^−126
 //! as zero and flushes subnormal results (Intel SDM, VDPBF16PS): only keys whose block scale is
-//! 2^−127 (E8M0 byte 0) or queries below 2^−126 are affected.
+//! 2^−127 (E8M0 byte 0) or queries below 2^−126 are affected. The keys are not unpacked: each
+//! data byte (two dims) and its block's scale byte index a 256 × 256 table of bf16 pairs
+//! ([`bf16_pair_table`]), whose entry the kernel broadcasts into `vdpbf16ps` straight from the
+//! record (one byte load and one broadcast load per pair and key: load ports, not the dot unit).
 //!
 //! Layout. A key is unpacked into 128 bytes in *kernel order*: bytes 0..64 hold the even dims
 //! (low nibbles, dim 2i at byte i) and bytes 64..128 the odd dims (high nibbles), so block b is
@@ -214,29 +217,44 @@ pub(super) fn unpack_int<const N: usize>(k: &[u8], ids: &[u32], dst: &mut IntKey
     }
 }
 
-/// bf16 key rows (bit patterns, natural dim order).
-pub(super) type Bf16Row = [u16; D];
-
-/// Decodes records `ids` of `k` (entries, 68) into exact bf16 rows. Requires [`bf16_supported`].
-pub(super) fn unpack_bf16(k: &[u8], ids: &[u32], dst: &mut [Bf16Row]) {
-    assert!(ids.len() <= dst.len() && bf16_supported());
-    let fmt = RecordFormat::Mxfp4Index;
-    let mut f = [0f32; D];
-    for (&j, o) in ids.iter().zip(dst.iter_mut()) {
-        let rec = record(k, j);
-        crate::formats::fast::decode_row(
-            crate::formats::fast::Isa::Avx512,
-            fmt,
-            &rec[..64],
-            &rec[64..68],
-            &mut f,
-        );
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX-512F/BF16 were detected (asserted above).
-        unsafe {
-            x86::to_bf16(&f, o)
-        };
-    }
+/// The bf16 kernel's key table: entry `e · 256 + b` holds, as two bf16 bit patterns, the decoded
+/// values of data byte `b` (low nibble = the even dim, in the low half) of a block whose E8M0 scale
+/// byte is `e`. The kernel looks every key dim pair up here straight from the record (no unpack
+/// pass and no scale step: the values are the exact decoded ones). 256 KiB; a cache of ordinary
+/// keys touches the few KiB of its common scale bytes. Built once, from the SIMD row decoder and
+/// the bf16 conversion the kernel used before the table (so the values are theirs, bit for bit).
+/// Requires [`bf16_supported`].
+fn bf16_pair_table() -> &'static [u32] {
+    static TABLE: std::sync::OnceLock<Box<[u32]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = vec![0u32; 256 * 256].into_boxed_slice();
+        let fmt = RecordFormat::Mxfp4Index;
+        let mut f = [0f32; D];
+        let mut row = [0u16; D];
+        for e in 0..=255u8 {
+            // Four records of 64 data bytes cover the 256 byte values.
+            for part in 0..4usize {
+                let data: [u8; 64] = std::array::from_fn(|i| (64 * part + i) as u8);
+                crate::formats::fast::decode_row(
+                    crate::formats::fast::Isa::Avx512,
+                    fmt,
+                    &data,
+                    &[e; NB],
+                    &mut f,
+                );
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX-512F/BF16 were detected (callers require `bf16_supported`).
+                unsafe {
+                    x86::to_bf16(&f, &mut row)
+                };
+                for i in 0..64 {
+                    t[e as usize * 256 + 64 * part + i] =
+                        u32::from(row[2 * i]) | (u32::from(row[2 * i + 1]) << 16);
+                }
+            }
+        }
+        t
+    })
 }
 
 /// Integer-kernel logits of query `t` against `n` unpacked keys:
@@ -268,21 +286,42 @@ pub(super) fn int_logits<const N: usize>(
     };
 }
 
-/// bf16-kernel logits of query `t` against `keys`.
+/// bf16-kernel logits of query `t` against MXFP4 records `ids` of `k` (entries, 68): `out[i]`
+/// for `ids[i]`.
 pub(super) fn bf16_logits(
     bq: &Bf16Queries,
     t: usize,
     w: &[f32],
     hp: usize,
-    keys: &[Bf16Row],
+    k: &[u8],
+    ids: &[u32],
     out: &mut [f32],
 ) {
     assert!(bf16_supported() && hp.is_multiple_of(32) && w.len() == hp);
-    assert!(out.len() == keys.len() && bq.q.len() >= (t + 1) * D * hp);
+    assert!(out.len() == ids.len() && bq.q.len() >= (t + 1) * D * hp);
+    let entries = k.len() / MXFP4_INDEX_BYTES;
+    assert!(
+        ids.iter().all(|&j| (j as usize) < entries),
+        "key id out of range"
+    );
+    if ids.is_empty() {
+        return;
+    }
+    let table = bf16_pair_table();
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: AVX-512F/BW/BF16 were detected (asserted above); lengths checked.
+    // SAFETY: AVX-512F/BW/BF16 were detected (asserted above); lengths and ids checked, the table
+    // has 256 · 256 entries.
     unsafe {
-        x86::bf16_logits(&bq.q[t * D * hp..][..D * hp], w, hp, keys, out)
+        x86::bf16_logits_k::<NKB>(
+            bq.q[t * D * hp..].as_ptr(),
+            w.as_ptr(),
+            hp,
+            table.as_ptr(),
+            k.as_ptr(),
+            ids.as_ptr(),
+            ids.len(),
+            out.as_mut_ptr(),
+        )
     };
 }
 
@@ -300,6 +339,90 @@ mod tests {
                 got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
                 "e = {e}: {got:e} vs {want:e}"
             );
+        }
+    }
+
+    /// The table kernel gives the logits of the kernel it replaced (rows decoded by the SIMD row
+    /// decoder, converted to bf16, then scored) bit for bit: every scale byte 0..=255 (subnormal
+    /// 2^-127 and 2^-126, NaN), every code, 1–13 keys per call (short groups), ids out of order,
+    /// 32 and 64 padded heads.
+    #[test]
+    fn bf16_table_kernel_is_the_row_kernel_bit_for_bit() {
+        use crate::formats::fast::{decode_row, Isa};
+        use rand::{Rng as _, SeedableRng};
+        if !bf16_supported() {
+            return;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let n = 600;
+        let mut k = vec![0u8; n * MXFP4_INDEX_BYTES];
+        for (r, rec) in k.chunks_mut(MXFP4_INDEX_BYTES).enumerate() {
+            rng.fill(&mut rec[..64]);
+            for b in 0..NB {
+                // Row r < 256 puts every scale byte in block r % 4; the rest near 127.
+                rec[64 + b] = if r < 256 && b == r % NB {
+                    r as u8
+                } else {
+                    rng.random_range(110..=140)
+                };
+            }
+        }
+        for hp in [32usize, 64] {
+            let tokens = 2;
+            let qf: Vec<f32> = (0..tokens * D * hp)
+                .map(|_| crate::formats::scalar::bf16_round(rng.random_range(-2.0f32..2.0)))
+                .collect();
+            let bq = Bf16Queries::new(&qf, tokens, hp);
+            let w: Vec<f32> = (0..hp).map(|_| rng.random_range(-0.1f32..0.1)).collect();
+            let mut start = 0;
+            let mut len = 1;
+            while start < n {
+                let end = (start + len).min(n);
+                // Reversed order, so a group's ids are not consecutive.
+                let ids: Vec<u32> = (start as u32..end as u32).rev().collect();
+                let rows: Vec<[u16; D]> = ids
+                    .iter()
+                    .map(|&j| {
+                        let rec = &k[j as usize * MXFP4_INDEX_BYTES..][..MXFP4_INDEX_BYTES];
+                        let mut f = [0f32; D];
+                        let mut o = [0u16; D];
+                        decode_row(
+                            Isa::Avx512,
+                            RecordFormat::Mxfp4Index,
+                            &rec[..64],
+                            &rec[64..],
+                            &mut f,
+                        );
+                        // SAFETY: bf16_supported checked above.
+                        unsafe { x86::to_bf16(&f, &mut o) };
+                        o
+                    })
+                    .collect();
+                for t in 0..tokens {
+                    let mut want = vec![0f32; ids.len()];
+                    let mut got = vec![0f32; ids.len()];
+                    // SAFETY: bf16_supported checked above; q holds token t's 64 · hp · 2 values.
+                    unsafe {
+                        x86::bf16_logits_rows(
+                            &bq.q[t * D * hp..][..D * hp],
+                            &w,
+                            hp,
+                            &rows,
+                            &mut want,
+                        )
+                    };
+                    bf16_logits(&bq, t, &w, hp, &k, &ids, &mut got);
+                    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            a.to_bits() == b.to_bits(),
+                            "hp {hp} token {t} entry {}: {a:e} vs {b:e}",
+                            ids[i]
+                        );
+                    }
+                }
+                start = end;
+                len = len % 13 + 1;
+            }
         }
     }
 }
@@ -342,7 +465,7 @@ mod x86 {
 
     /// f32 row (exact in bf16) → bf16 bit patterns.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) fn to_bf16(f: &[f32; D], out: &mut Bf16Row) {
+    pub(super) fn to_bf16(f: &[f32; D], out: &mut [u16; D]) {
         for c in 0..D / 32 {
             // SAFETY: c·32 + 32 ≤ 128 for both rows.
             unsafe {
@@ -469,12 +592,99 @@ mod x86 {
         }
     }
 
+    /// `K` keys × 2 head vectors per pass, every key dim pair looked up in `table` (see
+    /// [`bf16_pair_table`]) from its record byte and the block's scale byte. Each key's logit is
+    /// the same instruction sequence whatever `K` or the other keys of its group: per head lane,
+    /// 64 `vdpbf16ps` steps in dim order, then ReLU and the head weights in head order.
+    ///
+    /// SAFETY: `q` has 64 · hp · 2 readable u16, `w` hp floats; `table` 256 · 256 entries;
+    /// `ids[0..n]` (n ≥ 1) index 68-byte records of `recs`; `out` has n writable floats; hp a
+    /// multiple of 32.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    pub(super) unsafe fn bf16_logits_k<const K: usize>(
+        q: *const u16,
+        w: *const f32,
+        hp: usize,
+        table: *const u32,
+        recs: *const u8,
+        ids: *const u32,
+        n: usize,
+        out: *mut f32,
+    ) {
+        let zero = _mm512_setzero_ps();
+        let mut g0 = 0;
+        while g0 < n {
+            // SAFETY (whole body): every index below is < n or inside the lengths above.
+            unsafe {
+                // A short last group repeats its last key; the extra results are not stored.
+                let kr: [*const u8; K] = std::array::from_fn(|i| {
+                    recs.add(*ids.add((g0 + i).min(n - 1)) as usize * MXFP4_INDEX_BYTES)
+                });
+                // The records two groups ahead (both ends of each 68-byte record): scattered
+                // pool entries would otherwise wait on memory. A hint only.
+                for i in 0..K {
+                    let g = g0 + 2 * K + i;
+                    if g < n {
+                        let p = recs.add(*ids.add(g) as usize * MXFP4_INDEX_BYTES) as *const i8;
+                        _mm_prefetch::<_MM_HINT_T0>(p);
+                        _mm_prefetch::<_MM_HINT_T0>(p.add(MXFP4_INDEX_BYTES - 1));
+                    }
+                }
+                let mut lv = [zero; K];
+                let mut h0 = 0;
+                while h0 < hp {
+                    let mut acc = [[zero; 2]; K];
+                    for b in 0..NB {
+                        let tb: [*const u32; K] =
+                            std::array::from_fn(|i| table.add(*kr[i].add(64 + b) as usize * 256));
+                        for jj in 0..BLK / 2 {
+                            let j = b * (BLK / 2) + jj;
+                            let p = q.add((j * hp + h0) * 2);
+                            let q0: __m512bh =
+                                std::mem::transmute(_mm512_loadu_si512(p as *const _));
+                            let q1: __m512bh =
+                                std::mem::transmute(_mm512_loadu_si512(p.add(32) as *const _));
+                            for i in 0..K {
+                                let pair = *tb[i].add(*kr[i].add(j) as usize);
+                                let kv: __m512bh =
+                                    std::mem::transmute(_mm512_set1_epi32(pair as i32));
+                                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], kv, q0);
+                                acc[i][1] = _mm512_dpbf16_ps(acc[i][1], kv, q1);
+                            }
+                        }
+                    }
+                    let w0 = _mm512_loadu_ps(w.add(h0));
+                    let w1 = _mm512_loadu_ps(w.add(h0 + 16));
+                    for i in 0..K {
+                        lv[i] = _mm512_fmadd_ps(w0, _mm512_max_ps(acc[i][0], zero), lv[i]);
+                        lv[i] = _mm512_fmadd_ps(w1, _mm512_max_ps(acc[i][1], zero), lv[i]);
+                    }
+                    h0 += 32;
+                }
+                for i in 0..K.min(n - g0) {
+                    *out.add(g0 + i) = _mm512_reduce_add_ps(lv[i]);
+                }
+            }
+            g0 += K;
+        }
+    }
+
+    /// The kernel before the table (bf16 rows decoded and converted first, 6 keys × 2 head
+    /// vectors): the tests' bit-for-bit reference for [`bf16_logits_k`].
+    #[cfg(test)]
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     #[allow(clippy::needless_range_loop)]
-    pub(super) fn bf16_logits(q: &[u16], w: &[f32], hp: usize, keys: &[Bf16Row], out: &mut [f32]) {
+    pub(super) fn bf16_logits_rows(
+        q: &[u16],
+        w: &[f32],
+        hp: usize,
+        keys: &[[u16; D]],
+        out: &mut [f32],
+    ) {
         let zero = _mm512_setzero_ps();
         for (kk, dst) in keys.chunks(NKB).zip(out.chunks_mut(NKB)) {
-            let kr: [&Bf16Row; NKB] = std::array::from_fn(|i| &kk[i.min(kk.len() - 1)]);
+            let kr: [&[u16; D]; NKB] = std::array::from_fn(|i| &kk[i.min(kk.len() - 1)]);
             let mut lv = [zero; NKB];
             for h0 in (0..hp).step_by(32) {
                 let mut acc = [[zero; 2]; NKB];
