@@ -84,6 +84,24 @@ pub(super) mod x86 {
     use super::*;
     use std::arch::x86_64::*;
 
+    /// `acc += vpdpwssd(a, b)` as one instruction: LLVM's machine combiner otherwise splits a
+    /// chain of `_mm512_dpwssd_epi32` into `vpmaddwd` + `vpaddd` pairs (two instructions per 32
+    /// MACs) on targets it does not tune for VNNI.
+    macro_rules! dpwssd {
+        ($acc:expr, $a:expr, $b:expr) => {
+            // SAFETY: register-only AVX-512 VNNI instruction; the caller enables the feature.
+            unsafe {
+                std::arch::asm!(
+                    "vpdpwssd {acc}, {a}, {b}",
+                    acc = inout(zmm_reg) $acc,
+                    a = in(zmm_reg) $a,
+                    b = in(zmm_reg) $b,
+                    options(pure, nomem, nostack, preserves_flags)
+                )
+            }
+        };
+    }
+
     /// Quantised Qᵀ pairs: with `x = scale · q[h][2i + e]`, `qi[(i · hp + h) · 2 + e] =
     /// round(x · c_h)` and `qs[h] = 1 / c_h` ([`head_factors`]); padded heads 0.
     ///
@@ -262,7 +280,7 @@ pub(super) mod x86 {
                                     )
                                 });
                                 for v in 0..V {
-                                    a[r][v] = _mm512_dpwssd_epi32(a[r][v], k, qv[v]);
+                                    dpwssd!(a[r][v], k, qv[v]);
                                 }
                             }
                         }

@@ -31,6 +31,10 @@ pub mod reference;
 
 pub use pools::{attention_pools, PoolDesc, PoolInputs, PoolLayout, PoolView};
 
+/// Development A/B switch (0 = the committed path, 1 = the candidate); not an API.
+#[doc(hidden)]
+pub static DEV_VARIANT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, KV_DIM};
 use crate::ops::indexer::visible;
