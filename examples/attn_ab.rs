@@ -5,7 +5,83 @@ use csa2_rng::{rand_normal, NewRng, Rng};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+fn cpu() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512bf16")]
+fn probe(n: usize) -> (f64, f64) {
+    use std::arch::x86_64::*;
+    let a = _mm512_set1_epi16(std::hint::black_box(3));
+    let mut acc = [_mm512_setzero_si512(); 12];
+    let c0 = cpu();
+    for _ in 0..n {
+        for r in acc.iter_mut() {
+            // SAFETY: register-only instruction.
+            unsafe {
+                std::arch::asm!("vpdpwssd {r}, {a}, {a}", r = inout(zmm_reg) *r, a = in(zmm_reg) a,
+                    options(pure, nomem, nostack))
+            };
+        }
+    }
+    let t16 = cpu() - c0;
+    std::hint::black_box(acc);
+    let x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3), _mm512_set1_ps(1e-3));
+    let mut accf = [_mm512_setzero_ps(); 12];
+    let c0 = cpu();
+    for _ in 0..n {
+        for r in accf.iter_mut() {
+            *r = _mm512_dpbf16_ps(*r, x, x);
+        }
+    }
+    let tb = cpu() - c0;
+    std::hint::black_box(accf);
+    (n as f64 * 12.0 * 32.0 / t16 / 1e9, n as f64 * 12.0 * 32.0 / tb / 1e9)
+}
+
 fn main() {
+    if std::env::var("LAT").is_ok_and(|v| v == "1") {
+        use rayon::prelude::*;
+        let spin = |us: f64| {
+            let t = Instant::now();
+            while t.elapsed().as_secs_f64() * 1e6 < us {}
+        };
+        for round in 0..3 {
+            let mut r: Vec<(String, f64)> = vec![];
+            for (name, k) in [("2 par phases from main", 0), ("scope{2 par phases}", 1)] {
+                let mut ts = vec![];
+                for _ in 0..200 {
+                    spin(300.0);
+                    let t = Instant::now();
+                    let body = || {
+                        (0..10).into_par_iter().for_each(|_| spin(5.0));
+                        (0..8).into_par_iter().for_each(|_| spin(5.0));
+                    };
+                    if k == 0 {
+                        body()
+                    } else {
+                        rayon::scope(|_| body())
+                    }
+                    ts.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                ts.sort_by(f64::total_cmp);
+                r.push((name.into(), ts[ts.len() / 2]));
+            }
+            println!("round {round}: {r:?} (90 µs of work; ideal on 2 threads 45)");
+        }
+        return;
+    }
+    if std::env::var("PROBE").is_ok_and(|v| v == "1") {
+        for _ in 0..5 {
+            // SAFETY: the example runs on the AVX-512 VNNI + BF16 machine it is for.
+            let (i, b) = unsafe { probe(20_000_000) };
+            println!("probe: vpdpwssd {i:.1} GMAC/s, vdpbf16ps {b:.1} GMAC/s (one thread, CPU time)");
+        }
+        return;
+    }
     let args: Vec<String> = std::env::args().collect();
     let rounds: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20);
     let reps: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10);
@@ -40,6 +116,8 @@ fn main() {
         Ok("f32") => AttentionDots::F32,
         _ => AttentionDots::Int16,
     };
+    // CPU=1: process CPU time per call (all threads; robust to preemption on a loaded machine).
+    let use_cpu = std::env::var("CPU").is_ok_and(|v| v == "1");
     let mut outs = vec![];
     let mut samples: Vec<Vec<f64>> = vec![vec![]; variants.len()];
     for _ in 0..rounds {
@@ -47,7 +125,7 @@ fn main() {
             attention::DEV_VARIANT.store(v, Ordering::Relaxed);
             let mut o = vec![0f32; heads * 512];
             let mut l = vec![0f32; heads];
-            let mut run = |o: &mut [f32], l: &mut [f32]| {
+            let run = |o: &mut [f32], l: &mut [f32]| {
                 attention::attention_with_dots(
                     &ap,
                     dots,
@@ -61,9 +139,10 @@ fn main() {
             };
             run(&mut o, &mut l);
             for _ in 0..reps {
-                let t0 = Instant::now();
+                let (t0, c0) = (Instant::now(), cpu());
                 run(&mut o, &mut l);
-                samples[k].push(t0.elapsed().as_secs_f64() * 1e6);
+                let (w, c) = (t0.elapsed().as_secs_f64() * 1e6, (cpu() - c0) * 1e6);
+                samples[k].push(if use_cpu { c } else { w });
             }
             if outs.len() < variants.len() {
                 outs.push((o, l));
@@ -80,6 +159,13 @@ fn main() {
             s[s.len() / 4],
             s.len()
         );
+    }
+    for (k, (o, l)) in outs.iter().enumerate() {
+        let mut hsh = 0xcbf29ce484222325u64;
+        for x in o.iter().chain(l.iter()) {
+            hsh = (hsh ^ x.to_bits() as u64).wrapping_mul(0x100000001b3);
+        }
+        println!("variant {} digest {:016x}", variants[k], hsh);
     }
     for k in 1..variants.len() {
         let m0 = samples[0][samples[0].len() / 2];
