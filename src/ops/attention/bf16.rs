@@ -224,7 +224,8 @@ pub(super) fn token(
             // partial sums in f32.
             unsafe { x86::p_pairs(s, rows, hp, pb16) };
         };
-        {
+        let dev = super::DEV_VARIANT.load(std::sync::atomic::Ordering::Relaxed);
+        if dev == 7 {
             use rayon::prelude::*;
             let it = kb
                 .par_chunks_mut(CHUNK * KBS)
@@ -237,9 +238,27 @@ pub(super) fn token(
                         .zip(mx.par_chunks_mut(hp).zip(sm.par_chunks_mut(hp))),
                 )
                 .enumerate();
-            // A prefill token already runs as one rayon task (`par` false): its chunks then run on
-            // this thread unless another is idle; the results are the same either way.
             it.for_each(score);
+        } else {
+            // The chunks' disjoint pieces, each taken once by whichever thread claims its index.
+            let tasks: Vec<std::sync::Mutex<Option<ScoreChunk16>>> = kb
+                .chunks_mut(CHUNK * KBS)
+                .zip(vb.chunks_mut(CHUNK * KV_DIM).zip(pb.chunks_mut(CHUNK * hp)))
+                .zip(
+                    st.chunks_mut(CHUNK * hp)
+                        .zip(mx.chunks_mut(hp).zip(sm.chunks_mut(hp))),
+                )
+                .enumerate()
+                .map(|t| std::sync::Mutex::new(Some(t)))
+                .collect();
+            // Chunks holding bf16-scored rows (twice the MACs of an int16 chunk) first, so that
+            // the last ones claimed are the light ones.
+            let heavy = nc - ni / CHUNK;
+            let order = |k: usize| if k < heavy { nc - heavy + k } else { k - heavy };
+            team(nc, true, |k| {
+                let t = tasks[order(k)].lock().unwrap_or_else(|e| e.into_inner()).take();
+                score(t.expect("each chunk is claimed once"));
+            });
         }
         // `mx` becomes each chunk's factor.
         merge_chunks(mx, sm, sink, h, hp, nc, lse);
@@ -249,14 +268,48 @@ pub(super) fn token(
         // SAFETY: `out` holds h rows of 512; task `si` writes only dims si · SLICE .. + SLICE of
         // each row, and `out` is not touched otherwise until every task is done.
         let pv = |si: usize| unsafe { x86::pv(pb, vb, f, n, h, hp, si, o.get()) };
-        {
+        if dev == 7 {
             use rayon::prelude::*;
             if par {
                 (0..KV_DIM / SLICE).into_par_iter().for_each(pv);
             } else {
                 (0..KV_DIM / SLICE).for_each(pv);
             }
+        } else {
+            team(KV_DIM / SLICE, par, pv);
         }
+    });
+}
+
+/// Runs `f(0) .. f(tasks − 1)`, each once, on this thread and (with `help`) on up to
+/// `tasks − 1` pool workers at once: every participant claims the next index from a shared
+/// counter until none is left. This thread starts at once instead of waiting for a worker to
+/// wake, a late worker finds less (or nothing) to do, and the claims balance unequal tasks.
+/// Which thread runs a task never changes its result.
+fn team(tasks: usize, help: bool, f: impl Fn(usize) + Sync) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let work = || loop {
+        let k = next.fetch_add(1, Ordering::Relaxed);
+        if k >= tasks {
+            break;
+        }
+        f(k);
+    };
+    let helpers = if help {
+        rayon::current_num_threads().min(tasks).saturating_sub(1)
+    } else {
+        0
+    };
+    if helpers == 0 {
+        work();
+        return;
+    }
+    rayon::in_place_scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|_| work());
+        }
+        work();
     });
 }
 

@@ -22,6 +22,8 @@
 //! [`TokenRows`] per token and run the same fast path ([`cpu`]) and f64 reference ([`mod@reference`]).
 
 mod bf16;
+mod bf16_legacy;
+mod int16_legacy;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
