@@ -20,10 +20,20 @@
 //! softmax weight below 2^−126 counts as 0, which changes an output by less than 2^−126 · |v|.
 //!
 //! Layouts (bf16 bit patterns in `u16`): Qᵀ as (256, 2, hp, 2): for dim pair i, the hi halves
-//! then the lo halves, dims 2i and 2i + 1 of a head side by side; K as plain rows (n, 512), so one 32-bit broadcast is a dim pair; V as row pairs
-//! (n/2, 512, 2), rows 2r and 2r + 1 of a dim side by side; P as (n/2, hp, 2) likewise. The
-//! per-row reduction order depends only on the row's position in the token's row list, never on
-//! the thread count or on other tokens.
+//! then the lo halves, dims 2i and 2i + 1 of a head side by side; K as rows of stride [`KBS`]
+//! (512 + 32, so a chunk's rows spread over the L1 sets), one 32-bit broadcast a dim pair; V as
+//! row pairs, rows 2r and 2r + 1 of a dim side by side, stored per chunk of [`CHUNK`] rows and
+//! within it per dim slice of [`SLICE`] ((512 / SLICE, pairs, SLICE, 2): one P·V task reads its
+//! slice of a chunk as one 8 KiB piece); P as (n/2, hp, 2) likewise, each chunk's P in the frame
+//! of its own maximum (the chunk's factor — its maximum against the token's, over the softmax
+//! denominator — multiplies the chunk's P·V partial sums in f32, chunks in order).
+//!
+//! Per token: the query is converted once; then the row chunks (decode of the chunk's records
+//! into K and V — an NVFP4 row's int16 codes, scales and bf16 values in one pass over the record
+//! —, scores, the chunk's softmax and its P) and then the output dim slices (P·V, written in
+//! place) run as tasks that this thread and up to `threads − 1` pool workers claim from a counter
+//! ([`team`]). The per-row reduction order depends only on the row's position in the token's
+//! row list, never on the thread count, on which thread ran a task, or on other tokens.
 
 use super::cpu::{chunk_softmax, merge_chunks, CHUNK, HEAD_PAD, KS, SLICE};
 use super::{int16, KvRows, TokenRows};
@@ -155,17 +165,16 @@ pub(super) fn token(
             // record.
             let mut pair = [0f32; 2 * KS];
             let pc = vb16.len() / (2 * KV_DIM);
-            let dev = super::DEV_VARIANT.load(std::sync::atomic::Ordering::Relaxed);
             for p in 0..rows.div_ceil(2) {
                 let rr = (rows - 2 * p).min(2);
                 let k_from = ci.saturating_sub(2 * p).min(rr);
                 // The next pair's records, two pairs ahead (the top-k rows are scattered).
                 for e in 4..6 {
-                    if dev & 2 == 0 && 2 * p + e < rows {
+                    if 2 * p + e < rows {
                         super::cpu::prefetch_row(r, &kv.0, &kv.1, r0 + 2 * p + e);
                     }
                 }
-                if k_from == rr && dev & 1 == 0 {
+                if k_from == rr {
                     // Both rows NVFP4 and scored on int16: codes, scales and V from the records
                     // in one pass, no f32 rows.
                     let j = 2 * p;
@@ -199,15 +208,7 @@ pub(super) fn token(
                     };
                 }
                 unsafe {
-                    x86::rows_to_bf16(
-                        two,
-                        rr,
-                        k_from,
-                        &mut kb16[2 * p * KBS..],
-                        vb16,
-                        p,
-                        pc,
-                    )
+                    x86::rows_to_bf16(two, rr, k_from, &mut kb16[2 * p * KBS..], vb16, p, pc)
                 };
             }
             if ci > 0 {
@@ -224,22 +225,7 @@ pub(super) fn token(
             // partial sums in f32.
             unsafe { x86::p_pairs(s, rows, hp, pb16) };
         };
-        let dev = super::DEV_VARIANT.load(std::sync::atomic::Ordering::Relaxed);
-        if dev == 7 {
-            use rayon::prelude::*;
-            let it = kb
-                .par_chunks_mut(CHUNK * KBS)
-                .zip(
-                    vb.par_chunks_mut(CHUNK * KV_DIM)
-                        .zip(pb.par_chunks_mut(CHUNK * hp)),
-                )
-                .zip(
-                    st.par_chunks_mut(CHUNK * hp)
-                        .zip(mx.par_chunks_mut(hp).zip(sm.par_chunks_mut(hp))),
-                )
-                .enumerate();
-            it.for_each(score);
-        } else {
+        {
             // The chunks' disjoint pieces, each taken once by whichever thread claims its index.
             let tasks: Vec<std::sync::Mutex<Option<ScoreChunk16>>> = kb
                 .chunks_mut(CHUNK * KBS)
@@ -256,7 +242,10 @@ pub(super) fn token(
             let heavy = nc - ni / CHUNK;
             let order = |k: usize| if k < heavy { nc - heavy + k } else { k - heavy };
             team(nc, true, |k| {
-                let t = tasks[order(k)].lock().unwrap_or_else(|e| e.into_inner()).take();
+                let t = tasks[order(k)]
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
                 score(t.expect("each chunk is claimed once"));
             });
         }
@@ -268,16 +257,7 @@ pub(super) fn token(
         // SAFETY: `out` holds h rows of 512; task `si` writes only dims si · SLICE .. + SLICE of
         // each row, and `out` is not touched otherwise until every task is done.
         let pv = |si: usize| unsafe { x86::pv(pb, vb, f, n, h, hp, si, o.get()) };
-        if dev == 7 {
-            use rayon::prelude::*;
-            if par {
-                (0..KV_DIM / SLICE).into_par_iter().for_each(pv);
-            } else {
-                (0..KV_DIM / SLICE).for_each(pv);
-            }
-        } else {
-            team(KV_DIM / SLICE, par, pv);
-        }
+        team(KV_DIM / SLICE, par, pv);
     });
 }
 
@@ -589,7 +569,8 @@ pub(super) mod x86 {
             // start at pair c · CHUNK / 2.
             let (vc, pcb) = unsafe {
                 (
-                    vb.as_ptr().add(c * CHUNK * KV_DIM + v_index(pc, 0, si * SLICE)),
+                    vb.as_ptr()
+                        .add(c * CHUNK * KV_DIM + v_index(pc, 0, si * SLICE)),
                     pb.as_ptr().add(c * CHUNK / 2 * hp * 2),
                 )
             };
@@ -628,7 +609,11 @@ pub(super) mod x86 {
                                 let x = if c == 0 {
                                     _mm512_mul_ps(acc[i][k], fv[i])
                                 } else {
-                                    _mm512_fmadd_ps(acc[i][k], fv[i], _mm512_loadu_ps(p.add(16 * k)))
+                                    _mm512_fmadd_ps(
+                                        acc[i][k],
+                                        fv[i],
+                                        _mm512_loadu_ps(p.add(16 * k)),
+                                    )
                                 };
                                 _mm512_storeu_ps(p.add(16 * k), x);
                             }
@@ -645,6 +630,33 @@ mod tests {
     use super::*;
     use csa2_rng::{rand_normal, NewRng, Rng};
     use half::bf16;
+
+    /// Every task index runs exactly once, whatever the task count, with and without helpers,
+    /// from outside the pool and from inside a pool job.
+    #[test]
+    fn team_runs_each_task_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        for tasks in [0usize, 1, 2, 7, 64] {
+            for help in [false, true] {
+                for inside in [false, true] {
+                    let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+                    let go = || {
+                        team(tasks, help, |k| {
+                            hits[k].fetch_add(1, Ordering::Relaxed);
+                        })
+                    };
+                    if inside {
+                        rayon::scope(|_| go());
+                    } else {
+                        go();
+                    }
+                    for (k, h) in hits.iter().enumerate() {
+                        assert_eq!(h.load(Ordering::Relaxed), 1, "{tasks} tasks, task {k}");
+                    }
+                }
+            }
+        }
+    }
 
     /// The vector split of the query (conversion + 16 × 16 transpose) against a scalar one
     /// (`half`'s RNE rounding), every head count class: one head, ragged, whole vectors, past 64.

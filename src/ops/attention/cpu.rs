@@ -126,11 +126,6 @@ pub fn attention(
             AttentionDots::Bf16 => {
                 super::bf16::token(p.scale, q, sink, r, &kv, o, l, par, buf, false)
             }
-            AttentionDots::Int16
-                if super::DEV_VARIANT.load(std::sync::atomic::Ordering::Relaxed) == 9 =>
-            {
-                super::bf16_legacy::token(p.scale, q, sink, r, &kv, o, l, par, buf, true)
-            }
             AttentionDots::Int16 => {
                 super::bf16::token(p.scale, q, sink, r, &kv, o, l, par, buf, true)
             }
@@ -154,8 +149,7 @@ pub fn attention(
         // From outside the pool, run the tokens as one pool job: each parallel step inside then
         // forks and joins among the workers, instead of waking them from this thread and this
         // thread from them at every step.
-        let dev = super::DEV_VARIANT.load(std::sync::atomic::Ordering::Relaxed);
-        if rayon::current_thread_index().is_some() || dev == 7 || dev == 6 {
+        if rayon::current_thread_index().is_some() {
             all(out, lse)
         } else {
             rayon::scope(|_| all(out, lse))

@@ -245,7 +245,10 @@ pub(super) mod x86 {
         let idx = unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) };
         let zero = _mm512_setzero_ps();
         let f32s = |v: __m256i, s: f32| {
-            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(v)), _mm512_set1_ps(s))
+            _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(v)),
+                _mm512_set1_ps(s),
+            )
         };
         for c in 0..KV_DIM / 32 {
             // SAFETY: 32c + 32 ≤ 512: inside row 0 (and row 1) of `kb`.
@@ -274,12 +277,16 @@ pub(super) mod x86 {
                     Some(v) => f32s(pick(v), ks[BLOCKS + blk]),
                     None => zero,
                 };
-                let v = _mm512_permutexvar_epi16(idx, std::mem::transmute::<__m512bh, __m512i>(
-                    _mm512_cvtne2ps_pbh(fb, fa),
-                ));
+                let v = _mm512_permutexvar_epi16(
+                    idx,
+                    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(fb, fa)),
+                );
                 // SAFETY: v_index(pc, p, d) + 32 ≤ pc · 1024 for d < 512, d a multiple of 16.
                 unsafe {
-                    _mm512_storeu_si512(vb.as_mut_ptr().add(v_index(pc, p, 32 * c + 16 * half)) as *mut _, v)
+                    _mm512_storeu_si512(
+                        vb.as_mut_ptr().add(v_index(pc, p, 32 * c + 16 * half)) as *mut _,
+                        v,
+                    )
                 };
             }
         }
@@ -358,7 +365,7 @@ pub(super) mod x86 {
                                 // SAFETY: jr[r] < rows, 2i + 2 ≤ 512.
                                 let k = _mm512_set1_epi32(unsafe {
                                     std::ptr::read_unaligned(
-                                        kb.as_ptr().add(jr[r] * KBS + 2 * i) as *const i32,
+                                        kb.as_ptr().add(jr[r] * KBS + 2 * i) as *const i32
                                     )
                                 });
                                 for v in 0..V {

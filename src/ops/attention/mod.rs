@@ -22,8 +22,6 @@
 //! [`TokenRows`] per token and run the same fast path ([`cpu`]) and f64 reference ([`mod@reference`]).
 
 mod bf16;
-mod bf16_legacy;
-mod int16_legacy;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -32,10 +30,6 @@ pub mod pools;
 pub mod reference;
 
 pub use pools::{attention_pools, PoolDesc, PoolInputs, PoolLayout, PoolView};
-
-/// Development A/B switch (0 = the committed path, 1 = the candidate); not an API.
-#[doc(hidden)]
-pub static DEV_VARIANT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, KV_DIM};
@@ -306,9 +300,9 @@ fn check_finite(h: usize, q: &[f32], sink: &[f32]) -> Result<()> {
         // A vectorisable scan (an OR of "exponent all ones" flags) first; the position only when
         // one is there.
         let any = v.chunks(256).any(|c| {
-            c.iter()
-                .fold(0u32, |a, x| a | u32::from(x.to_bits() & 0x7F80_0000 == 0x7F80_0000))
-                != 0
+            c.iter().fold(0u32, |a, x| {
+                a | u32::from(x.to_bits() & 0x7F80_0000 == 0x7F80_0000)
+            }) != 0
         });
         if !any {
             continue;
