@@ -20,34 +20,63 @@
 //! softmax weight below 2^−126 counts as 0, which changes an output by less than 2^−126 · |v|.
 //!
 //! Layouts (bf16 bit patterns in `u16`): Qᵀ as (256, 2, hp, 2): for dim pair i, the hi halves
-//! then the lo halves, dims 2i and 2i + 1 of a head side by side; K as plain rows (n, 512), so one 32-bit broadcast is a dim pair; V as row pairs
-//! (n/2, 512, 2), rows 2r and 2r + 1 of a dim side by side; P as (n/2, hp, 2) likewise. The
-//! per-row reduction order depends only on the row's position in the token's row list, never on
-//! the thread count or on other tokens.
+//! then the lo halves, dims 2i and 2i + 1 of a head side by side; K as rows of stride [`KBS`]
+//! (512 + 32, so a chunk's rows spread over the L1 sets), one 32-bit broadcast a dim pair; V as
+//! row pairs, rows 2r and 2r + 1 of a dim side by side, stored per chunk of [`CHUNK`] rows and
+//! within it per dim slice of [`SLICE`] ((512 / SLICE, pairs, SLICE, 2): one P·V task reads its
+//! slice of a chunk as one 8 KiB piece); P as (n/2, hp, 2) likewise, each chunk's P in the frame
+//! of its own maximum (the chunk's factor — its maximum against the token's, over the softmax
+//! denominator — multiplies the chunk's P·V partial sums in f32, chunks in order).
+//!
+//! Per token: the query is converted once; then the row chunks (decode of the chunk's records
+//! into K and V — an NVFP4 row's int16 codes, scales and bf16 values in one pass over the record
+//! —, scores, the chunk's softmax and its P) and then the output dim slices (P·V, written in
+//! place) run as tasks that this thread and up to `threads − 1` pool workers claim from a counter
+//! ([`team`]). The per-row reduction order depends only on the row's position in the token's
+//! row list, never on the thread count, on which thread ran a task, or on other tokens.
 
 use super::cpu::{chunk_softmax, merge_chunks, CHUNK, HEAD_PAD, KS, SLICE};
 use super::{int16, KvRows, TokenRows};
 use crate::formats::KV_DIM;
 use std::cell::RefCell;
 
-/// One score task: ((its bf16 K rows, (its V row pairs, its rows of Sᵀ)), (its chunk max, its
-/// chunk sum)).
+/// One score task: ((its K rows, (its V row pairs, its P row pairs)), (its rows of Sᵀ, (its
+/// chunk max, its chunk sum))).
 type ScoreChunk16<'a> = (
     usize,
     (
-        (&'a mut [u16], (&'a mut [u16], &'a mut [f32])),
-        (&'a mut [f32], &'a mut [f32]),
+        (&'a mut [u16], (&'a mut [u16], &'a mut [u16])),
+        (&'a mut [f32], (&'a mut [f32], &'a mut [f32])),
     ),
 );
+
+/// The output rows, written by the P·V tasks in disjoint column slices.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: each task writes only its own dim slice of each row (disjoint addresses).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+impl OutPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 
 thread_local! {
     static SCRATCH16: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
 }
 
-/// bf16 scratch (u16) of one token: Qᵀ (hi and lo halves), K rows, V row pairs, P row pairs.
+/// Row stride (u16) of the K rows (bf16 or int16 codes): 512 + 32, so that successive rows
+/// (1,088 B apart) fall in different L1 sets. With a 1 KiB stride the score kernels' pass
+/// segments of a chunk's 64 rows mapped into 16 of the 64 sets and were evicted before reuse.
+pub(super) const KBS: usize = KV_DIM + 32;
+
+/// bf16 scratch (u16) of one token: Qᵀ (hi and lo halves), the int16 query, K rows, V row
+/// pairs, P row pairs.
 fn scratch16_len(n: usize, hp: usize) -> usize {
     let n2 = n.div_ceil(2) * 2;
-    2 * KV_DIM * hp + n2 * KV_DIM + n2 * KV_DIM + n2 * hp
+    3 * KV_DIM * hp + n2 * KBS + n2 * KV_DIM + n2 * hp
 }
 
 /// Whether this CPU runs the bf16 path.
@@ -102,7 +131,8 @@ pub(super) fn token(
             b16.resize(need, 0);
         }
         let (qt, rest) = b16[..need].split_at_mut(2 * KV_DIM * hp);
-        let (kb, rest) = rest.split_at_mut(n2 * KV_DIM);
+        let (qi, rest) = rest.split_at_mut(KV_DIM * hp);
+        let (kb, rest) = rest.split_at_mut(n2 * KBS);
         let (vb, pb) = rest.split_at_mut(n2 * KV_DIM);
         // (The f32 path's row tile and Qᵀ regions of `buf` are unused here: rows are decoded
         // pairwise into a stack buffer, Qᵀ lives in the bf16 scratch; the int16 query's head
@@ -112,19 +142,7 @@ pub(super) fn token(
         let (st, rest) = rest.split_at_mut(n * hp);
         let (_, rest) = rest.split_at_mut(KV_DIM * hp);
         let (mx, rest) = rest.split_at_mut(nc * hp);
-        let (sm, ot) = rest.split_at_mut(nc * hp);
-        // The int16 query (256 pairs × hp × 2) takes the first half of the bf16 split's region
-        // when every row is an int16 row, else its own space.
-        let mut qi_own = Vec::new();
-        let (qt, qi): (&mut [u16], &mut [u16]) = if ni == 0 {
-            (qt, &mut [])
-        } else if ni == n {
-            let (a, b) = qt.split_at_mut(KV_DIM * hp);
-            (b, a)
-        } else {
-            qi_own.resize(KV_DIM * hp, 0u16);
-            (qt, &mut qi_own[..])
-        };
+        let sm = &mut rest[..nc * hp];
         // SAFETY (every call below): `supported()` was asserted (and `int16::supported()` where
         // ni > 0); the slices have the lengths the kernels assert.
         if ni < n {
@@ -135,7 +153,7 @@ pub(super) fn token(
         }
         let (qt, qi, qs) = (&*qt, &*qi, &*qs);
         let isa = crate::isa::level();
-        let score = |(c, ((kb16, (vb16, s)), (m, e))): ScoreChunk16| {
+        let score = |(c, ((kb16, (vb16, pb16)), (s, (m, e)))): ScoreChunk16| {
             let rows = s.len() / hp;
             let r0 = c * CHUNK;
             // This chunk's int16 rows: its first `ci`.
@@ -146,11 +164,37 @@ pub(super) fn token(
             // L1) is written and read back twice. An int16 row's K is its codes, read from the
             // record.
             let mut pair = [0f32; 2 * KS];
+            let pc = vb16.len() / (2 * KV_DIM);
             for p in 0..rows.div_ceil(2) {
                 let rr = (rows - 2 * p).min(2);
+                let k_from = ci.saturating_sub(2 * p).min(rr);
+                // The next pair's records, two pairs ahead (the top-k rows are scattered).
+                for e in 4..6 {
+                    if 2 * p + e < rows {
+                        super::cpu::prefetch_row(r, &kv.0, &kv.1, r0 + 2 * p + e);
+                    }
+                }
+                if k_from == rr {
+                    // Both rows NVFP4 and scored on int16: codes, scales and V from the records
+                    // in one pass, no f32 rows.
+                    let j = 2 * p;
+                    let a = int16::parts(&kv.0, r.main[r0 + j]);
+                    let b = (rr == 2).then(|| int16::parts(&kv.0, r.main[r0 + j + 1]));
+                    unsafe {
+                        int16::x86::key_value_pair(
+                            a,
+                            b,
+                            &mut kb16[j * KBS..],
+                            &mut ks[j * int16::BLOCKS..],
+                            vb16,
+                            p,
+                            pc,
+                        )
+                    };
+                    continue;
+                }
                 let two = &mut pair[..rr * KS];
                 super::cpu::gather(isa, r, &kv.0, &kv.1, r0 + 2 * p, two);
-                let k_from = ci.saturating_sub(2 * p).min(rr);
                 for e in 0..k_from {
                     let j = 2 * p + e;
                     let (d, sc) = int16::parts(&kv.0, r.main[r0 + j]);
@@ -158,19 +202,13 @@ pub(super) fn token(
                         int16::x86::key_row(
                             d,
                             sc,
-                            &mut kb16[j * KV_DIM..],
+                            &mut kb16[j * KBS..],
                             &mut ks[j * int16::BLOCKS..],
                         )
                     };
                 }
                 unsafe {
-                    x86::rows_to_bf16(
-                        two,
-                        rr,
-                        k_from,
-                        &mut kb16[2 * p * KV_DIM..],
-                        &mut vb16[2 * p * KV_DIM..],
-                    )
+                    x86::rows_to_bf16(two, rr, k_from, &mut kb16[2 * p * KBS..], vb16, p, pc)
                 };
             }
             if ci > 0 {
@@ -179,43 +217,79 @@ pub(super) fn token(
                 }
             }
             if ci < rows {
-                unsafe { x86::scores(qt, &kb16[ci * KV_DIM..], rows - ci, hp, &mut s[ci * hp..]) };
+                unsafe { x86::scores(qt, &kb16[ci * KBS..], rows - ci, hp, &mut s[ci * hp..]) };
             }
             chunk_softmax(s, hp, m, e);
+            // P in the chunk's frame (e^(z − chunk max) ≤ 1, to bf16 pairs while hot); the chunk's
+            // factor (its max against the token's, over the denominator) is applied to its P·V
+            // partial sums in f32.
+            unsafe { x86::p_pairs(s, rows, hp, pb16) };
         };
         {
-            use rayon::prelude::*;
-            let it = kb
-                .par_chunks_mut(CHUNK * KV_DIM)
+            // The chunks' disjoint pieces, each taken once by whichever thread claims its index.
+            let tasks: Vec<std::sync::Mutex<Option<ScoreChunk16>>> = kb
+                .chunks_mut(CHUNK * KBS)
+                .zip(vb.chunks_mut(CHUNK * KV_DIM).zip(pb.chunks_mut(CHUNK * hp)))
                 .zip(
-                    vb.par_chunks_mut(CHUNK * KV_DIM)
-                        .zip(st.par_chunks_mut(CHUNK * hp)),
+                    st.chunks_mut(CHUNK * hp)
+                        .zip(mx.chunks_mut(hp).zip(sm.chunks_mut(hp))),
                 )
-                .zip(mx.par_chunks_mut(hp).zip(sm.par_chunks_mut(hp)))
-                .enumerate();
-            // A prefill token already runs as one rayon task (`par` false): its chunks then run on
-            // this thread unless another is idle; the results are the same either way.
-            it.for_each(score);
+                .enumerate()
+                .map(|t| std::sync::Mutex::new(Some(t)))
+                .collect();
+            // Chunks holding bf16-scored rows (twice the MACs of an int16 chunk) first, so that
+            // the last ones claimed are the light ones.
+            let heavy = nc - ni / CHUNK;
+            let order = |k: usize| if k < heavy { nc - heavy + k } else { k - heavy };
+            team(nc, true, |k| {
+                let t = tasks[order(k)]
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
+                score(t.expect("each chunk is claimed once"));
+            });
         }
+        // `mx` becomes each chunk's factor.
         merge_chunks(mx, sm, sink, h, hp, nc, lse);
-        // The chunk rescale is folded into the conversion of P (one pass over Sᵀ instead of two).
-        unsafe { x86::p_pairs(st, mx, n, hp, pb) };
-        let (vb, pb) = (&*vb, &*pb);
-        let pv =
-            |(si, o): (usize, &mut [f32])| unsafe { x86::pv(pb, vb, n2, h, hp, si * SLICE, o) };
-        {
-            use rayon::prelude::*;
-            if par {
-                ot.par_chunks_mut(h * SLICE).enumerate().for_each(pv);
-            } else {
-                ot.chunks_mut(h * SLICE).enumerate().for_each(pv);
-            }
+        let (vb, pb, f) = (&*vb, &*pb, &*mx);
+        assert!(out.len() == h * KV_DIM);
+        let o = OutPtr(out.as_mut_ptr());
+        // SAFETY: `out` holds h rows of 512; task `si` writes only dims si · SLICE .. + SLICE of
+        // each row, and `out` is not touched otherwise until every task is done.
+        let pv = |si: usize| unsafe { x86::pv(pb, vb, f, n, h, hp, si, o.get()) };
+        team(KV_DIM / SLICE, par, pv);
+    });
+}
+
+/// Runs `f(0) .. f(tasks − 1)`, each once, on this thread and (with `help`) on up to
+/// `tasks − 1` pool workers at once: every participant claims the next index from a shared
+/// counter until none is left. This thread starts at once instead of waiting for a worker to
+/// wake, a late worker finds less (or nothing) to do, and the claims balance unequal tasks.
+/// Which thread runs a task never changes its result.
+fn team(tasks: usize, help: bool, f: impl Fn(usize) + Sync) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let work = || loop {
+        let k = next.fetch_add(1, Ordering::Relaxed);
+        if k >= tasks {
+            break;
         }
-        for (si, o) in ot.chunks_exact(h * SLICE).enumerate() {
-            for (hi, src) in o.chunks_exact(SLICE).enumerate() {
-                out[hi * KV_DIM + si * SLICE..][..SLICE].copy_from_slice(src);
-            }
+        f(k);
+    };
+    let helpers = if help {
+        rayon::current_num_threads().min(tasks).saturating_sub(1)
+    } else {
+        0
+    };
+    if helpers == 0 {
+        work();
+        return;
+    }
+    rayon::in_place_scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|_| work());
         }
+        work();
     });
 }
 
@@ -320,9 +394,10 @@ pub(super) mod x86 {
         out
     }
 
-    /// f32 rows (`rows` of stride [`KS`]) → bf16 K rows (`kb`, stride 512) from row `k_from` on
-    /// (the rows before it are the int16 kernel's, coded by the caller) and V row pairs (`vb`);
-    /// an odd last row is paired with zeros.
+    /// f32 rows (`rows` ≤ 2 of stride [`KS`]) → bf16 K rows (`kb`, stride [`KBS`]) from row
+    /// `k_from` on (the rows before it are the int16 kernel's, coded by the caller) and V row pair
+    /// `p` of a chunk of `pc` pairs (`vb`, the chunk's V: [`v_index`]); an odd last row is paired
+    /// with zeros.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub(super) unsafe fn rows_to_bf16(
         kf: &[f32],
@@ -330,9 +405,12 @@ pub(super) mod x86 {
         k_from: usize,
         kb: &mut [u16],
         vb: &mut [u16],
+        p: usize,
+        pc: usize,
     ) {
-        assert!(kf.len() >= rows * KS - (KS - KV_DIM) && kb.len() >= rows * KV_DIM);
-        assert!(vb.len() >= rows.div_ceil(2) * 2 * KV_DIM);
+        assert!(rows <= 2 && p < pc && vb.len() == pc * 2 * KV_DIM);
+        assert!(kf.len() >= rows * KS - (KS - KV_DIM));
+        assert!(rows == 0 || kb.len() >= (rows - 1) * KBS + KV_DIM);
         // Interleave the low (row 2r) and high (row 2r + 1) halves of a cvtne2ps result.
         let idx: [u16; 32] = std::array::from_fn(|i| ((i % 2) * 16 + i / 2) as u16);
         // SAFETY: reads 32 u16.
@@ -344,25 +422,35 @@ pub(super) mod x86 {
                 unsafe {
                     let p = kf.as_ptr().add(j * KS + d);
                     let v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p.add(16)), _mm512_loadu_ps(p));
-                    _mm512_storeu_si512(kb.as_mut_ptr().add(j * KV_DIM + d) as *mut _, bits(v));
+                    _mm512_storeu_si512(kb.as_mut_ptr().add(j * KBS + d) as *mut _, bits(v));
                 }
             }
         }
-        for r in 0..rows.div_ceil(2) {
-            for d in (0..KV_DIM).step_by(16) {
-                // SAFETY: row 2r < rows; row 2r + 1 read only when it exists; d + 16 ≤ 512.
-                unsafe {
-                    let a = _mm512_loadu_ps(kf.as_ptr().add(2 * r * KS + d));
-                    let b = if 2 * r + 1 < rows {
-                        _mm512_loadu_ps(kf.as_ptr().add((2 * r + 1) * KS + d))
-                    } else {
-                        zero
-                    };
-                    let v = _mm512_permutexvar_epi16(idx, bits(_mm512_cvtne2ps_pbh(b, a)));
-                    _mm512_storeu_si512(vb.as_mut_ptr().add((r * KV_DIM + d) * 2) as *mut _, v);
-                }
+        if rows == 0 {
+            return;
+        }
+        for d in (0..KV_DIM).step_by(16) {
+            // SAFETY: row 0 < rows; row 1 read only when it exists; d + 16 ≤ 512; the store is
+            // inside `vb` ([`v_index`] < pc · 1024 − 31).
+            unsafe {
+                let a = _mm512_loadu_ps(kf.as_ptr().add(d));
+                let b = if rows == 2 {
+                    _mm512_loadu_ps(kf.as_ptr().add(KS + d))
+                } else {
+                    zero
+                };
+                let v = _mm512_permutexvar_epi16(idx, bits(_mm512_cvtne2ps_pbh(b, a)));
+                _mm512_storeu_si512(vb.as_mut_ptr().add(v_index(pc, p, d)) as *mut _, v);
             }
         }
+    }
+
+    /// Index (u16) of dim `d`'s pair in V row pair `p` of a chunk of `pc` pairs: the chunk's V is
+    /// slice-major, (512 / [`SLICE`], pc, SLICE, 2), so that one P·V task reads its slice of a
+    /// chunk as 8 KiB in one piece.
+    #[inline(always)]
+    pub(in crate::ops::attention) fn v_index(pc: usize, p: usize, d: usize) -> usize {
+        ((d / SLICE) * pc + p) * 2 * SLICE + (d % SLICE) * 2
     }
 
     /// Scores `st` (rows, hp) = K · (Qᵀ hi + Qᵀ lo): tiles of 6 rows × 4 vectors of 16 heads, over blocks of
@@ -372,7 +460,8 @@ pub(super) mod x86 {
     pub(super) unsafe fn scores(qt: &[u16], kb: &[u16], rows: usize, hp: usize, st: &mut [f32]) {
         const R: usize = 6;
         const DB: usize = 64;
-        assert!(qt.len() == 2 * KV_DIM * hp && kb.len() >= rows * KV_DIM && st.len() == rows * hp);
+        assert!(qt.len() == 2 * KV_DIM * hp && st.len() == rows * hp);
+        assert!(rows > 0 && kb.len() >= (rows - 1) * KBS + KV_DIM);
         assert!(hp.is_multiple_of(64) && rows > 0);
         let zero = _mm512_setzero_ps();
         for h0 in (0..hp).step_by(64) {
@@ -394,7 +483,7 @@ pub(super) mod x86 {
                             // SAFETY: jr[r] < rows, 2i + 2 ≤ 512.
                             let k = bh(_mm512_set1_epi32(unsafe {
                                 std::ptr::read_unaligned(
-                                    kb.as_ptr().add(jr[r] * KV_DIM + 2 * i) as *const i32
+                                    kb.as_ptr().add(jr[r] * KBS + 2 * i) as *const i32
                                 )
                             }));
                             for v in 0..4 {
@@ -421,24 +510,21 @@ pub(super) mod x86 {
         }
     }
 
-    /// P row pairs: `pb[(r · hp + h) · 2 + e] = bf16(st[2r + e][h] · f[(2r + e) / CHUNK][h])`
-    /// (the chunk's rescale factor), 0 past row n. Rows 2r and 2r + 1 share a chunk (CHUNK is
-    /// even).
+    /// P row pairs of a chunk: `pb[(r · hp + h) · 2 + e] = bf16(st[2r + e][h])`, 0 past row
+    /// `rows`.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) unsafe fn p_pairs(st: &[f32], f: &[f32], n: usize, hp: usize, pb: &mut [u16]) {
-        assert!(st.len() == n * hp && pb.len() >= n.div_ceil(2) * 2 * hp);
-        assert!(CHUNK.is_multiple_of(2) && f.len() == n.div_ceil(CHUNK) * hp);
+    pub(super) unsafe fn p_pairs(st: &[f32], rows: usize, hp: usize, pb: &mut [u16]) {
+        assert!(st.len() == rows * hp && pb.len() == rows.div_ceil(2) * 2 * hp);
         let idx: [u16; 32] = std::array::from_fn(|i| ((i % 2) * 16 + i / 2) as u16);
         // SAFETY: reads 32 u16.
         let idx = unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) };
-        for r in 0..n.div_ceil(2) {
+        for r in 0..rows.div_ceil(2) {
             for h0 in (0..hp).step_by(16) {
-                // SAFETY: row 2r < n; row 2r + 1 read only when it exists; h0 + 16 ≤ hp.
+                // SAFETY: row 2r < rows; row 2r + 1 read only when it exists; h0 + 16 ≤ hp.
                 unsafe {
-                    let fc = _mm512_loadu_ps(f.as_ptr().add((2 * r / CHUNK) * hp + h0));
-                    let a = _mm512_mul_ps(_mm512_loadu_ps(st.as_ptr().add(2 * r * hp + h0)), fc);
-                    let b = if 2 * r + 1 < n {
-                        _mm512_mul_ps(_mm512_loadu_ps(st.as_ptr().add((2 * r + 1) * hp + h0)), fc)
+                    let a = _mm512_loadu_ps(st.as_ptr().add(2 * r * hp + h0));
+                    let b = if 2 * r + 1 < rows {
+                        _mm512_loadu_ps(st.as_ptr().add((2 * r + 1) * hp + h0))
                     } else {
                         _mm512_setzero_ps()
                     };
@@ -449,52 +535,89 @@ pub(super) mod x86 {
         }
     }
 
-    /// One dim slice of O = P · V: `o` (h, SLICE) over the `n2 / 2` row pairs; tiles of 8 heads ×
-    /// 2 vectors of 16 dims.
+    /// Dim slice `si` of O = P · V into `out` (h rows of 512; dims si · SLICE .. + SLICE of each
+    /// row written, nothing else read or written), chunk by chunk: each chunk's partial sums
+    /// (its P in its own frame, [`p_pairs`]) are scaled by the chunk's factor `f[c][h]` and
+    /// added to the output in f32, chunks in order. A chunk's slice of V (8 KiB) and its P rows
+    /// (8 KiB) stay in L1 while every head block streams them; tiles of 8 heads × 2 vectors of
+    /// 16 dims.
+    ///
+    /// # Safety
+    /// AVX-512 BF16; `out` points to h · 512 writable floats that no one else accesses in this
+    /// slice's columns during the call.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    #[allow(clippy::needless_range_loop)]
+    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
     pub(super) unsafe fn pv(
         pb: &[u16],
         vb: &[u16],
-        n2: usize,
+        f: &[f32],
+        n: usize,
         h: usize,
         hp: usize,
-        d0: usize,
-        o: &mut [f32],
+        si: usize,
+        out: *mut f32,
     ) {
         const HB: usize = 8;
-        assert!(pb.len() >= n2 * hp && vb.len() >= n2 * KV_DIM && o.len() == h * SLICE);
-        assert!(d0 + SLICE <= KV_DIM && hp.is_multiple_of(HB) && h <= hp);
+        let n2 = n.div_ceil(2) * 2;
+        let nc = n.div_ceil(CHUNK);
+        assert!(pb.len() >= n2 * hp && vb.len() >= n2 * KV_DIM && f.len() == nc * hp);
+        assert!((si + 1) * SLICE <= KV_DIM && hp.is_multiple_of(HB) && h <= hp);
         let zero = _mm512_setzero_ps();
-        for h0 in (0..h).step_by(HB) {
-            for dd in (0..SLICE).step_by(32) {
-                let mut acc = [[zero; 2]; HB];
-                for r in 0..n2 / 2 {
-                    // SAFETY: r < n2 / 2, d0 + dd + 32 ≤ 512.
-                    let (v0, v1) = unsafe {
-                        let p = vb.as_ptr().add((r * KV_DIM + d0 + dd) * 2);
-                        (
-                            bh(_mm512_loadu_si512(p as *const _)),
-                            bh(_mm512_loadu_si512(p.add(32) as *const _)),
-                        )
-                    };
-                    for i in 0..HB {
-                        // SAFETY: h0 + i < hp, r < n2 / 2.
-                        let p = bh(_mm512_set1_epi32(unsafe {
-                            std::ptr::read_unaligned(
-                                pb.as_ptr().add((r * hp + h0 + i) * 2) as *const i32
+        for c in 0..nc {
+            let pc = (n - c * CHUNK).min(CHUNK).div_ceil(2);
+            // SAFETY: chunk c's V starts at c · CHUNK · 512 and holds pc · 1024 u16; its P rows
+            // start at pair c · CHUNK / 2.
+            let (vc, pcb) = unsafe {
+                (
+                    vb.as_ptr()
+                        .add(c * CHUNK * KV_DIM + v_index(pc, 0, si * SLICE)),
+                    pb.as_ptr().add(c * CHUNK / 2 * hp * 2),
+                )
+            };
+            for h0 in (0..h).step_by(HB) {
+                let hr = HB.min(h - h0);
+                let fv: [__m512; HB] =
+                    std::array::from_fn(|i| _mm512_set1_ps(f[c * hp + (h0 + i).min(hp - 1)]));
+                for dd in (0..SLICE).step_by(32) {
+                    let mut acc = [[zero; 2]; HB];
+                    for r in 0..pc {
+                        // SAFETY: r < pc, dd + 32 ≤ SLICE.
+                        let (v0, v1) = unsafe {
+                            let p = vc.add(r * 2 * SLICE + dd * 2);
+                            (
+                                bh(_mm512_loadu_si512(p as *const _)),
+                                bh(_mm512_loadu_si512(p.add(32) as *const _)),
                             )
-                        }));
-                        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], p, v0);
-                        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], p, v1);
+                        };
+                        for i in 0..HB {
+                            // SAFETY: h0 + i < hp, pair c · CHUNK / 2 + r < n2 / 2.
+                            let p = bh(_mm512_set1_epi32(unsafe {
+                                std::ptr::read_unaligned(
+                                    pcb.add((r * hp + h0 + i) * 2) as *const i32
+                                )
+                            }));
+                            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], p, v0);
+                            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], p, v1);
+                        }
                     }
-                }
-                for i in 0..HB.min(h - h0) {
-                    // SAFETY: (h0 + i) · SLICE + dd + 32 ≤ o.len().
-                    unsafe {
-                        let p = o.as_mut_ptr().add((h0 + i) * SLICE + dd);
-                        _mm512_storeu_ps(p, acc[i][0]);
-                        _mm512_storeu_ps(p.add(16), acc[i][1]);
+                    for i in 0..hr {
+                        // SAFETY: head h0 + i < h, dims si · SLICE + dd + 32 ≤ 512: inside
+                        // `out`, in this task's columns.
+                        unsafe {
+                            let p = out.add((h0 + i) * KV_DIM + si * SLICE + dd);
+                            for k in 0..2 {
+                                let x = if c == 0 {
+                                    _mm512_mul_ps(acc[i][k], fv[i])
+                                } else {
+                                    _mm512_fmadd_ps(
+                                        acc[i][k],
+                                        fv[i],
+                                        _mm512_loadu_ps(p.add(16 * k)),
+                                    )
+                                };
+                                _mm512_storeu_ps(p.add(16 * k), x);
+                            }
+                        }
                     }
                 }
             }
@@ -507,6 +630,33 @@ mod tests {
     use super::*;
     use csa2_rng::{rand_normal, NewRng, Rng};
     use half::bf16;
+
+    /// Every task index runs exactly once, whatever the task count, with and without helpers,
+    /// from outside the pool and from inside a pool job.
+    #[test]
+    fn team_runs_each_task_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        for tasks in [0usize, 1, 2, 7, 64] {
+            for help in [false, true] {
+                for inside in [false, true] {
+                    let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+                    let go = || {
+                        team(tasks, help, |k| {
+                            hits[k].fetch_add(1, Ordering::Relaxed);
+                        })
+                    };
+                    if inside {
+                        rayon::scope(|_| go());
+                    } else {
+                        go();
+                    }
+                    for (k, h) in hits.iter().enumerate() {
+                        assert_eq!(h.load(Ordering::Relaxed), 1, "{tasks} tasks, task {k}");
+                    }
+                }
+            }
+        }
+    }
 
     /// The vector split of the query (conversion + 16 × 16 transpose) against a scalar one
     /// (`half`'s RNE rounding), every head count class: one head, ragged, whole vectors, past 64.

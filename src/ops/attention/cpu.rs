@@ -137,12 +137,22 @@ pub fn attention(
             .enumerate()
             .for_each(|(ti, (o, l))| one(ti, o, l, false));
     } else {
-        for (ti, (o, l)) in out
-            .chunks_mut(h * KV_DIM)
-            .zip(lse.chunks_mut(h))
-            .enumerate()
-        {
-            one(ti, o, l, true);
+        let all = |out: &mut [f32], lse: &mut [f32]| {
+            for (ti, (o, l)) in out
+                .chunks_mut(h * KV_DIM)
+                .zip(lse.chunks_mut(h))
+                .enumerate()
+            {
+                one(ti, o, l, true);
+            }
+        };
+        // From outside the pool, run the tokens as one pool job: each parallel step inside then
+        // forks and joins among the workers, instead of waking them from this thread and this
+        // thread from them at every step.
+        if rayon::current_thread_index().is_some() {
+            all(out, lse)
+        } else {
+            rayon::scope(|_| all(out, lse))
         }
     }
 }
@@ -274,6 +284,48 @@ pub(super) fn gather(
             row(isa, swa, r.swa[k - nm], d);
         }
     }
+}
+
+/// Prefetches the record bytes of a token's attended row `k` (main entries, then the SWA rows)
+/// into L1 (no-op for f32 rows).
+#[inline]
+pub(super) fn prefetch_row(r: &TokenRows, main: &KvRows, swa: &KvRows, k: usize) {
+    let nm = r.main.len();
+    let (kv, i) = if k < nm {
+        (main, r.main[k])
+    } else {
+        (swa, r.swa[k - nm])
+    };
+    let (d, s): (&[u8], &[u8]) = match kv {
+        KvRows::F32(_) => return,
+        KvRows::Records(f, b) => {
+            let rec = &b[i * f.record_bytes()..][..f.record_bytes()];
+            rec.split_at(f.data_bytes())
+        }
+        KvRows::Pool(p) => p.parts(i),
+    };
+    #[cfg(target_arch = "x86_64")]
+    for part in [d, s] {
+        for off in (0..part.len()).step_by(64) {
+            // SAFETY: a prefetch of an address inside `part`; it never faults.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    part.as_ptr().add(off) as *const i8,
+                )
+            };
+        }
+        // The last line, when the part does not start on a line boundary.
+        if let Some(l) = part.last() {
+            // SAFETY: as above.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    l as *const u8 as *const i8,
+                )
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (d, s);
 }
 
 #[inline]

@@ -82,7 +82,26 @@ pub(super) fn head_factors(x_max: f32) -> (f32, f32, f32) {
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86 {
     use super::*;
+    use crate::ops::attention::bf16::KBS;
     use std::arch::x86_64::*;
+
+    /// `acc += vpdpwssd(a, b)` as one instruction: LLVM's machine combiner otherwise splits a
+    /// chain of `_mm512_dpwssd_epi32` into `vpmaddwd` + `vpaddd` pairs (two instructions per 32
+    /// MACs) on targets it does not tune for VNNI.
+    macro_rules! dpwssd {
+        ($acc:expr, $a:expr, $b:expr) => {
+            // SAFETY: register-only AVX-512 VNNI instruction; the caller enables the feature.
+            unsafe {
+                std::arch::asm!(
+                    "vpdpwssd {acc}, {a}, {b}",
+                    acc = inout(zmm_reg) $acc,
+                    a = in(zmm_reg) $a,
+                    b = in(zmm_reg) $b,
+                    options(pure, nomem, nostack, preserves_flags)
+                )
+            }
+        };
+    }
 
     /// Quantised Qᵀ pairs: with `x = scale · q[h][2i + e]`, `qi[(i · hp + h) · 2 + e] =
     /// round(x · c_h)` and `qs[h] = 1 / c_h` ([`head_factors`]); padded heads 0.
@@ -161,6 +180,20 @@ pub(super) mod x86 {
     ) {
         assert!(data.len() >= KV_DIM / 2 && kb.len() >= KV_DIM);
         block_scales(scale, ks);
+        for c in 0..KV_DIM / 32 {
+            // SAFETY: 32 u16 at 32c < 512.
+            unsafe {
+                let v = codes32(data, c);
+                _mm512_storeu_si512(kb.as_mut_ptr().add(32 * c) as *mut _, v);
+            }
+        }
+    }
+
+    /// Dims 32c .. 32c + 32 of an NVFP4 row's data as int16 codes (twice the E2M1 values).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn codes32(data: &[u8], c: usize) -> __m512i {
+        assert!(16 * c + 16 <= data.len());
         // 2 · E2M1 by code: 0, 0.5, 1, 1.5, 2, 3, 4, 6, then the negatives.
         let table = _mm256_setr_epi8(
             0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8, 12, 0,
@@ -168,24 +201,98 @@ pub(super) mod x86 {
         );
         let lo4 = _mm256_set1_epi16(0x000F);
         let hi4 = _mm256_set1_epi16(0x00F0);
+        // SAFETY: 16 bytes at 16c, inside `data` (asserted).
+        let b = unsafe { _mm_loadu_si128(data.as_ptr().add(16 * c) as *const _) };
+        let w = _mm256_cvtepu8_epi16(b);
+        // u16 lane i: low byte the even dim's code, high byte the odd dim's.
+        let w = _mm256_or_si256(
+            _mm256_and_si256(w, lo4),
+            _mm256_slli_epi16::<4>(_mm256_and_si256(w, hi4)),
+        );
+        _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(table, w))
+    }
+
+    /// A pair of NVFP4 rows (`a`, and `b` when present; (data, scale) each) in one pass: their
+    /// int16 codes into `kb` (rows 0 and 1, stride [`KBS`]), their halved block scales into `ks`
+    /// (32 each), and their values in bf16 (codes × halved scales, exact in f32 and in bf16) as V
+    /// row pair `p` of a chunk of `pc` pairs (`vb`, [`super::super::bf16::x86::v_index`]); an
+    /// absent `b` is zeros in V. The V values equal those of the f32 decode (up to the sign of
+    /// a zero, which no sum of the P·V kernel can show: its accumulators start at +0).
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
+    pub(in super::super) unsafe fn key_value_pair(
+        a: (&[u8], &[u8]),
+        b: Option<(&[u8], &[u8])>,
+        kb: &mut [u16],
+        ks: &mut [f32],
+        vb: &mut [u16],
+        p: usize,
+        pc: usize,
+    ) {
+        use super::super::bf16::x86::v_index;
+        let two = b.is_some();
+        assert!(kb.len() >= if two { KBS + KV_DIM } else { KV_DIM });
+        assert!(ks.len() >= if two { 2 * BLOCKS } else { BLOCKS });
+        assert!(p < pc && vb.len() == pc * 2 * KV_DIM && a.0.len() >= KV_DIM / 2);
+        block_scales(a.1, ks);
+        if let Some(b) = b {
+            assert!(b.0.len() >= KV_DIM / 2);
+            block_scales(b.1, &mut ks[BLOCKS..]);
+        }
+        // Interleave the low (row a) and high (row b) halves of a cvtne2ps result.
+        let idx: [u16; 32] = std::array::from_fn(|i| ((i % 2) * 16 + i / 2) as u16);
+        // SAFETY: reads 32 u16.
+        let idx = unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) };
+        let zero = _mm512_setzero_ps();
+        let f32s = |v: __m256i, s: f32| {
+            _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(v)),
+                _mm512_set1_ps(s),
+            )
+        };
         for c in 0..KV_DIM / 32 {
-            // SAFETY: 16 bytes at 16c < 256; 32 u16 at 32c < 512.
-            unsafe {
-                let b = _mm_loadu_si128(data.as_ptr().add(16 * c) as *const _);
-                let w = _mm256_cvtepu8_epi16(b);
-                // u16 lane i: low byte the even dim's code, high byte the odd dim's.
-                let w = _mm256_or_si256(
-                    _mm256_and_si256(w, lo4),
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(w, hi4)),
+            // SAFETY: 32c + 32 ≤ 512: inside row 0 (and row 1) of `kb`.
+            let va = codes32(a.0, c);
+            unsafe { _mm512_storeu_si512(kb.as_mut_ptr().add(32 * c) as *mut _, va) };
+            let vbv = match b {
+                Some(b) => {
+                    let v = codes32(b.0, c);
+                    // SAFETY: as above, row 1.
+                    unsafe { _mm512_storeu_si512(kb.as_mut_ptr().add(KBS + 32 * c) as *mut _, v) };
+                    Some(v)
+                }
+                None => None,
+            };
+            for half in 0..2 {
+                let blk = 2 * c + half;
+                let pick = |v: __m512i| {
+                    if half == 0 {
+                        _mm512_castsi512_si256(v)
+                    } else {
+                        _mm512_extracti64x4_epi64::<1>(v)
+                    }
+                };
+                let fa = f32s(pick(va), ks[blk]);
+                let fb = match vbv {
+                    Some(v) => f32s(pick(v), ks[BLOCKS + blk]),
+                    None => zero,
+                };
+                let v = _mm512_permutexvar_epi16(
+                    idx,
+                    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(fb, fa)),
                 );
-                let v = _mm256_shuffle_epi8(table, w);
-                let v = _mm512_cvtepi8_epi16(v);
-                _mm512_storeu_si512(kb.as_mut_ptr().add(32 * c) as *mut _, v);
+                // SAFETY: v_index(pc, p, d) + 32 ≤ pc · 1024 for d < 512, d a multiple of 16.
+                unsafe {
+                    _mm512_storeu_si512(
+                        vb.as_mut_ptr().add(v_index(pc, p, 32 * c + 16 * half)) as *mut _,
+                        v,
+                    )
+                };
             }
         }
     }
 
-    /// Scores `st` (rows, hp) of `rows` int16 key rows (`kb`, stride 512; block scales `ks`,
+    /// Scores `st` (rows, hp) of `rows` int16 key rows (`kb`, stride [`KBS`]; block scales `ks`,
     /// stride 32) against the quantised Qᵀ pairs (`qi`, per-head factors `qs`): tiles of `R` rows ×
     /// `V` vectors of 16 heads; each 16-dim block's exact int32 sums are scaled into f32
     /// accumulators, blocks in order; the query is streamed in passes of [`DB`] dims (16 KiB of it
@@ -223,7 +330,7 @@ pub(super) mod x86 {
         st: &mut [f32],
     ) {
         assert!(qi.len() == KV_DIM * hp && qs.len() == hp && st.len() == rows * hp);
-        assert!(kb.len() >= rows * KV_DIM && ks.len() >= rows * BLOCKS);
+        assert!(rows > 0 && kb.len() >= (rows - 1) * KBS + KV_DIM && ks.len() >= rows * BLOCKS);
         assert!(hp.is_multiple_of(16 * V) && rows > 0);
         let zf = _mm512_setzero_ps();
         let zi = _mm512_setzero_si512();
@@ -258,11 +365,11 @@ pub(super) mod x86 {
                                 // SAFETY: jr[r] < rows, 2i + 2 ≤ 512.
                                 let k = _mm512_set1_epi32(unsafe {
                                     std::ptr::read_unaligned(
-                                        kb.as_ptr().add(jr[r] * KV_DIM + 2 * i) as *const i32,
+                                        kb.as_ptr().add(jr[r] * KBS + 2 * i) as *const i32
                                     )
                                 });
                                 for v in 0..V {
-                                    a[r][v] = _mm512_dpwssd_epi32(a[r][v], k, qv[v]);
+                                    dpwssd!(a[r][v], k, qv[v]);
                                 }
                             }
                         }
