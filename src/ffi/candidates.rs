@@ -213,7 +213,11 @@ mod tests {
             .map(|r| r.iter().filter(|&&x| x >= 0).count() as i32)
             .collect();
         assert_eq!(cnt, kept);
-        assert_eq!(&want[2 * b..3 * b], &[31, -1, -1, -1, -1, -1, -1, -1], "−∞ row: pin");
+        assert_eq!(
+            &want[2 * b..3 * b],
+            &[31, -1, -1, -1, -1, -1, -1, -1],
+            "−∞ row: pin"
+        );
         assert_eq!(&want[3 * b..], &[-1; 8], "nothing visible");
         let mut neg = vec![299i64, -1, 3, 4];
         let tn = desc(&mut neg, &mut sp, DType::I64);
@@ -227,10 +231,7 @@ mod tests {
             unsafe { csa2_candidates_on_stream(&bad) },
             Csa2Status::Csa2ErrInvalidArgument
         );
-        assert!(
-            out.iter().chain(&cnt).all(|&v| v == 42),
-            "written on error"
-        );
+        assert!(out.iter().chain(&cnt).all(|&v| v == 42), "written on error");
         // A zero block size is refused by name.
         let zero = Csa2CandidatesOnStreamArgs {
             block_size: 0,

@@ -1574,7 +1574,13 @@ pub fn check_candidates_ordered(dev: &Device, size: Size, seed: u64) -> Result<R
         let mut pos: Vec<i64> = vis
             .iter()
             .enumerate()
-            .map(|(r, &v)| if v == 0 { r as i64 % 3 } else { 4 * v - 1 + r as i64 % 4 })
+            .map(|(r, &v)| {
+                if v == 0 {
+                    r as i64 % 3
+                } else {
+                    4 * v - 1 + r as i64 % 4
+                }
+            })
             .collect();
         let neg_row = 5;
         pos[neg_row] = -5;

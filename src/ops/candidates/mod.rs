@@ -163,7 +163,9 @@ pub fn select_blocks_view(
     blocks_out: &mut TensorViewMut<'_>,
     counts_out: Option<&mut TensorViewMut<'_>>,
 ) -> Result<()> {
-    select_blocks_view_impl(p, logits, positions, ratio, blocks_out, counts_out, None, None)
+    select_blocks_view_impl(
+        p, logits, positions, ratio, blocks_out, counts_out, None, None,
+    )
 }
 
 /// [`select_blocks_view`] for a caller that owns a CUDA stream: on CUDA tensors the kernel is
@@ -551,7 +553,11 @@ mod tests {
                 select_blocks_view(&p, &lv, &pv, ratio, &mut ov, None).unwrap();
                 assert_eq!(out2, want);
             }
-            assert_eq!(&want[b..b + 2], &[((vis[1] - 1) / bs) as i32, -1], "−∞ row: the pin");
+            assert_eq!(
+                &want[b..b + 2],
+                &[((vis[1] - 1) / bs) as i32, -1],
+                "−∞ row: the pin"
+            );
         }
     }
 
@@ -569,10 +575,7 @@ mod tests {
         let (lv, pv) = (host(&logits, &[t, n]), host(&pos, &[t]));
         let mut out = vec![42i32; t * 3];
         let mut ov = TensorViewMut::from_host_slice(&mut out, &[t, 3]).unwrap();
-        let zero = CandidateParams {
-            block_size: 0,
-            ..p
-        };
+        let zero = CandidateParams { block_size: 0, ..p };
         let e = select_blocks_view(&zero, &lv, &pv, 1, &mut ov, None).unwrap_err();
         assert!(e.to_string().contains("block_size"), "{e}");
         let wide = CandidateParams { num_blocks: 4, ..p };

@@ -217,9 +217,9 @@ pub(crate) fn run_rows_views(
     ratio: usize,
     stream: Option<u64>,
 ) -> Result<()> {
+    use super::signature::{COUNTS_OUT, ERROR, LOGITS, POSITIONS};
     use crate::cuda::device::dense_device_addr as dense;
     use crate::tensor::DType;
-    use super::signature::{COUNTS_OUT, ERROR, LOGITS, POSITIONS};
     let ordinal = usize::try_from(ordinal).map_err(|_| {
         Error::invalid(LOGITS.name, format!("CUDA device {ordinal} does not exist"))
     })?;
