@@ -387,6 +387,33 @@ typedef struct {
   uint64_t window;
 } Csa2CacheLayerInfo;
 
+// Arguments of [`csa2_candidates_on_stream`] (shapes there).
+// Set `struct_size` to `sizeof(Csa2CandidatesOnStreamArgs)` (rules: "Args structs", header top).
+typedef struct {
+  // `sizeof(Csa2CandidatesOnStreamArgs)` as the caller was compiled.
+  size_t struct_size;
+  // `(T, N)` float indexer logits of the candidate-source layer (float32 on CUDA).
+  const DLTensor *logits;
+  // `(T)` int token positions (int32 or int64 on CUDA).
+  const DLTensor *positions;
+  // Compression ratio (≥ 1): row t sees `(positions[t] + 1) div ratio` entries.
+  uint32_t ratio;
+  // Entries per block (≥ 1; 8 in V4.1).
+  uint32_t block_size;
+  // Output `(T, B)` int32: the kept blocks, sorted by (score desc, id asc), −1 padded
+  // (B = blocks kept, 2048 in V4.1).
+  const DLTensor *blocks_out;
+  // Optional output `(T)` int32: blocks kept per row.
+  const DLTensor *counts_out;
+  // Optional `[4]` int32 on the call's device: on CUDA the first negative position is
+  // recorded as `{1, row, 0, position}` (its row keeps nothing); zero it once, read it
+  // whenever you sync. Untouched on the host, where a negative position is the error.
+  const DLTensor *error;
+  // `cudaStream_t` / `CUstream` to launch on (CUDA only; 0 = the legacy default stream).
+  // Borrowed: csa2 neither synchronizes nor keeps it.
+  uint64_t stream;
+} Csa2CandidatesOnStreamArgs;
+
 // Arguments of [`csa2_compress_step`] (shapes there).
 // Set `struct_size` to `sizeof(Csa2CompressStepArgs)` (rules: "Args structs", header top).
 typedef struct {
@@ -1289,8 +1316,9 @@ Csa2Status csa2_cache_get_compressor_state(const Csa2Cache *c,
 // best `B` kept sorted (score desc, id asc), −1 padded.
 //
 // `logits` `(T, N)` float, `positions` `(T)` int (visible = `(p + 1) div ratio`), `blocks_out`
-// `(T, B)` int32 (B = blocks kept, 2048 in V4.1). Errors: ratio/block_size/B of 0, negative
-// position, plus the common ones.
+// `(T, B)` int32 (B = blocks kept, 2048 in V4.1). Host tensors, or `kDLCUDA` tensors on one
+// device in a build with the `cuda` feature (float32 logits, B ≤ 4096; the call waits for the
+// GPU). Errors: ratio/block_size/B of 0, negative position, plus the common ones.
 //
 // # Safety
 // As [`csa2_indexer_logits`].
@@ -1299,6 +1327,23 @@ Csa2Status csa2_candidates(const DLTensor *logits,
                            uint32_t ratio,
                            uint32_t block_size,
                            const DLTensor *blocks_out);
+
+// [`csa2_candidates`] launched on the caller's CUDA stream (the capture-safe form, for a
+// forward captured in a CUDA graph), with the kept count per row: the same lists in the same
+// order, sorted in the kernel. On `kDLCUDA` tensors it returns after the launch: nothing is
+// allocated, copied to or from the host, or synchronized (load the modules first with
+// `csa2_cuda_preload`); positions are read on the device only, so a negative one is reported in
+// `error`, not as a status. On `kDLCPU` tensors it is [`csa2_candidates`] (`stream` unused).
+//
+// Errors: as [`csa2_candidates`], plus `CSA2_ERR_UNSUPPORTED` for a CUDA B over 4096 (the
+// in-kernel sort's capacity) and `CSA2_ERR_CUDA` for a failed launch. Nothing is written on
+// error.
+//
+// # Safety
+// `args`: `struct_size` readable bytes of a `Csa2CandidatesOnStreamArgs`. Its members: each
+// tensor pointer null (where optional) or a readable `DLTensor` whose memory stays valid, and
+// unused by others, for the call (on CUDA: until the kernel has run on `stream`).
+Csa2Status csa2_candidates_on_stream(const Csa2CandidatesOnStreamArgs *args);
 
 // Creates a compressor state for Full layer `layer` of `geometry` whose next token is at
 // `start_pos` (a multiple of the layer's ratio) with no open group.

@@ -217,32 +217,8 @@ extern "C" __global__ void __launch_bounds__(CSA2_INDEXER_THREADS) indexer_logit
     }
 }
 
-// Block scores of the candidate pool: score[t, b] = max of logits[t, CB·b .. CB·b + CB) over visible
-// entries; the block holding the newest visible entry is pinned to +Inf; blocks past the last one
-// are -Inf. n_valid: (T,) visible entries; blocks_valid: (T,) out, the visible blocks ceil(n / 8)
-// (the n_valid of the top-k that follows): blocks of CB entries. Launch: grid = (ceil(n_blocks / 256), T), block = 256.
-extern "C" __global__ void candidate_block_scores_f32(const float* __restrict__ logits, int n_cols,
-                                                      const i32* __restrict__ n_valid,
-                                                      float* __restrict__ block_scores, int n_blocks,
-                                                      i32* __restrict__ blocks_valid) {
-    int t = blockIdx.y;
-    int b = blockIdx.x * blockDim.x + threadIdx.x;
-    i64 n = n_valid[t] < n_cols ? n_valid[t] : n_cols;
-    if (n < 0) n = 0;
-    if (b == 0) blocks_valid[t] = (i32)((n + CB - 1) / CB);
-    if (b >= n_blocks) return;
-    i64 last = n > 0 ? (n - 1) / CB : -1;
-    float m = CSA2_NEG_INF;
-    if (b == last) {
-        m = CSA2_POS_INF;
-    } else if (b < last) {
-        for (int i = 0; i < CB; ++i) m = fmaxf(m, logits[(i64)t * n_cols + CB * (i64)b + i]);
-    }
-    block_scores[(i64)t * n_blocks + b] = m;
-}
-
-// Expands a kept-block list (T, k) i32 (-1 padded; from topk over block scores) into a pool mask
-// (T, mask_stride) u8. Launch: grid = T, block = 256.
+// Expands a kept-block list (T, k) i32 (-1 padded; from kernels/topk.cu's candidate_blocks_f32)
+// into a pool mask (T, mask_stride) u8. Launch: grid = T, block = 256.
 extern "C" __global__ void candidate_mask_from_blocks(const i32* __restrict__ blocks, int k, u8* __restrict__ mask,
                                                       int mask_stride) {
     int t = blockIdx.x;

@@ -147,7 +147,9 @@ fn nvrtc_jits_a_kernel_module() {
     let ptx =
         csa2::cuda::cudarc::nvrtc::compile_ptx_with_opts(m.source, opts).expect("NVRTC compile");
     let text = ptx.to_src();
-    assert_eq!(ptx_entries(&text), vec!["topk_f32".to_string()]);
+    let mut entries = ptx_entries(&text);
+    entries.sort();
+    assert_eq!(entries, vec!["candidate_blocks_f32", "topk_f32"]);
 }
 
 // ---- GPU against CPU ------------------------------------------------------------------------------------
@@ -291,6 +293,15 @@ fn indexer_pool_on_a_strided_slab_matches_cpu() {
 fn candidate_pool_matches_cpu_exactly() {
     let Some(dev) = device() else { return };
     assert_report(checks::check_candidates(&dev, SMALL, 401));
+}
+
+/// The export's contract from the kernel itself (sorted block lists, −1 padding, counts; no host
+/// step), on the caller's stream and through the synchronous entry: equal to the CPU entry and
+/// the reference over the edge cases of `checks::check_candidates_ordered`.
+#[test]
+fn candidates_on_stream_match_cpu_and_reference() {
+    let Some(dev) = device() else { return };
+    assert_report(checks::check_candidates_ordered(&dev, SMALL, 403));
 }
 
 #[test]

@@ -87,13 +87,14 @@ fn shapes_are_written_only_in_signature_declarations() {
 #[test]
 fn an_argument_name_is_one_argument_per_op() {
     use csa2::ops::*;
-    let all: [Signature; 10] = [
+    let all: [Signature; 11] = [
         rope::signature::ROPE,
         compressor::signature::COMPRESS,
         indexer::signature::LOGITS,
         indexer::signature::LOGITS_IN_BLOCKS,
         topk::signature::TOPK,
         candidates::signature::CANDIDATES,
+        candidates::signature::CANDIDATES_ON_STREAM,
         mhc::signature::MHC,
         attention::signature::ATTENTION,
         attention::signature::ATTENTION_INDEXED,

@@ -948,3 +948,46 @@ def topk_on_stream(logits, positions, ratio: int, out, counts=None, error=None,
         ctypes.sizeof(Csa2TopkOnStreamArgs), t(logits), t(positions), int(ratio), t(out),
         t(counts), t(error), int(stream))
     call("csa2_topk_on_stream", ctypes.byref(args))
+
+
+# ---- candidate blocks on the caller's CUDA stream (src/ffi/candidates.rs; issue 14) ----
+
+
+class Csa2CandidatesOnStreamArgs(ctypes.Structure):
+    """``Csa2CandidatesOnStreamArgs`` (include/csa2.h); ``struct_size`` is filled in by
+    :func:`candidates_on_stream`."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("logits", _T), ("positions", _T),
+        ("ratio", ctypes.c_uint32), ("block_size", ctypes.c_uint32), ("blocks_out", _T),
+        ("counts_out", _T), ("error", _T), ("stream", ctypes.c_uint64),
+    ]
+
+
+SIGNATURES.update({
+    "csa2_candidates_on_stream": ([ctypes.POINTER(Csa2CandidatesOnStreamArgs)], _C_STATUS),
+})
+__all__ += ["candidates_on_stream"]
+
+
+def candidates_on_stream(logits, positions, ratio: int, block_size: int, blocks_out,
+                         counts=None, error=None, stream: int = 0) -> None:
+    """``csa2_candidates_on_stream``: the candidate pool of each row of ``logits`` ``(T, N)``
+    float over its first ``(positions[t] + 1) // ratio`` entries — blocks of ``block_size``
+    scored by their max, the newest pinned — into ``blocks_out`` ``(T, B)`` int32, sorted by
+    (score desc, id asc), −1 padded; ``counts`` ``(T,)`` int32 gets the number kept. On CUDA
+    tensors the kernel runs on ``stream`` with no host access (capturable once
+    :func:`cuda_preload` ran) and a negative position is recorded in ``error`` (``(4,)`` int32 on
+    the device, zeroed by the caller) instead of raising. On host tensors it is
+    ``csa2_candidates``."""
+    keep = []
+
+    def t(x):
+        b, p = _ptr(x)
+        keep.append(b)
+        return p
+
+    args = Csa2CandidatesOnStreamArgs(
+        ctypes.sizeof(Csa2CandidatesOnStreamArgs), t(logits), t(positions), int(ratio),
+        int(block_size), t(blocks_out), t(counts), t(error), int(stream))
+    call("csa2_candidates_on_stream", ctypes.byref(args))

@@ -77,11 +77,10 @@ pub const EXPECTED_KERNELS: &[(&str, &[&str])] = &[
         &[
             "indexer_logits_f32",
             "indexer_logits_pool_f32",
-            "candidate_block_scores_f32",
             "candidate_mask_from_blocks",
         ],
     ),
-    ("topk", &["topk_f32"]),
+    ("topk", &["topk_f32", "candidate_blocks_f32"]),
     (
         "attention",
         &[

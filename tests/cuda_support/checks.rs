@@ -702,9 +702,16 @@ pub fn check_candidates(dev: &Device, size: Size, seed: u64) -> Result<Report> {
         19_999,
     ];
     let t = valids.len();
-    let keys: Vec<f32> = (0..t * n_cols)
+    let mut keys: Vec<f32> = (0..t * n_cols)
         .map(|_| rng.random_range(0..1000) as f32 / 100.0)
         .collect();
+    // Row 3 (2,048 blocks, so every finite one is kept): only every 8th block finite; the −∞
+    // blocks stay out of the mask (the list is `ops::candidates`' contract, not "all visible").
+    for (i, v) in keys[3 * n_cols..4 * n_cols].iter_mut().enumerate() {
+        if i % 64 >= 8 {
+            *v = f32::NEG_INFINITY;
+        }
+    }
     let (mask, stride) = host::candidate_mask(dev, &keys, n_cols, &valids)?;
     let want = candidates_ref::pool_mask(&CandidateParams::default(), &keys, n_cols, &valids);
     rep.check(
@@ -1154,6 +1161,10 @@ pub fn all(dev: &Device, size: Size, seed: u64) -> Vec<(String, Result<Report>)>
         check_indexer_pool(dev, size, seed + 22),
     ));
     v.push(("candidates".into(), check_candidates(dev, size, seed + 31)));
+    v.push((
+        "candidates sorted, caller's stream".into(),
+        check_candidates_ordered(dev, size, seed + 33),
+    ));
     v.push(("attention".into(), check_attention(dev, size, seed + 40)));
     v.push(("mhc".into(), check_mhc(dev, true, size, seed + 50)));
     v.push(("mhc first".into(), check_mhc(dev, false, size, seed + 51)));
@@ -1519,6 +1530,245 @@ pub fn check_topk_ordered(dev: &Device, size: Size, seed: u64) -> Result<Report>
         rep.timing = Some((us, read as f64));
         rep.detail.push_str(
             "note: bytes = 5 passes over the visible keys (4 radix passes + compaction)\n",
+        );
+    }
+    Ok(rep)
+}
+
+// ---- 8. the candidate pool's sorted block lists on the caller's stream (issue 14) ---------------------
+
+/// `csa2::ops::candidates::select_blocks_view_on_stream` (the capture-safe entry: block scores,
+/// pin, selection and the sort all in `candidate_blocks_f32`, positions read on the device) and
+/// the synchronous `select_blocks_view` on device tensors: equal to the CPU entry and to
+/// `ops::candidates::reference` (lists, order, −1 padding, counts) for block sizes 1, 4, 8, 16
+/// and B from 1 to 4096 (the in-kernel sort's capacity; 4097 is refused), over rows with nothing
+/// visible, every block −∞ or NaN (only the pinned block kept), +∞ logits tying the pin, ties,
+/// signed zeros, and visible counts around the block size, the ratio, 64-state page boundaries
+/// and `block_size · B`; int32 and int64 positions; the error record of a negative position; a
+/// bitwise rerun.
+pub fn check_candidates_ordered(dev: &Device, size: Size, seed: u64) -> Result<Report> {
+    use csa2::ops::candidates::{select_blocks_view, select_blocks_view_on_stream};
+    let mut rep = Report::new("candidate blocks sorted in the kernel (caller's stream)");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let ratio = 4usize;
+    let n = if size.large { 262_144 } else { 40_000 };
+    let configs: [(usize, usize, bool); 7] = [
+        (8, 2048, true),
+        (8, 4096, false),
+        (8, 1, true),
+        (4, 64, false),
+        (16, 300, true),
+        (1, 4096, false),
+        (8, 7, true),
+    ];
+    for (ci, &(bs, b, pos_i64)) in configs.iter().enumerate() {
+        let p = CandidateParams {
+            block_size: bs,
+            num_blocks: b,
+        };
+        let cap = bs * b;
+        let mut vis: Vec<i64> = vec![0, 1, 7, 8, 9, 63, 64, 65, 127, 128, 129];
+        vis.extend([cap as i64 - 1, cap as i64, cap as i64 + 1]);
+        vis.extend([n as i64 - 1, n as i64, n as i64 + 100, 5000, 20_001]);
+        // Position p sees (p + 1) div 4 entries: every remainder of the ratio appears.
+        let mut pos: Vec<i64> = vis
+            .iter()
+            .enumerate()
+            .map(|(r, &v)| {
+                if v == 0 {
+                    r as i64 % 3
+                } else {
+                    4 * v - 1 + r as i64 % 4
+                }
+            })
+            .collect();
+        let neg_row = 5;
+        pos[neg_row] = -5;
+        let t = pos.len();
+        let mut logits = vec![0f32; t * n];
+        for (r, row) in logits.chunks_mut(n).enumerate() {
+            for (i, v) in row.iter_mut().enumerate() {
+                *v = match (r + ci) % 7 {
+                    0 => rng.random_range(0..4) as f32,
+                    1 => match i % 11 {
+                        0 => -0.0,
+                        1 => 0.0,
+                        2 => f32::NAN,
+                        3 => f32::NEG_INFINITY,
+                        _ => rng.random_range(-1.0f32..1.0),
+                    },
+                    2 => f32::NEG_INFINITY,
+                    3 => {
+                        if i % 97 == 0 {
+                            StandardNormal.sample(&mut rng)
+                        } else {
+                            f32::NEG_INFINITY
+                        }
+                    }
+                    4 => f32::NAN,
+                    5 => {
+                        if i % 501 == 3 {
+                            f32::INFINITY
+                        } else {
+                            StandardNormal.sample(&mut rng)
+                        }
+                    }
+                    _ => StandardNormal.sample(&mut rng),
+                };
+            }
+        }
+        // The CPU entry over the rows it accepts (it refuses a negative position outright); the
+        // negative row keeps nothing on the GPU.
+        let ok_rows: Vec<usize> = (0..t).filter(|&r| pos[r] >= 0).collect();
+        let sub_l: Vec<f32> = ok_rows
+            .iter()
+            .flat_map(|&r| logits[r * n..(r + 1) * n].iter().copied())
+            .collect();
+        let sub_p: Vec<i64> = ok_rows.iter().map(|&r| pos[r]).collect();
+        let m = ok_rows.len();
+        let (mut cpu, mut cpu_c) = (vec![0i32; m * b], vec![0i32; m]);
+        {
+            let lv = TensorView::from_host_slice(&sub_l, &[m, n])?;
+            let pv = TensorView::from_host_slice(&sub_p, &[m])?;
+            let mut ov = TensorViewMut::from_host_slice(&mut cpu, &[m, b])?;
+            let mut cv = TensorViewMut::from_host_slice(&mut cpu_c, &[m])?;
+            select_blocks_view(&p, &lv, &pv, ratio, &mut ov, Some(&mut cv))?;
+        }
+        let (mut want, mut want_c) = (vec![-1i32; t * b], vec![0i32; t]);
+        let mut ref_bad = vec![];
+        for (j, &r) in ok_rows.iter().enumerate() {
+            let row = &cpu[j * b..(j + 1) * b];
+            want[r * b..(r + 1) * b].copy_from_slice(row);
+            want_c[r] = cpu_c[j];
+            let visible = ((pos[r] + 1) as usize / ratio).min(n);
+            if candidates_ref::select_blocks(&p, &logits[r * n..(r + 1) * n], visible) != row {
+                ref_bad.push(r);
+            }
+        }
+        let tag = format!("bs={bs} B={b}");
+        rep.check(
+            &format!("{tag}: CPU entry == reference"),
+            ref_bad.is_empty(),
+            format!("rows differing: {ref_bad:?}"),
+        );
+        let dl = dev.upload(&logits)?;
+        let pos32: Vec<i32> = pos.iter().map(|&v| v as i32).collect();
+        let (dp64, dp32) = (dev.upload(&pos)?, dev.upload(&pos32)?);
+        let mut runs = vec![];
+        for _ in 0..2 {
+            let mut dout = dev.upload(&vec![77i32; t * b])?;
+            let mut dcnt = dev.upload(&vec![77i32; t])?;
+            let mut derr = dev.zeros::<i32>(4)?;
+            // SAFETY: the buffers outlive the views and the launch (synchronized below).
+            unsafe {
+                let lv = dev_view(dev, &dl, &[t, n]);
+                let pv = if pos_i64 {
+                    dev_view(dev, &dp64, &[t])
+                } else {
+                    dev_view(dev, &dp32, &[t])
+                };
+                let mut ov = dev_view_mut(dev, &mut dout, &[t, b]);
+                let mut cv = dev_view_mut(dev, &mut dcnt, &[t]);
+                let mut ev = dev_view_mut(dev, &mut derr, &[4]);
+                select_blocks_view_on_stream(
+                    &p,
+                    &lv,
+                    &pv,
+                    ratio,
+                    &mut ov,
+                    Some(&mut cv),
+                    Some(&mut ev),
+                    raw_stream(dev),
+                )?;
+            }
+            dev.synchronize()?;
+            runs.push((
+                dev.download(&dout)?,
+                dev.download(&dcnt)?,
+                dev.download(&derr)?,
+            ));
+        }
+        let (got, counts, e) = &runs[0];
+        let bad: Vec<usize> = (0..t)
+            .filter(|&r| got[r * b..(r + 1) * b] != want[r * b..(r + 1) * b])
+            .collect();
+        rep.check(
+            &format!("{tag}: on-stream lists and order == CPU"),
+            bad.is_empty(),
+            format!("rows differing: {bad:?}"),
+        );
+        rep.check(
+            &format!("{tag}: counts == CPU"),
+            *counts == want_c,
+            format!("{counts:?} vs {want_c:?}"),
+        );
+        rep.check(
+            &format!("{tag}: negative position recorded"),
+            *e == [1, neg_row as i32, 0, -5],
+            format!("{e:?}"),
+        );
+        rep.check(
+            &format!("{tag}: rerun bitwise identical"),
+            runs[0] == runs[1],
+            "",
+        );
+        // The synchronous entry (csa2_candidates') on the rows it accepts.
+        let (dsl, dsp) = (dev.upload(&sub_l)?, dev.upload(&sub_p)?);
+        let mut dso = dev.zeros::<i32>(m * b)?;
+        // SAFETY: as above; the entry synchronizes before it returns.
+        unsafe {
+            let lv = dev_view(dev, &dsl, &[m, n]);
+            let pv = dev_view(dev, &dsp, &[m]);
+            let mut ov = dev_view_mut(dev, &mut dso, &[m, b]);
+            select_blocks_view(&p, &lv, &pv, ratio, &mut ov, None)?;
+        }
+        rep.check(
+            &format!("{tag}: synchronous entry == CPU"),
+            dev.download(&dso)? == cpu,
+            "",
+        );
+    }
+    // More kept blocks than the in-kernel sort holds: refused before any launch.
+    {
+        let b = csa2::cuda::shapes::TOPK_SORT_MAX + 1;
+        let p = CandidateParams {
+            block_size: 8,
+            num_blocks: b,
+        };
+        let (dl, dp) = (dev.zeros::<f32>(2 * 16)?, dev.zeros::<i64>(2)?);
+        let mut dout = dev.zeros::<i32>(2 * b)?;
+        // SAFETY: never launched (refused first); the buffers outlive the views.
+        let r = unsafe {
+            let lv = dev_view(dev, &dl, &[2, 16]);
+            let pv = dev_view(dev, &dp, &[2]);
+            let mut ov = dev_view_mut(dev, &mut dout, &[2, b]);
+            select_blocks_view_on_stream(&p, &lv, &pv, 1, &mut ov, None, None, raw_stream(dev))
+        };
+        rep.check(
+            "B over the sort capacity is Unsupported",
+            matches!(r, Err(csa2::Error::Unsupported(_))),
+            format!("{r:?}"),
+        );
+    }
+    if size.iters > 0 {
+        let p = CandidateParams::default();
+        let t = 16usize;
+        let logits = normal(&mut rng, t * n, 1.0);
+        let pos: Vec<i64> = (0..t).map(|r| (4 * n - 1 - r * 997) as i64).collect();
+        let (dl, dp) = (dev.upload(&logits)?, dev.upload(&pos)?);
+        let mut dout = dev.zeros::<i32>(t * p.num_blocks)?;
+        let us = time_us(dev, size.iters, || {
+            // SAFETY: as above.
+            unsafe {
+                let lv = dev_view(dev, &dl, &[t, n]);
+                let pv = dev_view(dev, &dp, &[t]);
+                let mut ov = dev_view_mut(dev, &mut dout, &[t, p.num_blocks]);
+                select_blocks_view_on_stream(&p, &lv, &pv, 4, &mut ov, None, None, raw_stream(dev))
+            }
+        })?;
+        rep.timing = Some((us, (t * n * 4 * 5) as f64));
+        rep.detail.push_str(
+            "note: bytes = 5 passes over the visible logits (4 radix passes + compaction)\n",
         );
     }
     Ok(rep)

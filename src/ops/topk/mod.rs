@@ -216,82 +216,26 @@ fn select_rows_view_impl(
             Ok(())
         }
         #[cfg(feature = "cuda")]
-        Device::Cuda(ordinal) => select_rows_cuda(
-            ordinal, logits, positions, ratio, out, counts_out, error, stream,
-        ),
+        Device::Cuda(ordinal) => {
+            let (o, c, e) = (
+                out.as_view(),
+                counts_out.map(|c| c.as_view()),
+                error.map(|e| e.as_view()),
+            );
+            let v = cuda::RowsViews {
+                logits,
+                positions,
+                out: &o,
+                out_name: OUT.name,
+                counts: c.as_ref(),
+                error: e.as_ref(),
+            };
+            cuda::run_rows_views(ordinal, cuda::RowsKernel::TopK, &v, ratio, stream)
+        }
         #[cfg(not(feature = "cuda"))]
         d @ Device::Cuda(_) => {
             let _ = (error, stream);
             Err(crate::tensor::no_cuda_build(LOGITS.name, d))
-        }
-    }
-}
-
-/// The CUDA branch of [`select_rows_view_impl`] (signature and device already checked).
-#[cfg(feature = "cuda")]
-#[allow(clippy::too_many_arguments)]
-fn select_rows_cuda(
-    ordinal: i32,
-    logits: &TensorView<'_>,
-    positions: &TensorView<'_>,
-    ratio: usize,
-    out: &mut TensorViewMut<'_>,
-    counts_out: Option<&mut TensorViewMut<'_>>,
-    error: Option<&mut TensorViewMut<'_>>,
-    stream: Option<u64>,
-) -> Result<()> {
-    use crate::cuda::device::dense_device_addr as dense;
-    use crate::tensor::DType;
-    use signature::{COUNTS_OUT, ERROR, LOGITS, OUT, POSITIONS};
-    let ordinal = usize::try_from(ordinal).map_err(|_| {
-        Error::invalid(LOGITS.name, format!("CUDA device {ordinal} does not exist"))
-    })?;
-    let (t, n, k) = (logits.shape()[0], logits.shape()[1], out.shape()[1]);
-    let a = cuda::RowsLaunch {
-        logits: dense(logits, &[DType::F32], LOGITS.name)?,
-        n_cols: n,
-        positions: dense(positions, &[DType::I32, DType::I64], POSITIONS.name)?,
-        pos_i64: positions.dtype() == DType::I64,
-        ratio,
-        out: dense(&out.as_view(), &[DType::I32], OUT.name)?,
-        k,
-        counts: match &counts_out {
-            Some(c) => dense(&c.as_view(), &[DType::I32], COUNTS_OUT.name)?,
-            None => 0,
-        },
-        err: match (&error, stream) {
-            (Some(e), Some(_)) => dense(&e.as_view(), &[DType::I32], ERROR.name)?,
-            _ => 0,
-        },
-        rows: t,
-    };
-    if ratio == 0 {
-        return Err(Error::invalid("ratio", "must be ≥ 1, found 0"));
-    }
-    if t == 0 {
-        return Ok(());
-    }
-    if k > 0 {
-        cuda::check_k(k)?;
-    }
-    let dev = crate::cuda::Device::shared(ordinal)?;
-    match stream {
-        Some(s) => cuda::select_rows_launch(&dev, &a, s),
-        None => {
-            dev.synchronize_context()?;
-            // The synchronous entry refuses a negative position before writing anything, as on
-            // the host. SAFETY: the view's contract — live device memory of this context.
-            let pos: Vec<i64> = if a.pos_i64 {
-                dev.download(&*unsafe { dev.borrow::<i64>(positions, POSITIONS.name)? })?
-            } else {
-                dev.download(&*unsafe { dev.borrow::<i32>(positions, POSITIONS.name)? })?
-                    .into_iter()
-                    .map(i64::from)
-                    .collect()
-            };
-            crate::ops::rope::check_positions(&pos[..t])?;
-            cuda::select_rows_launch(&dev, &a, dev.stream().cu_stream() as u64)?;
-            dev.synchronize()
         }
     }
 }
