@@ -8,7 +8,7 @@
 #[path = "../tests/cuda_support/mod.rs"]
 mod cuda_support;
 
-use csa2::cuda::Device;
+use csa2::cuda::CudaDevice;
 use cuda_support::checks::{self, Size};
 
 fn main() {
@@ -34,7 +34,7 @@ fn main() {
         "csa2 GPU validation — seed {seed}, {iters} timed iterations, kernels built by {}",
         csa2::cuda::modules::NVCC_VERSION
     );
-    let dev = match Device::open(0) {
+    let dev = match CudaDevice::open(0) {
         Ok(d) => d,
         Err(e) => {
             println!("SKIPPED: {e}");

@@ -8,7 +8,7 @@
 mod cuda_support;
 
 use csa2::cuda::modules::{ptx_entries, ptx_isa, EmbeddedModule, MODULES, NVCC_VERSION};
-use csa2::cuda::{Device, EXPECTED_KERNELS};
+use csa2::cuda::{CudaDevice, EXPECTED_KERNELS};
 use csa2::formats::RecordFormat;
 use cuda_support::checks::{self, Report, Size};
 use cuda_support::host;
@@ -18,12 +18,12 @@ const SMALL: Size = Size {
     iters: 0,
 };
 
-fn device() -> Option<Device> {
-    if !Device::driver_present() {
+fn device() -> Option<CudaDevice> {
+    if !CudaDevice::driver_present() {
         println!("SKIPPED: no CUDA driver");
         return None;
     }
-    match Device::open(0) {
+    match CudaDevice::open(0) {
         Ok(d) => Some(d),
         Err(e) => {
             println!("SKIPPED: no usable CUDA device ({e})");
@@ -122,11 +122,11 @@ fn kernels_accept_the_released_geometry_and_refuse_other_parameters() {
 
 #[test]
 fn open_without_driver_is_a_typed_error() {
-    if Device::driver_present() {
+    if CudaDevice::driver_present() {
         println!("SKIPPED: a CUDA driver is present (this test covers machines without one)");
         return;
     }
-    match Device::open(0) {
+    match CudaDevice::open(0) {
         Err(csa2::Error::Unsupported(msg)) => assert!(msg.contains("driver"), "{msg}"),
         other => panic!("expected Unsupported, got {other:?}"),
     }
@@ -134,7 +134,7 @@ fn open_without_driver_is_a_typed_error() {
 
 #[test]
 fn nvrtc_jits_a_kernel_module() {
-    if !Device::nvrtc_present() {
+    if !CudaDevice::nvrtc_present() {
         println!("SKIPPED: no NVRTC library (install nvidia-cuda-nvrtc and put its lib dir on LD_LIBRARY_PATH)");
         return;
     }
@@ -199,7 +199,7 @@ fn unsupported_codec_is_a_typed_error() {
 fn codec_dispatch_on_cuda_views_matches_cpu() {
     use csa2::cuda::cudarc::driver::DevicePtr;
     use csa2::formats::page::PageLayout;
-    use csa2::tensor::{DType, Device as Place, TensorView, TensorViewMut};
+    use csa2::tensor::{DType, Device, TensorView, TensorViewMut};
     let Some(dev) = device() else { return };
     let layout = PageLayout {
         format: RecordFormat::Nvfp4Ds,
@@ -227,15 +227,21 @@ fn codec_dispatch_on_cuda_views_matches_cpu() {
                     &[5, 512],
                     &[512, 1],
                     DType::F32,
-                    Place::Cuda(0),
+                    Device::Cuda(0),
                 ),
-                TensorView::from_raw_parts(pm as *const u8, &[5], &[1], DType::I64, Place::Cuda(0)),
+                TensorView::from_raw_parts(
+                    pm as *const u8,
+                    &[5],
+                    &[1],
+                    DType::I64,
+                    Device::Cuda(0),
+                ),
                 TensorViewMut::from_raw_parts(
                     pp as *mut u8,
                     &[want.len()],
                     &[1],
                     DType::U8,
-                    Place::Cuda(0),
+                    Device::Cuda(0),
                 ),
             )
         };

@@ -1,8 +1,8 @@
-//! Device handle, per-device module store and launch helpers.
+//! CudaDevice handle, per-device module store and launch helpers.
 
 use super::modules::{EmbeddedModule, LoadPath, MODULES};
 use crate::error::{Error, Result};
-use crate::tensor::{Device as Place, Element, TensorView, TensorViewMut};
+use crate::tensor::{Device, Element, TensorView, TensorViewMut};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
 };
@@ -14,7 +14,7 @@ use std::sync::Arc;
 pub type DeviceBuffer<T> = CudaSlice<T>;
 
 /// One open GPU: its context, one stream every wrapper launches on, and the modules loaded so far.
-pub struct Device {
+pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     cc: (i32, i32),
@@ -29,9 +29,9 @@ struct Loaded {
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
 }
 
-impl std::fmt::Debug for Device {
+impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Device")
+        f.debug_struct("CudaDevice")
             .field("name", &self.name)
             .field("compute_capability", &self.cc)
             .finish()
@@ -45,7 +45,7 @@ pub(crate) fn cuda_error(op: impl Into<String>, e: impl std::fmt::Display) -> Er
     }
 }
 
-impl Device {
+impl CudaDevice {
     /// Whether a CUDA driver library (libcuda) can be loaded on this machine. Never panics.
     pub fn driver_present() -> bool {
         // SAFETY: `is_culib_present` only tries to dlopen the driver library and reports success; it
@@ -64,7 +64,7 @@ impl Device {
     /// Errors: [`Error::Unsupported`] when no CUDA driver library is present (checked first: cudarc
     /// panics when it cannot load libcuda), when the driver reports no device, or when the ordinal
     /// does not exist; [`Error::Cuda`] when the driver fails to create the context.
-    pub fn open(ordinal: usize) -> Result<Device> {
+    pub fn open(ordinal: usize) -> Result<CudaDevice> {
         if !Self::driver_present() {
             return Err(Error::Unsupported(
                 "no CUDA driver library (libcuda.so) could be loaded; the CUDA kernels need an NVIDIA \
@@ -94,7 +94,7 @@ impl Device {
             .map_err(|e| cuda_error("compute capability", e))?;
         let name = ctx.name().map_err(|e| cuda_error("device name", e))?;
         let stream = ctx.default_stream();
-        Ok(Device {
+        Ok(CudaDevice {
             ctx,
             stream,
             cc,
@@ -309,20 +309,20 @@ impl Device {
     }
 }
 
-/// The devices this process opened through [`Device::shared`], one per ordinal.
-static SHARED: Mutex<Vec<(usize, Arc<Device>)>> = Mutex::new(Vec::new());
+/// The devices this process opened through [`CudaDevice::shared`], one per ordinal.
+static SHARED: Mutex<Vec<(usize, Arc<CudaDevice>)>> = Mutex::new(Vec::new());
 
-impl Device {
+impl CudaDevice {
     /// The process-wide handle of GPU `ordinal`, opened on first use (an op dispatched on a CUDA
     /// tensor uses it; opening a context per call would cost milliseconds).
     ///
-    /// Errors: those of [`Device::open`].
-    pub fn shared(ordinal: usize) -> Result<Arc<Device>> {
+    /// Errors: those of [`CudaDevice::open`].
+    pub fn shared(ordinal: usize) -> Result<Arc<CudaDevice>> {
         let mut all = SHARED.lock();
         if let Some((_, d)) = all.iter().find(|(o, _)| *o == ordinal) {
             return Ok(d.clone());
         }
-        let d = Arc::new(Device::open(ordinal)?);
+        let d = Arc::new(CudaDevice::open(ordinal)?);
         all.push((ordinal, d.clone()));
         Ok(d)
     }
@@ -330,8 +330,8 @@ impl Device {
     /// The process-wide handle of the GPU a CUDA tensor view lives on (`what` names the view).
     ///
     /// Errors: [`Error::Internal`] for a host view (a dispatch took its CUDA branch for host
-    /// tensors), [`Error::Invalid`] for a negative ordinal, those of [`Device::open`].
-    pub fn of_view(v: &crate::tensor::TensorView<'_>, what: &str) -> Result<Arc<Device>> {
+    /// tensors), [`Error::Invalid`] for a negative ordinal, those of [`CudaDevice::open`].
+    pub fn of_view(v: &crate::tensor::TensorView<'_>, what: &str) -> Result<Arc<CudaDevice>> {
         let crate::tensor::Device::Cuda(ordinal) = v.device() else {
             return Err(Error::Internal(format!(
                 "CUDA branch called with `{what}` in host memory"
@@ -339,7 +339,7 @@ impl Device {
         };
         let ordinal = usize::try_from(ordinal)
             .map_err(|_| Error::invalid(what, format!("CUDA device {ordinal} does not exist")))?;
-        Device::shared(ordinal)
+        CudaDevice::shared(ordinal)
     }
 
     /// Waits for all work on the device's context (every stream), so memory a framework wrote on
@@ -365,7 +365,7 @@ impl Device {
         what: &str,
     ) -> Result<Borrowed<T>> {
         match v.device() {
-            Place::Cuda(n) if n >= 0 && n as usize == self.ctx.ordinal() => {}
+            Device::Cuda(n) if n >= 0 && n as usize == self.ctx.ordinal() => {}
             other => {
                 return Err(Error::invalid(
                     what,
@@ -392,7 +392,7 @@ impl Device {
     }
 }
 
-/// Caller-owned device memory seen as a [`CudaSlice`] for one call (see [`Device::borrow`]).
+/// Caller-owned device memory seen as a [`CudaSlice`] for one call (see [`CudaDevice::borrow`]).
 pub struct Borrowed<T: DeviceRepr> {
     slice: std::mem::ManuallyDrop<CudaSlice<T>>,
 }
@@ -425,7 +425,7 @@ impl<T: DeviceRepr> Drop for Borrowed<T> {
 /// `&mut buf`, `&scalar`); a null pointer is `&0u64`.
 macro_rules! launch {
     ($dev:expr, $module:expr, $func:expr, $cfg:expr, $($arg:expr),* $(,)?) => {{
-        let dev: &$crate::cuda::Device = $dev;
+        let dev: &$crate::cuda::CudaDevice = $dev;
         let f = dev.function($module, $func)?;
         let mut b = dev.stream().launch_builder(&f);
         $( cudarc::driver::PushKernelArg::arg(&mut b, $arg); )*
@@ -500,7 +500,7 @@ unsafe impl<'a, 'b: 'a, T> cudarc::driver::PushKernelArg<&'b OrNull<'b, T>>
 }
 
 /// A tensor's memory as a device buffer for one launch: a host tensor's copy, or a device
-/// tensor's memory borrowed in place ([`Device::stage`], [`Device::stage_out`]): what lets one
+/// tensor's memory borrowed in place ([`CudaDevice::stage`], [`CudaDevice::stage_out`]): what lets one
 /// launch function serve host and device tensor views.
 pub(crate) enum Staged<T: DeviceRepr> {
     Copied(CudaSlice<T>),
@@ -526,7 +526,7 @@ impl<T: DeviceRepr> std::ops::DerefMut for Staged<T> {
     }
 }
 
-impl Device {
+impl CudaDevice {
     /// `v` on this device: uploaded from the host, or borrowed in place (dense `T` only).
     pub(crate) fn stage<T: Element + DeviceRepr + Default>(
         &self,
@@ -534,23 +534,23 @@ impl Device {
         what: &str,
     ) -> Result<Staged<T>> {
         match v.device() {
-            Place::Cpu => Ok(Staged::Copied(self.upload(v.as_slice::<T>(what)?)?)),
+            Device::Cpu => Ok(Staged::Copied(self.upload(v.as_slice::<T>(what)?)?)),
             // SAFETY: a device view's contract (TensorView::from_raw_parts) is live memory of
             // its device for the view's lifetime, which outlives this call; `borrow` checks the
             // device, dtype and density.
-            Place::Cuda(_) => Ok(Staged::Borrowed(unsafe { self.borrow::<T>(v, what)? })),
+            Device::Cuda(_) => Ok(Staged::Borrowed(unsafe { self.borrow::<T>(v, what)? })),
         }
     }
 
     /// An output `v` on this device: a zeroed buffer for a host tensor (copied back by
-    /// [`Device::unstage`]), or the device tensor borrowed in place.
+    /// [`CudaDevice::unstage`]), or the device tensor borrowed in place.
     pub(crate) fn stage_out<T: Element + DeviceRepr + ValidAsZeroBits>(
         &self,
         v: &TensorViewMut<'_>,
         what: &str,
     ) -> Result<Staged<T>> {
         match v.device() {
-            Place::Cpu => {
+            Device::Cpu => {
                 if v.dtype() != T::DTYPE || !v.is_contiguous() {
                     return Err(Error::shape(
                         what,
@@ -561,7 +561,7 @@ impl Device {
                 Ok(Staged::Copied(self.zeros::<T>(v.numel())?))
             }
             // SAFETY: as in `stage`; the mutable view's contract also makes it exclusive.
-            Place::Cuda(_) => Ok(Staged::Borrowed(unsafe {
+            Device::Cuda(_) => Ok(Staged::Borrowed(unsafe {
                 self.borrow::<T>(&v.as_view(), what)?
             })),
         }
@@ -585,7 +585,7 @@ impl Device {
 }
 
 #[cfg(test)]
-impl Device {
+impl CudaDevice {
     /// A device buffer of this device as a CUDA tensor view of `shape` (unit tests of the CUDA
     /// branches; the buffer must outlive every use of the view).
     pub(crate) fn test_view<T: Element + DeviceRepr>(
@@ -603,13 +603,13 @@ impl Device {
                 shape,
                 &crate::tensor::row_major_strides(shape),
                 T::DTYPE,
-                Place::Cuda(self.ctx.ordinal() as i32),
+                Device::Cuda(self.ctx.ordinal() as i32),
             )
         }
         .expect("a dense device view")
     }
 
-    /// [`Device::test_view`] for an output.
+    /// [`CudaDevice::test_view`] for an output.
     pub(crate) fn test_view_mut<T: Element + DeviceRepr>(
         &self,
         b: &CudaSlice<T>,
@@ -624,7 +624,7 @@ impl Device {
                 shape,
                 &crate::tensor::row_major_strides(shape),
                 T::DTYPE,
-                Place::Cuda(self.ctx.ordinal() as i32),
+                Device::Cuda(self.ctx.ordinal() as i32),
             )
         }
         .expect("a dense device view")

@@ -2,7 +2,7 @@
 //! The kernels themselves are compiled by `build.rs` from `kernels/*.cu` for sm_90a (H100/H200) and
 //! sm_100a (B200), embedded in the library, and launched through cudarc.
 //!
-//! - [`Device`]: opens a GPU only when a CUDA driver library is present (otherwise
+//! - [`CudaDevice`]: opens a GPU only when a CUDA driver library is present (otherwise
 //!   [`Error::Unsupported`](crate::Error::Unsupported), never a panic), loads each embedded module
 //!   once per device (fatbin → PTX → compat PTX → NVRTC, see [`modules`]), and checks every launch.
 //! - Each op's launch sits beside its CPU path, with the same parameter types, and is tested
@@ -24,5 +24,5 @@ pub use crate::ops::attention::cuda as attention;
 /// device pointers) in packages that do not depend on it themselves (the suite lives in the CLI
 /// package).
 pub use cudarc;
-pub use device::{Device, DeviceBuffer};
+pub use device::{CudaDevice, DeviceBuffer};
 pub use modules::{LoadPath, EXPECTED_KERNELS};

@@ -11,7 +11,7 @@ use super::page::PageLayout;
 use super::RecordFormat;
 use crate::cuda::device::{as_i32, cfg, launch};
 use crate::cuda::shapes::{KV_ROWS_PER_BLOCK, KV_THREADS};
-use crate::cuda::Device;
+use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
@@ -69,7 +69,7 @@ fn row_launch(
 /// Errors: [`Error::Unsupported`] for a format without a kernel; [`Error::Shape`] for buffers
 /// shorter than `n_rows` or a pool that is not whole pages; [`Error::Cuda`] from the driver.
 pub fn encode_into_pages(
-    dev: &Device,
+    dev: &CudaDevice,
     layout: &PageLayout,
     x: &CudaSlice<f32>,
     slot_mapping: &CudaSlice<i64>,
@@ -91,7 +91,7 @@ pub fn encode_into_pages(
 ///
 /// Errors: as [`encode_into_pages`].
 pub fn decode_from_pages(
-    dev: &Device,
+    dev: &CudaDevice,
     layout: &PageLayout,
     pages: &CudaSlice<u8>,
     slot_mapping: &CudaSlice<i64>,
@@ -124,7 +124,7 @@ pub fn decode_from_pages(
 /// checked there): borrows the caller's device memory, waits for the context (the framework may
 /// have written the inputs on its own stream), launches, and waits for the kernel.
 ///
-/// Errors: those of [`Device::of_view`] and [`encode_into_pages`].
+/// Errors: those of [`CudaDevice::of_view`] and [`encode_into_pages`].
 pub fn encode_into_pages_view(
     layout: &PageLayout,
     x: &crate::tensor::TensorView<'_>,
@@ -136,7 +136,7 @@ pub fn encode_into_pages_view(
         // Nothing to launch, so no device to open (a machine without a driver accepts it too).
         return Ok(());
     }
-    let dev = Device::of_view(x, "x")?;
+    let dev = CudaDevice::of_view(x, "x")?;
     // SAFETY: the views' contract: live device memory of this context for the call.
     let (dx, ds, mut dp) = unsafe {
         (

@@ -8,7 +8,7 @@
 
 use super::host::{self, attention_ref, table_slot, Pool};
 use csa2::cuda::attention::{DecodeBatch, TablePages};
-use csa2::cuda::Device;
+use csa2::cuda::CudaDevice;
 use csa2::formats::RecordFormat;
 use csa2::geometry::Geometry;
 use csa2::ops::candidates::{reference as candidates_ref, CandidateParams};
@@ -17,7 +17,7 @@ use csa2::ops::indexer::{self, IndexCache, IndexerParams, IndexerQueries};
 use csa2::ops::mhc::{self, MhcParams, MixWeights, PostUpdate};
 use csa2::ops::rope::Rope;
 use csa2::ops::topk::reference::select_rows as topk_ref;
-use csa2::tensor::{Device as Place, Element, TensorView, TensorViewMut};
+use csa2::tensor::{Device, Element, TensorView, TensorViewMut};
 use csa2::tolerance::{compare, Stats, Tolerance, GPU_BF16_VS_F64, GPU_F32_VS_F64, QUANT_VS_EXACT};
 use csa2::Result;
 use half::bf16;
@@ -95,7 +95,7 @@ fn bits_eq_f32(a: &[f32], b: &[f32]) -> bool {
 }
 
 /// Median wall time (µs) of `f` over `iters` runs, timed with CUDA events after 3 warm-ups.
-pub fn time_us(dev: &Device, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+pub fn time_us(dev: &CudaDevice, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     use csa2::cuda::cudarc::driver::sys::CUevent_flags;
     for _ in 0..3 {
         f()?;
@@ -124,8 +124,8 @@ pub fn time_us(dev: &Device, iters: usize, mut f: impl FnMut() -> Result<()>) ->
     Ok(v[v.len() / 2])
 }
 
-/// Device-to-device copy bandwidth (GB/s, bytes read + bytes written) over a 1 GiB buffer.
-pub fn copy_bandwidth(dev: &Device, iters: usize) -> Result<f64> {
+/// CudaDevice-to-device copy bandwidth (GB/s, bytes read + bytes written) over a 1 GiB buffer.
+pub fn copy_bandwidth(dev: &CudaDevice, iters: usize) -> Result<f64> {
     let n = 1usize << 30;
     let src = dev.zeros::<u8>(n)?;
     let mut dst = dev.zeros::<u8>(n)?;
@@ -202,7 +202,7 @@ fn special_row(dim: usize, rng: &mut StdRng) -> Vec<f32> {
     v
 }
 
-pub fn check_codec(dev: &Device, fmt: RecordFormat, size: Size, seed: u64) -> Result<Report> {
+pub fn check_codec(dev: &CudaDevice, fmt: RecordFormat, size: Size, seed: u64) -> Result<Report> {
     let mut rep = Report::new(format!("codec {}", fmt.name()));
     let mut rng = StdRng::seed_from_u64(seed);
     let dim = fmt.dim();
@@ -278,7 +278,7 @@ pub fn check_codec(dev: &Device, fmt: RecordFormat, size: Size, seed: u64) -> Re
 
 // ---- 2. compressor --------------------------------------------------------------------------------------
 
-pub fn check_compressor(dev: &Device, ratio: usize, size: Size, seed: u64) -> Result<Report> {
+pub fn check_compressor(dev: &CudaDevice, ratio: usize, size: Size, seed: u64) -> Result<Report> {
     let mut rep = Report::new(format!("compressor ratio {ratio}"));
     let mut rng = StdRng::seed_from_u64(seed);
     let geo = Geometry::embedded();
@@ -458,7 +458,7 @@ pub fn check_compressor(dev: &Device, ratio: usize, size: Size, seed: u64) -> Re
 // ---- 3. indexer ------------------------------------------------------------------------------------------
 
 pub fn check_indexer(
-    dev: &Device,
+    dev: &CudaDevice,
     prefill: bool,
     masked: bool,
     size: Size,
@@ -617,7 +617,7 @@ pub fn check_indexer(
 
 // ---- 4. top-k and candidates ------------------------------------------------------------------------------
 
-pub fn check_topk(dev: &Device, size: Size, seed: u64) -> Result<Report> {
+pub fn check_topk(dev: &CudaDevice, size: Size, seed: u64) -> Result<Report> {
     let mut rep = Report::new("top-k 512 (radix select)");
     let mut rng = StdRng::seed_from_u64(seed);
     let n_cols = if size.large { 1 << 20 } else { 5000 };
@@ -686,7 +686,7 @@ pub fn check_topk(dev: &Device, size: Size, seed: u64) -> Result<Report> {
     Ok(rep)
 }
 
-pub fn check_candidates(dev: &Device, size: Size, seed: u64) -> Result<Report> {
+pub fn check_candidates(dev: &CudaDevice, size: Size, seed: u64) -> Result<Report> {
     let mut rep = Report::new("candidate pool (block max, pin, top-2048 blocks)");
     let mut rng = StdRng::seed_from_u64(seed);
     let n_cols = if size.large { 262_144 } else { 20_000 };
@@ -737,7 +737,7 @@ pub fn check_candidates(dev: &Device, size: Size, seed: u64) -> Result<Report> {
 
 // ---- 5. attention ------------------------------------------------------------------------------------------
 
-pub fn check_attention(dev: &Device, size: Size, seed: u64) -> Result<Report> {
+pub fn check_attention(dev: &CudaDevice, size: Size, seed: u64) -> Result<Report> {
     let mut rep = Report::new("sparse decode attention (NVFP4-DS + MXFP8 pages)");
     let mut rng = StdRng::seed_from_u64(seed);
     let geo = Geometry::embedded();
@@ -923,7 +923,7 @@ pub fn check_attention(dev: &Device, size: Size, seed: u64) -> Result<Report> {
 
 /// Runs the attention kernel on host tensors; (out (T, 64, 512), lse (T, 64)).
 fn host_attention(
-    dev: &Device,
+    dev: &CudaDevice,
     b: &DecodeBatch,
     main: &TablePages,
     swa: &TablePages,
@@ -946,7 +946,7 @@ fn host_attention(
 /// # Safety
 /// `s` must stay allocated (and not be written by others) while the view is used.
 unsafe fn dev_view<'a, T: Element>(
-    dev: &Device,
+    dev: &CudaDevice,
     s: &'a csa2::cuda::DeviceBuffer<T>,
     shape: &[usize],
 ) -> TensorView<'a> {
@@ -961,7 +961,7 @@ unsafe fn dev_view<'a, T: Element>(
             shape,
             &strides,
             T::DTYPE,
-            Place::Cuda(ordinal),
+            Device::Cuda(ordinal),
         )
     }
     .unwrap()
@@ -972,7 +972,7 @@ unsafe fn dev_view<'a, T: Element>(
 /// # Safety
 /// As [`dev_view`], and nothing else may access `s` while the view is used.
 unsafe fn dev_view_mut<'a, T: Element>(
-    dev: &Device,
+    dev: &CudaDevice,
     s: &'a mut csa2::cuda::DeviceBuffer<T>,
     shape: &[usize],
 ) -> TensorViewMut<'a> {
@@ -987,7 +987,7 @@ unsafe fn dev_view_mut<'a, T: Element>(
             shape,
             &strides,
             T::DTYPE,
-            Place::Cuda(ordinal),
+            Device::Cuda(ordinal),
         )
     }
     .unwrap()
@@ -995,7 +995,7 @@ unsafe fn dev_view_mut<'a, T: Element>(
 
 // ---- 6. mHC ----------------------------------------------------------------------------------------------
 
-pub fn check_mhc(dev: &Device, with_y: bool, size: Size, seed: u64) -> Result<Report> {
+pub fn check_mhc(dev: &CudaDevice, with_y: bool, size: Size, seed: u64) -> Result<Report> {
     let mut rep = Report::new(format!(
         "Mega-mHC boundary{}",
         if with_y { "" } else { " (first sublayer)" }
@@ -1116,7 +1116,7 @@ pub fn check_mhc(dev: &Device, with_y: bool, size: Size, seed: u64) -> Result<Re
 }
 
 /// Every check, in order.
-pub fn all(dev: &Device, size: Size, seed: u64) -> Vec<(String, Result<Report>)> {
+pub fn all(dev: &CudaDevice, size: Size, seed: u64) -> Vec<(String, Result<Report>)> {
     let mut v: Vec<(String, Result<Report>)> = vec![];
     for (i, fmt) in [
         RecordFormat::Nvfp4Ds,
@@ -1174,7 +1174,7 @@ pub fn all(dev: &Device, size: Size, seed: u64) -> Vec<(String, Result<Report>)>
 // ---- 7. the pooled indexer and the ordered top-k on the caller's stream (issue 15) ---------------------
 
 /// The CUDA stream csa2's device uses, as a caller's raw `CUstream` (the entries borrow it).
-fn raw_stream(dev: &Device) -> u64 {
+fn raw_stream(dev: &CudaDevice) -> u64 {
     dev.stream().cu_stream() as u64
 }
 
@@ -1182,7 +1182,7 @@ fn raw_stream(dev: &Device) -> u64 {
 /// laid out as vLLM 0.33 does (pages `block_stride` bytes apart, other layers' bytes between them):
 /// GPU vs the CPU entry on the same slab and vs the f64 reference, for each query quantisation;
 /// the kernel's error record for a bad block and a negative position; a bitwise rerun.
-pub fn check_indexer_pool(dev: &Device, size: Size, seed: u64) -> Result<Report> {
+pub fn check_indexer_pool(dev: &CudaDevice, size: Size, seed: u64) -> Result<Report> {
     use csa2::ops::attention::{PoolDesc, PoolLayout};
     use csa2::ops::indexer::{PoolPlace, PoolQueries, QueryQuant};
     let mut rep = Report::new("indexer logits over a strided vLLM index-K slab (caller's stream)");
@@ -1282,7 +1282,7 @@ pub fn check_indexer_pool(dev: &Device, size: Size, seed: u64) -> Result<Report>
                 dev_view(dev, &dr, &[t]),
                 dev_view(dev, bt_dev, &[requests, max_blocks]),
             );
-            let keys = PoolPlace::new(desc, slab_addr + offset, Place::Cuda(ordinal));
+            let keys = PoolPlace::new(desc, slab_addr + offset, Device::Cuda(ordinal));
             let call = PoolQueries {
                 q: &qv,
                 w: &wv,
@@ -1383,7 +1383,7 @@ pub fn check_indexer_pool(dev: &Device, size: Size, seed: u64) -> Result<Report>
 /// `select_rows_view`: both equal to the CPU entry on the same rows, for k = 512 and 2048, with
 /// ties, signed zeros, NaN, −∞ and rows that select everything; counts and the error record of a
 /// negative position.
-pub fn check_topk_ordered(dev: &Device, size: Size, seed: u64) -> Result<Report> {
+pub fn check_topk_ordered(dev: &CudaDevice, size: Size, seed: u64) -> Result<Report> {
     use csa2::ops::topk::{select_rows_view, select_rows_view_on_stream};
     let mut rep = Report::new("top-k in the order contract on the caller's stream");
     let mut rng = StdRng::seed_from_u64(seed);
@@ -1546,7 +1546,7 @@ pub fn check_topk_ordered(dev: &Device, size: Size, seed: u64) -> Result<Report>
 /// signed zeros, and visible counts around the block size, the ratio, 64-state page boundaries
 /// and `block_size · B`; int32 and int64 positions; the error record of a negative position; a
 /// bitwise rerun.
-pub fn check_candidates_ordered(dev: &Device, size: Size, seed: u64) -> Result<Report> {
+pub fn check_candidates_ordered(dev: &CudaDevice, size: Size, seed: u64) -> Result<Report> {
     use csa2::ops::candidates::{select_blocks_view, select_blocks_view_on_stream};
     let mut rep = Report::new("candidate blocks sorted in the kernel (caller's stream)");
     let mut rng = StdRng::seed_from_u64(seed);

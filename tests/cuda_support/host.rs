@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use csa2::cuda::attention::TablePages;
-use csa2::cuda::Device;
+use csa2::cuda::CudaDevice;
 use csa2::error::{Error, Result};
 use csa2::formats::page::{block_table_slot, PageLayout};
 use csa2::formats::RecordFormat;
@@ -58,7 +58,7 @@ fn take<T: Clone>(mut v: Vec<T>, n: usize) -> Vec<T> {
 
 /// Encodes `x` (rows, dim) into the records at `slot_mapping` of `pages`, in place.
 pub fn encode_pages(
-    dev: &Device,
+    dev: &CudaDevice,
     fmt: RecordFormat,
     x: &[f32],
     slot_mapping: &[i64],
@@ -96,7 +96,7 @@ pub fn encode_pages(
 
 /// Gather-decodes the records at `slot_mapping` into (rows, dim) f32.
 pub fn decode_pages(
-    dev: &Device,
+    dev: &CudaDevice,
     fmt: RecordFormat,
     pages: &[u8],
     slot_mapping: &[i64],
@@ -118,7 +118,7 @@ pub fn decode_pages(
 /// The batched compressor: checks `b` with [`CompressorBatch::plan`], runs the kernel, updates
 /// `state` (ratio 2) and the pools.
 pub fn compress(
-    dev: &Device,
+    dev: &CudaDevice,
     c: &Compressor,
     b: &CompressorBatch,
     state: &mut CarryState,
@@ -178,7 +178,7 @@ pub fn compress(
 
 /// Indexer logits (T, n_cols) of query rows `qs` of requests `req` over the paged `cache`.
 pub fn indexer_logits(
-    dev: &Device,
+    dev: &CudaDevice,
     p: &IndexerParams,
     qs: &IndexerQueries,
     req: &[i32],
@@ -239,7 +239,7 @@ pub fn indexer_logits(
 
 /// Top-k (rows, k) in ascending index order.
 pub fn topk(
-    dev: &Device,
+    dev: &CudaDevice,
     keys: &[f32],
     n_cols: usize,
     n_valid: &[i32],
@@ -257,7 +257,7 @@ pub fn topk(
 
 /// The candidate pool mask (rows, ceil(n_cols / 8)) and its stride.
 pub fn candidate_mask(
-    dev: &Device,
+    dev: &CudaDevice,
     logits: &[f32],
     n_cols: usize,
     n_valid: &[i32],
@@ -288,7 +288,7 @@ pub struct MhcOutputs {
 /// (y (T, d) bf16, post_prev, comb_prev), carried `pre_prev`, the new site's weights `w` and `norm`.
 #[allow(clippy::too_many_arguments)]
 pub fn mega_mhc(
-    dev: &Device,
+    dev: &CudaDevice,
     p: &MhcParams,
     w: &MixWeights,
     norm: &[f32],

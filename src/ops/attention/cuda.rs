@@ -5,20 +5,20 @@
 //!   interleaved), bf16 q / out, launched on the caller's (borrowed) stream with raw device
 //!   pointers: no host access to device memory, no allocation, no synchronization, so a CUDA
 //!   graph can capture it once the module is loaded ([`preload`]).
-//! - [`Device::sparse_decode_attention`]: the older kernel over csa2's own dense block-planar
+//! - [`CudaDevice::sparse_decode_attention`]: the older kernel over csa2's own dense block-planar
 //!   pages and block tables (docs/SPEC.md §2 "Attention"), one function over tensor views in host
 //!   or device memory.
 
 use super::{PoolDesc, PoolLayout};
 use crate::cuda::device::{as_i32, cfg, check_len, cuda_error, launch, OrNull};
 use crate::cuda::shapes::{ATTN_HEADS_PER_BLOCK, ATTN_MMA_HEADS_PER_BLOCK, ATTN_THREADS};
-use crate::cuda::Device;
+use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
 use crate::ffi::dlpack::View;
 use crate::ffi::Checked;
 use crate::formats::{KV_DIM, MXFP8_BYTES, NVFP4_DS_BYTES};
 use crate::geometry::consts::ROPE_DIM;
-use crate::tensor::{Device as Place, TensorView, TensorViewMut};
+use crate::tensor::{Device, TensorView, TensorViewMut};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -61,12 +61,12 @@ pub struct DecodeBatch<'a> {
     pub scale: f32,
 }
 
-impl Device {
+impl CudaDevice {
     /// Sparse decode attention into `out` (T, 64, 512) f32 and `lse` (T, 64) f32 (natural-log
     /// log-sum-exp over the attended keys without the sink; −Inf for an empty row, whose output
     /// is 0). Every tensor may be in host memory (copied to the device; the host outputs are
     /// written back before the call returns) or on this device (used in place; the launch is
-    /// queued on [`Device::stream`] after the work already queued there, and the call returns
+    /// queued on [`CudaDevice::stream`] after the work already queued there, and the call returns
     /// without waiting for it).
     ///
     /// The request ids, positions and block tables are checked against the pools when they are in
@@ -105,7 +105,7 @@ impl Device {
         }
         check_len("attention output", out.numel(), t * HEADS * KV_DIM)?;
         check_len("attention lse", lse.numel(), t * HEADS)?;
-        if b.req.device() == Place::Cpu {
+        if b.req.device() == Device::Cpu {
             let req = b.req.as_slice::<i32>("req")?;
             if let Some(&r) = req.iter().find(|&&r| r < 0 || r as usize >= requests) {
                 return Err(Error::invalid(
@@ -114,7 +114,7 @@ impl Device {
                 ));
             }
         }
-        if b.pos.device() == Place::Cpu && b.pos.as_slice::<i32>("pos")?.iter().any(|&p| p < 0) {
+        if b.pos.device() == Device::Cpu && b.pos.as_slice::<i32>("pos")?.iter().any(|&p| p < 0) {
             return Err(Error::invalid("pos", "positions must be non-negative"));
         }
         check_cache("main KV", main, NVFP4_DS_BYTES)?;
@@ -217,7 +217,7 @@ fn check_cache(what: &str, c: &TablePages, record: usize) -> Result<()> {
             bytes,
         ));
     }
-    if c.block_table.device() == Place::Cpu {
+    if c.block_table.device() == Device::Cpu {
         let n = (bytes / page) as i64;
         let bt = c
             .block_table
@@ -232,16 +232,16 @@ fn check_cache(what: &str, c: &TablePages, record: usize) -> Result<()> {
     Ok(())
 }
 
-/// One [`Device`] per ordinal for the pool entry (opened on first use, modules cached in it).
-fn device(ordinal: i32) -> Result<Arc<Device>> {
-    static DEVICES: OnceLock<Mutex<HashMap<i32, Arc<Device>>>> = OnceLock::new();
+/// One [`CudaDevice`] per ordinal for the pool entry (opened on first use, modules cached in it).
+fn device(ordinal: i32) -> Result<Arc<CudaDevice>> {
+    static DEVICES: OnceLock<Mutex<HashMap<i32, Arc<CudaDevice>>>> = OnceLock::new();
     let mut m = DEVICES.get_or_init(|| Mutex::new(HashMap::new())).lock();
     if let Some(d) = m.get(&ordinal) {
         return Ok(d.clone());
     }
     let idx = usize::try_from(ordinal)
         .map_err(|_| Error::invalid("CUDA device", format!("ordinal {ordinal} is negative")))?;
-    let d = Arc::new(Device::open(idx)?);
+    let d = Arc::new(CudaDevice::open(idx)?);
     m.insert(ordinal, d.clone());
     Ok(d)
 }
@@ -379,7 +379,7 @@ pub(crate) fn attention_indexed_rows(
     };
     let main = pool(&a.main, sig::MAIN_KV.name)?;
     let swa = pool(&a.swa, sig::SWA_KV.name)?;
-    let Place::Cuda(ordinal) = a.q.device() else {
+    let Device::Cuda(ordinal) = a.q.device() else {
         return Err(Error::Internal(
             "attention_indexed_rows on host tensors".into(),
         ));
@@ -520,7 +520,7 @@ mod tests {
         attention_indexed_view, plan_indexed, reference, AttentionParams, IndexedInputs,
         IndexedViews, KvRows, KvView,
     };
-    use crate::cuda::Device;
+    use crate::cuda::CudaDevice;
     use crate::formats::{RecordFormat, KV_DIM, MXFP8_BYTES, NVFP4_DS_BYTES};
     use crate::tolerance::{compare, GPU_BF16_VS_F64, GPU_F32_VS_F64};
     use half::bf16;
@@ -530,11 +530,11 @@ mod tests {
     /// `view_tests::indexed_view_on_host_is_the_fast_path`).
     #[test]
     fn indexed_view_on_cuda_matches_the_reference() {
-        if !Device::driver_present() {
+        if !CudaDevice::driver_present() {
             println!("SKIPPED: no CUDA driver");
             return;
         }
-        let dev = Device::shared(0).unwrap();
+        let dev = CudaDevice::shared(0).unwrap();
         let (t, h) = (5, 64);
         let f = flat(73, t, h);
         let qb: Vec<bf16> = f.q.iter().map(|&v| bf16::from_f32(v)).collect();

@@ -11,7 +11,7 @@
 use super::CandidateParams;
 use crate::cuda::device::{as_i32, cfg, launch};
 use crate::cuda::shapes::{CANDIDATE_THREADS, TOPK_THREADS};
-use crate::cuda::Device;
+use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
 use crate::geometry::consts::CANDIDATE_BLOCK_SIZE;
 use crate::ops::topk::cuda::{check_k, run_rows_views, RowsKernel, RowsViews};
@@ -41,7 +41,7 @@ pub(crate) fn select_blocks_views(
 /// the kernel orders, [`Error::Shape`] for short buffers, [`Error::Cuda`].
 #[allow(clippy::too_many_arguments)]
 pub fn select_blocks_rows(
-    dev: &Device,
+    dev: &CudaDevice,
     p: &CandidateParams,
     logits: &CudaSlice<f32>,
     n_cols: usize,
@@ -118,7 +118,7 @@ pub fn select_blocks_rows(
 /// [`CANDIDATE_BLOCK_SIZE`] (8), [`Error::Shape`] for a short mask, those of
 /// [`select_blocks_rows`].
 pub fn pool_mask(
-    dev: &Device,
+    dev: &CudaDevice,
     p: &CandidateParams,
     logits: &CudaSlice<f32>,
     n_cols: usize,

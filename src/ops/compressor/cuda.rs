@@ -12,7 +12,7 @@
 use super::{BatchPlan, CompressViews, Compressor, CompressorParams};
 use crate::cuda::device::{as_i32, cfg, cuda_error, launch};
 use crate::cuda::shapes::COMPRESSOR_THREADS;
-use crate::cuda::Device;
+use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
 use crate::formats::KV_DIM;
 use crate::geometry::consts::{RMS_NORM_EPS, ROPE_DIM};
@@ -39,7 +39,7 @@ fn supports(eps: f64, rope_dim: usize) -> Result<()> {
     Ok(())
 }
 
-/// Device buffers of one batched call (shapes as [`super::CompressorBatch`]; weights as
+/// CudaDevice buffers of one batched call (shapes as [`super::CompressorBatch`]; weights as
 /// [`super::PooledWeights`], RoPE inverse frequencies (32,) f64).
 #[derive(Debug)]
 pub struct DeviceBatch<'a> {
@@ -79,7 +79,7 @@ pub struct DeviceBatch<'a> {
 /// does not fit the kernel's `int`, [`Error::Cuda`] from the driver.
 #[allow(clippy::too_many_arguments)]
 pub fn compress(
-    dev: &Device,
+    dev: &CudaDevice,
     c: &Compressor,
     plan: &BatchPlan,
     b: &DeviceBatch,
@@ -176,7 +176,7 @@ pub(crate) fn compress_rows(
             )))
         }
     };
-    let dev = Device::of_view(&main_out.as_view(), "main_kv_out")?;
+    let dev = CudaDevice::of_view(&main_out.as_view(), "main_kv_out")?;
     let f = dev.function("compressor", "compressor_f32")?;
     // SAFETY: `stream` is a live stream of this device's primary context (the caller's contract,
     // documented on the export); the wrapper does not own it.
@@ -255,7 +255,7 @@ pub(crate) fn compress_rows(
 mod tests {
     use super::super::tests::{cw, params, records_close, weights};
     use super::super::{compress_view, reference, CompressViews};
-    use crate::cuda::Device;
+    use crate::cuda::CudaDevice;
     use crate::formats::{decode_rows, RecordFormat, INDEX_DIM, KV_DIM};
     use crate::formats::{MXFP4_INDEX_BYTES, NVFP4_DS_BYTES};
     use crate::tolerance::{compare, QUANT_VS_EXACT};
@@ -265,11 +265,11 @@ mod tests {
     /// `compress_view_on_host_is_the_compressor`), both ratios, a start past 0.
     #[test]
     fn compress_view_on_cuda_matches_the_reference() {
-        if !Device::driver_present() {
+        if !CudaDevice::driver_present() {
             println!("SKIPPED: no CUDA driver");
             return;
         }
-        let dev = Device::shared(0).unwrap();
+        let dev = CudaDevice::shared(0).unwrap();
         for (m, t, start, seed) in [(2usize, 64usize, 1000i64, 51u64), (1, 33, 7, 52)] {
             let mut rng = Rng::new(seed);
             let w = weights(&mut rng);

@@ -9,7 +9,7 @@
 use super::{IndexerParams, QueryQuant, INDEX_DIM, INDEX_HEADS};
 use crate::cuda::device::{as_i32, cfg, launch, OrNull};
 use crate::cuda::shapes::{INDEXER_ENTRIES_PER_BLOCK, INDEXER_THREADS};
-use crate::cuda::Device;
+use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
 
@@ -25,7 +25,7 @@ pub fn kernel_supports(p: &IndexerParams) -> Result<()> {
     Ok(())
 }
 
-/// Device buffers of one indexer call: T query rows of any requests.
+/// CudaDevice buffers of one indexer call: T query rows of any requests.
 #[derive(Debug)]
 pub struct DeviceQueries<'a> {
     /// (T, 32, 128) f32, RoPE'd.
@@ -61,7 +61,7 @@ pub struct DeviceIndexCache<'a> {
 /// Errors: [`Error::Unsupported`] from [`kernel_supports`], [`Error::Shape`] for buffers shorter
 /// than the launch, [`Error::Cuda`].
 pub fn logits(
-    dev: &Device,
+    dev: &CudaDevice,
     p: &IndexerParams,
     qs: &DeviceQueries,
     cache: &DeviceIndexCache,
@@ -198,7 +198,7 @@ pub(crate) fn logits_in_pool_launch(
     );
     let idx = usize::try_from(ordinal)
         .map_err(|_| Error::invalid(Q.name, format!("CUDA device {ordinal} does not exist")))?;
-    let dev = Device::shared(idx)?;
+    let dev = CudaDevice::shared(idx)?;
     let f = dev.function("indexer", "indexer_logits_pool_f32")?;
     // SAFETY: `stream` is the caller's live stream of this device's context (the entry's
     // contract); the wrapper does not own it and is dropped after the launch.

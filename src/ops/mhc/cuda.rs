@@ -10,7 +10,7 @@
 use super::{MhcParams, HC, MIX};
 use crate::cuda::device::{as_i32, cfg, check_lens, launch, OrNull};
 use crate::cuda::shapes::{MHC_THREADS, MHC_TOKENS_PER_BLOCK};
-use crate::cuda::Device;
+use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
 use half::bf16;
@@ -37,7 +37,7 @@ pub fn kernel_supports(p: &MhcParams) -> Result<()> {
     Ok(())
 }
 
-/// Device buffers of one boundary for T tokens (shapes as [`super::BoundaryIn`], streams bf16).
+/// CudaDevice buffers of one boundary for T tokens (shapes as [`super::BoundaryIn`], streams bf16).
 #[derive(Debug)]
 pub struct DeviceBoundaryIn<'a> {
     /// Residual streams X (T, 4, d) bf16.
@@ -62,7 +62,7 @@ pub struct DeviceBoundaryIn<'a> {
     pub tokens: usize,
 }
 
-/// Device outputs of one boundary.
+/// CudaDevice outputs of one boundary.
 #[derive(Debug)]
 pub struct DeviceBoundaryOut<'a> {
     /// New streams X' (T, 4, d) bf16 (not written without `y`: X' = X).
@@ -82,7 +82,7 @@ pub struct DeviceBoundaryOut<'a> {
 /// Errors: [`Error::Unsupported`] / [`Error::Invalid`] from [`kernel_supports`], [`Error::Shape`]
 /// for buffers shorter than T tokens, [`Error::Cuda`].
 pub fn boundary(
-    dev: &Device,
+    dev: &CudaDevice,
     p: &MhcParams,
     a: &DeviceBoundaryIn,
     out: DeviceBoundaryOut,

@@ -541,7 +541,7 @@ fn boundary_cuda(
                 .into(),
         ));
     };
-    let dev = crate::cuda::Device::shared(ordinal)?;
+    let dev = crate::cuda::CudaDevice::shared(ordinal)?;
     // SAFETY (every borrow): the views' contract — live device memory of this context, unused by
     // others for the call; `borrow` checks each dtype (bf16 streams, f32 the rest) and density.
     let (x, pre_prev, norm) = unsafe {

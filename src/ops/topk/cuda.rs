@@ -10,7 +10,7 @@
 
 use crate::cuda::device::{as_i32, cfg, cuda_error, launch};
 use crate::cuda::shapes::{TOPK_SORT_MAX, TOPK_THREADS};
-use crate::cuda::Device;
+use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
 use crate::tensor::TensorView;
 use cudarc::driver::CudaSlice;
@@ -35,7 +35,7 @@ pub fn check_k(k: usize) -> Result<()> {
 /// Errors: [`Error::Invalid`] for k = 0, [`Error::Unsupported`] for k over [`TOPK_SORT_MAX`],
 /// [`Error::Shape`] for buffers shorter than the launch, [`Error::Cuda`].
 pub fn select_rows(
-    dev: &Device,
+    dev: &CudaDevice,
     keys: &CudaSlice<f32>,
     n_cols: usize,
     n_valid: &CudaSlice<i32>,
@@ -136,7 +136,7 @@ pub(crate) struct RowsLaunch {
 ///
 /// Errors: as [`select_rows`]; [`Error::Invalid`] for ratio or block size 0; [`Error::Cuda`]
 /// for the module or the launch.
-pub(crate) fn select_rows_launch(dev: &Device, a: &RowsLaunch, stream: u64) -> Result<()> {
+pub(crate) fn select_rows_launch(dev: &CudaDevice, a: &RowsLaunch, stream: u64) -> Result<()> {
     let block_size = match a.kernel {
         RowsKernel::TopK => None,
         RowsKernel::CandidateBlocks { block_size } => Some(block_size),
@@ -252,7 +252,7 @@ pub(crate) fn run_rows_views(
     if t == 0 {
         return Ok(());
     }
-    let dev = Device::shared(ordinal)?;
+    let dev = CudaDevice::shared(ordinal)?;
     match stream {
         Some(s) => select_rows_launch(&dev, &a, s),
         None => {
