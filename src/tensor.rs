@@ -147,6 +147,23 @@ pub fn one_device(args: &[(&str, Device)]) -> Result<Device> {
     }
 }
 
+/// An optional output of a call: when given, checked against its signature `arg` and its device
+/// added to `devices` for [`one_device`].
+///
+/// Errors: as [`Arg::check`] (dtype, rank, a size that disagrees with `dims`).
+pub fn expect_optional(
+    t: Option<&TensorViewMut<'_>>,
+    arg: &Arg,
+    dims: &mut Dims,
+    devices: &mut Vec<(&'static str, Device)>,
+) -> Result<()> {
+    if let Some(t) = t {
+        t.expect(arg, dims)?;
+        devices.push((arg.name, t.device()));
+    }
+    Ok(())
+}
+
 /// Row-major element strides of `shape`.
 pub fn row_major_strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1usize; shape.len()];

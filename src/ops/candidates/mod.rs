@@ -231,14 +231,8 @@ fn select_blocks_view_impl(
         (POSITIONS.name, positions.device()),
         (BLOCKS_OUT.name, out.device()),
     ];
-    if let Some(c) = &counts_out {
-        c.expect(&COUNTS_OUT, &mut dims)?;
-        devices.push((COUNTS_OUT.name, c.device()));
-    }
-    if let Some(e) = &error {
-        e.expect(&ERROR, &mut dims)?;
-        devices.push((ERROR.name, e.device()));
-    }
+    crate::tensor::expect_optional(counts_out.as_deref(), &COUNTS_OUT, &mut dims, &mut devices)?;
+    crate::tensor::expect_optional(error.as_deref(), &ERROR, &mut dims, &mut devices)?;
     match one_device(&devices)? {
         Device::Cpu => {
             let vis = crate::ops::topk::visible_counts(&positions.to_i64(POSITIONS.name)?, ratio)?;

@@ -704,10 +704,7 @@ pub fn logits_in_pool_view(
         ("keys", a.keys.device()),
         (LOGITS_OUT.name, out.device()),
     ];
-    if let Some(e) = &error {
-        e.expect(&ERROR, &mut dims)?;
-        devices.push((ERROR.name, e.device()));
-    }
+    crate::tensor::expect_optional(error.as_deref(), &ERROR, &mut dims, &mut devices)?;
     let device = crate::tensor::one_device(&devices)?;
     let overlaps = |x: &std::ops::Range<usize>, y: &std::ops::Range<usize>| {
         !x.is_empty() && !y.is_empty() && x.start < y.end && y.start < x.end
