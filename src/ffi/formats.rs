@@ -5,7 +5,7 @@ use super::{arg_out, arg_slice, arg_slice_mut, guarded, Csa2Status};
 use crate::error::Error;
 use crate::formats::page::PageLayout;
 use crate::formats::{decode_rows, encode_rows, RecordFormat};
-use crate::ops::attention::PoolLayout;
+use crate::ops::pool::PoolLayout;
 use std::ffi::c_char;
 
 /// KV record format (pass as `int32_t`; docs/SPEC.md §1).

@@ -389,7 +389,7 @@ mod tests {
     use super::*;
     use crate::ffi::dlpack::{K_DL_CUDA, K_DL_UINT};
     use crate::ffi::test_support::{desc, host_tensor, last_error};
-    use crate::ops::attention::{PoolDesc, PoolLayout, PoolView};
+    use crate::ops::pool::{PoolDesc, PoolLayout, PoolView};
 
     /// `csa2_indexer_logits_pool` through the C ABI equals the Rust entry on a strided, offset
     /// slab, for a caller of the first struct version (no `error` member) and of this one; CUDA

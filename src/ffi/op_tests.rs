@@ -133,10 +133,7 @@ fn topk_and_candidates_exports_equal_direct_calls() {
     let (t, n, k) = (3usize, 40usize, 5usize);
     let mut logits = rand_normal(&mut rng, t * n, 1.0);
     let mut pos = vec![2i64, 17, 39];
-    let vis: Vec<usize> = pos
-        .iter()
-        .map(|&p| crate::ops::indexer::visible(p, 1))
-        .collect();
+    let vis: Vec<usize> = pos.iter().map(|&p| crate::ops::visible(p, 1)).collect();
     let mut want = vec![0i32; t * k];
     let counts = crate::ops::topk::select_rows(&logits, n, &vis, &mut want).unwrap();
     let (mut out, mut cnt) = (vec![0i32; t * k], vec![0i32; t]);

@@ -2,7 +2,7 @@
 //! `Csa2Format` id of each record format, the data and scale bytes of each record (docs/SPEC.md
 //! §1), and the `Csa2PoolLayout` id of each page layout.
 //!
-//! [`super::records::RecordFormat`] and `ops::attention::PoolLayout` take their discriminants and
+//! [`super::records::RecordFormat`] and `ops::pool::PoolLayout` take their discriminants and
 //! widths from here; build.rs reads this file by path and hands every entry of
 //! [`RECORD_DEFINES`] to nvcc as `-D CSA2_<NAME>` (and heads the NVRTC source with them), so
 //! kernels/common.cuh writes none of these numbers itself and refuses to compile without them.
@@ -79,7 +79,7 @@ pub const RECORD_DEFINES: &[KernelDefine] = &[
 mod tests {
     use super::*;
     use crate::formats::RecordFormat;
-    use crate::ops::attention::PoolLayout;
+    use crate::ops::pool::PoolLayout;
 
     fn define(name: &str) -> usize {
         match RECORD_DEFINES.iter().find(|d| d.name() == name) {

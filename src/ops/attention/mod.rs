@@ -33,7 +33,7 @@ pub use pools::{attention_pools, PoolDesc, PoolInputs, PoolLayout, PoolView};
 
 use crate::error::{Error, Result};
 use crate::formats::{RecordFormat, KV_DIM};
-use crate::ops::indexer::visible;
+use crate::ops::visible;
 use crate::shape::Dims;
 use crate::tensor::{one_device, Device, TensorView, TensorViewMut};
 

@@ -235,12 +235,7 @@ impl IndexCache<'_> {
     }
 }
 
-/// Compressed entries a query at `pos` sees with ratio `m`: `(pos + 1) div m` (docs/SPEC.md §2).
-#[inline]
-pub fn visible(pos: i64, m: usize) -> usize {
-    // Through i128: `pos + 1` overflows i64 at i64::MAX (found by tests/ffi_fuzz.rs).
-    ((pos.max(-1) as i128 + 1) as u64 / m as u64) as usize
-}
+pub use crate::ops::visible;
 
 /// Validates shapes; returns the per-token visible counts.
 fn check(
@@ -441,7 +436,7 @@ pub mod signature {
         &[Dim::Any("R"), Dim::Any("B")],
     );
     /// `csa2_indexer_logits_pool` (the index-K pool itself is a strided pool descriptor,
-    /// checked by [`crate::ops::attention::PoolView`]).
+    /// checked by [`crate::ops::pool::PoolView`]).
     pub const LOGITS_POOL: Signature = Signature {
         op: "indexer_logits_pool",
         args: &[Q, W, POSITIONS, REQ, BLOCK_TABLE, LOGITS_OUT, ERROR],
@@ -452,7 +447,7 @@ pub mod signature {
 
 /// Logits (T, `n_cols`) of T query rows of any requests over an MXFP4 index-K pool read **in
 /// place** (vLLM 0.33's index-K pages: a strided `[blocks, states_per_page, 68]` view whose
-/// `stride(0)` is the per-block slab, block-planar records; [`PoolView`](crate::ops::attention::PoolView)).
+/// `stride(0)` is the per-block slab, block-planar records; [`PoolView`](crate::ops::pool::PoolView)).
 /// Row t belongs to request `req[t]`; its entry j lives at slot
 /// [`block_table_slot`](crate::formats::page::block_table_slot)`(block_table[req[t]], j,
 /// states_per_page)`. `logits[t, j] = Σ_h w[t,h] · ReLU(q[t,h] · k_j)` for visible (`j < (p + 1)
@@ -471,7 +466,7 @@ pub fn logits_in_pool(
     p: &IndexerParams,
     qs: &IndexerQueries,
     req: &[i32],
-    pool: &crate::ops::attention::PoolView,
+    pool: &crate::ops::pool::PoolView,
     block_table: &[i32],
     max_blocks: usize,
     n_cols: usize,
@@ -586,7 +581,7 @@ pub fn logits_in_pool(
 /// its first byte (`data + byte_offset` of vLLM's view), in host or device memory.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolPlace {
-    desc: crate::ops::attention::PoolDesc,
+    desc: crate::ops::pool::PoolDesc,
     addr: usize,
     device: Device,
 }
@@ -597,11 +592,11 @@ impl PoolPlace {
     /// # Safety
     /// Those bytes stay allocated, and unwritten by others, for every call the value is passed to
     /// (on CUDA: until the launch has run on its stream); on [`Device::Cpu`] they are readable.
-    pub unsafe fn new(desc: crate::ops::attention::PoolDesc, addr: usize, device: Device) -> Self {
+    pub unsafe fn new(desc: crate::ops::pool::PoolDesc, addr: usize, device: Device) -> Self {
         PoolPlace { desc, addr, device }
     }
     /// The descriptor.
-    pub fn desc(&self) -> &crate::ops::attention::PoolDesc {
+    pub fn desc(&self) -> &crate::ops::pool::PoolDesc {
         &self.desc
     }
     /// The address of the first byte.
@@ -663,7 +658,7 @@ pub fn logits_in_pool_view(
     error: Option<&mut TensorViewMut<'_>>,
     stream: u64,
 ) -> Result<()> {
-    use crate::ops::attention::PoolLayout;
+    use crate::ops::pool::PoolLayout;
     use signature::{BLOCK_TABLE, ERROR, LOGITS_OUT, POSITIONS, Q, REQ, W};
     let desc = *a.keys.desc();
     if desc.format != RecordFormat::Mxfp4Index {
@@ -736,7 +731,7 @@ pub fn logits_in_pool_view(
             // readable; no output overlaps it (checked above).
             let bytes =
                 unsafe { std::slice::from_raw_parts(a.keys.addr() as *const u8, desc.extent()) };
-            let view = crate::ops::attention::PoolView::new(desc, bytes, "keys")?;
+            let view = crate::ops::pool::PoolView::new(desc, bytes, "keys")?;
             let (qf, wf, pos) = (
                 a.q.to_f32(Q.name)?,
                 a.w.to_f32(W.name)?,

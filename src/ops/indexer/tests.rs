@@ -539,7 +539,7 @@ fn paged_reference_reads_through_the_block_table() {
 /// requests, rows before / at / past each page edge, MXFP4 and unquantised queries.
 #[test]
 fn pooled_indexer_reads_a_strided_slab_in_place() {
-    use crate::ops::attention::{PoolDesc, PoolLayout, PoolView};
+    use crate::ops::pool::{PoolDesc, PoolLayout, PoolView};
     let mut rng = Rng::new(41);
     let (spp, n_pages, max_blocks) = (16usize, 6usize, 4usize);
     let (stride, offset) = (3 * spp * MXFP4_INDEX_BYTES + 40, 28usize);
@@ -651,7 +651,7 @@ fn pooled_indexer_reads_a_strided_slab_in_place() {
 /// `NoCudaBuild`.
 #[test]
 fn pooled_view_entry_dispatches_by_device_and_checks() {
-    use crate::ops::attention::{PoolDesc, PoolLayout, PoolView};
+    use crate::ops::pool::{PoolDesc, PoolLayout, PoolView};
     use crate::tensor::{DType, Device, TensorView, TensorViewMut};
     let mut rng = Rng::new(43);
     let (spp, n_pages, max_blocks) = (8usize, 4usize, 3usize);

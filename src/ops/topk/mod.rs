@@ -114,7 +114,7 @@ pub fn visible_counts(positions: &[i64], ratio: usize) -> Result<Vec<usize>> {
     crate::ops::rope::check_positions(positions)?;
     Ok(positions
         .iter()
-        .map(|&p| crate::ops::indexer::visible(p, ratio))
+        .map(|&p| crate::ops::visible(p, ratio))
         .collect())
 }
 
