@@ -166,8 +166,8 @@ pub fn attention_pools(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::formats::RecordFormat;
     use crate::formats::page::PageLayout;
+    use crate::formats::RecordFormat;
     use crate::ops::attention::{attention_indexed, reference};
     use crate::tolerance::{compare, F32_VS_F64};
     use csa2_rng::{rand_normal, NewRng, Rng};
