@@ -583,6 +583,44 @@ impl<'a> TensorViewMut<'a> {
     }
 }
 
+/// Views for tests that are never dereferenced: the refusals of a device-dispatching entry (mixed
+/// devices, a build without `cuda`, a bad signature) all come before any memory access.
+#[cfg(test)]
+pub(crate) mod fake {
+    use super::*;
+
+    /// A row-major `shape` view of `dt` on CUDA device 0 at the fake address `addr`.
+    pub(crate) fn cuda(addr: usize, shape: &[usize], dt: DType) -> TensorView<'static> {
+        // SAFETY: never dereferenced (see the module docs); the constructor itself only checks
+        // the address' alignment and the span.
+        unsafe {
+            TensorView::from_raw_parts(
+                addr as *const u8,
+                shape,
+                &row_major_strides(shape),
+                dt,
+                Device::Cuda(0),
+            )
+        }
+        .expect("a well-formed fake CUDA view")
+    }
+
+    /// [`cuda`], writable.
+    pub(crate) fn cuda_mut(addr: usize, shape: &[usize], dt: DType) -> TensorViewMut<'static> {
+        // SAFETY: as `cuda`.
+        unsafe {
+            TensorViewMut::from_raw_parts(
+                addr as *mut u8,
+                shape,
+                &row_major_strides(shape),
+                dt,
+                Device::Cuda(0),
+            )
+        }
+        .expect("a well-formed fake CUDA view")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

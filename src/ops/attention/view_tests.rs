@@ -151,32 +151,12 @@ fn indexed_view_on_host_is_the_fast_path() {
 }
 
 fn cuda<T: crate::tensor::Element>(shape: &[usize]) -> TensorView<'static> {
-    // SAFETY: never dereferenced: the device checks refuse the call first.
-    unsafe {
-        TensorView::from_raw_parts(
-            0x1000 as *const u8,
-            shape,
-            &crate::tensor::row_major_strides(shape),
-            T::DTYPE,
-            Device::Cuda(0),
-        )
-    }
-    .unwrap()
+    crate::tensor::fake::cuda(0x1000, shape, T::DTYPE)
 }
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_mut(shape: &[usize], dt: DType) -> TensorViewMut<'static> {
-    // SAFETY: as `cuda`.
-    unsafe {
-        TensorViewMut::from_raw_parts(
-            0x8000 as *mut u8,
-            shape,
-            &crate::tensor::row_major_strides(shape),
-            dt,
-            Device::Cuda(0),
-        )
-    }
-    .unwrap()
+    crate::tensor::fake::cuda_mut(0x8000, shape, dt)
 }
 
 /// One CUDA tensor among host ones is refused by name (whatever the build); all on CUDA in a

@@ -466,31 +466,11 @@ mod tests {
 
     /// A fake CUDA view (never dereferenced: the entries refuse it before any access).
     fn fake_cuda(shape: &[usize], dt: crate::tensor::DType) -> TensorView<'static> {
-        // SAFETY: never dereferenced (see above).
-        unsafe {
-            TensorView::from_raw_parts(
-                0x1000 as *const u8,
-                shape,
-                &crate::tensor::row_major_strides(shape),
-                dt,
-                Device::Cuda(0),
-            )
-        }
-        .unwrap()
+        crate::tensor::fake::cuda(0x1000, shape, dt)
     }
 
     fn fake_cuda_mut(shape: &[usize], dt: crate::tensor::DType) -> TensorViewMut<'static> {
-        // SAFETY: as `fake_cuda`.
-        unsafe {
-            TensorViewMut::from_raw_parts(
-                0x2000 as *mut u8,
-                shape,
-                &crate::tensor::row_major_strides(shape),
-                dt,
-                Device::Cuda(0),
-            )
-        }
-        .unwrap()
+        crate::tensor::fake::cuda_mut(0x2000, shape, dt)
     }
 
     /// On host views both entries are [`select_blocks_rows`] bit for bit (int32 and int64

@@ -322,31 +322,11 @@ fn compress_view_on_host_is_the_compressor() {
 
 /// A fake device view: never dereferenced (every test below fails before memory is touched).
 fn cuda_view(shape: &[usize], dt: crate::tensor::DType) -> TensorView<'static> {
-    // SAFETY: never dereferenced: the device checks refuse the call first.
-    unsafe {
-        TensorView::from_raw_parts(
-            0x1000 as *const u8,
-            shape,
-            &crate::tensor::row_major_strides(shape),
-            dt,
-            Device::Cuda(0),
-        )
-    }
-    .unwrap()
+    crate::tensor::fake::cuda(0x1000, shape, dt)
 }
 
 fn cuda_view_mut(shape: &[usize]) -> TensorViewMut<'static> {
-    // SAFETY: as `cuda_view`.
-    unsafe {
-        TensorViewMut::from_raw_parts(
-            0x8000 as *mut u8,
-            shape,
-            &crate::tensor::row_major_strides(shape),
-            crate::tensor::DType::U8,
-            Device::Cuda(0),
-        )
-    }
-    .unwrap()
+    crate::tensor::fake::cuda_mut(0x8000, shape, crate::tensor::DType::U8)
 }
 
 /// Host and CUDA tensors in one call are refused by name, whatever the build; bad alignment and

@@ -743,19 +743,10 @@ fn pooled_view_entry_dispatches_by_device_and_checks() {
         assert!(e.to_string().contains(needle), "{needle}: {e}");
         e
     };
-    // SAFETY (views below): never dereferenced, the checks fail first.
-    let cuda_q = unsafe {
-        TensorView::from_raw_parts(
-            0x1000 as *const u8,
-            &[t, h, INDEX_DIM],
-            &crate::tensor::row_major_strides(&[t, h, INDEX_DIM]),
-            DType::F32,
-            Device::Cuda(0),
-        )
-    }
-    .unwrap();
+    let cuda_q = crate::tensor::fake::cuda(0x1000, &[t, h, INDEX_DIM], DType::F32);
     let mixed = PoolQueries { q: &cuda_q, ..call };
     expect_err(&mixed, &p, "share a device");
+    // SAFETY (the places below): never read, the checks refuse the call first.
     let wrong_fmt = PoolQueries {
         keys: unsafe {
             PoolPlace::new(
@@ -805,19 +796,7 @@ fn pooled_view_entry_dispatches_by_device_and_checks() {
 
     #[cfg(not(feature = "cuda"))]
     {
-        let dev = |shape: &[usize], dt| {
-            // SAFETY: never dereferenced: the build refuses CUDA memory first.
-            unsafe {
-                TensorView::from_raw_parts(
-                    0x1000 as *const u8,
-                    shape,
-                    &crate::tensor::row_major_strides(shape),
-                    dt,
-                    Device::Cuda(0),
-                )
-            }
-            .unwrap()
-        };
+        let dev = |shape: &[usize], dt| crate::tensor::fake::cuda(0x1000, shape, dt);
         let (dq, dw, dp, dr, db) = (
             dev(&[t, h, INDEX_DIM], DType::F32),
             dev(&[t, h], DType::F32),
@@ -826,6 +805,7 @@ fn pooled_view_entry_dispatches_by_device_and_checks() {
             dev(&[2, max_blocks], DType::I32),
         );
         // Far apart: the output must not overlap the (fake) inputs.
+        // SAFETY: never read: the build refuses CUDA memory first.
         let dkeys = unsafe { PoolPlace::new(desc, 0x6000_0000, Device::Cuda(0)) };
         let c = PoolQueries {
             q: &dq,
@@ -835,17 +815,7 @@ fn pooled_view_entry_dispatches_by_device_and_checks() {
             block_table: &db,
             keys: dkeys,
         };
-        // SAFETY: as above.
-        let mut ov = unsafe {
-            TensorViewMut::from_raw_parts(
-                0x7000_0000 as *mut u8,
-                &[t, n_cols],
-                &[n_cols, 1],
-                DType::F32,
-                Device::Cuda(0),
-            )
-        }
-        .unwrap();
+        let mut ov = crate::tensor::fake::cuda_mut(0x7000_0000, &[t, n_cols], DType::F32);
         let e = logits_in_pool_view(&p, &c, &mut ov, None, 0).unwrap_err();
         assert!(matches!(e, Error::NoCudaBuild(_)), "{e:?}");
     }

@@ -495,17 +495,7 @@ mod tests {
             "{e}"
         );
         // A CUDA tensor among host ones is a mixed-device error, whatever the build.
-        // SAFETY: never dereferenced: the device check fails first.
-        let dpos = unsafe {
-            TensorView::from_raw_parts(
-                0x1000 as *const u8,
-                &[t],
-                &[1],
-                crate::tensor::DType::I64,
-                Device::Cuda(0),
-            )
-        }
-        .unwrap();
+        let dpos = crate::tensor::fake::cuda(0x1000, &[t], crate::tensor::DType::I64);
         let e = select_rows_view(&lv, &dpos, 2, &mut ov, None).unwrap_err();
         assert!(
             matches!(e, Error::Invalid { .. }) && e.to_string().contains("positions"),
@@ -518,32 +508,10 @@ mod tests {
     #[cfg(not(feature = "cuda"))]
     #[test]
     fn cuda_views_without_the_cuda_feature_are_no_cuda_build_errors() {
-        let dev = |shape: &[usize], dt| {
-            // SAFETY: never dereferenced: the build refuses CUDA memory first.
-            unsafe {
-                TensorView::from_raw_parts(
-                    0x1000 as *const u8,
-                    shape,
-                    &crate::tensor::row_major_strides(shape),
-                    dt,
-                    Device::Cuda(0),
-                )
-            }
-            .unwrap()
-        };
+        let dev = |shape: &[usize], dt| crate::tensor::fake::cuda(0x1000, shape, dt);
         let lv = dev(&[2, 10], crate::tensor::DType::F32);
         let pv = dev(&[2], crate::tensor::DType::I64);
-        // SAFETY: as above.
-        let mut ov = unsafe {
-            TensorViewMut::from_raw_parts(
-                0x2000 as *mut u8,
-                &[2, 4],
-                &[4, 1],
-                crate::tensor::DType::I32,
-                Device::Cuda(0),
-            )
-        }
-        .unwrap();
+        let mut ov = crate::tensor::fake::cuda_mut(0x2000, &[2, 4], crate::tensor::DType::I32);
         let e = select_rows_view(&lv, &pv, 1, &mut ov, None).unwrap_err();
         assert!(matches!(e, Error::NoCudaBuild(_)), "{e:?}");
     }
