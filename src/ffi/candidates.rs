@@ -8,7 +8,7 @@
 
 use super::dlpack::{check_disjoint, DLTensor, View};
 use super::{guarded, Csa2Status};
-use crate::ops::candidates::signature::{BLOCKS_OUT, COUNTS_OUT, ERROR, LOGITS, POSITIONS};
+use crate::ops::candidates::signature::{BLOCKS_OUT, LOGITS, POSITIONS};
 use crate::ops::candidates::CandidateParams;
 
 /// Hierarchical candidate pool of the candidate-source layer (docs/SPEC.md §2 "Candidate pool"): per row,
@@ -111,18 +111,14 @@ pub unsafe extern "C" fn csa2_candidates_on_stream(
         let a: Csa2CandidatesOnStreamArgs = unsafe { super::read_args(args) }?;
         // SAFETY: caller's contract (see above).
         let (lv, pv, mut ov, mut cv, mut ev) = unsafe {
-            (
-                View::from_raw(a.logits, LOGITS.name)?,
-                View::from_raw(a.positions, POSITIONS.name)?,
-                View::from_raw(a.blocks_out, BLOCKS_OUT.name)?,
-                View::from_raw_opt(a.counts_out, COUNTS_OUT.name)?,
-                View::from_raw_opt(a.error, ERROR.name)?,
+            super::topk::row_select_views(
+                a.logits,
+                a.positions,
+                (a.blocks_out, BLOCKS_OUT.name),
+                a.counts_out,
+                a.error,
             )
-        };
-        let mut outs = vec![&ov];
-        outs.extend(cv.as_ref());
-        outs.extend(ev.as_ref());
-        check_disjoint(&[&lv, &pv], &outs)?;
+        }?;
         let mut out = ov.tensor_mut()?;
         let mut counts = cv.as_mut().map(|c| c.tensor_mut()).transpose()?;
         let mut error = ev.as_mut().map(|e| e.tensor_mut()).transpose()?;

@@ -28,17 +28,15 @@ pub unsafe extern "C" fn csa2_topk(
 ) -> Csa2Status {
     guarded("csa2_topk", || {
         // SAFETY: caller's contract (see above).
-        let (lv, pv, mut ov, mut cv) = unsafe {
-            (
-                View::from_raw(logits, LOGITS.name)?,
-                View::from_raw(positions, POSITIONS.name)?,
-                View::from_raw(out, OUT.name)?,
-                View::from_raw_opt(counts_out, COUNTS_OUT.name)?,
+        let (lv, pv, mut ov, mut cv, _) = unsafe {
+            row_select_views(
+                logits,
+                positions,
+                (out, OUT.name),
+                counts_out,
+                std::ptr::null(),
             )
-        };
-        let mut outs = vec![&ov];
-        outs.extend(cv.as_ref());
-        check_disjoint(&[&lv, &pv], &outs)?;
+        }?;
         let mut counts = cv.as_mut().map(|c| c.tensor_mut()).transpose()?;
         crate::ops::topk::select_rows_view(
             lv.tensor(),
@@ -100,18 +98,14 @@ pub unsafe extern "C" fn csa2_topk_on_stream(args: *const Csa2TopkOnStreamArgs) 
         let a: Csa2TopkOnStreamArgs = unsafe { super::read_args(args) }?;
         // SAFETY: caller's contract (see above).
         let (lv, pv, mut ov, mut cv, mut ev) = unsafe {
-            (
-                View::from_raw(a.logits, LOGITS.name)?,
-                View::from_raw(a.positions, POSITIONS.name)?,
-                View::from_raw(a.out, OUT.name)?,
-                View::from_raw_opt(a.counts_out, COUNTS_OUT.name)?,
-                View::from_raw_opt(a.error, ERROR.name)?,
+            row_select_views(
+                a.logits,
+                a.positions,
+                (a.out, OUT.name),
+                a.counts_out,
+                a.error,
             )
-        };
-        let mut outs = vec![&ov];
-        outs.extend(cv.as_ref());
-        outs.extend(ev.as_ref());
-        check_disjoint(&[&lv, &pv], &outs)?;
+        }?;
         let mut counts = cv.as_mut().map(|c| c.tensor_mut()).transpose()?;
         let mut error = ev.as_mut().map(|e| e.tensor_mut()).transpose()?;
         crate::ops::topk::select_rows_view_on_stream(
@@ -124,6 +118,43 @@ pub unsafe extern "C" fn csa2_topk_on_stream(args: *const Csa2TopkOnStreamArgs) 
             a.stream,
         )
     })
+}
+
+/// The DLPack views of a row-selection export on the caller's stream (top-k, candidates):
+/// `logits`, `positions`, the output named `out.1`, the optional counts and error record, the
+/// outputs checked disjoint from each other and from the inputs.
+///
+/// # Safety
+/// Each pointer null (where optional) or a readable `DLTensor` whose memory stays valid for 'a.
+#[allow(clippy::type_complexity)]
+pub(super) unsafe fn row_select_views<'a>(
+    logits: *const DLTensor,
+    positions: *const DLTensor,
+    out: (*const DLTensor, &'static str),
+    counts_out: *const DLTensor,
+    error: *const DLTensor,
+) -> crate::error::Result<(
+    View<'a>,
+    View<'a>,
+    View<'a>,
+    Option<View<'a>>,
+    Option<View<'a>>,
+)> {
+    // SAFETY: this function's contract.
+    let (lv, pv, ov, cv, ev) = unsafe {
+        (
+            View::from_raw(logits, LOGITS.name)?,
+            View::from_raw(positions, POSITIONS.name)?,
+            View::from_raw(out.0, out.1)?,
+            View::from_raw_opt(counts_out, COUNTS_OUT.name)?,
+            View::from_raw_opt(error, ERROR.name)?,
+        )
+    };
+    let mut outs = vec![&ov];
+    outs.extend(cv.as_ref());
+    outs.extend(ev.as_ref());
+    check_disjoint(&[&lv, &pv], &outs)?;
+    Ok((lv, pv, ov, cv, ev))
 }
 
 #[cfg(test)]
