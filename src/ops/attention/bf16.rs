@@ -32,7 +32,7 @@
 //! into K and V — an NVFP4 row's int16 codes, scales and bf16 values in one pass over the record
 //! —, scores, the chunk's softmax and its P) and then the output dim slices (P·V, written in
 //! place) run as tasks that this thread and up to `threads − 1` pool workers claim from a counter
-//! ([`team`]). The per-row reduction order depends only on the row's position in the token's
+//! ([`super::crew`]), the chunk merge running once between the two phases. The per-row reduction order depends only on the row's position in the token's
 //! row list, never on the thread count, on which thread ran a task, or on other tokens.
 
 use super::cpu::{chunk_softmax, merge_chunks, CHUNK, HEAD_PAD, KS, SLICE};
@@ -50,15 +50,23 @@ type ScoreChunk16<'a> = (
     ),
 );
 
-/// The output rows, written by the P·V tasks in disjoint column slices.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: each task writes only its own dim slice of each row (disjoint addresses).
-unsafe impl Send for OutPtr {}
+/// A buffer shared by a token's tasks: the output rows (the P·V tasks write disjoint column
+/// slices) and the chunk maxima and sums (each score task its own chunk's, the merge between the
+/// phases all of them, the P·V tasks only read), and V and P (written per chunk by the score
+/// tasks, read whole by the P·V tasks).
+struct Shared<T>(*mut T);
+impl<T> Clone for Shared<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Shared<T> {}
+// SAFETY: the tasks' accesses are disjoint or ordered by the crew's phases (see each use).
+unsafe impl<T> Send for Shared<T> {}
 // SAFETY: as above.
-unsafe impl Sync for OutPtr {}
-impl OutPtr {
-    fn get(self) -> *mut f32 {
+unsafe impl<T> Sync for Shared<T> {}
+impl<T> Shared<T> {
+    fn get(self) -> *mut T {
         self.0
     }
 }
@@ -96,7 +104,6 @@ pub(super) fn token(
     kv: &(KvRows, KvRows),
     out: &mut [f32],
     lse: &mut [f32],
-    par: bool,
     buf: &mut [f32],
     int16: bool,
 ) {
@@ -225,71 +232,80 @@ pub(super) fn token(
             // partial sums in f32.
             unsafe { x86::p_pairs(s, rows, hp, pb16) };
         };
-        {
-            // The chunks' disjoint pieces, each taken once by whichever thread claims its index.
-            let tasks: Vec<std::sync::Mutex<Option<ScoreChunk16>>> = kb
-                .chunks_mut(CHUNK * KBS)
-                .zip(vb.chunks_mut(CHUNK * KV_DIM).zip(pb.chunks_mut(CHUNK * hp)))
-                .zip(
-                    st.chunks_mut(CHUNK * hp)
-                        .zip(mx.chunks_mut(hp).zip(sm.chunks_mut(hp))),
-                )
-                .enumerate()
-                .map(|t| std::sync::Mutex::new(Some(t)))
-                .collect();
-            // Chunks holding bf16-scored rows (twice the MACs of an int16 chunk) first, so that
-            // the last ones claimed are the light ones.
-            let heavy = nc - ni / CHUNK;
-            let order = |k: usize| if k < heavy { nc - heavy + k } else { k - heavy };
-            team(nc, true, |k| {
+        // The chunks' disjoint pieces, each taken once by whichever thread claims its index. The
+        // maxima and sums (`mx`, `sm`) are reached through pointers: the score tasks write them
+        // chunk by chunk, the merge between the phases rewrites `mx` into each chunk's factor, and
+        // the P·V tasks read the factors.
+        let (mxp, smp) = (Shared(mx.as_mut_ptr()), Shared(sm.as_mut_ptr()));
+        let (vlen, plen) = (vb.len(), pb.len());
+        let (vbp, pbp) = (Shared(vb.as_mut_ptr()), Shared(pb.as_mut_ptr()));
+        // SAFETY (V, P): chunk c's task owns its pieces until phase one ends; phase two only
+        // reads them.
+        let (vb_w, pb_w) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(vbp.get(), vlen),
+                std::slice::from_raw_parts_mut(pbp.get(), plen),
+            )
+        };
+        let tasks: Vec<std::sync::Mutex<Option<ScoreChunk16>>> = kb
+            .chunks_mut(CHUNK * KBS)
+            .zip(
+                vb_w.chunks_mut(CHUNK * KV_DIM)
+                    .zip(pb_w.chunks_mut(CHUNK * hp)),
+            )
+            .zip(
+                st.chunks_mut(CHUNK * hp).zip(
+                    // SAFETY: `mx` and `sm` hold nc · hp floats each; chunk c's task owns
+                    // floats c · hp .. + hp of each until phase one ends.
+                    unsafe { std::slice::from_raw_parts_mut(mxp.get(), nc * hp) }
+                        .chunks_mut(hp)
+                        .zip(
+                            unsafe { std::slice::from_raw_parts_mut(smp.get(), nc * hp) }
+                                .chunks_mut(hp),
+                        ),
+                ),
+            )
+            .enumerate()
+            .map(|t| std::sync::Mutex::new(Some(t)))
+            .collect();
+        // Chunks holding bf16-scored rows (twice the MACs of an int16 chunk) first, so that
+        // the last ones claimed are the light ones.
+        let heavy = nc - ni / CHUNK;
+        let order = |k: usize| if k < heavy { nc - heavy + k } else { k - heavy };
+        assert!(out.len() == h * KV_DIM);
+        let o = Shared(out.as_mut_ptr());
+        let task = |k: usize| {
+            if k < nc {
                 let t = tasks[order(k)]
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .take();
                 score(t.expect("each chunk is claimed once"));
-            });
-        }
-        // `mx` becomes each chunk's factor.
-        merge_chunks(mx, sm, sink, h, hp, nc, lse);
-        let (vb, pb, f) = (&*vb, &*pb, &*mx);
-        assert!(out.len() == h * KV_DIM);
-        let o = OutPtr(out.as_mut_ptr());
-        // SAFETY: `out` holds h rows of 512; task `si` writes only dims si · SLICE .. + SLICE of
-        // each row, and `out` is not touched otherwise until every task is done.
-        let pv = |si: usize| unsafe { x86::pv(pb, vb, f, n, h, hp, si, o.get()) };
-        team(KV_DIM / SLICE, par, pv);
-    });
-}
-
-/// Runs `f(0) .. f(tasks − 1)`, each once, on this thread and (with `help`) on up to
-/// `tasks − 1` pool workers at once: every participant claims the next index from a shared
-/// counter until none is left. This thread starts at once instead of waiting for a worker to
-/// wake, a late worker finds less (or nothing) to do, and the claims balance unequal tasks.
-/// Which thread runs a task never changes its result.
-fn team(tasks: usize, help: bool, f: impl Fn(usize) + Sync) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let next = AtomicUsize::new(0);
-    let work = || loop {
-        let k = next.fetch_add(1, Ordering::Relaxed);
-        if k >= tasks {
-            break;
-        }
-        f(k);
-    };
-    let helpers = if help {
-        rayon::current_num_threads().min(tasks).saturating_sub(1)
-    } else {
-        0
-    };
-    if helpers == 0 {
-        work();
-        return;
-    }
-    rayon::in_place_scope(|s| {
-        for _ in 0..helpers {
-            s.spawn(|_| work());
-        }
-        work();
+            } else {
+                // SAFETY: phase two starts after the merge, which no task overlaps; from then on
+                // the factors are only read. `out` holds h rows of 512; slice `si` writes only
+                // dims si · SLICE .. + SLICE of each row, and `out` is not touched otherwise
+                // until every task is done.
+                unsafe {
+                    let f = std::slice::from_raw_parts(mxp.get(), nc * hp);
+                    let vb = std::slice::from_raw_parts(vbp.get(), vlen);
+                    let pb = std::slice::from_raw_parts(pbp.get(), plen);
+                    x86::pv(pb, vb, f, n, h, hp, k - nc, o.get())
+                }
+            }
+        };
+        let merge = || {
+            // SAFETY: every score task has finished and no P·V task has started (phase order).
+            let (mx, sm) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(mxp.get(), nc * hp),
+                    std::slice::from_raw_parts(smp.get(), nc * hp),
+                )
+            };
+            // `mx` becomes each chunk's factor.
+            merge_chunks(mx, sm, sink, h, hp, nc, lse);
+        };
+        super::crew::run_two_phases(nc, KV_DIM / SLICE, true, task, merge);
     });
 }
 
@@ -630,33 +646,6 @@ mod tests {
     use super::*;
     use csa2_rng::{rand_normal, NewRng, Rng};
     use half::bf16;
-
-    /// Every task index runs exactly once, whatever the task count, with and without helpers,
-    /// from outside the pool and from inside a pool job.
-    #[test]
-    fn team_runs_each_task_once() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        for tasks in [0usize, 1, 2, 7, 64] {
-            for help in [false, true] {
-                for inside in [false, true] {
-                    let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
-                    let go = || {
-                        team(tasks, help, |k| {
-                            hits[k].fetch_add(1, Ordering::Relaxed);
-                        })
-                    };
-                    if inside {
-                        rayon::scope(|_| go());
-                    } else {
-                        go();
-                    }
-                    for (k, h) in hits.iter().enumerate() {
-                        assert_eq!(h.load(Ordering::Relaxed), 1, "{tasks} tasks, task {k}");
-                    }
-                }
-            }
-        }
-    }
 
     /// The vector split of the query (conversion + 16 × 16 transpose) against a scalar one
     /// (`half`'s RNE rounding), every head count class: one head, ragged, whole vectors, past 64.

@@ -123,12 +123,8 @@ pub fn attention(
         let q = &q[ti * h * KV_DIM..][..h * KV_DIM];
         with_scratch(scratch_len(n, h), |buf| match dots {
             AttentionDots::F32 => token(p.scale, q, sink, r, &kv, o, l, par, buf),
-            AttentionDots::Bf16 => {
-                super::bf16::token(p.scale, q, sink, r, &kv, o, l, par, buf, false)
-            }
-            AttentionDots::Int16 => {
-                super::bf16::token(p.scale, q, sink, r, &kv, o, l, par, buf, true)
-            }
+            AttentionDots::Bf16 => super::bf16::token(p.scale, q, sink, r, &kv, o, l, buf, false),
+            AttentionDots::Int16 => super::bf16::token(p.scale, q, sink, r, &kv, o, l, buf, true),
         });
     };
     if t >= rayon::current_num_threads() {
@@ -146,13 +142,15 @@ pub fn attention(
                 one(ti, o, l, true);
             }
         };
-        // From outside the pool, run the tokens as one pool job: each parallel step inside then
-        // forks and joins among the workers, instead of waking them from this thread and this
-        // thread from them at every step.
-        if rayon::current_thread_index().is_some() {
-            all(out, lse)
-        } else {
+        // The bf16 / int16 paths run on this thread, also from outside the pool: their crew
+        // (`super::crew`) starts the tasks here and never blocks on a worker's wake-up. The f32
+        // path's parallel iterators would each inject into the pool and block this thread, so
+        // from outside the pool its tokens run as one pool job, whose steps fork and join among
+        // the workers.
+        if dots == AttentionDots::F32 && rayon::current_thread_index().is_none() {
             rayon::scope(|_| all(out, lse))
+        } else {
+            all(out, lse)
         }
     }
 }

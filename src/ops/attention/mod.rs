@@ -23,6 +23,7 @@
 
 mod bf16;
 pub mod cpu;
+mod crew;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod int16;

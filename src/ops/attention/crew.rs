@@ -1,0 +1,241 @@
+//! A two-phase task crew for one token's attention: the row chunks (scores), one serial step
+//! (the chunk merge), then the dim slices (P·V), on this thread and up to `threads − 1` pool
+//! workers that claim task indices from one counter.
+//!
+//! Why not a rayon scope per phase: on a 2-vCPU VM a rayon fork/join from outside the pool costs
+//! 17–45 µs (waking a worker, then waking this thread back on a futex when the worker finishes),
+//! and a decode token's whole attention is ~0.3 ms. Here this thread never blocks on a worker:
+//! it starts on the tasks at once, helpers join when the OS wakes them, one set of helpers serves
+//! both phases (no second wake-up), and at the end this thread spins only on tasks that a running
+//! helper has already claimed. A helper that starts late finds the counter exhausted and leaves
+//! without touching the borrowed task closure, so this thread never waits for a helper to start.
+//!
+//! Which thread runs a task never changes its arithmetic: results do not depend on the thread
+//! count (batch invariance, `tests/batch_invariance.rs`).
+
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The task closure with its lifetime erased, so that a `'static` rayon job can hold it.
+type TaskFn = dyn Fn(usize) + Sync;
+
+struct Crew {
+    /// The next unclaimed task index (phase one: `0..first`, phase two: `first..total`).
+    next: AtomicUsize,
+    /// Tasks finished. Phase-two tasks start only after `open`, which this thread sets once all
+    /// of phase one is finished, so `done ≥ first` means phase one is complete.
+    done: AtomicUsize,
+    /// Phase two may start (the serial step ran).
+    open: AtomicBool,
+    first: usize,
+    total: usize,
+    /// Valid while `done < total`: the owner does not return before every claimed task is done,
+    /// and a participant dereferences it only for a claimed index `< total`.
+    f: *const TaskFn,
+    /// The first panic of a task, re-raised on this thread once every task has settled.
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    failed: AtomicBool,
+}
+
+// SAFETY: `f` points to a `Sync` closure that outlives every dereference (see the field's rule);
+// the other fields are atomics and a mutex.
+unsafe impl Send for Crew {}
+// SAFETY: as above.
+unsafe impl Sync for Crew {}
+
+impl Crew {
+    /// Runs task `k` (already claimed), recording a panic instead of unwinding through the crew.
+    fn run(&self, k: usize) {
+        if !self.failed.load(Ordering::Acquire) {
+            // SAFETY: `k < total` was claimed by this participant and is not yet counted in
+            // `done`, so the owner is still waiting and `f`'s referent is alive.
+            let f = unsafe { &*self.f };
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(k))) {
+                self.failed.store(true, Ordering::Release);
+                let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
+                slot.get_or_insert(p);
+            }
+        }
+        self.done.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A helper's loop: claim, wait for phase two to open if the index is in it, run.
+    fn help(&self) {
+        loop {
+            let k = self.next.fetch_add(1, Ordering::AcqRel);
+            if k >= self.total {
+                return;
+            }
+            if k >= self.first {
+                while !self.open.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+            }
+            self.run(k);
+        }
+    }
+}
+
+/// Runs `f(0) .. f(first − 1)`, then `between()` once on this thread after all of them have
+/// finished, then `f(first) .. f(first + second − 1)`; each task once, on this thread and (with
+/// `help`) on up to `min(threads, tasks) − 1` pool workers. Returns after every task has finished.
+/// A panic in a task or in `between` is re-raised here after the others have settled (phase two
+/// is then skipped).
+pub(super) fn run_two_phases(
+    first: usize,
+    second: usize,
+    help: bool,
+    f: impl Fn(usize) + Sync,
+    between: impl FnOnce(),
+) {
+    let total = first + second;
+    let helpers = if help {
+        rayon::current_num_threads()
+            .min(first.max(second))
+            .saturating_sub(1)
+    } else {
+        0
+    };
+    let f: &(dyn Fn(usize) + Sync + '_) = &f;
+    // SAFETY: only the lifetime is erased; see `Crew::f` for why no dereference outlives `f`.
+    let f: *const TaskFn =
+        unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static TaskFn>(f) };
+    let crew = Arc::new(Crew {
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        open: AtomicBool::new(false),
+        first,
+        total,
+        f,
+        panic: Mutex::new(None),
+        failed: AtomicBool::new(false),
+    });
+    for _ in 0..helpers {
+        let c = Arc::clone(&crew);
+        rayon::spawn(move || c.help());
+    }
+    let mut between = Some(between);
+    loop {
+        let k = crew.next.fetch_add(1, Ordering::AcqRel);
+        if k >= first && !crew.open.load(Ordering::Relaxed) {
+            // Every phase-one index is claimed: wait for the ones still running, then the serial
+            // step, then open phase two.
+            while crew.done.load(Ordering::Acquire) < first {
+                std::hint::spin_loop();
+            }
+            if !crew.failed.load(Ordering::Acquire) {
+                if let Some(b) = between.take() {
+                    if let Err(p) = catch_unwind(AssertUnwindSafe(b)) {
+                        crew.failed.store(true, Ordering::Release);
+                        let mut slot = crew.panic.lock().unwrap_or_else(|e| e.into_inner());
+                        slot.get_or_insert(p);
+                    }
+                }
+            }
+            crew.open.store(true, Ordering::Release);
+        }
+        if k >= total {
+            break;
+        }
+        crew.run(k);
+    }
+    // Only tasks a running participant has claimed remain: short spins, no futex wake-up.
+    while crew.done.load(Ordering::Acquire) < total {
+        std::hint::spin_loop();
+    }
+    let p = crew.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(p) = p {
+        resume_unwind(p);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every task runs exactly once, phase two only after `between`, which runs once after all of
+    /// phase one; with and without helpers, from outside the pool and from inside a pool job.
+    #[test]
+    fn each_task_once_and_in_phase_order() {
+        for (first, second) in [(0usize, 0usize), (1, 0), (0, 1), (2, 3), (10, 8), (64, 7)] {
+            for help in [false, true] {
+                for inside in [false, true] {
+                    let hits: Vec<AtomicUsize> =
+                        (0..first + second).map(|_| AtomicUsize::new(0)).collect();
+                    let finished_first = AtomicUsize::new(0);
+                    let seen_at_between = AtomicUsize::new(usize::MAX);
+                    let early = AtomicBool::new(false);
+                    let opened = AtomicBool::new(false);
+                    let go = || {
+                        run_two_phases(
+                            first,
+                            second,
+                            help,
+                            |k| {
+                                if k >= first && !opened.load(Ordering::Acquire) {
+                                    early.store(true, Ordering::Relaxed);
+                                }
+                                // A little work, so that helpers get to claim some tasks.
+                                std::hint::black_box((0..2000).sum::<u64>());
+                                hits[k].fetch_add(1, Ordering::Relaxed);
+                                if k < first {
+                                    finished_first.fetch_add(1, Ordering::AcqRel);
+                                }
+                            },
+                            || {
+                                seen_at_between.store(
+                                    finished_first.load(Ordering::Acquire),
+                                    Ordering::Relaxed,
+                                );
+                                opened.store(true, Ordering::Release);
+                            },
+                        )
+                    };
+                    if inside {
+                        rayon::scope(|_| go());
+                    } else {
+                        go();
+                    }
+                    for (k, h) in hits.iter().enumerate() {
+                        assert_eq!(h.load(Ordering::Relaxed), 1, "{first}+{second}, task {k}");
+                    }
+                    assert!(
+                        !early.load(Ordering::Relaxed),
+                        "{first}+{second}: phase two early"
+                    );
+                    let at = seen_at_between.load(Ordering::Relaxed);
+                    assert!(at == first, "{first}+{second}: between saw {at} finished");
+                }
+            }
+        }
+    }
+
+    /// A panicking task surfaces on the caller after the others settle, and the crew still
+    /// returns (no helper left spinning on a phase that never opens).
+    #[test]
+    fn a_task_panic_reaches_the_caller() {
+        for help in [false, true] {
+            let ran_between = AtomicBool::new(false);
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                run_two_phases(
+                    6,
+                    4,
+                    help,
+                    |k| {
+                        if k == 3 {
+                            panic!("task 3");
+                        }
+                    },
+                    || ran_between.store(true, Ordering::Relaxed),
+                )
+            }));
+            let msg = r.expect_err("the panic surfaces");
+            assert_eq!(msg.downcast_ref::<&str>(), Some(&"task 3"));
+            assert!(
+                !ran_between.load(Ordering::Relaxed),
+                "between skipped after a failure"
+            );
+        }
+    }
+}
