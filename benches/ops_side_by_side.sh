@@ -52,21 +52,44 @@ table = [
     ("decode attention, bf16 dots", find(c, "decode attention, bf16 dots"), ("pre-decoded", find(t, "pre-decoded f32 rows")), "<= 1/3 torch"),
     ("decode attention, int16 dots (default)", find(c, "decode attention, int16 dots"), ("pre-decoded", find(t, "pre-decoded f32 rows")), "<= 1/3 torch"),
 ]
-print(f"\n== round {rnd} table (medians, ms; ratio = csa2 / torch)")
-print(f"| {'op':<46} | {'csa2':>9} | {'torch (same run)':>24} | {'ratio':>6} | goal |")
-print(f"|{'-'*48}|{'-'*11}|{'-'*26}|{'-'*8}|------|")
-for name, cv, (tn, tv), goal in table:
+# The dot-unit floors `csa2 bench ops` printed from this run's probes ("floor NAME: X µs (...)").
+floors = {}
+for l in open(sys.argv[1], encoding="utf-8"):
+    m = re.match(r"^floor (.*?): ([0-9.]+) µs", l)
+    if m:
+        floors[m.group(1).strip()] = float(m.group(2)) / 1000.0
+def floor_of(*words):
+    return find(floors, *words)
+floor_keys = [("decode indexer, q Mxfp4, int8",), ("decode indexer, q Mxfp4, int8",),
+              ("decode indexer, q Bf16, bf16",), ("decode attention 64",),
+              ("decode attention, bf16 dots",), ("decode attention, int16 dots",)]
+# torch's own floor on the attention rows: the f32 path's FMA count at the f32 probe.
+torch_floor = floor_of("decode attention 64")
+print(f"\n== round {rnd} table (medians, ms; ratio = csa2 / torch; floor = dot-unit time at this run's probes)")
+print(f"| {'op':<46} | {'csa2':>9} | {'torch (same run)':>24} | {'ratio':>6} | goal | floor | csa2 at | goal needs |")
+print(f"|{'-'*48}|{'-'*11}|{'-'*26}|{'-'*8}|------|-------|---------|------------|")
+for (name, cv, (tn, tv), goal), fk in zip(table, floor_keys):
     cs = f"{cv:9.3f}" if cv is not None else f"{'—':>9}"
     ts = f"{tv:.3f} ({tn})" if tv is not None else "—"
     ratio = f"{cv / tv:6.2f}" if cv is not None and tv else f"{'—':>6}"
-    print(f"| {name:<46} | {cs} | {ts:>24} | {ratio} | {goal} |")
+    fl = floor_of(*fk) if name != table[0][0] else None
+    fs = f"{fl:.3f}" if fl else "—"
+    at = f"{100 * fl / cv:.0f}%" if fl and cv else "—"
+    # The goal as a time, then the share of the floor a kernel must reach to meet it.
+    gt = 20.0 if goal == "<= 20 ms" else (tv / 3 if tv else None)
+    need = (f"{100 * fl / gt:.0f}%" + (" (under the floor)" if fl > gt else "")) if fl and gt else "—"
+    print(f"| {name:<46} | {cs} | {ts:>24} | {ratio} | {goal} | {fs} | {at} | {need} |")
+if torch_floor:
+    for name, cv, (tn, tv), goal in table[3:4]:
+        if tv:
+            print(f"torch's attention rows: f32 FMA floor {torch_floor:.3f} ms, torch at {100 * torch_floor / tv:.0f}% of it")
 for l in open(sys.argv[1], encoding="utf-8"):
     if l.startswith("reindex") and "ratio" in l:
         print(f"| {l.strip():<95} | goal: median ratio <= 1.1 |")
 # The load-robust figures (thread CPU time) and the probed peaks the rows are bounded by.
 print("\nprobed peaks and the int8 breakdown (thread CPU time):")
 for l in open(sys.argv[1], encoding="utf-8"):
-    if l.startswith(("threads ", "dot units", "int8 vpdpbusd on all", "memory read")) or "int8 breakdown" in l:
+    if l.startswith(("threads ", "dot units", "int8 vpdpbusd on all", "memory read", "floor ")) or "breakdown" in l:
         print("  " + l.strip())
 PYEOF
 done
@@ -86,9 +109,10 @@ for l in open(sys.argv[1], encoding="utf-8"):
         goal = ">= 1.6x" if int(f[0]) >= 256 else "—"
         print(f"| {f[0]} | {a[0]} | {a[2]} | {a[4]} | {g[0]} ({g[2]}) | {goal} |")
 # The peak the % column is taken of (thread CPU time, all threads at once) and the wall-clock rate
-# of the same loop, which says how much of the cores the machine gave the run.
+# of the same loop, which says how much of the cores the machine gave the run; then each T's
+# floors (FMAs at that peak, modeled bytes at the all-thread memcpy rate) and the ratio they allow.
 for l in open(sys.argv[1], encoding="utf-8"):
-    if l.startswith(("FMA peak", "memcpy")):
+    if l.startswith(("FMA peak", "memcpy", "floor T=")):
         print("  " + l.strip())
 PYEOF
 fi

@@ -83,6 +83,40 @@ fn line(name: &str, st: Stats, flops: f64, bytes: f64, note: &str) {
     );
 }
 
+/// A row's hardware floor from this run's probes: the time its dot-unit instructions alone take
+/// on all threads at the probed rates (`terms`: MACs and the one-thread GMAC/s of the unit that
+/// runs them), printed beside the row's median with the share of the floor reached. `None` when
+/// a probe is off (the unit is missing or capped).
+fn floor(name: &str, st: Stats, threads: usize, terms: &[(f64, Option<f64>, &str)]) {
+    let mut secs = 0.0;
+    let mut parts = Vec::new();
+    for &(macs, peak, unit) in terms {
+        let Some(g) = peak else {
+            say!("floor {name}: skipped ({unit} probe off)");
+            return;
+        };
+        let t = macs / (g * 1e9 * threads as f64);
+        secs += t;
+        parts.push(format!(
+            "{:.1} M {unit} MACs / ({threads} × {g:.1} GMAC/s) = {:.1} µs",
+            macs / 1e6,
+            t * 1e6
+        ));
+    }
+    ROWS.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(serde_json::json!({
+            "floor_of": name, "floor_us": secs * 1e6, "median_us": st.median * 1e6,
+            "share_of_floor": secs / st.median, "terms": parts,
+        }));
+    say!(
+        "floor {name}: {:.1} µs ({}); the median is at {:.0}% of it",
+        secs * 1e6,
+        parts.join(" + "),
+        100.0 * secs / st.median
+    );
+}
+
 pub fn run(a: Args) -> Result<()> {
     crate::out::json_dest(&a.json);
     if a.keys == 0 || a.prefill_tokens == 0 || a.prefill_ratio == 0 {
@@ -256,6 +290,19 @@ pub fn run(a: Args) -> Result<()> {
                 t_idx.median / t.median
             ),
         );
+        let unit = match kernel {
+            DotKernel::Int8 => Some((vnni_peak, "int8 vpdpbusd")),
+            DotKernel::Bf16 => Some((bf16_peak, "bf16 vdpbf16ps")),
+            _ => None,
+        };
+        if let Some((peak, unit)) = unit {
+            floor(
+                &format!("decode indexer, q {qq:?}, {} kernel", kernel.name()),
+                t,
+                threads,
+                &[(macs, peak, unit)],
+            );
+        }
         if let Some(b) = indexer::cpu::kernel_breakdown(&pr, &km, n.min(1 << 18), 5) {
             // One thread; 64 vpdpbusd (64 MACs each) or 128 vdpbf16ps (32 each) per key at
             // 32 heads × 128 dims.
@@ -458,6 +505,34 @@ pub fn run(a: Args) -> Result<()> {
             ),
         };
         line(name, stats[k], fl, bytes, &note);
+    }
+    // The dot-unit floors of the narrow paths: 64 heads × 512 dims over 512 NVFP4 main rows and
+    // 128 MXFP8 window rows. Scores: the int16 path's main rows take one `vpdpwssd` pass, bf16
+    // rows two `vdpbf16ps` passes (the split query, hi and lo); P·V one `vdpbf16ps` pass over all
+    // 640 rows.
+    let hd = HEADS as f64 * 512.0;
+    // The f32 path's (and torch's, on pre-decoded f32 rows) 2 × 640 rows of FMAs.
+    floor(
+        "decode attention 64×(512+128)×512, fp4+fp8",
+        t_att,
+        threads,
+        &[(hd * 2.0 * 640.0, Some(peak1 / 2.0), "f32 FMA")],
+    );
+    for (k, &d) in narrow.iter().enumerate() {
+        let (name, terms) = match d {
+            AttentionDots::Int16 => (
+                "decode attention, int16 dots (NVFP4 keys)",
+                vec![
+                    (hd * 512.0, int16_peak, "int16 vpdpwssd"),
+                    (hd * (2.0 * 128.0 + 640.0), bf16_peak, "bf16 vdpbf16ps"),
+                ],
+            ),
+            _ => (
+                "decode attention, bf16 dots",
+                vec![(hd * (2.0 * 640.0 + 640.0), bf16_peak, "bf16 vdpbf16ps")],
+            ),
+        };
+        floor(name, stats[k], threads, &terms);
     }
     if !AttentionDots::Bf16.is_supported() {
         say!("decode attention, bf16 dots: skipped (no AVX-512 BF16, or CSA2_ISA caps it)");
