@@ -152,15 +152,46 @@ pub(super) fn token(
         let sm = &mut rest[..nc * hp];
         // SAFETY (every call below): `supported()` was asserted (and `int16::supported()` where
         // ni > 0); the slices have the lengths the kernels assert.
-        if ni < n {
-            unsafe { x86::query_pairs(q, h, hp, scale, qt) };
-        }
-        if ni > 0 {
-            unsafe { int16::x86::query_i16(q, h, hp, scale, qi, qs) };
-        }
-        let (qt, qi, qs) = (&*qt, &*qi, &*qs);
+        // The query tables are written by the crew's prologue (on this thread, while the helpers
+        // wake up) and read by the score tasks after it.
+        let (qtl, qil, qsl) = (qt.len(), qi.len(), qs.len());
+        let (qtp, qip, qsp) = (
+            Shared(qt.as_mut_ptr()),
+            Shared(qi.as_mut_ptr()),
+            Shared(qs.as_mut_ptr()),
+        );
+        let prologue = || unsafe {
+            // SAFETY: no score task has started (the crew opens them after the prologue).
+            if ni < n {
+                x86::query_pairs(
+                    q,
+                    h,
+                    hp,
+                    scale,
+                    std::slice::from_raw_parts_mut(qtp.get(), qtl),
+                );
+            }
+            if ni > 0 {
+                int16::x86::query_i16(
+                    q,
+                    h,
+                    hp,
+                    scale,
+                    std::slice::from_raw_parts_mut(qip.get(), qil),
+                    std::slice::from_raw_parts_mut(qsp.get(), qsl),
+                );
+            }
+        };
         let isa = crate::isa::level();
         let score = |(c, ((kb16, (vb16, pb16)), (s, (m, e)))): ScoreChunk16| {
+            // SAFETY: the prologue has written the query tables; from here on they are read only.
+            let (qt, qi, qs) = unsafe {
+                (
+                    std::slice::from_raw_parts(qtp.get(), qtl),
+                    std::slice::from_raw_parts(qip.get(), qil),
+                    std::slice::from_raw_parts(qsp.get(), qsl),
+                )
+            };
             let rows = s.len() / hp;
             let r0 = c * CHUNK;
             // This chunk's int16 rows: its first `ci`.
@@ -305,7 +336,7 @@ pub(super) fn token(
             // `mx` becomes each chunk's factor.
             merge_chunks(mx, sm, sink, h, hp, nc, lse);
         };
-        super::crew::run_two_phases(nc, KV_DIM / SLICE, true, task, merge);
+        super::crew::run_phases(prologue, nc, merge, KV_DIM / SLICE, true, task);
     });
 }
 

@@ -1,6 +1,7 @@
-//! A two-phase task crew for one token's attention: the row chunks (scores), one serial step
-//! (the chunk merge), then the dim slices (P·V), on this thread and up to `threads − 1` pool
-//! workers that claim task indices from one counter.
+//! A two-phase task crew for one token's attention: a serial prologue (the query conversion,
+//! while the helpers wake up), the row chunks (scores), one serial step (the chunk merge), then
+//! the dim slices (P·V), on this thread and up to `threads − 1` pool workers that claim task
+//! indices from one counter.
 //!
 //! Why not a rayon scope per phase: on a 2-vCPU VM a rayon fork/join from outside the pool costs
 //! 17–45 µs (waking a worker, then waking this thread back on a futex when the worker finishes),
@@ -26,6 +27,8 @@ struct Crew {
     /// Tasks finished. Phase-two tasks start only after `open`, which this thread sets once all
     /// of phase one is finished, so `done ≥ first` means phase one is complete.
     done: AtomicUsize,
+    /// Phase one may start (the prologue ran).
+    start: AtomicBool,
     /// Phase two may start (the serial step ran).
     open: AtomicBool,
     first: usize,
@@ -52,42 +55,52 @@ impl Crew {
             // `done`, so the owner is still waiting and `f`'s referent is alive.
             let f = unsafe { &*self.f };
             if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(k))) {
-                self.failed.store(true, Ordering::Release);
-                let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
-                slot.get_or_insert(p);
+                self.fail(p);
             }
         }
         self.done.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// A helper's loop: claim, wait for phase two to open if the index is in it, run.
+    /// Records a panic (the first one is kept); the later steps are skipped.
+    fn fail(&self, p: Box<dyn std::any::Any + Send>) {
+        self.failed.store(true, Ordering::Release);
+        let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
+        slot.get_or_insert(p);
+    }
+
+    /// A helper's loop: claim, wait for the index's phase to open, run.
     fn help(&self) {
         loop {
             let k = self.next.fetch_add(1, Ordering::AcqRel);
             if k >= self.total {
                 return;
             }
-            if k >= self.first {
-                while !self.open.load(Ordering::Acquire) {
-                    std::hint::spin_loop();
-                }
+            let gate = if k >= self.first {
+                &self.open
+            } else {
+                &self.start
+            };
+            while !gate.load(Ordering::Acquire) {
+                std::hint::spin_loop();
             }
             self.run(k);
         }
     }
 }
 
-/// Runs `f(0) .. f(first − 1)`, then `between()` once on this thread after all of them have
-/// finished, then `f(first) .. f(first + second − 1)`; each task once, on this thread and (with
-/// `help`) on up to `min(threads, tasks) − 1` pool workers. Returns after every task has finished.
-/// A panic in a task or in `between` is re-raised here after the others have settled (phase two
-/// is then skipped).
-pub(super) fn run_two_phases(
+/// Runs `prologue()` on this thread (the helpers are already asked for and wake meanwhile), then
+/// `f(0) .. f(first − 1)`, then `between()` once on this thread after all of them have finished,
+/// then `f(first) .. f(first + second − 1)`; each task once, on this thread and (with `help`) on
+/// up to `min(threads, tasks) − 1` pool workers. Returns after every task has finished. A panic
+/// in the prologue, a task or `between` is re-raised here after the others have settled (the
+/// later steps are then skipped).
+pub(super) fn run_phases(
+    prologue: impl FnOnce(),
     first: usize,
+    between: impl FnOnce(),
     second: usize,
     help: bool,
     f: impl Fn(usize) + Sync,
-    between: impl FnOnce(),
 ) {
     let total = first + second;
     let helpers = if help {
@@ -104,6 +117,7 @@ pub(super) fn run_two_phases(
     let crew = Arc::new(Crew {
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
+        start: AtomicBool::new(false),
         open: AtomicBool::new(false),
         first,
         total,
@@ -115,6 +129,10 @@ pub(super) fn run_two_phases(
         let c = Arc::clone(&crew);
         rayon::spawn(move || c.help());
     }
+    if let Err(p) = catch_unwind(AssertUnwindSafe(prologue)) {
+        crew.fail(p);
+    }
+    crew.start.store(true, Ordering::Release);
     let mut between = Some(between);
     loop {
         let k = crew.next.fetch_add(1, Ordering::AcqRel);
@@ -127,9 +145,7 @@ pub(super) fn run_two_phases(
             if !crew.failed.load(Ordering::Acquire) {
                 if let Some(b) = between.take() {
                     if let Err(p) = catch_unwind(AssertUnwindSafe(b)) {
-                        crew.failed.store(true, Ordering::Release);
-                        let mut slot = crew.panic.lock().unwrap_or_else(|e| e.into_inner());
-                        slot.get_or_insert(p);
+                        crew.fail(p);
                     }
                 }
             }
@@ -154,8 +170,9 @@ pub(super) fn run_two_phases(
 mod tests {
     use super::*;
 
-    /// Every task runs exactly once, phase two only after `between`, which runs once after all of
-    /// phase one; with and without helpers, from outside the pool and from inside a pool job.
+    /// Every task runs exactly once, phase one only after the prologue, phase two only after
+    /// `between`, which runs once after all of phase one; with and without helpers, from outside
+    /// the pool and from inside a pool job.
     #[test]
     fn each_task_once_and_in_phase_order() {
         for (first, second) in [(0usize, 0usize), (1, 0), (0, 1), (2, 3), (10, 8), (64, 7)] {
@@ -165,14 +182,29 @@ mod tests {
                         (0..first + second).map(|_| AtomicUsize::new(0)).collect();
                     let finished_first = AtomicUsize::new(0);
                     let seen_at_between = AtomicUsize::new(usize::MAX);
+                    let prologue_done = AtomicBool::new(false);
+                    let before_prologue = AtomicBool::new(false);
                     let early = AtomicBool::new(false);
                     let opened = AtomicBool::new(false);
                     let go = || {
-                        run_two_phases(
+                        run_phases(
+                            || {
+                                // Long enough for a helper to wake and claim an index.
+                                std::hint::black_box((0..20000).sum::<u64>());
+                                prologue_done.store(true, Ordering::Release);
+                            },
                             first,
+                            || {
+                                let f = finished_first.load(Ordering::Acquire);
+                                seen_at_between.store(f, Ordering::Relaxed);
+                                opened.store(true, Ordering::Release);
+                            },
                             second,
                             help,
                             |k| {
+                                if !prologue_done.load(Ordering::Acquire) {
+                                    before_prologue.store(true, Ordering::Relaxed);
+                                }
                                 if k >= first && !opened.load(Ordering::Acquire) {
                                     early.store(true, Ordering::Relaxed);
                                 }
@@ -183,13 +215,6 @@ mod tests {
                                     finished_first.fetch_add(1, Ordering::AcqRel);
                                 }
                             },
-                            || {
-                                seen_at_between.store(
-                                    finished_first.load(Ordering::Acquire),
-                                    Ordering::Relaxed,
-                                );
-                                opened.store(true, Ordering::Release);
-                            },
                         )
                     };
                     if inside {
@@ -197,41 +222,55 @@ mod tests {
                     } else {
                         go();
                     }
+                    let case = format!("{first}+{second}, help {help}, inside {inside}");
                     for (k, h) in hits.iter().enumerate() {
-                        assert_eq!(h.load(Ordering::Relaxed), 1, "{first}+{second}, task {k}");
+                        assert_eq!(h.load(Ordering::Relaxed), 1, "{case}: task {k}");
                     }
                     assert!(
-                        !early.load(Ordering::Relaxed),
-                        "{first}+{second}: phase two early"
+                        !before_prologue.load(Ordering::Relaxed),
+                        "{case}: before prologue"
                     );
+                    assert!(!early.load(Ordering::Relaxed), "{case}: phase two early");
                     let at = seen_at_between.load(Ordering::Relaxed);
-                    assert!(at == first, "{first}+{second}: between saw {at} finished");
+                    assert!(at == first, "{case}: between saw {at} finished");
                 }
             }
         }
     }
 
-    /// A panicking task surfaces on the caller after the others settle, and the crew still
-    /// returns (no helper left spinning on a phase that never opens).
+    /// A panic in a task, the prologue or `between` surfaces on the caller after the others
+    /// settle, the later serial steps are skipped, and the crew still returns (no helper left
+    /// spinning on a phase that never opens).
     #[test]
-    fn a_task_panic_reaches_the_caller() {
-        for help in [false, true] {
+    fn a_panic_reaches_the_caller() {
+        for (at, help) in [(0, false), (0, true), (1, false), (1, true), (2, true)] {
             let ran_between = AtomicBool::new(false);
             let r = catch_unwind(AssertUnwindSafe(|| {
-                run_two_phases(
+                run_phases(
+                    || {
+                        if at == 0 {
+                            panic!("prologue");
+                        }
+                    },
                     6,
+                    || {
+                        if at == 2 {
+                            panic!("between");
+                        }
+                        ran_between.store(true, Ordering::Relaxed)
+                    },
                     4,
                     help,
                     |k| {
-                        if k == 3 {
+                        if at == 1 && k == 3 {
                             panic!("task 3");
                         }
                     },
-                    || ran_between.store(true, Ordering::Relaxed),
                 )
             }));
             let msg = r.expect_err("the panic surfaces");
-            assert_eq!(msg.downcast_ref::<&str>(), Some(&"task 3"));
+            let want = ["prologue", "task 3", "between"][at];
+            assert_eq!(msg.downcast_ref::<&str>(), Some(&want));
             assert!(
                 !ran_between.load(Ordering::Relaxed),
                 "between skipped after a failure"
