@@ -193,9 +193,8 @@ where
         .map(|c| (c.buf.as_mut_ptr(), c.stride, c.c0));
     let mut acc = V::A8::splat(0.0);
     let mut k = c0;
-    let splat = |v: f32| V::splat(v);
-    let (post, cb) = (m.post.map(splat), m.comb.map(splat));
-    let pv = pre.map(|p| p.map(splat));
+    let (post, cb) = (splats::<V, HC>(&m.post), splats::<V, { HC * HC }>(&m.comb));
+    let pv = pre.map(splats::<V, HC>);
     while k + V::L <= c1 {
         // SAFETY: k + L ≤ c1 ≤ d inside every row; `cp` was checked by `update_collapse`.
         acc = unsafe { uc_step::<V>(d, xp, yp, op, up, cpp, k, &post, &cb, pv.as_ref(), acc) };
@@ -203,9 +202,11 @@ where
     }
     if V::L > 8 && k + 8 <= c1 {
         // The 8-dim remainder of a 16-lane kernel at 8 lanes, as the 8-lane kernel would run it.
-        let splat = |v: f32| V::A8::splat(v);
-        let (post, cb) = (m.post.map(splat), m.comb.map(splat));
-        let pv = pre.map(|p| p.map(splat));
+        let (post, cb) = (
+            splats::<V::A8, HC>(&m.post),
+            splats::<V::A8, { HC * HC }>(&m.comb),
+        );
+        let pv = pre.map(splats::<V::A8, HC>);
         // SAFETY: k + 8 ≤ c1, as above.
         acc = unsafe { uc_step::<V::A8>(d, xp, yp, op, up, cpp, k, &post, &cb, pv.as_ref(), acc) };
         k += 8;
@@ -216,6 +217,17 @@ where
         scalar::update_collapse::<false>(d, xt, y, m, pre, k, c1, xn, u, cp)
     };
     acc.hsum() + tail
+}
+
+/// Each value broadcast to a vector. (A loop, not `[f32; N]::map`, which the compiler left as an
+/// out-of-line call per token and chunk in the update kernel.)
+#[inline(always)]
+fn splats<V: Vf32, const N: usize>(a: &[f32; N]) -> [V; N] {
+    let mut v = [V::splat(0.0); N];
+    for (v, &a) in v.iter_mut().zip(a) {
+        *v = V::splat(a);
+    }
+    v
 }
 
 /// u[c0..c1] = Σ_j pre_j·X[j]; returns Σ u² over the range (written once over the lane count,
