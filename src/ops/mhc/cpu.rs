@@ -553,23 +553,83 @@ fn mix_tile(
     )
 }
 
+/// The ends of the output rows' chunk segments that [`rows_from_tile`] has not written yet: per
+/// token and stream (`tt·4 + j`), the previous chunk's last values that share a cache line with
+/// the next chunk's first ones.
+struct RowCarry {
+    vals: [[f32; 16]; HC * MAX_TILE],
+    len: [usize; HC * MAX_TILE],
+}
+
+impl RowCarry {
+    fn new() -> RowCarry {
+        RowCarry {
+            vals: [[0.0; 16]; HC * MAX_TILE],
+            len: [0; HC * MAX_TILE],
+        }
+    }
+}
+
 /// X' of chunk c0..c1 from the GEMV tile to the output rows (`rows` = the tile's `[nt, 4, d]`),
 /// with non-temporal stores: X' is not read again in this boundary (the next one reads it after
 /// the whole sublayer), so its lines go to memory without being read for ownership first and
 /// without evicting the streams still to be updated. Values are copied, not recomputed.
-fn rows_from_tile(d: usize, xc: &XTile, nt: usize, c0: usize, c1: usize, rows: &mut [f32]) {
+///
+/// A row need not start on a cache line, so a chunk boundary inside a row can fall inside a line:
+/// the chunk's last values of that line wait in `carry` and go out with the next chunk's first
+/// ones as one whole-line non-temporal store (ordinary stores of partial lines would first read
+/// the line from memory). Only the lines at the ends of a row, which it shares with the
+/// neighbouring rows, are written with ordinary stores. Chunks must come in order, c1 = d last.
+#[allow(clippy::too_many_arguments)]
+fn rows_from_tile(
+    d: usize,
+    xc: &XTile,
+    nt: usize,
+    c0: usize,
+    c1: usize,
+    rows: &mut [f32],
+    carry: &mut RowCarry,
+) {
     assert!(nt <= MAX_TILE && rows.len() >= nt * HC * d && c0 <= c1 && c1 - c0 <= CHUNK && c1 <= d);
     for tt in 0..nt {
         for j in 0..HC {
-            let src = &xc.0[(j * MAX_TILE + tt) * CHUNK..][..c1 - c0];
-            let dst = &mut rows[(tt * HC + j) * d + c0..][..c1 - c0];
+            let w = c1 - c0;
+            let src = &xc.0[(j * MAX_TILE + tt) * CHUNK..][..w];
+            let row = &mut rows[(tt * HC + j) * d..][..d];
             #[cfg(target_arch = "x86_64")]
             if level() == Isa::Avx512 {
-                // SAFETY: AVX-512F reported by `level()`; equal lengths.
-                unsafe { avx512::copy_nt(src, dst) };
+                let r = tt * HC + j;
+                let cn = carry.len[r];
+                // Values from c0 to the row's next 64-byte line boundary (an f32 pointer is
+                // 4-byte aligned, so the boundaries are 16 values apart).
+                let hh = row[c0..].as_ptr().align_offset(64) % 16;
+                let a = (c0 + hh).min(c1);
+                if cn > 0 && cn + hh == 16 && c0 + hh <= c1 {
+                    let mut line = [0.0f32; 16];
+                    line[..cn].copy_from_slice(&carry.vals[r][..cn]);
+                    line[cn..].copy_from_slice(&src[..hh]);
+                    // SAFETY: AVX-512F reported by `level()`; row[c0 − cn..c0 + hh] is one
+                    // 64-byte-aligned line inside the row.
+                    unsafe { avx512::stream_line(&line, &mut row[c0 - cn..c0 + hh]) };
+                } else {
+                    row[c0 - cn..c0].copy_from_slice(&carry.vals[r][..cn]);
+                    row[c0..a].copy_from_slice(&src[..a - c0]);
+                }
+                let e = a + (c1 - a) / 16 * 16;
+                // SAFETY: AVX-512F reported by `level()`; equal lengths (row[a..e] starts on a
+                // line, so every store is non-temporal).
+                unsafe { avx512::copy_nt(&src[a - c0..e - c0], &mut row[a..e]) };
+                if c1 < d && e < c1 {
+                    carry.vals[r][..c1 - e].copy_from_slice(&src[e - c0..]);
+                    carry.len[r] = c1 - e;
+                } else {
+                    row[e..c1].copy_from_slice(&src[e - c0..]);
+                    carry.len[r] = 0;
+                }
                 continue;
             }
-            dst.copy_from_slice(src);
+            let _ = &carry;
+            row[c0..c1].copy_from_slice(src);
         }
     }
 }
@@ -1018,6 +1078,15 @@ mod avx512 {
         dst[k..].copy_from_slice(&src[k..]);
     }
 
+    /// One 64-byte line `dst = v` with a non-temporal store.
+    ///
+    /// SAFETY (callers): AVX-512F present; `dst` is 16 values starting on a 64-byte boundary.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn stream_line(v: &[f32; 16], dst: &mut [f32]) {
+        debug_assert!(dst.len() == 16 && dst.as_ptr().align_offset(64) == 0);
+        _mm512_stream_ps(dst.as_mut_ptr(), _mm512_loadu_ps(v.as_ptr()));
+    }
+
     /// [`tile_packed`] on a tile whose X' chunk is already in `xc` (the fused path's update
     /// writes it there): the same FMAs in the same order, without the copy pass.
     ///
@@ -1400,6 +1469,7 @@ pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) ->
         let mut su = vec![0.0f32; nt];
         let mut segs: Vec<*const f32> = Vec::with_capacity(nt * (2 * HC + 2));
         let mut xc = direct.map(|_| XTile::boxed());
+        let mut carry = RowCarry::new();
         // Chunk-major: the update of one CHUNK of every token of the tile (X' chunk: ≤ 16 × 4 ×
         // 2 KiB = 128 KiB) is followed at once by the GEMV on that chunk, so the GEMV reads X' from
         // L1/L2 instead of L3 (the whole tile's X', 16 × 80 KiB at d = 5120, exceeds a 1 MiB L2),
@@ -1467,7 +1537,7 @@ pub fn fused_boundary(p: &MhcParams, inp: &BoundaryIn, out: &mut BoundaryOut) ->
                 match (direct, xc.as_deref()) {
                     (Some(pk), Some(xc)) => {
                         mix_tile(d, pk, xc, nt, c0, c1, acc_tile, ahead);
-                        rows_from_tile(d, xc, nt, c0, c1, xn_tile);
+                        rows_from_tile(d, xc, nt, c0, c1, xn_tile, &mut carry);
                     }
                     _ => mix_block_ahead(d, w.hc_fn, w.packed, xn_tile, c0, c1, acc_tile, ahead),
                 }
