@@ -80,10 +80,25 @@ impl Crew {
             } else {
                 &self.start
             };
-            while !gate.load(Ordering::Acquire) {
-                std::hint::spin_loop();
-            }
+            wait_until(|| gate.load(Ordering::Acquire));
             self.run(k);
+        }
+    }
+}
+
+/// Spins until `ready()`: the waits here are for a task already running on another thread (tens of
+/// µs), shorter than a futex round trip. Past 4,096 pauses (tens of µs), the thread that should
+/// finish it has probably lost its core (more runnable threads than cores), so the wait yields
+/// the core at each check instead of burning it (a yield with nothing else runnable returns at
+/// once).
+fn wait_until(ready: impl Fn() -> bool) {
+    let mut spins = 0u32;
+    while !ready() {
+        if spins < 1 << 12 {
+            spins += 1;
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
         }
     }
 }
@@ -139,9 +154,7 @@ pub(super) fn run_phases(
         if k >= first && !crew.open.load(Ordering::Relaxed) {
             // Every phase-one index is claimed: wait for the ones still running, then the serial
             // step, then open phase two.
-            while crew.done.load(Ordering::Acquire) < first {
-                std::hint::spin_loop();
-            }
+            wait_until(|| crew.done.load(Ordering::Acquire) >= first);
             if !crew.failed.load(Ordering::Acquire) {
                 if let Some(b) = between.take() {
                     if let Err(p) = catch_unwind(AssertUnwindSafe(b)) {
@@ -157,9 +170,7 @@ pub(super) fn run_phases(
         crew.run(k);
     }
     // Only tasks a running participant has claimed remain: short spins, no futex wake-up.
-    while crew.done.load(Ordering::Acquire) < total {
-        std::hint::spin_loop();
-    }
+    wait_until(|| crew.done.load(Ordering::Acquire) >= total);
     let p = crew.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(p) = p {
         resume_unwind(p);
@@ -235,6 +246,29 @@ mod tests {
                     assert!(at == first, "{case}: between saw {at} finished");
                 }
             }
+        }
+    }
+
+    /// A long task on a helper: the caller's waits pass from spinning to yielding and still end
+    /// when the task does, with every task run once.
+    #[test]
+    fn long_waits_yield_and_finish() {
+        for help in [false, true] {
+            let hits: Vec<AtomicUsize> = (0..6).map(|_| AtomicUsize::new(0)).collect();
+            run_phases(
+                || {},
+                3,
+                || {},
+                3,
+                help,
+                |k| {
+                    if k == 0 || k == 3 {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                    hits[k].fetch_add(1, Ordering::Relaxed);
+                },
+            );
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
         }
     }
 
