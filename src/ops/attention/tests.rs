@@ -1228,3 +1228,59 @@ fn int16_dots_edges() {
         );
     }
 }
+
+/// Several threads outside the pool (as engine threads calling the C ABI would be) run lone decode
+/// tokens at once on the narrow paths: their crews share the rayon pool's workers as helpers, and
+/// every output must carry the bits of the same token run alone.
+#[test]
+fn concurrent_callers_get_the_bits_of_a_lone_call() {
+    for dots in [AttentionDots::Bf16, AttentionDots::Int16] {
+        if !dots.is_supported() {
+            continue;
+        }
+        let mut rng = Rng::new(33);
+        let (n, s) = (700, 300);
+        let c = case(&mut rng, 4, n, s);
+        let main = KvRows::Records(RecordFormat::Nvfp4Ds, &c.main_rec);
+        let swa = KvRows::Records(RecordFormat::Mxfp8, &c.swa_rec);
+        let p = AttentionParams::default();
+        let k = 512;
+        let topk: Vec<i32> = (0..4 * k).map(|i| ((i * 13) % n) as i32).collect();
+        let run = |ti: usize| {
+            let inp = AttentionInputs {
+                q: &c.q[ti * HEADS * KV_DIM..][..HEADS * KV_DIM],
+                topk: &topk[ti * k..][..k],
+                topk_len: None,
+                positions: &[s as i64 - 1 - ti as i64],
+                replay_start: &[],
+                sink: &c.sink,
+            };
+            let mut o = vec![f32::NAN; HEADS * KV_DIM];
+            let mut l = vec![f32::NAN; HEADS];
+            attention_with_dots(&p, dots, &inp, main, swa, &mut o, &mut l).unwrap();
+            (o, l)
+        };
+        let alone: Vec<_> = (0..4).map(run).collect();
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..4)
+                .map(|ti| {
+                    let (run, alone) = (&run, &alone);
+                    sc.spawn(move || {
+                        for _ in 0..20 {
+                            let (o, l) = run(ti);
+                            let same = |a: &[f32], b: &[f32]| {
+                                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+                            };
+                            assert!(same(&o, &alone[ti].0) && same(&l, &alone[ti].1));
+                        }
+                    })
+                })
+                .collect();
+            for h in hs {
+                if h.join().is_err() {
+                    panic!("{dots:?}: a concurrent caller got other bits");
+                }
+            }
+        });
+    }
+}
