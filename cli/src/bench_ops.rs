@@ -511,25 +511,27 @@ pub fn run(a: Args) -> Result<()> {
     // rows two `vdpbf16ps` passes (the split query, hi and lo); P·V one `vdpbf16ps` pass over all
     // 640 rows.
     let hd = HEADS as f64 * 512.0;
+    // Rows per token: the top-k main rows and the SWA window rows.
+    let (rk, rw) = (topk_row.len() as f64, ap.window as f64);
     // The f32 path's (and torch's, on pre-decoded f32 rows) 2 × 640 rows of FMAs.
     floor(
         "decode attention 64×(512+128)×512, fp4+fp8",
         t_att,
         threads,
-        &[(hd * 2.0 * 640.0, Some(peak1 / 2.0), "f32 FMA")],
+        &[(hd * 2.0 * (rk + rw), Some(peak1 / 2.0), "f32 FMA")],
     );
     for (k, &d) in narrow.iter().enumerate() {
         let (name, terms) = match d {
             AttentionDots::Int16 => (
                 "decode attention, int16 dots (NVFP4 keys)",
                 vec![
-                    (hd * 512.0, int16_peak, "int16 vpdpwssd"),
-                    (hd * (2.0 * 128.0 + 640.0), bf16_peak, "bf16 vdpbf16ps"),
+                    (hd * rk, int16_peak, "int16 vpdpwssd"),
+                    (hd * (2.0 * rw + rk + rw), bf16_peak, "bf16 vdpbf16ps"),
                 ],
             ),
             _ => (
                 "decode attention, bf16 dots",
-                vec![(hd * (2.0 * 640.0 + 640.0), bf16_peak, "bf16 vdpbf16ps")],
+                vec![(hd * 3.0 * (rk + rw), bf16_peak, "bf16 vdpbf16ps")],
             ),
         };
         floor(name, stats[k], threads, &terms);
