@@ -229,19 +229,27 @@ fn main() {
             us(m[5]),
             gflops(m[5]),
         );
-        // What bounds the fused pass: its FMAs at the all-thread peak, and its modeled bytes at
-        // the all-thread memcpy rate. With both overlapped the pass cannot beat the larger; with
-        // them in turn, the sum. The unfused time over each is the ratio that floor would give.
-        let fma_s = (2 * MIX * HC * d * t) as f64 / (peak * 1e9);
+        // What bounds the fused pass: its mul/FMA operations at the all-thread peak, and its
+        // modeled bytes at the all-thread memcpy rate. With both overlapped the pass cannot beat
+        // the larger; with them in turn, the sum. The unfused time over each is the ratio that
+        // floor would give.
+        // FMA-pipe operations per dim and token in the fused pass (each mul or FMA once): the
+        // GEMV's 24 · 4, the mix statistic Σx'² (4), the post update (4 × (1 mul + 4 FMAs)), the
+        // collapse (1 mul + 3 FMAs), Σu² (1) and the norm's two scalings (2). The peak counts
+        // an FMA as 2 FLOPs, so the unit issues peak / 2 of these per second.
+        let ops_per_dim = MIX * HC + HC + HC * (HC + 1) + HC + 1 + 2;
+        let fma_ops = (ops_per_dim * d * t) as f64;
+        let fma_s = fma_ops / (peak / 2.0 * 1e9);
         let mem_s = fused_bytes / (memcpy_all_gbs * 1e9);
         let unf = m[1].as_secs_f64();
         println!(
-            "floor T={t}: FMAs {:.1} µs ({:.1} MFLOP at {peak:.1} GFLOP/s), bytes {:.1} µs ({:.1} MB \
+            "floor T={t}: FMAs {:.1} µs ({:.1} M mul/FMA ops, {ops_per_dim} per dim and token, at \
+             {peak:.1} GFLOP/s), bytes {:.1} µs ({:.1} MB \
              at {memcpy_all_gbs:.1} GB/s); fused at {:.0}% of the overlapped floor ({:.1} µs), \
              {:.0}% of the serialized one ({:.1} µs); unfused / floor = {:.2}x overlapped, \
              {:.2}x serialized",
             fma_s * 1e6,
-            (2 * MIX * HC * d * t) as f64 / 1e6,
+            fma_ops / 1e6,
             mem_s * 1e6,
             fused_bytes / 1e6,
             100.0 * fma_s.max(mem_s) / m[0].as_secs_f64(),
