@@ -109,6 +109,10 @@ fn wait_until(ready: impl Fn() -> bool) {
 /// up to `min(threads, tasks) − 1` pool workers. Returns after every task has finished. A panic
 /// in the prologue, a task or `between` is re-raised here after the others have settled (the
 /// later steps are then skipped).
+///
+/// The closures must not enter rayon (no join, scope, parallel iterator or `yield_now`): a worker
+/// waiting inside such a call could run a helper of this same crew, which could claim a phase-two
+/// index and spin on the gate while the phase-one task it sits on top of never finishes.
 pub(super) fn run_phases(
     prologue: impl FnOnce(),
     first: usize,
