@@ -32,8 +32,9 @@
 //! into K and V — an NVFP4 row's int16 codes, scales and bf16 values in one pass over the record
 //! —, scores, the chunk's softmax and its P) and then the output dim slices (P·V, written in
 //! place) run as tasks that this thread and up to `threads − 1` pool workers claim from a counter
-//! ([`super::crew`]), the chunk merge running once between the two phases. The per-row reduction order depends only on the row's position in the token's
-//! row list, never on the thread count, on which thread ran a task, or on other tokens.
+//! ([`super::crew`]), the chunk merge running once between the two phases. The per-row reduction
+//! order depends only on the row's position in the token's row list, never on the thread count,
+//! on which thread ran a task, or on other tokens.
 
 use super::cpu::{chunk_softmax, merge_chunks, CHUNK, HEAD_PAD, KS, SLICE};
 use super::{int16, KvRows, TokenRows};
@@ -50,11 +51,14 @@ type ScoreChunk16<'a> = (
     ),
 );
 
-/// A buffer shared by a token's tasks: the output rows (the P·V tasks write disjoint column
-/// slices) and the chunk maxima and sums (each score task its own chunk's, the merge between the
-/// phases all of them, the P·V tasks only read), and V and P (written per chunk by the score
-/// tasks, read whole by the P·V tasks).
-struct Shared<T>(*mut T);
+/// A buffer shared by a token's tasks: the query tables (written by the prologue, read by the
+/// score tasks), the chunk maxima and sums (each score task its own chunk's, the merge between the
+/// phases all of them, the P·V tasks only read), V and P (written per chunk by the score tasks,
+/// read whole by the P·V tasks) and the output rows (the P·V tasks write disjoint column slices).
+struct Shared<T> {
+    ptr: *mut T,
+    len: usize,
+}
 impl<T> Clone for Shared<T> {
     fn clone(&self) -> Self {
         *self
@@ -66,8 +70,27 @@ unsafe impl<T> Send for Shared<T> {}
 // SAFETY: as above.
 unsafe impl<T> Sync for Shared<T> {}
 impl<T> Shared<T> {
-    fn get(self) -> *mut T {
-        self.0
+    /// Takes `s`'s place: `s` must not be used while views from this handle are live.
+    fn new(s: &mut [T]) -> Self {
+        Shared {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+        }
+    }
+    /// The start (a method, so closures capture the whole `Sync` handle, not its raw field).
+    fn ptr(&self) -> *mut T {
+        self.ptr
+    }
+    /// SAFETY: no thread writes the buffer while the view lives (the crew's phases order it).
+    unsafe fn get(&self) -> &[T] {
+        // SAFETY: `ptr`, `len` came from a live slice; aliasing as the caller guarantees.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    /// SAFETY: no other view of the part this one touches is used while it lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get_mut(&self) -> &mut [T] {
+        // SAFETY: as `get`, with the caller's exclusivity.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
@@ -154,44 +177,20 @@ pub(super) fn token(
         // ni > 0); the slices have the lengths the kernels assert.
         // The query tables are written by the crew's prologue (on this thread, while the helpers
         // wake up) and read by the score tasks after it.
-        let (qtl, qil, qsl) = (qt.len(), qi.len(), qs.len());
-        let (qtp, qip, qsp) = (
-            Shared(qt.as_mut_ptr()),
-            Shared(qi.as_mut_ptr()),
-            Shared(qs.as_mut_ptr()),
-        );
+        let (qt, qi, qs) = (Shared::new(qt), Shared::new(qi), Shared::new(qs));
         let prologue = || unsafe {
             // SAFETY: no score task has started (the crew opens them after the prologue).
             if ni < n {
-                x86::query_pairs(
-                    q,
-                    h,
-                    hp,
-                    scale,
-                    std::slice::from_raw_parts_mut(qtp.get(), qtl),
-                );
+                x86::query_pairs(q, h, hp, scale, qt.get_mut());
             }
             if ni > 0 {
-                int16::x86::query_i16(
-                    q,
-                    h,
-                    hp,
-                    scale,
-                    std::slice::from_raw_parts_mut(qip.get(), qil),
-                    std::slice::from_raw_parts_mut(qsp.get(), qsl),
-                );
+                int16::x86::query_i16(q, h, hp, scale, qi.get_mut(), qs.get_mut());
             }
         };
         let isa = crate::isa::level();
         let score = |(c, ((kb16, (vb16, pb16)), (s, (m, e)))): ScoreChunk16| {
             // SAFETY: the prologue has written the query tables; from here on they are read only.
-            let (qt, qi, qs) = unsafe {
-                (
-                    std::slice::from_raw_parts(qtp.get(), qtl),
-                    std::slice::from_raw_parts(qip.get(), qil),
-                    std::slice::from_raw_parts(qsp.get(), qsl),
-                )
-            };
+            let (qt, qi, qs) = unsafe { (qt.get(), qi.get(), qs.get()) };
             let rows = s.len() / hp;
             let r0 = c * CHUNK;
             // This chunk's int16 rows: its first `ci`.
@@ -267,44 +266,36 @@ pub(super) fn token(
         // maxima and sums (`mx`, `sm`) are reached through pointers: the score tasks write them
         // chunk by chunk, the merge between the phases rewrites `mx` into each chunk's factor, and
         // the P·V tasks read the factors.
-        let (mxp, smp) = (Shared(mx.as_mut_ptr()), Shared(sm.as_mut_ptr()));
-        let (vlen, plen) = (vb.len(), pb.len());
-        let (vbp, pbp) = (Shared(vb.as_mut_ptr()), Shared(pb.as_mut_ptr()));
-        // SAFETY (V, P): chunk c's task owns its pieces until phase one ends; phase two only
-        // reads them.
-        let (vb_w, pb_w) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(vbp.get(), vlen),
-                std::slice::from_raw_parts_mut(pbp.get(), plen),
-            )
+        let (mx, sm, vb, pb) = (
+            Shared::new(mx),
+            Shared::new(sm),
+            Shared::new(vb),
+            Shared::new(pb),
+        );
+        // SAFETY (the four views): chunk c's task owns its pieces of V, P and of the maxima and
+        // sums until phase one ends; the views are dropped with `tasks` before anything reads
+        // them whole.
+        let tasks: Vec<std::sync::Mutex<Option<ScoreChunk16>>> = unsafe {
+            kb.chunks_mut(CHUNK * KBS)
+                .zip(
+                    vb.get_mut()
+                        .chunks_mut(CHUNK * KV_DIM)
+                        .zip(pb.get_mut().chunks_mut(CHUNK * hp)),
+                )
+                .zip(
+                    st.chunks_mut(CHUNK * hp)
+                        .zip(mx.get_mut().chunks_mut(hp).zip(sm.get_mut().chunks_mut(hp))),
+                )
+                .enumerate()
+                .map(|t| std::sync::Mutex::new(Some(t)))
+                .collect()
         };
-        let tasks: Vec<std::sync::Mutex<Option<ScoreChunk16>>> = kb
-            .chunks_mut(CHUNK * KBS)
-            .zip(
-                vb_w.chunks_mut(CHUNK * KV_DIM)
-                    .zip(pb_w.chunks_mut(CHUNK * hp)),
-            )
-            .zip(
-                st.chunks_mut(CHUNK * hp).zip(
-                    // SAFETY: `mx` and `sm` hold nc · hp floats each; chunk c's task owns
-                    // floats c · hp .. + hp of each until phase one ends.
-                    unsafe { std::slice::from_raw_parts_mut(mxp.get(), nc * hp) }
-                        .chunks_mut(hp)
-                        .zip(
-                            unsafe { std::slice::from_raw_parts_mut(smp.get(), nc * hp) }
-                                .chunks_mut(hp),
-                        ),
-                ),
-            )
-            .enumerate()
-            .map(|t| std::sync::Mutex::new(Some(t)))
-            .collect();
         // Chunks holding bf16-scored rows (twice the MACs of an int16 chunk) first, so that
         // the last ones claimed are the light ones.
         let heavy = nc - ni / CHUNK;
         let order = |k: usize| if k < heavy { nc - heavy + k } else { k - heavy };
         assert!(out.len() == h * KV_DIM);
-        let o = Shared(out.as_mut_ptr());
+        let o = Shared::new(out);
         let task = |k: usize| {
             if k < nc {
                 let t = tasks[order(k)]
@@ -314,28 +305,15 @@ pub(super) fn token(
                 score(t.expect("each chunk is claimed once"));
             } else {
                 // SAFETY: phase two starts after the merge, which no task overlaps; from then on
-                // the factors are only read. `out` holds h rows of 512; slice `si` writes only
-                // dims si · SLICE .. + SLICE of each row, and `out` is not touched otherwise
-                // until every task is done.
-                unsafe {
-                    let f = std::slice::from_raw_parts(mxp.get(), nc * hp);
-                    let vb = std::slice::from_raw_parts(vbp.get(), vlen);
-                    let pb = std::slice::from_raw_parts(pbp.get(), plen);
-                    x86::pv(pb, vb, f, n, h, hp, k - nc, o.get())
-                }
+                // V, P and the factors are only read. `out` holds h rows of 512; slice `si`
+                // writes only dims si · SLICE .. + SLICE of each row, and `out` is not touched
+                // otherwise until every task is done.
+                unsafe { x86::pv(pb.get(), vb.get(), mx.get(), n, h, hp, k - nc, o.ptr()) }
             }
         };
-        let merge = || {
-            // SAFETY: every score task has finished and no P·V task has started (phase order).
-            let (mx, sm) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(mxp.get(), nc * hp),
-                    std::slice::from_raw_parts(smp.get(), nc * hp),
-                )
-            };
-            // `mx` becomes each chunk's factor.
-            merge_chunks(mx, sm, sink, h, hp, nc, lse);
-        };
+        // SAFETY: every score task has finished and no P·V task has started (phase order).
+        // `mx` becomes each chunk's factor.
+        let merge = || unsafe { merge_chunks(mx.get_mut(), sm.get(), sink, h, hp, nc, lse) };
         super::crew::run_phases(prologue, nc, merge, KV_DIM / SLICE, true, task);
     });
 }
