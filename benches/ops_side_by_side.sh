@@ -60,7 +60,8 @@ for l in open(sys.argv[1], encoding="utf-8"):
         floors[m.group(1).strip()] = float(m.group(2)) / 1000.0
 def floor_of(*words):
     return find(floors, *words)
-floor_keys = [("decode indexer, q Mxfp4, int8",), ("decode indexer, q Mxfp4, int8",),
+# Per table row, the words of its floor line (the f32-query indexer row has none).
+floor_keys = [None, ("decode indexer, q Mxfp4, int8",),
               ("decode indexer, q Bf16, bf16",), ("decode attention 64",),
               ("decode attention, bf16 dots",), ("decode attention, int16 dots",)]
 # torch's own floor on the attention rows: the f32 path's FMA count at the f32 probe.
@@ -72,7 +73,7 @@ for (name, cv, (tn, tv), goal), fk in zip(table, floor_keys):
     cs = f"{cv:9.3f}" if cv is not None else f"{'—':>9}"
     ts = f"{tv:.3f} ({tn})" if tv is not None else "—"
     ratio = f"{cv / tv:6.2f}" if cv is not None and tv else f"{'—':>6}"
-    fl = floor_of(*fk) if name != table[0][0] else None
+    fl = floor_of(*fk) if fk else None
     fs = f"{fl:.3f}" if fl else "—"
     at = f"{100 * fl / cv:.0f}%" if fl and cv else "—"
     # The goal as a time, then the share of the floor a kernel must reach to meet it.
