@@ -68,6 +68,10 @@ fn main() {
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
+    if std::env::var_os("CARGO_FEATURE_CUDA_EMU").is_some() {
+        build_host_modules();
+        return;
+    }
     println!("cargo:rerun-if-env-changed=NVCC");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     println!("cargo:rerun-if-env-changed=PATH");
@@ -345,4 +349,170 @@ fn flatten_into(dir: &Path, file: &str, seen: &mut Vec<String>) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Feature `cuda-emu`: every kernel file compiled as host C++20 under the host SIMT harness
+/// (`kernels/simt/simt.h` force-included, `runtime.cpp` linked in), one shared object per module and
+/// emulated architecture (sm_90a; sm_100a with `__CUDA_ARCH_FEAT_SM100_ALL`, so the SM100 branches
+/// run too), embedded for `cuda::emu`. `CSA2_SIMT_SANITIZE=thread|address` builds them with
+/// ThreadSanitizer or AddressSanitizer + UBSan (the test process then preloads the runtime).
+fn build_host_modules() {
+    println!("cargo:rerun-if-env-changed=CXX");
+    println!("cargo:rerun-if-env-changed=CSA2_SIMT_SANITIZE");
+    for f in ["simt.h", "registry.h", "runtime.cpp"] {
+        println!("cargo:rerun-if-changed=kernels/simt/{f}");
+    }
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let kdir = root.join("kernels");
+    for f in KERNELS
+        .iter()
+        .map(|k| format!("{k}.cu"))
+        .chain(HEADERS.iter().map(|h| h.to_string()))
+    {
+        println!("cargo:rerun-if-changed=kernels/{f}");
+    }
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let mut flags = args(&[
+        "-std=c++20",
+        "-O2",
+        "-g",
+        "-fPIC",
+        "-pthread",
+        "-fvisibility=hidden",
+        "-Wall",
+        "-Wno-unused-function",
+    ]);
+    match std::env::var("CSA2_SIMT_SANITIZE")
+        .unwrap_or_default()
+        .as_str()
+    {
+        "" => {}
+        "thread" => flags.extend(args(&["-fsanitize=thread", "-fno-omit-frame-pointer"])),
+        "address" => flags.extend(args(&[
+            "-fsanitize=address,undefined",
+            "-fno-sanitize-recover=undefined",
+            "-fno-omit-frame-pointer",
+        ])),
+        o => panic!("CSA2_SIMT_SANITIZE={o}: expected thread or address"),
+    }
+    let run = |what: &str, cmd: &mut Command| {
+        let o = cmd.output().unwrap_or_else(|e| {
+            panic!("cannot run {cxx} for {what}: {e} (set CXX to a C++20 compiler)")
+        });
+        if !o.status.success() {
+            panic!(
+                "the host SIMT build of {what} failed:\n{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    };
+    let runtime = out.join("simt_runtime.o");
+    run(
+        "kernels/simt/runtime.cpp",
+        Command::new(&cxx)
+            .args(&flags)
+            .arg("-c")
+            .arg(kdir.join("simt/runtime.cpp"))
+            .arg("-o")
+            .arg(&runtime),
+    );
+    let defines: Vec<String> = kernel_defines()
+        .iter()
+        .map(|(n, v)| format!("-D{n}={v}"))
+        .collect();
+    let variants: &[(&str, &[&str])] = &[
+        ("sm_90a", &[]),
+        ("sm_100a", &["-D__CUDA_ARCH_FEAT_SM100_ALL=1"]),
+    ];
+    std::thread::scope(|s| {
+        for k in KERNELS {
+            for (arch, extra) in variants {
+                let (kdir, out, runtime, flags, defines, cxx, run) =
+                    (&kdir, &out, &runtime, &flags, &defines, &cxx, &run);
+                s.spawn(move || {
+                    let src = std::fs::read_to_string(kdir.join(format!("{k}.cu"))).unwrap();
+                    let rows: Vec<String> = global_kernels(&src)
+                        .iter()
+                        .map(|(name, bound)| format!("    CSA2_SIMT_KERNEL({name}, {bound})"))
+                        .collect();
+                    assert!(!rows.is_empty(), "kernels/{k}.cu: no extern \"C\" __global__ found");
+                    let tu = out.join(format!("{k}.{arch}.simt.cpp"));
+                    std::fs::write(
+                        &tu,
+                        format!(
+                            "#include \"{}\"\n#include \"simt/registry.h\"\nCSA2_SIMT_TABLE(\n{}\n)\n",
+                            kdir.join(format!("{k}.cu")).display(),
+                            rows.join(",\n")
+                        ),
+                    )
+                    .unwrap();
+                    run(
+                        &format!("kernels/{k}.cu ({arch})"),
+                        Command::new(cxx)
+                            .args(flags)
+                            .args(defines)
+                            .args(extra.iter())
+                            .arg("-I")
+                            .arg(kdir)
+                            .arg("-include")
+                            .arg(kdir.join("simt/simt.h"))
+                            .arg("-shared")
+                            .arg("-o")
+                            .arg(out.join(format!("{k}.{arch}.simt.so")))
+                            .arg(&tu)
+                            .arg(runtime),
+                    );
+                });
+            }
+        }
+    });
+    let mut gen = String::from(
+        "/// The host-compiled kernel modules (feature `cuda-emu`), one per kernel file.\n\
+         pub static MODULES: &[EmbeddedModule] = &[\n",
+    );
+    for k in KERNELS {
+        let so = |arch: &str| {
+            out.join(format!("{k}.{arch}.simt.so"))
+                .display()
+                .to_string()
+        };
+        gen.push_str(&format!(
+            "    EmbeddedModule {{ name: {k:?}, host_sm90a: include_bytes!({:?}), host_sm100a: include_bytes!({:?}) }},\n",
+            so("sm_90a"),
+            so("sm_100a")
+        ));
+    }
+    gen.push_str("];\n");
+    std::fs::write(out.join("embedded_kernels.rs"), gen).unwrap();
+}
+
+/// The `extern "C" __global__` kernels of a .cu file with their `__launch_bounds__` thread bound
+/// (the macro text as written, or `0` without one).
+fn global_kernels(src: &str) -> Vec<(String, String)> {
+    const MARK: &str = "extern \"C\" __global__";
+    let mut v = Vec::new();
+    let mut rest = src;
+    while let Some(i) = rest.find(MARK) {
+        rest = &rest[i + MARK.len()..];
+        let mut s = rest.trim_start();
+        s = s
+            .strip_prefix("void")
+            .expect("a kernel returns void")
+            .trim_start();
+        let mut bound = "0".to_string();
+        if let Some(b) = s.strip_prefix("__launch_bounds__(") {
+            let end = b.find(')').expect("__launch_bounds__(...) closes");
+            bound = b[..end].split(',').next().unwrap().trim().to_string();
+            s = b[end + 1..].trim_start();
+        }
+        let name: String = s
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        assert!(!name.is_empty(), "a kernel without a name");
+        v.push((name, bound));
+    }
+    v
 }

@@ -364,11 +364,16 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
 
 __device__ __forceinline__ void mma_bf16_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
                                                u32 b1) {
+#ifdef CSA2_SIMT_HOST
+    // The host SIMT harness emulates the instruction from the PTX ISA's fragment tables.
+    csa2_simt::mma_m16n8k16_bf16_f32(c, a0, a1, a2, a3, b0, b1);
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
 }
 
 __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {

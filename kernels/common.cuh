@@ -96,9 +96,13 @@ __device__ __forceinline__ u32 e2m1_pack2(float lo, float hi) {
     // The hardware rounds the magnitude (RNE, satfinite); sign and NaN follow the CPU rule.
     float l = (lo != lo) ? 6.0f : lo, h = (hi != hi) ? 6.0f : hi;
     u32 r;
+#ifdef CSA2_SIMT_HOST
+    r = csa2_simt::cvt_rn_satfinite_e2m1x2_f32(h, l);  // the host SIMT harness's emulation
+#else
     asm("{\n\t.reg .b8 t;\n\tcvt.rn.satfinite.e2m1x2.f32 t, %1, %2;\n\tcvt.u32.u8 %0, t;\n\t}"
         : "=r"(r)
         : "f"(h), "f"(l));
+#endif
     u32 ls = (lo == lo) ? (__float_as_uint(lo) >> 31) : 0u;
     u32 hs = (hi == hi) ? (__float_as_uint(hi) >> 31) : 0u;
     return (r & 0x77u) | (ls << 3) | (hs << 7);

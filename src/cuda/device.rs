@@ -1,11 +1,11 @@
 //! CudaDevice handle, per-device module store and launch helpers.
 
 use super::modules::{EmbeddedModule, LoadPath, MODULES};
-use crate::error::{Error, Result};
-use crate::tensor::{Device, Element, TensorView, TensorViewMut};
-use cudarc::driver::{
+use crate::cuda::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
 };
+use crate::error::{Error, Result};
+use crate::tensor::{Device, Element, TensorView, TensorViewMut};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,15 +48,25 @@ pub(crate) fn cuda_error(op: impl Into<String>, e: impl std::fmt::Display) -> Er
 impl CudaDevice {
     /// Whether a CUDA driver library (libcuda) can be loaded on this machine. Never panics.
     pub fn driver_present() -> bool {
+        #[cfg(feature = "cuda-emu")]
+        return true;
         // SAFETY: `is_culib_present` only tries to dlopen the driver library and reports success; it
         // touches no CUDA state.
-        unsafe { cudarc::driver::sys::is_culib_present() }
+        #[cfg(not(feature = "cuda-emu"))]
+        unsafe {
+            cudarc::driver::sys::is_culib_present()
+        }
     }
 
     /// Whether an NVRTC library can be loaded (the last-resort module load path).
     pub fn nvrtc_present() -> bool {
+        #[cfg(feature = "cuda-emu")]
+        return false;
         // SAFETY: as above, a dlopen probe of libnvrtc.
-        unsafe { cudarc::nvrtc::sys::is_culib_present() }
+        #[cfg(not(feature = "cuda-emu"))]
+        unsafe {
+            cudarc::nvrtc::sys::is_culib_present()
+        }
     }
 
     /// Opens GPU `ordinal`.
@@ -181,7 +191,7 @@ impl CudaDevice {
             })?),
         };
         let mut tried = Vec::new();
-        for path in LoadPath::ORDER {
+        for &path in LoadPath::ORDER {
             if forced.is_some_and(|f| f != path) {
                 continue;
             }
@@ -207,6 +217,26 @@ impl CudaDevice {
         )))
     }
 
+    #[cfg(feature = "cuda-emu")]
+    fn try_load(
+        &self,
+        em: &EmbeddedModule,
+        path: LoadPath,
+    ) -> std::result::Result<Arc<CudaModule>, String> {
+        use crate::cuda::driver::HostImage;
+        if path != LoadPath::HostSimt {
+            return Err("the emulated device loads host images only".into());
+        }
+        let arch = self
+            .arch()
+            .ok_or("no host image for this compute capability")?;
+        let image = em.host_image(arch).ok_or("no host image for this arch")?;
+        self.ctx
+            .load_module(HostImage(image))
+            .map_err(|e| e.to_string())
+    }
+
+    #[cfg(not(feature = "cuda-emu"))]
     fn try_load(
         &self,
         em: &EmbeddedModule,
@@ -290,7 +320,7 @@ impl CudaDevice {
     }
 
     /// A zeroed device buffer of `n` elements (at least one).
-    pub fn zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    pub fn zeros<T: DeviceRepr + crate::cuda::driver::ValidAsZeroBits>(
         &self,
         n: usize,
     ) -> Result<CudaSlice<T>> {
@@ -428,7 +458,7 @@ macro_rules! launch {
         let dev: &$crate::cuda::CudaDevice = $dev;
         let f = dev.function($module, $func)?;
         let mut b = dev.stream().launch_builder(&f);
-        $( cudarc::driver::PushKernelArg::arg(&mut b, $arg); )*
+        $( crate::cuda::driver::PushKernelArg::arg(&mut b, $arg); )*
         // SAFETY: the wrapper calling this passes the arguments in the order and with the types of
         // the kernel's signature (documented at the call) and has validated every buffer length
         // against the launch shape, so the kernel stays in bounds.
@@ -440,8 +470,8 @@ macro_rules! launch {
 pub(crate) use launch;
 
 /// Grid/block configuration helper.
-pub(crate) fn cfg(grid: (u32, u32), block: u32) -> cudarc::driver::LaunchConfig {
-    cudarc::driver::LaunchConfig {
+pub(crate) fn cfg(grid: (u32, u32), block: u32) -> crate::cuda::driver::LaunchConfig {
+    crate::cuda::driver::LaunchConfig {
         grid_dim: (grid.0.max(1), grid.1.max(1), 1),
         block_dim: (block, 1, 1),
         shared_mem_bytes: 0,
@@ -487,8 +517,8 @@ static NULL_DEVICE_PTR: u64 = 0;
 
 // SAFETY: pushes exactly what the two existing impls push — the slice's own argument (with its
 // stream-synchronization events) or a pointer to a static zero `CUdeviceptr` — both valid for 'b.
-unsafe impl<'a, 'b: 'a, T> cudarc::driver::PushKernelArg<&'b OrNull<'b, T>>
-    for cudarc::driver::LaunchArgs<'a>
+unsafe impl<'a, 'b: 'a, T> crate::cuda::driver::PushKernelArg<&'b OrNull<'b, T>>
+    for crate::cuda::driver::LaunchArgs<'a>
 {
     #[inline(always)]
     fn arg(&mut self, a: &'b OrNull<'b, T>) -> &mut Self {
@@ -593,7 +623,7 @@ impl CudaDevice {
         b: &CudaSlice<T>,
         shape: &[usize],
     ) -> TensorView<'static> {
-        use cudarc::driver::DevicePtr;
+        use crate::cuda::driver::DevicePtr;
         let (p, _sync) = b.device_ptr(&self.stream);
         // SAFETY: `b` is live memory of this device holding `shape`'s elements (the caller's
         // contract above).
@@ -615,7 +645,7 @@ impl CudaDevice {
         b: &CudaSlice<T>,
         shape: &[usize],
     ) -> TensorViewMut<'static> {
-        use cudarc::driver::DevicePtr;
+        use crate::cuda::driver::DevicePtr;
         let (p, _sync) = b.device_ptr(&self.stream);
         // SAFETY: as `test_view`; the test leaves `b` alone while the view is used.
         unsafe {

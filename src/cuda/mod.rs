@@ -14,15 +14,18 @@
 //! [`crate::formats`]; float reductions differ from the CPU only in summation order.
 
 pub(crate) mod device;
+pub mod driver;
+#[cfg(feature = "cuda-emu")]
+pub mod emu;
 pub mod modules;
 pub mod shapes;
 
 /// The attention kernels' launch code lives with the family (`ops::attention::cuda`).
 pub use crate::ops::attention::cuda as attention;
 
-/// The driver crate the launches use, for the CUDA tests and the validation binary (events,
-/// device pointers) in packages that do not depend on it themselves (the suite lives in the CLI
-/// package).
+/// The driver crate a GPU build launches through (the NVRTC test and the validation binary use it
+/// directly); tests reach the driver API through [`driver`], which is cudarc's or the emulator's.
+#[cfg(not(feature = "cuda-emu"))]
 pub use cudarc;
 pub use device::{CudaDevice, DeviceBuffer};
 pub use modules::{LoadPath, EXPECTED_KERNELS};

@@ -18,6 +18,7 @@ use std::fmt;
 include!(concat!(env!("OUT_DIR"), "/embedded_kernels.rs"));
 
 /// One kernel file's embedded images.
+#[cfg(not(feature = "cuda-emu"))]
 #[derive(Debug)]
 pub struct EmbeddedModule {
     /// Kernel file stem (`kernels/<name>.cu`).
@@ -36,6 +37,7 @@ pub struct EmbeddedModule {
     pub source: &'static str,
 }
 
+#[cfg(not(feature = "cuda-emu"))]
 impl EmbeddedModule {
     /// The embedded module named `name`.
     pub fn get(name: &str) -> Option<&'static EmbeddedModule> {
@@ -57,6 +59,35 @@ impl EmbeddedModule {
             _ => "",
         };
         (!p.is_empty()).then_some(p)
+    }
+}
+
+/// One kernel file compiled as host C++ for the host SIMT harness (feature `cuda-emu`): a shared
+/// object per emulated architecture, loaded by the emulated device (`cuda::emu`).
+#[cfg(feature = "cuda-emu")]
+#[derive(Debug)]
+pub struct EmbeddedModule {
+    /// Kernel file stem (`kernels/<name>.cu`).
+    pub name: &'static str,
+    /// The module built as for sm_90a (no SM100 branches).
+    pub host_sm90a: &'static [u8],
+    /// The module built as for sm_100a (`__CUDA_ARCH_FEAT_SM100_ALL`: the hardware E2M1 branch).
+    pub host_sm100a: &'static [u8],
+}
+
+#[cfg(feature = "cuda-emu")]
+impl EmbeddedModule {
+    /// The embedded module named `name`.
+    pub fn get(name: &str) -> Option<&'static EmbeddedModule> {
+        MODULES.iter().find(|m| m.name == name)
+    }
+    /// The host image for `arch` (`sm_90a` / `sm_100a`).
+    pub fn host_image(&self, arch: &str) -> Option<&'static [u8]> {
+        match arch {
+            "sm_90a" => Some(self.host_sm90a),
+            "sm_100a" => Some(self.host_sm100a),
+            _ => None,
+        }
     }
 }
 
@@ -127,16 +158,22 @@ pub enum LoadPath {
     CompatPtx,
     /// NVRTC compile of the embedded source at run time.
     Nvrtc,
+    /// The host SIMT harness's shared object (feature `cuda-emu`; the only path there).
+    HostSimt,
 }
 
 impl LoadPath {
     /// All paths, in the order a device tries them.
-    pub const ORDER: [LoadPath; 4] = [
+    #[cfg(not(feature = "cuda-emu"))]
+    pub const ORDER: &'static [LoadPath] = &[
         LoadPath::Fatbin,
         LoadPath::Ptx,
         LoadPath::CompatPtx,
         LoadPath::Nvrtc,
     ];
+    /// The emulated device loads host images only.
+    #[cfg(feature = "cuda-emu")]
+    pub const ORDER: &'static [LoadPath] = &[LoadPath::HostSimt];
     /// Name used by `CSA2_CUDA_LOAD`.
     pub fn name(self) -> &'static str {
         match self {
@@ -144,11 +181,12 @@ impl LoadPath {
             LoadPath::Ptx => "ptx",
             LoadPath::CompatPtx => "compat",
             LoadPath::Nvrtc => "nvrtc",
+            LoadPath::HostSimt => "host",
         }
     }
     /// Parses a `CSA2_CUDA_LOAD` value.
     pub fn from_name(s: &str) -> Option<LoadPath> {
-        LoadPath::ORDER.into_iter().find(|p| p.name() == s)
+        LoadPath::ORDER.iter().copied().find(|p| p.name() == s)
     }
 }
 

@@ -10,10 +10,10 @@
 use super::page::PageLayout;
 use super::RecordFormat;
 use crate::cuda::device::{as_i32, cfg, launch};
+use crate::cuda::driver::{CudaSlice, LaunchConfig};
 use crate::cuda::shapes::{KV_ROWS_PER_BLOCK, KV_THREADS};
 use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig};
 
 /// The encode kernel of `fmt` (its ABI id is the format code of `kv_decode_f32`).
 fn encode_kernel(fmt: RecordFormat) -> Result<&'static str> {

@@ -96,12 +96,12 @@ fn bits_eq_f32(a: &[f32], b: &[f32]) -> bool {
 
 /// Median wall time (µs) of `f` over `iters` runs, timed with CUDA events after 3 warm-ups.
 pub fn time_us(dev: &CudaDevice, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    use csa2::cuda::cudarc::driver::sys::CUevent_flags;
+    use csa2::cuda::driver::sys::CUevent_flags;
     for _ in 0..3 {
         f()?;
     }
     let ctx = dev.context();
-    let err = |e: csa2::cuda::cudarc::driver::DriverError| csa2::Error::Cuda {
+    let err = |e: csa2::cuda::driver::DriverError| csa2::Error::Cuda {
         op: "event".into(),
         reason: e.to_string(),
     };
@@ -950,7 +950,7 @@ unsafe fn dev_view<'a, T: Element>(
     s: &'a csa2::cuda::DeviceBuffer<T>,
     shape: &[usize],
 ) -> TensorView<'a> {
-    use csa2::cuda::cudarc::driver::DevicePtr;
+    use csa2::cuda::driver::DevicePtr;
     let (p, _sync) = s.device_ptr(dev.stream());
     let strides = csa2::tensor::row_major_strides(shape);
     let ordinal = dev.context().ordinal() as i32;
@@ -976,7 +976,7 @@ unsafe fn dev_view_mut<'a, T: Element>(
     s: &'a mut csa2::cuda::DeviceBuffer<T>,
     shape: &[usize],
 ) -> TensorViewMut<'a> {
-    use csa2::cuda::cudarc::driver::DevicePtrMut;
+    use csa2::cuda::driver::DevicePtrMut;
     let (p, _sync) = s.device_ptr_mut(dev.stream());
     let strides = csa2::tensor::row_major_strides(shape);
     let ordinal = dev.context().ordinal() as i32;
@@ -1264,7 +1264,7 @@ pub fn check_indexer_pool(dev: &CudaDevice, size: Size, seed: u64) -> Result<Rep
     let mut dout = dev.zeros::<f32>(t * n_cols)?;
     let mut derr = dev.zeros::<i32>(4)?;
     let slab_addr = {
-        use csa2::cuda::cudarc::driver::DevicePtr;
+        use csa2::cuda::driver::DevicePtr;
         d_slab.device_ptr(dev.stream()).0 as usize
     };
     let launch = |p: &IndexerParams,

@@ -447,7 +447,7 @@ fn launch_pools(c: &PoolsLaunch, stream: u64) -> Result<()> {
     // entry's contract); the wrapper does not own it and is dropped right after the launch.
     let s = unsafe {
         dev.context()
-            .wrap_borrowed_stream(stream as cudarc::driver::sys::CUstream)
+            .wrap_borrowed_stream(stream as crate::cuda::driver::sys::CUstream)
     };
     let i = |what: &str, v: usize| as_i32(what, v);
     let (hp, nh) = (i("padded heads", c.padded_heads)?, i("heads", c.heads)?);
@@ -488,7 +488,7 @@ fn launch_pools(c: &PoolsLaunch, stream: u64) -> Result<()> {
     // attn_pools_bf16(q, hp, n_heads, main_idx, km, main_len, main_pool, main_stride,
     //   main_states, main_blocks, main_fmt, main_layout, swa_idx, ks, swa_len, swa_pool,
     //   swa_stride, swa_states, swa_blocks, swa_fmt, swa_layout, sink, scale, out, lse, err)
-    use cudarc::driver::PushKernelArg;
+    use crate::cuda::driver::PushKernelArg;
     b.arg(&q).arg(&hp).arg(&nh);
     b.arg(&mi).arg(&km).arg(&ml);
     b.arg(&mp)

@@ -10,12 +10,12 @@
 
 use super::CandidateParams;
 use crate::cuda::device::{as_i32, cfg, launch};
+use crate::cuda::driver::CudaSlice;
 use crate::cuda::shapes::{CANDIDATE_THREADS, TOPK_THREADS};
 use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
 use crate::geometry::consts::CANDIDATE_BLOCK_SIZE;
 use crate::ops::topk::cuda::{check_k, run_rows_views, RowsKernel, RowsViews};
-use cudarc::driver::CudaSlice;
 
 /// Runs `candidate_blocks_f32` over checked views (the CUDA branch of
 /// [`super::select_blocks_view`]; `stream` as [`run_rows_views`]).
@@ -82,7 +82,7 @@ pub fn select_blocks_rows(
     // The counts' address (0 = none); the guard records the launch on the slice's stream.
     let (cp, _guard) = match counts {
         Some(c) => {
-            use cudarc::driver::DevicePtrMut;
+            use crate::cuda::driver::DevicePtrMut;
             let (ptr, g) = c.device_ptr_mut(dev.stream());
             (ptr, Some(g))
         }

@@ -11,13 +11,13 @@
 
 use super::{BatchPlan, CompressViews, Compressor, CompressorParams};
 use crate::cuda::device::{as_i32, cfg, cuda_error, launch};
+use crate::cuda::driver::CudaSlice;
 use crate::cuda::shapes::COMPRESSOR_THREADS;
 use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
 use crate::formats::KV_DIM;
 use crate::geometry::consts::{RMS_NORM_EPS, ROPE_DIM};
 use crate::tensor::{DType, TensorView, TensorViewMut};
-use cudarc::driver::CudaSlice;
 
 /// Errors unless `c` is what the kernel computes: [`Error::Unsupported`] naming the difference.
 pub fn kernel_supports(c: &Compressor) -> Result<()> {
@@ -182,9 +182,10 @@ pub(crate) fn compress_rows(
     // documented on the export); the wrapper does not own it.
     let s = unsafe {
         dev.context()
-            .wrap_borrowed_stream(stream as cudarc::driver::sys::CUstream)
+            .wrap_borrowed_stream(stream as crate::cuda::driver::sys::CUstream)
     };
-    let up = |what: &str, e: cudarc::driver::DriverError| cuda_error(format!("upload {what}"), e);
+    let up =
+        |what: &str, e: crate::cuda::driver::DriverError| cuda_error(format!("upload {what}"), e);
     // [cu_tokens[0], cu_tokens[1], start_pos[0]] of the one request.
     let req = s
         .clone_htod(&[0, te, s0])
@@ -208,7 +209,7 @@ pub(crate) fn compress_rows(
         index_out.as_view().addr() as u64,
     );
     let (req_p, table_p, freq_p, carry_p, carry_pos_p) = {
-        use cudarc::driver::DevicePtr;
+        use crate::cuda::driver::DevicePtr;
         (
             req.device_ptr(&s).0,
             table.device_ptr(&s).0,
@@ -222,7 +223,7 @@ pub(crate) fn compress_rows(
     let table_base = start_pos / p.ratio as i64;
     let (one, grid) = (1i32, (ee as u32 + 1, 1u32));
     let mut b = s.launch_builder(&f);
-    use cudarc::driver::PushKernelArg;
+    use crate::cuda::driver::PushKernelArg;
     // compressor_f32(kv, score, cu_tokens, start_pos, state_in, state_pos_in, state_out,
     //   state_pos_out, norm_w, wk, k_norm_w, inv_freq, block_table, max_blocks, page_slots,
     //   main_pages, index_pages, ratio, table_base)

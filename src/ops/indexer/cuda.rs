@@ -8,10 +8,10 @@
 
 use super::{IndexerParams, QueryQuant, INDEX_DIM, INDEX_HEADS};
 use crate::cuda::device::{as_i32, cfg, launch, OrNull};
+use crate::cuda::driver::CudaSlice;
 use crate::cuda::shapes::{INDEXER_ENTRIES_PER_BLOCK, INDEXER_THREADS};
 use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
-use cudarc::driver::CudaSlice;
 
 /// Errors unless `p` is what the kernel computes: [`Error::Unsupported`] naming the difference.
 pub fn kernel_supports(p: &IndexerParams) -> Result<()> {
@@ -204,13 +204,13 @@ pub(crate) fn logits_in_pool_launch(
     // contract); the wrapper does not own it and is dropped after the launch.
     let s = unsafe {
         dev.context()
-            .wrap_borrowed_stream(stream as cudarc::driver::sys::CUstream)
+            .wrap_borrowed_stream(stream as crate::cuda::driver::sys::CUstream)
     };
     let grid = (
         n_cols.div_ceil(INDEXER_ENTRIES_PER_BLOCK) as u32,
         rows.min(65_535) as u32,
     );
-    use cudarc::driver::PushKernelArg;
+    use crate::cuda::driver::PushKernelArg;
     let mut b = s.launch_builder(&f);
     // indexer_logits_pool_f32(q, w, pos, pos_i64, req, n_req, block_table, max_blocks, pool,
     //   block_stride, states, blocks, ratio, heads, q_quant, logits, n_cols, rows, err)

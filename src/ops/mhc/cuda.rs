@@ -9,10 +9,10 @@
 
 use super::{MhcParams, HC, MIX};
 use crate::cuda::device::{as_i32, cfg, check_lens, launch, OrNull};
+use crate::cuda::driver::CudaSlice;
 use crate::cuda::shapes::{MHC_THREADS, MHC_TOKENS_PER_BLOCK};
 use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
-use cudarc::driver::CudaSlice;
 use half::bf16;
 
 /// Largest hidden size the kernel's shared memory holds (the model width).

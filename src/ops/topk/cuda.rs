@@ -9,11 +9,11 @@
 //! [`TOPK_SORT_MAX`] entries: a larger k is refused ([`Error::Unsupported`]).
 
 use crate::cuda::device::{as_i32, cfg, cuda_error, launch};
+use crate::cuda::driver::CudaSlice;
 use crate::cuda::shapes::{TOPK_SORT_MAX, TOPK_THREADS};
 use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
 use crate::tensor::TensorView;
-use cudarc::driver::CudaSlice;
 
 /// Errors unless the kernel can select and order `k` entries per row.
 pub fn check_k(k: usize) -> Result<()> {
@@ -167,11 +167,11 @@ pub(crate) fn select_rows_launch(dev: &CudaDevice, a: &RowsLaunch, stream: u64) 
     // wrapper does not own it and is dropped after the launch.
     let s = unsafe {
         dev.context()
-            .wrap_borrowed_stream(stream as cudarc::driver::sys::CUstream)
+            .wrap_borrowed_stream(stream as crate::cuda::driver::sys::CUstream)
     };
     let null = 0u64;
     let mut b = s.launch_builder(&f);
-    use cudarc::driver::PushKernelArg;
+    use crate::cuda::driver::PushKernelArg;
     // topk_f32(keys, n_cols, n_valid, positions, pos_i64, ratio, k, out, counts, err)
     // candidate_blocks_f32(the same, block_size)
     b.arg(&a.logits).arg(&nc).arg(&null);
