@@ -352,13 +352,13 @@ fn flatten_into(dir: &Path, file: &str, seen: &mut Vec<String>) -> String {
 }
 
 /// Feature `cuda-emu`: every kernel file compiled as host C++20 under the host SIMT harness
-/// (`kernels/simt/simt.h` force-included, `runtime.cpp` linked in), one shared object per module and
-/// emulated architecture (sm_90a; sm_100a with `__CUDA_ARCH_FEAT_SM100_ALL`, so the SM100 branches
-/// run too), embedded for `cuda::emu`. `CSA2_SIMT_SANITIZE=thread|address` builds them with
-/// ThreadSanitizer or AddressSanitizer + UBSan (the test process then preloads the runtime).
+/// (`kernels/simt/simt.h` force-included, `runtime.cpp` linked in), one shared object per module
+/// and build, embedded for `cuda::emu`. Builds: sm_90a; sm_100a (`__CUDA_ARCH_FEAT_SM100_ALL`, so
+/// the SM100 branches run too); sm_90a under ThreadSanitizer and under AddressSanitizer + UBSan
+/// (selected at run time with `CSA2_EMU_SANITIZER`, the test process preloading the runtime); and
+/// the mutants below.
 fn build_host_modules() {
     println!("cargo:rerun-if-env-changed=CXX");
-    println!("cargo:rerun-if-env-changed=CSA2_SIMT_SANITIZE");
     for f in ["simt.h", "registry.h", "runtime.cpp"] {
         println!("cargo:rerun-if-changed=kernels/simt/{f}");
     }
@@ -373,7 +373,7 @@ fn build_host_modules() {
     }
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let mut flags = args(&[
+    let base = args(&[
         "-std=c++20",
         "-O2",
         "-g",
@@ -383,19 +383,22 @@ fn build_host_modules() {
         "-Wall",
         "-Wno-unused-function",
     ]);
-    match std::env::var("CSA2_SIMT_SANITIZE")
-        .unwrap_or_default()
-        .as_str()
-    {
-        "" => {}
-        "thread" => flags.extend(args(&["-fsanitize=thread", "-fno-omit-frame-pointer"])),
-        "address" => flags.extend(args(&[
-            "-fsanitize=address,undefined",
-            "-fno-sanitize-recover=undefined",
-            "-fno-omit-frame-pointer",
-        ])),
-        o => panic!("CSA2_SIMT_SANITIZE={o}: expected thread or address"),
-    }
+    // (flavor, compiler flags)
+    let flavors: [(&str, Vec<String>); 3] = [
+        ("", vec![]),
+        (
+            "tsan",
+            args(&["-fsanitize=thread", "-fno-omit-frame-pointer"]),
+        ),
+        (
+            "asan",
+            args(&[
+                "-fsanitize=address,undefined",
+                "-fno-sanitize-recover=undefined",
+                "-fno-omit-frame-pointer",
+            ]),
+        ),
+    ];
     let run = |what: &str, cmd: &mut Command| {
         let o = cmd.output().unwrap_or_else(|e| {
             panic!("cannot run {cxx} for {what}: {e} (set CXX to a C++20 compiler)")
@@ -408,85 +411,181 @@ fn build_host_modules() {
             );
         }
     };
-    let runtime = out.join("simt_runtime.o");
-    run(
-        "kernels/simt/runtime.cpp",
-        Command::new(&cxx)
-            .args(&flags)
-            .arg("-c")
-            .arg(kdir.join("simt/runtime.cpp"))
-            .arg("-o")
-            .arg(&runtime),
-    );
+    std::thread::scope(|s| {
+        for (flavor, extra) in &flavors {
+            let (out, kdir, base, run, cxx) = (&out, &kdir, &base, &run, &cxx);
+            s.spawn(move || {
+                run(
+                    &format!("kernels/simt/runtime.cpp {flavor}"),
+                    Command::new(cxx)
+                        .args(base)
+                        .args(extra)
+                        .arg("-c")
+                        .arg(kdir.join("simt/runtime.cpp"))
+                        .arg("-o")
+                        .arg(out.join(format!("simt_runtime{flavor}.o"))),
+                )
+            });
+        }
+    });
     let defines: Vec<String> = kernel_defines()
         .iter()
         .map(|(n, v)| format!("-D{n}={v}"))
         .collect();
-    let variants: &[(&str, &[&str])] = &[
-        ("sm_90a", &[]),
-        ("sm_100a", &["-D__CUDA_ARCH_FEAT_SM100_ALL=1"]),
-    ];
+    // One job per shared object: (module, build name, flavor, extra flags, mutant edit).
+    type Job = (
+        &'static str,
+        String,
+        usize,
+        Vec<String>,
+        Option<(&'static str, &'static str)>,
+    );
+    let mut jobs: Vec<Job> = Vec::new();
+    for k in KERNELS {
+        jobs.push((k, "sm_90a".into(), 0, vec![], None));
+        jobs.push((
+            k,
+            "sm_100a".into(),
+            0,
+            args(&["-D__CUDA_ARCH_FEAT_SM100_ALL=1"]),
+            None,
+        ));
+        jobs.push((k, "sm_90a.tsan".into(), 1, vec![], None));
+        jobs.push((k, "sm_90a.asan".into(), 2, vec![], None));
+    }
+    for (k, mutant, from, to) in MUTANTS {
+        jobs.push((k, format!("mutant.{mutant}"), 0, vec![], Some((from, to))));
+    }
+    // Two compilers at a time per core is plenty; the jobs are independent.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get()) * 2;
     std::thread::scope(|s| {
-        for k in KERNELS {
-            for (arch, extra) in variants {
-                let (kdir, out, runtime, flags, defines, cxx, run) =
-                    (&kdir, &out, &runtime, &flags, &defines, &cxx, &run);
-                s.spawn(move || {
-                    let src = std::fs::read_to_string(kdir.join(format!("{k}.cu"))).unwrap();
-                    let rows: Vec<String> = global_kernels(&src)
-                        .iter()
-                        .map(|(name, bound)| format!("    CSA2_SIMT_KERNEL({name}, {bound})"))
-                        .collect();
-                    assert!(!rows.is_empty(), "kernels/{k}.cu: no extern \"C\" __global__ found");
-                    let tu = out.join(format!("{k}.{arch}.simt.cpp"));
-                    std::fs::write(
-                        &tu,
-                        format!(
-                            "#include \"{}\"\n#include \"simt/registry.h\"\nCSA2_SIMT_TABLE(\n{}\n)\n",
-                            kdir.join(format!("{k}.cu")).display(),
-                            rows.join(",\n")
-                        ),
-                    )
-                    .unwrap();
-                    run(
-                        &format!("kernels/{k}.cu ({arch})"),
-                        Command::new(cxx)
-                            .args(flags)
-                            .args(defines)
-                            .args(extra.iter())
-                            .arg("-I")
-                            .arg(kdir)
-                            .arg("-include")
-                            .arg(kdir.join("simt/simt.h"))
-                            .arg("-shared")
-                            .arg("-o")
-                            .arg(out.join(format!("{k}.{arch}.simt.so")))
-                            .arg(&tu)
-                            .arg(runtime),
-                    );
-                });
-            }
+        for _ in 0..workers {
+            let (jobs, next, out, kdir, flavors, defines, run, cxx, base) = (
+                &jobs, &next, &out, &kdir, &flavors, &defines, &run, &cxx, &base,
+            );
+            s.spawn(move || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((k, build, flavor, extra, edit)) = jobs.get(i) else {
+                    break;
+                };
+                let mut src = std::fs::read_to_string(kdir.join(format!("{k}.cu"))).unwrap();
+                let cu = match edit {
+                    None => kdir.join(format!("{k}.cu")),
+                    Some((from, to)) => {
+                        assert_eq!(
+                            src.matches(from).count(),
+                            1,
+                            "{k} {build}: its edit must match kernels/{k}.cu exactly once"
+                        );
+                        src = src.replacen(from, to, 1);
+                        let p = out.join(format!("{k}.{build}.cu"));
+                        std::fs::write(&p, &src).unwrap();
+                        p
+                    }
+                };
+                let rows: Vec<String> = global_kernels(&src)
+                    .iter()
+                    .map(|(name, bound)| format!("    CSA2_SIMT_KERNEL({name}, {bound})"))
+                    .collect();
+                assert!(
+                    !rows.is_empty(),
+                    "kernels/{k}.cu: no extern \"C\" __global__"
+                );
+                let tu = out.join(format!("{k}.{build}.simt.cpp"));
+                std::fs::write(
+                    &tu,
+                    format!(
+                        "#include \"{}\"\n#include \"simt/registry.h\"\nCSA2_SIMT_TABLE(\n{}\n)\n",
+                        cu.display(),
+                        rows.join(",\n")
+                    ),
+                )
+                .unwrap();
+                let (fname, fflags) = &flavors[*flavor];
+                run(
+                    &format!("kernels/{k}.cu ({build})"),
+                    Command::new(cxx)
+                        .args(base)
+                        .args(fflags)
+                        .args(defines)
+                        .args(extra)
+                        .arg("-I")
+                        .arg(kdir)
+                        .arg("-include")
+                        .arg(kdir.join("simt/simt.h"))
+                        .arg("-shared")
+                        .arg("-o")
+                        .arg(out.join(format!("{k}.{build}.simt.so")))
+                        .arg(&tu)
+                        .arg(out.join(format!("simt_runtime{fname}.o"))),
+                );
+            });
         }
     });
+    let so = |k: &str, build: &str| {
+        format!(
+            "include_bytes!({:?})",
+            out.join(format!("{k}.{build}.simt.so"))
+                .display()
+                .to_string()
+        )
+    };
     let mut gen = String::from(
         "/// The host-compiled kernel modules (feature `cuda-emu`), one per kernel file.\n\
          pub static MODULES: &[EmbeddedModule] = &[\n",
     );
     for k in KERNELS {
-        let so = |arch: &str| {
-            out.join(format!("{k}.{arch}.simt.so"))
-                .display()
-                .to_string()
-        };
         gen.push_str(&format!(
-            "    EmbeddedModule {{ name: {k:?}, host_sm90a: include_bytes!({:?}), host_sm100a: include_bytes!({:?}) }},\n",
-            so("sm_90a"),
-            so("sm_100a")
+            "    EmbeddedModule {{ name: {k:?}, host_sm90a: {}, host_sm100a: {}, \
+             host_sm90a_tsan: {}, host_sm90a_asan: {} }},\n",
+            so(k, "sm_90a"),
+            so(k, "sm_100a"),
+            so(k, "sm_90a.tsan"),
+            so(k, "sm_90a.asan"),
+        ));
+    }
+    gen.push_str("];\n");
+    gen.push_str(
+        "/// Deliberately broken builds of a module (module, mutant, sm_90a image), selected with\n\
+         /// `CSA2_EMU_MUTANT=<module>:<mutant>` to show the tests catch the defect.\n\
+         pub static MUTANTS: &[(&str, &str, &[u8])] = &[\n",
+    );
+    for (k, mutant, _, _) in MUTANTS {
+        gen.push_str(&format!(
+            "    ({k:?}, {mutant:?}, {}),\n",
+            so(k, &format!("mutant.{mutant}"))
         ));
     }
     gen.push_str("];\n");
     std::fs::write(out.join("embedded_kernels.rs"), gen).unwrap();
 }
+
+/// Deliberate kernel defects for the host SIMT harness's mutation tests: (module, name, the exact
+/// source text, its replacement).
+const MUTANTS: &[(&str, &str, &str, &str)] = &[
+    // Two A fragments of the tensor-core QKᵀ swapped: a wrong fragment mapping.
+    (
+        "attention",
+        "mma_a_registers_swapped",
+        "mma_bf16_16816(s[nt], a0, a1, a2, a3, b0, b1);",
+        "mma_bf16_16816(s[nt], a1, a0, a2, a3, b0, b1);",
+    ),
+    // The barrier between writing the tensor-core kernel's key tile and reading it, removed.
+    (
+        "attention",
+        "mma_tile_barrier_removed",
+        "dst[i] = f32_to_bf16_bits(f[i]);\n        }\n        __syncthreads();",
+        "dst[i] = f32_to_bf16_bits(f[i]);\n        }",
+    ),
+    // The barrier between the top-k's histogram counts and thread 0's bucket scan, removed.
+    (
+        "topk",
+        "histogram_barrier_removed",
+        "if (shift == 24 && zeros) atomicAdd(&s.zero, zeros);\n        __syncthreads();",
+        "if (shift == 24 && zeros) atomicAdd(&s.zero, zeros);",
+    ),
+];
 
 /// The `extern "C" __global__` kernels of a .cu file with their `__launch_bounds__` thread bound
 /// (the macro text as written, or `0` without one).

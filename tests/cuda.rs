@@ -280,6 +280,35 @@ fn indexer_decode_prefill_and_masked_match_cpu() {
     assert_report(checks::check_indexer(&dev, false, true, SMALL, 302));
 }
 
+/// Mutation check: the top-k test, run in a child process on a build of `topk.cu` without the
+/// barrier between the histogram counts and the bucket scan, must fail.
+#[cfg(feature = "cuda-emu")]
+#[test]
+fn a_removed_topk_barrier_fails_the_topk_test() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "cuda::topk_matches_cpu_exactly",
+            "--test-threads",
+            "1",
+        ])
+        .env("CSA2_EMU_MUTANT", "topk:histogram_barrier_removed")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    // Without the barrier thread 0 scans a histogram still being counted: wrong selections, or
+    // (as on a GPU) writes out of bounds that end the process; a sanitizer build
+    // (scripts/simt-sanitizers.sh) stops at its race report.
+    use std::os::unix::process::ExitStatusExt;
+    let caught =
+        text.contains("1 failed") || text.contains("Sanitizer") || out.status.signal().is_some();
+    assert!(
+        !out.status.success() && caught,
+        "the build without the barrier passed:\n{text}"
+    );
+}
+
 #[test]
 fn topk_matches_cpu_exactly() {
     let Some(dev) = device() else { return };

@@ -20,6 +20,13 @@ fi
 echo "== cargo test --workspace --lib --bins --tests"
 cargo test --workspace --lib --bins --tests
 
+# Every CUDA kernel on the host SIMT harness (kernels/simt/, docs/ARCHITECTURE.md): the CUDA tests
+# and the CUDA unit tests through the same launch code on an emulated device, then once more under
+# ThreadSanitizer and AddressSanitizer + UBSan. A kernel that hangs ends the stage by timeout.
+echo "== cargo test --features cuda-emu --lib --test suite cuda (CUDA kernels on the host SIMT harness)"
+timeout "${CSA2_SIMT_TIMEOUT:-1800}" cargo test --features cuda-emu --lib --test suite cuda
+bash scripts/simt-sanitizers.sh
+
 echo "== pytest tests/python"
 CSA2_BIN="${CSA2_BIN:-target/debug/csa2}" "$venv/bin/python" -m pytest -q tests/python
 

@@ -1,7 +1,7 @@
 // The host SIMT harness's scheduler and launch entry (see simt.h). Linked into every host-compiled
 // kernel module; src/cuda/emu.rs calls `csa2_simt_launch` through dlsym.
 //
-// Model: one fiber (ucontext) per CUDA thread. A block's fibers run on the calling OS thread, in
+// Model: one fiber (its own stack, switched by csa2_simt_switch below) per CUDA thread. A block's fibers run on the calling OS thread, in
 // thread order, each until it waits (at __syncthreads, a warp barrier, a shuffle or an mma) or
 // returns; a barrier opens when every thread of its group that has not returned has arrived, and a
 // returned thread drops out of its block's and warp's barriers. When no fiber can run and some
@@ -17,7 +17,6 @@
 #include "simt.h"
 #include "registry.h"
 
-#include <ucontext.h>
 #include <sys/mman.h>
 
 #include <cstdarg>
@@ -46,6 +45,69 @@ void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_
 }
 #endif
 
+
+// A context switch without a system call (ucontext's swapcontext saves the signal mask, two
+// syscalls a switch, which dominated the harness's time): saves the callee-saved registers, MXCSR
+// and the x87 control word on the current stack, stores the stack pointer in *save, loads `to`.
+extern "C" void csa2_simt_switch(void** save, void* to);
+#if defined(__x86_64__)
+asm(R"(
+    .text
+    .globl csa2_simt_switch
+    .hidden csa2_simt_switch
+    .type csa2_simt_switch,@function
+csa2_simt_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size csa2_simt_switch, .-csa2_simt_switch
+    .section .note.GNU-stack,"",@progbits
+    .text
+)");
+#else
+#error "the host SIMT harness's context switch is written for x86-64"
+#endif
+
+namespace csa2_simt {
+namespace {
+void fiber_main();
+
+// A stack laid out as csa2_simt_switch leaves one: the saved control words and six registers,
+// then fiber_main as the return address (entered with the stack 16-byte aligned as after a call).
+void* fresh_stack(char* base, size_t size) {
+    uintptr_t top = (reinterpret_cast<uintptr_t>(base) + size) & ~uintptr_t{15};
+    uint64_t* p = reinterpret_cast<uint64_t*>(top);
+    *--p = 0;  // fiber_main's own return address: none (it never returns)
+    *--p = reinterpret_cast<uint64_t>(&fiber_main);
+    for (int i = 0; i < 6; i++) *--p = 0;  // rbp rbx r12 r13 r14 r15
+    uint32_t mxcsr;
+    uint16_t fpucw;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fpucw));
+    *--p = (uint64_t)mxcsr | ((uint64_t)fpucw << 32);
+    return p;
+}
+}  // namespace
+}  // namespace csa2_simt
+
 extern "C" char __start_csa2_simt_shared[] __attribute__((weak));
 extern "C" char __stop_csa2_simt_shared[] __attribute__((weak));
 
@@ -65,7 +127,7 @@ enum class State { Ready, Waiting, Done };
 enum class Wait { None, Block, Warp };
 
 struct Fiber {
-    ucontext_t uc;
+    void* sp = nullptr;  // saved stack pointer while switched out
     char* stack = nullptr;
     ThreadState ts;
     int linear = 0;
@@ -98,7 +160,7 @@ struct Run {
     std::vector<Fiber>* fibers = nullptr;
     Barrier block;
     std::vector<WarpState> warps;
-    ucontext_t sched;
+    void* sched_sp = nullptr;
     Fiber* cur = nullptr;
     std::string error;
     bool failed = false;
@@ -135,7 +197,7 @@ std::vector<Fiber>& pool() {
 
 // Switches from the running context to `to`; `from` is saved. `sync`: whether ThreadSanitizer
 // should see an ordering edge across the switch.
-void switch_to(ucontext_t* from, ucontext_t* to, const char* to_stack, size_t to_size,
+void switch_to(void** from, void* to, const char* to_stack, size_t to_size,
 #ifdef CSA2_SIMT_TSAN
                void* to_tsan,
 #endif
@@ -148,13 +210,13 @@ void switch_to(ucontext_t* from, ucontext_t* to, const char* to_stack, size_t to
 #ifdef CSA2_SIMT_ASAN
     void* fake = nullptr;
     __sanitizer_start_switch_fiber(dying ? nullptr : &fake, to_stack, to_size);
-    swapcontext(from, to);
+    csa2_simt_switch(from, to);
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #else
     (void)to_stack;
     (void)to_size;
     (void)dying;
-    swapcontext(from, to);
+    csa2_simt_switch(from, to);
 #endif
 }
 
@@ -162,9 +224,9 @@ void to_scheduler(bool sync, bool dying = false) {
     Run& r = *g_run;
     Fiber* f = r.cur;
 #ifdef CSA2_SIMT_ASAN
-    switch_to(&f->uc, &r.sched, static_cast<const char*>(r.sched_stack_bottom), r.sched_stack_size,
+    switch_to(&f->sp, r.sched_sp, static_cast<const char*>(r.sched_stack_bottom), r.sched_stack_size,
 #else
-    switch_to(&f->uc, &r.sched, nullptr, 0,
+    switch_to(&f->sp, r.sched_sp, nullptr, 0,
 #endif
 #ifdef CSA2_SIMT_TSAN
               r.sched_tsan,
@@ -380,11 +442,7 @@ bool run_block(Run& r, Dim3 grid, Dim3 block, Dim3 bidx) {
         f.ts.block_idx = bidx;
         f.ts.block_dim = block;
         f.ts.grid_dim = grid;
-        getcontext(&f.uc);
-        f.uc.uc_stack.ss_sp = f.stack;
-        f.uc.uc_stack.ss_size = kStack;
-        f.uc.uc_link = nullptr;
-        makecontext(&f.uc, fiber_main, 0);
+        f.sp = fresh_stack(f.stack, kStack);
     }
     int done = 0;
     while (done < r.n && !r.failed) {
@@ -397,7 +455,7 @@ bool run_block(Run& r, Dim3 grid, Dim3 block, Dim3 bidx) {
             r.cur = &f;
             bool first = !f.started;
             f.started = true;
-            switch_to(&r.sched, &f.uc, f.stack, kStack,
+            switch_to(&r.sched_sp, f.sp, f.stack, kStack,
 #ifdef CSA2_SIMT_TSAN
                       f.tsan,
 #endif

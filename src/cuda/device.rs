@@ -230,7 +230,23 @@ impl CudaDevice {
         let arch = self
             .arch()
             .ok_or("no host image for this compute capability")?;
-        let image = em.host_image(arch).ok_or("no host image for this arch")?;
+        let sanitizer = crate::cuda::emu::sanitizer()?;
+        let mut image = em
+            .host_image(arch, sanitizer)
+            .ok_or_else(|| format!("no host image for {arch} with sanitizer {sanitizer:?}"))?;
+        // CSA2_EMU_MUTANT=<module>:<mutant> loads a deliberately broken build of one module (the
+        // mutation tests run a check in a child process with it and expect a failure).
+        if let Ok(m) = std::env::var("CSA2_EMU_MUTANT") {
+            if let Some((module, mutant)) = m.split_once(':') {
+                if module == em.name {
+                    image = super::modules::MUTANTS
+                        .iter()
+                        .find(|(k, n, _)| *k == module && *n == mutant)
+                        .map(|(_, _, img)| *img)
+                        .ok_or_else(|| format!("CSA2_EMU_MUTANT={m}: no such mutant"))?;
+                }
+            }
+        }
         self.ctx
             .load_module(HostImage(image))
             .map_err(|e| e.to_string())

@@ -174,6 +174,31 @@ impl CudaContext {
     }
 }
 
+/// The sanitizer build the modules load as (`CSA2_EMU_SANITIZER=thread|address`), after checking
+/// that its runtime is in the process (the test binary runs with it in `LD_PRELOAD`: a module
+/// built with a sanitizer cannot load without it).
+pub fn sanitizer() -> Result<Option<&'static str>, String> {
+    let (name, symbol, lib) = match std::env::var("CSA2_EMU_SANITIZER").ok().as_deref() {
+        None | Some("") => return Ok(None),
+        Some("thread") => ("thread", "__tsan_init", "libtsan.so"),
+        Some("address") => ("address", "__asan_init", "libasan.so"),
+        Some(o) => {
+            return Err(format!(
+                "CSA2_EMU_SANITIZER={o}: expected thread or address"
+            ))
+        }
+    };
+    let c = CString::new(symbol).expect("no NUL");
+    // SAFETY: a symbol lookup in the process's global scope.
+    if unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) }.is_null() {
+        return Err(format!(
+            "CSA2_EMU_SANITIZER={name} needs the sanitizer runtime in the process: run with \
+             LD_PRELOAD=$(c++ -print-file-name={lib})"
+        ));
+    }
+    Ok(Some(name))
+}
+
 /// A host-compiled kernel module's shared object, as embedded by build.rs.
 #[derive(Debug, Clone, Copy)]
 pub struct HostImage(pub &'static [u8]);

@@ -73,6 +73,10 @@ pub struct EmbeddedModule {
     pub host_sm90a: &'static [u8],
     /// The module built as for sm_100a (`__CUDA_ARCH_FEAT_SM100_ALL`: the hardware E2M1 branch).
     pub host_sm100a: &'static [u8],
+    /// The sm_90a build under ThreadSanitizer (`CSA2_EMU_SANITIZER=thread`).
+    pub host_sm90a_tsan: &'static [u8],
+    /// The sm_90a build under AddressSanitizer + UBSan (`CSA2_EMU_SANITIZER=address`).
+    pub host_sm90a_asan: &'static [u8],
 }
 
 #[cfg(feature = "cuda-emu")]
@@ -81,11 +85,14 @@ impl EmbeddedModule {
     pub fn get(name: &str) -> Option<&'static EmbeddedModule> {
         MODULES.iter().find(|m| m.name == name)
     }
-    /// The host image for `arch` (`sm_90a` / `sm_100a`).
-    pub fn host_image(&self, arch: &str) -> Option<&'static [u8]> {
-        match arch {
-            "sm_90a" => Some(self.host_sm90a),
-            "sm_100a" => Some(self.host_sm100a),
+    /// The host image for `arch` (`sm_90a` / `sm_100a`) and sanitizer (`None`, `thread`,
+    /// `address`; sanitizer builds exist for sm_90a).
+    pub fn host_image(&self, arch: &str, sanitizer: Option<&str>) -> Option<&'static [u8]> {
+        match (arch, sanitizer) {
+            ("sm_90a", None) => Some(self.host_sm90a),
+            ("sm_100a", None) => Some(self.host_sm100a),
+            ("sm_90a", Some("thread")) => Some(self.host_sm90a_tsan),
+            ("sm_90a", Some("address")) => Some(self.host_sm90a_asan),
             _ => None,
         }
     }

@@ -320,6 +320,7 @@ pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
             err: addr_opt(&c.error),
         },
         stream,
+        PoolsKernel::from_env(),
     )
 }
 
@@ -331,6 +332,18 @@ pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
 /// Errors: [`Error::Unsupported`] outside the kernel's contract (see the view entry),
 /// [`Error::Invalid`] for more than 65 535 tokens, [`Error::Cuda`].
 pub(crate) fn attention_indexed_rows(
+    p: &super::AttentionParams,
+    a: &super::IndexedViews<'_, '_>,
+    stream: u64,
+    out: &mut TensorViewMut<'_>,
+    lse: &mut TensorViewMut<'_>,
+) -> Result<()> {
+    attention_indexed_rows_with(PoolsKernel::from_env(), p, a, stream, out, lse)
+}
+
+/// [`attention_indexed_rows`] with the kernel named.
+pub(crate) fn attention_indexed_rows_with(
+    kernel: PoolsKernel,
     p: &super::AttentionParams,
     a: &super::IndexedViews<'_, '_>,
     stream: u64,
@@ -408,16 +421,39 @@ pub(crate) fn attention_indexed_rows(
             err: 0,
         },
         stream,
+        kernel,
     )
 }
 
-/// Launches `attn_pools_bf16` (or, with `CSA2_ATTENTION_KERNEL=mma`, its tensor-core variant) on
-/// `stream`; returns after the launch.
-fn launch_pools(c: &PoolsLaunch, stream: u64) -> Result<()> {
-    // CSA2_ATTENTION_KERNEL=mma selects the tensor-core variant (bf16 mma.sync, P rounded to
-    // bf16: BF16_DOTS_VS_F64); anything else, or unset, the f32 correctness kernel. Read per call
-    // (no device work), so one process can compare both.
-    let mma = std::env::var("CSA2_ATTENTION_KERNEL").is_ok_and(|v| v == "mma");
+/// Which pool attention kernel a launch runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolsKernel {
+    /// `attn_pools_bf16`: f32 SIMT dots, the correctness kernel.
+    Simt,
+    /// `attn_pools_bf16_mma`: bf16 `mma.sync` tensor-core dots (P rounded to bf16:
+    /// `BF16_DOTS_VS_F64`).
+    Mma,
+}
+
+impl PoolsKernel {
+    /// Both kernels.
+    pub const ALL: [PoolsKernel; 2] = [PoolsKernel::Simt, PoolsKernel::Mma];
+
+    /// The kernel the entries run: `CSA2_ATTENTION_KERNEL=mma` selects the tensor-core one,
+    /// anything else, or unset, the SIMT one. Read per call (no device work), so one process
+    /// can compare both.
+    pub fn from_env() -> PoolsKernel {
+        if std::env::var("CSA2_ATTENTION_KERNEL").is_ok_and(|v| v == "mma") {
+            PoolsKernel::Mma
+        } else {
+            PoolsKernel::Simt
+        }
+    }
+}
+
+/// Launches the pool attention kernel `kernel` on `stream`; returns after the launch.
+fn launch_pools(c: &PoolsLaunch, stream: u64, kernel: PoolsKernel) -> Result<()> {
+    let mma = kernel == PoolsKernel::Mma;
     if mma && (!c.q.is_multiple_of(4) || !c.out.is_multiple_of(4)) {
         return Err(Error::invalid(
             "q / out",
@@ -520,20 +556,59 @@ mod tests {
         attention_indexed_view, plan_indexed, reference, AttentionParams, IndexedInputs,
         IndexedViews, KvRows, KvView,
     };
+    use super::{attention_indexed_rows_with, PoolsKernel};
     use crate::cuda::CudaDevice;
     use crate::formats::{RecordFormat, KV_DIM, MXFP8_BYTES, NVFP4_DS_BYTES};
-    use crate::tolerance::{compare, GPU_BF16_VS_F64, GPU_F32_VS_F64};
+    use crate::tolerance::{compare, BF16_DOTS_VS_F64, GPU_BF16_VS_F64, GPU_F32_VS_F64};
     use half::bf16;
 
     /// The flat indexed form on the GPU (bf16 q / out) against the one f64 reference on the same
     /// bf16 queries, the output rounded to bf16 where the kernel rounds it (the CPU twin:
-    /// `view_tests::indexed_view_on_host_is_the_fast_path`).
+    /// `view_tests::indexed_view_on_host_is_the_fast_path`): the SIMT kernel through the view
+    /// entry, the tensor-core kernel through the same launch with the kernel named.
     #[test]
     fn indexed_view_on_cuda_matches_the_reference() {
         if !CudaDevice::driver_present() {
             println!("SKIPPED: no CUDA driver");
             return;
         }
+        for kernel in PoolsKernel::ALL {
+            indexed_view_matches_the_reference(kernel);
+        }
+    }
+
+    /// Mutation check: the test above, run in a child process on a deliberately broken build of
+    /// the tensor-core kernel (two A fragments swapped; the tile barrier removed), must fail.
+    #[cfg(feature = "cuda-emu")]
+    #[test]
+    fn broken_tensor_core_kernels_fail_the_reference_test() {
+        for mutant in ["mma_a_registers_swapped", "mma_tile_barrier_removed"] {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "ops::attention::cuda::tests::indexed_view_on_cuda_matches_the_reference",
+                    "--test-threads",
+                    "1",
+                ])
+                .env("CSA2_EMU_MUTANT", format!("attention:{mutant}"))
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            // A sanitizer build (scripts/simt-sanitizers.sh) may stop at its report instead.
+            let caught = text.contains("1 failed") || text.contains("Sanitizer");
+            assert!(
+                !out.status.success() && caught,
+                "the {mutant} build passed the reference test:\n{text}"
+            );
+            assert!(
+                text.contains("Mma") || text.contains("Sanitizer"),
+                "{mutant}: failed outside the mma kernel:\n{text}"
+            );
+        }
+    }
+
+    fn indexed_view_matches_the_reference(kernel: PoolsKernel) {
         let dev = CudaDevice::shared(0).unwrap();
         let (t, h) = (5, 64);
         let f = flat(73, t, h);
@@ -583,13 +658,14 @@ mod tests {
             ..Default::default()
         };
         dev.synchronize_context().unwrap();
-        attention_indexed_view(
-            &p,
-            &views,
-            0,
-            &mut dev.test_view_mut(&dout, &[t, h, KV_DIM]),
-            &mut dev.test_view_mut(&dlse, &[t, h]),
-        )
+        let (mut o, mut l) = (
+            dev.test_view_mut(&dout, &[t, h, KV_DIM]),
+            dev.test_view_mut(&dlse, &[t, h]),
+        );
+        match kernel {
+            PoolsKernel::Simt => attention_indexed_view(&p, &views, 0, &mut o, &mut l),
+            PoolsKernel::Mma => attention_indexed_rows_with(kernel, &p, &views, 0, &mut o, &mut l),
+        }
         .unwrap();
         dev.synchronize_context().unwrap();
         let out: Vec<f32> = dev
@@ -614,9 +690,14 @@ mod tests {
         let rows = plan_indexed(&p, &inp, &main, &swa).unwrap();
         let (ro, rl) = reference::attention_rows(&p, &qf, &f.sink, &rows, main, swa);
         let ro: Vec<f64> = ro.iter().map(|&v| bf16::from_f64(v).to_f64()).collect();
-        let st = compare(&out, &ro, &GPU_BF16_VS_F64);
-        assert!(st.ok(&GPU_BF16_VS_F64), "out: {st:?}");
-        let st = compare(&lse, &rl, &GPU_F32_VS_F64);
-        assert!(st.ok(&GPU_F32_VS_F64), "lse: {st:?}");
+        // The tensor-core kernel rounds the softmax weights to bf16 before P·V.
+        let (tol_out, tol_lse) = match kernel {
+            PoolsKernel::Simt => (GPU_BF16_VS_F64, GPU_F32_VS_F64),
+            PoolsKernel::Mma => (BF16_DOTS_VS_F64, BF16_DOTS_VS_F64),
+        };
+        let st = compare(&out, &ro, &tol_out);
+        assert!(st.ok(&tol_out), "{kernel:?} out: {st:?}");
+        let st = compare(&lse, &rl, &tol_lse);
+        assert!(st.ok(&tol_lse), "{kernel:?} lse: {st:?}");
     }
 }
