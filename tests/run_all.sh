@@ -24,7 +24,27 @@ cargo test --workspace --lib --bins --tests
 # and the CUDA unit tests through the same launch code on an emulated device, then once more under
 # ThreadSanitizer and AddressSanitizer + UBSan. A kernel that hangs ends the stage by timeout.
 echo "== cargo test --features cuda-emu --lib --test suite cuda (CUDA kernels on the host SIMT harness)"
+launch_log="$(mktemp)"
+export CSA2_EMU_LAUNCH_LOG="$launch_log"
 timeout "${CSA2_SIMT_TIMEOUT:-1800}" cargo test --features cuda-emu --lib --test suite cuda
+echo "== the same, each block's threads in reverse order; the codecs on the sm_100a build"
+CSA2_EMU_SCHEDULE=reverse timeout "${CSA2_SIMT_TIMEOUT:-1800}" cargo test --features cuda-emu --lib --test suite cuda
+CSA2_EMU_CC=10.0 timeout "${CSA2_SIMT_TIMEOUT:-1800}" cargo test --features cuda-emu --test suite cuda::codec
+unset CSA2_EMU_LAUNCH_LOG
+# Every `extern "C" __global__` of kernels/ must have run to completion above.
+missing=$(python3 - "$launch_log" <<'PY'
+import re, sys, pathlib
+ran = set(pathlib.Path(sys.argv[1]).read_text().split())
+src = "".join(p.read_text() for p in sorted(pathlib.Path("kernels").glob("*.cu")))
+names = re.findall(r'extern "C" __global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)', src)
+print(" ".join(n for n in names if n not in ran))
+PY
+)
+rm -f "$launch_log"
+if [ -n "$missing" ]; then
+    echo "kernels that never ran on the host SIMT harness: $missing" >&2
+    exit 1
+fi
 bash scripts/simt-sanitizers.sh
 
 echo "== pytest tests/python"

@@ -625,6 +625,30 @@ impl LaunchArgs<'_> {
                 String::from_utf8_lossy(&msg[..end]).into_owned(),
             ));
         }
+        log_launch(&self.func.name.to_string_lossy());
         Ok(())
+    }
+}
+
+/// With `CSA2_EMU_LAUNCH_LOG=<file>`, appends each kernel's name the first time this process runs
+/// it to completion (the test command checks that every kernel in `kernels/` appears).
+fn log_launch(name: &str) {
+    use std::io::Write;
+    static SEEN: parking_lot::Mutex<Vec<String>> = parking_lot::Mutex::new(Vec::new());
+    let Some(path) = std::env::var_os("CSA2_EMU_LAUNCH_LOG") else {
+        return;
+    };
+    let mut seen = SEEN.lock();
+    if seen.iter().any(|n| n == name) {
+        return;
+    }
+    seen.push(name.to_string());
+    // O_APPEND writes of one short line do not interleave between processes.
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{name}");
     }
 }

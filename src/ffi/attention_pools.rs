@@ -633,5 +633,63 @@ mod tests {
         assert_eq!(run(&args), Csa2Status::Csa2Ok, "{}", last_error());
         assert_eq!(out, want);
         assert_eq!(lse, want_lse);
+
+        // The same call with every tensor presented as CUDA memory: on the emulated device
+        // (feature `cuda-emu`) the kernel runs through the CUDA route's own launch, against the
+        // host route's result; a slot past the pool lands in the error record, not in memory.
+        #[cfg(feature = "cuda-emu")]
+        {
+            use crate::tolerance::{compare, BF16_DOTS_VS_F64};
+            let cuda = |mut d: DLTensor| {
+                d.device.device_type = K_DL_CUDA;
+                d
+            };
+            let mut out_g = vec![bf16::from_f32(9.0); out.len()];
+            let mut lse_g = vec![0f32; lse.len()];
+            let mut err = [0i32; 4];
+            let mut se = [4i64];
+            let (qg, pg, sinkg, sig, slg, mig) = (
+                cuda(qd),
+                cuda(pd),
+                cuda(sinkd),
+                cuda(sid),
+                cuda(sld),
+                cuda(mid),
+            );
+            let og = cuda(tensor(&mut out_g, &mut so, None, 4, 16));
+            let lg = cuda(tensor(&mut lse_g, &mut sle, None, K_DL_FLOAT, 32));
+            let eg = cuda(tensor(&mut err, &mut se, None, 0, 32));
+            let gargs = Csa2AttentionPoolsArgs {
+                q: &qg,
+                main_idx: &mig,
+                swa: Csa2Pool {
+                    tensor: &pg,
+                    ..args.swa
+                },
+                swa_idx: &sig,
+                swa_len: &slg,
+                sink: &sinkg,
+                out: &og,
+                lse: &lg,
+                error: &eg,
+                ..args
+            };
+            assert_eq!(run(&gargs), Csa2Status::Csa2Ok, "{}", last_error());
+            let (g, w): (Vec<f32>, Vec<f64>) = out_g
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a.to_f32(), b.to_f64()))
+                .unzip();
+            let st = compare(&g, &w, &BF16_DOTS_VS_F64);
+            assert!(st.ok(&BF16_DOTS_VS_F64), "CUDA route out: {st:?}");
+            let wl: Vec<f64> = want_lse.iter().map(|&v| v as f64).collect();
+            let st = compare(&lse_g, &wl, &BF16_DOTS_VS_F64);
+            assert!(st.ok(&BF16_DOTS_VS_F64), "CUDA route lse: {st:?}");
+            assert_eq!(err, [0; 4], "a clean call leaves the error record alone");
+            // Slot 12 is past the 3 × 4 states of the pool.
+            sidx[1] = 12;
+            assert_eq!(run(&gargs), Csa2Status::Csa2Ok, "{}", last_error());
+            assert_ne!(err[0], 0, "an out-of-pool slot must be recorded: {err:?}");
+        }
     }
 }
