@@ -494,6 +494,24 @@ pub(crate) fn cfg(grid: (u32, u32), block: u32) -> crate::cuda::driver::LaunchCo
     }
 }
 
+/// The largest `gridDim.y` (and `z`) a CUDA launch may use.
+pub(crate) const MAX_GRID_Y: usize = 65_535;
+
+/// A row count that becomes `gridDim.y` (one block row per row), or [`Error::Invalid`] naming
+/// `what` when it exceeds [`MAX_GRID_Y`] — refused before anything is read or launched.
+pub(crate) fn grid_rows(what: &str, rows: usize) -> Result<u32> {
+    if rows > MAX_GRID_Y {
+        return Err(Error::invalid(
+            what,
+            format!(
+                "{rows} rows in one call; this kernel launches one grid row per row and CUDA \
+                 allows at most {MAX_GRID_Y}: split the call"
+            ),
+        ));
+    }
+    Ok(rows as u32)
+}
+
 /// Checks a length and converts a count to the kernel's `int`.
 pub(crate) fn check_len(what: &str, found: usize, expected: usize) -> Result<()> {
     if found != expected {

@@ -495,7 +495,7 @@ mod tests {
     /// the same values as the Rust entry; struct_size, device and layout errors are refused and
     /// write nothing.
     #[test]
-    fn c_abi_matches_the_rust_entry_and_refuses_bad_args() {
+    fn c_abi_on_host_and_cuda_tensors_matches_the_rust_entry_and_refuses_bad_args() {
         let (blocks, states, w) = (3usize, 4usize, 528usize);
         let (offset, stride) = (64usize, 4 * 528 + 200);
         let mut slab = vec![0x7Fu8; offset + blocks * stride];
@@ -625,6 +625,30 @@ mod tests {
         };
         assert_eq!(run(&sk), Csa2Status::Csa2ErrShape);
         assert!(last_error().contains("strides"), "{}", last_error());
+        // A shape whose byte count wraps (2^59 + 1 states of 528 B) is refused, not a panic.
+        let (mut huge_shape, mut huge_strides) = (
+            [1i64, (1 << 59) + 1, w as i64],
+            [stride as i64, w as i64, 1],
+        );
+        let mut huge = pd;
+        huge.shape = huge_shape.as_mut_ptr();
+        huge.strides = huge_strides.as_mut_ptr();
+        let hg = Csa2AttentionPoolsArgs {
+            swa: Csa2Pool {
+                tensor: &huge,
+                ..args.swa
+            },
+            ..args
+        };
+        let st = run(&hg);
+        assert!(
+            matches!(
+                st,
+                Csa2Status::Csa2ErrInvalidArgument | Csa2Status::Csa2ErrShape
+            ),
+            "{st:?}: {}",
+            last_error()
+        );
         let aliased = Csa2AttentionPoolsArgs { out: &qd, ..args };
         assert_eq!(run(&aliased), Csa2Status::Csa2ErrInvalidArgument);
         assert!(last_error().contains("overlaps"), "{}", last_error());

@@ -89,14 +89,16 @@ pub struct PoolDesc {
 }
 
 impl PoolDesc {
-    /// Bytes one page's records occupy (`states_per_page · record_bytes`).
+    /// Bytes one page's records occupy (`states_per_page · record_bytes`; saturates for a
+    /// descriptor [`Self::check`] refuses).
     pub fn page_bytes(&self) -> usize {
-        self.states_per_page * self.format.record_bytes()
+        self.states_per_page
+            .saturating_mul(self.format.record_bytes())
     }
-    /// Global slots (`blocks · states_per_page`); slot `s` is state `s % states_per_page` of page
-    /// `s / states_per_page`.
+    /// Global slots (`blocks · states_per_page`; saturates for a descriptor [`Self::check`]
+    /// refuses); slot `s` is state `s % states_per_page` of page `s / states_per_page`.
     pub fn slots(&self) -> usize {
-        self.blocks * self.states_per_page
+        self.blocks.saturating_mul(self.states_per_page)
     }
     /// Bytes from the pool's first byte to the end of its last page (0 for an empty pool).
     pub fn extent(&self) -> usize {
@@ -115,6 +117,23 @@ impl PoolDesc {
             return Err(Error::invalid(
                 format!("{what} states_per_page"),
                 "must be at least 1",
+            ));
+        }
+        // Slot ids are i64 in the kernels and the C ABI; a page's bytes must be a number.
+        let page = self.states_per_page.checked_mul(self.format.record_bytes());
+        let slots = self
+            .blocks
+            .checked_mul(self.states_per_page)
+            .filter(|&n| n <= i64::MAX as usize);
+        if page.is_none() || slots.is_none() {
+            return Err(Error::invalid(
+                format!("{what} shape"),
+                format!(
+                    "{} blocks × {} states of {} B overflow the address space",
+                    self.blocks,
+                    self.states_per_page,
+                    self.format.record_bytes()
+                ),
             ));
         }
         if self.blocks > 1 && self.block_stride < self.page_bytes() {
@@ -227,5 +246,30 @@ impl<'a> PoolView<'a> {
         let (d, s) = self.parts(slot);
         self.desc.format.decode_row(d, s, out);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shapes whose byte or slot counts wrap are refused by `check` (they used to wrap to a small
+    /// extent, pass, and panic or misaddress later); `page_bytes` / `slots` saturate instead of
+    /// overflowing for such a descriptor.
+    #[test]
+    fn wrapping_shapes_are_refused() {
+        let d = |blocks: usize, states: usize| PoolDesc {
+            format: RecordFormat::Nvfp4Ds,
+            layout: PoolLayout::Interleaved,
+            blocks,
+            states_per_page: states,
+            block_stride: 288,
+        };
+        for (b, s) in [(1, (1usize << 59) + 1), (usize::MAX / 2, 4), (1 << 62, 4)] {
+            let e = d(b, s).check("pool").unwrap_err();
+            assert!(e.to_string().contains("overflow"), "{b} × {s}: {e}");
+            let _ = (d(b, s).page_bytes(), d(b, s).slots());
+        }
+        d(1, 64).check("pool").unwrap();
     }
 }

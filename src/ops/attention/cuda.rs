@@ -10,7 +10,7 @@
 //!   or device memory.
 
 use super::{PoolDesc, PoolLayout};
-use crate::cuda::device::{as_i32, cfg, check_len, cuda_error, launch, OrNull};
+use crate::cuda::device::{as_i32, cfg, check_len, cuda_error, grid_rows, launch, OrNull};
 use crate::cuda::shapes::{ATTN_HEADS_PER_BLOCK, ATTN_MMA_HEADS_PER_BLOCK, ATTN_THREADS};
 use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
@@ -83,6 +83,7 @@ impl CudaDevice {
         lse: &mut TensorViewMut<'_>,
     ) -> Result<()> {
         let t = b.pos.numel();
+        let grid_y = grid_rows("pos", t)?;
         let (requests, main_max_blocks) = table_shape("main KV", main)?;
         let (swa_requests, swa_max_blocks) = table_shape("SWA", swa)?;
         check_len("SWA block_table rows", swa_requests, requests)?;
@@ -151,10 +152,7 @@ impl CudaDevice {
             as_i32("swa page_slots", swa.page_slots)?,
         );
         let (sink, freq) = (OrNull(sink.as_deref()), OrNull(freq.as_ref()));
-        let grid = (
-            (HEADS / ATTN_HEADS_PER_BLOCK) as u32,
-            as_i32("rows", t)? as u32,
-        );
+        let grid = ((HEADS / ATTN_HEADS_PER_BLOCK) as u32, grid_y);
         // sparse_decode_attn_f32(q, topk, topk_len, pos, req, window_start, main_pages, main_bt,
         //   main_max_blocks, main_page_slots, swa_pages, swa_bt, swa_max_blocks, swa_page_slots,
         //   sink, inv_freq, scale, out, lse)
@@ -460,16 +458,8 @@ fn launch_pools(c: &PoolsLaunch, stream: u64, kernel: PoolsKernel) -> Result<()>
             "the tensor-core kernel reads and writes bf16 pairs: q and out must be 4-byte aligned",
         ));
     }
-    if c.tokens > 65_535 {
-        // One grid row per token; CUDA caps gridDim.y at 65,535 (vLLM's batches are far below).
-        return Err(Error::invalid(
-            "q",
-            format!(
-                "{} tokens in one call; the kernel takes at most 65,535",
-                c.tokens
-            ),
-        ));
-    }
+    // One grid row per token (vLLM's batches are far below the bound).
+    let grid_y = grid_rows("q", c.tokens)?;
     let dev = device(c.ordinal)?;
     let f = dev.function(
         "attention",
@@ -519,7 +509,7 @@ fn launch_pools(c: &PoolsLaunch, stream: u64, kernel: PoolsKernel) -> Result<()>
     } else {
         ATTN_HEADS_PER_BLOCK
     };
-    let grid = ((c.padded_heads / per_block) as u32, c.tokens as u32);
+    let grid = ((c.padded_heads / per_block) as u32, grid_y);
     let mut b = s.launch_builder(&f);
     // attn_pools_bf16(q, hp, n_heads, main_idx, km, main_len, main_pool, main_stride,
     //   main_states, main_blocks, main_fmt, main_layout, swa_idx, ks, swa_len, swa_pool,
@@ -577,8 +567,66 @@ mod tests {
         }
     }
 
-    /// Mutation check: the test above, run in a child process on a deliberately broken build of
-    /// the tensor-core kernel (two A fragments swapped; the tile barrier removed), must fail.
+    /// More rows than `gridDim.y` allows is a typed error before anything is read or launched
+    /// (the views below point at no memory).
+    #[test]
+    fn more_rows_than_a_grid_allows_is_refused_first() {
+        use super::{DecodeBatch, TablePages};
+        use crate::tensor::{DType, Device, TensorView, TensorViewMut};
+        if !CudaDevice::driver_present() {
+            println!("SKIPPED: no CUDA driver");
+            return;
+        }
+        let dev = CudaDevice::shared(0).unwrap();
+        let nowhere = std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8;
+        // SAFETY: never read: the call must fail on the row count first.
+        let v = |shape: &[usize], dt: DType| unsafe {
+            TensorView::from_raw_parts(
+                nowhere,
+                shape,
+                &crate::tensor::row_major_strides(shape),
+                dt,
+                Device::Cuda(0),
+            )
+            .unwrap()
+        };
+        let rows = crate::cuda::device::MAX_GRID_Y + 1;
+        let b = DecodeBatch {
+            q: v(&[1], DType::F32),
+            topk: v(&[rows, 1], DType::I32),
+            pos: v(&[rows], DType::I32),
+            req: v(&[rows], DType::I32),
+            window_start: v(&[rows], DType::I32),
+            sink: None,
+            inv_freq: None,
+            scale: 1.0,
+        };
+        let pages = TablePages {
+            pages: v(&[1], DType::U8),
+            block_table: v(&[1, 1], DType::I32),
+            page_slots: 1,
+        };
+        // SAFETY: as above.
+        let (mut out, mut lse) = unsafe {
+            (
+                TensorViewMut::from_raw_parts(nowhere, &[1], &[1], DType::F32, Device::Cuda(0))
+                    .unwrap(),
+                TensorViewMut::from_raw_parts(nowhere, &[1], &[1], DType::F32, Device::Cuda(0))
+                    .unwrap(),
+            )
+        };
+        let e = dev
+            .sparse_decode_attention(&b, &pages, &pages, &mut out, &mut lse)
+            .unwrap_err();
+        assert!(
+            matches!(&e, crate::Error::Invalid { .. }) && e.to_string().contains("65535"),
+            "{e}"
+        );
+    }
+
+    /// Mutation check: `indexed_view_on_cuda_matches_the_reference`, run in a child process on a
+    /// deliberately broken build of the tensor-core kernel (two A fragments swapped; the tile
+    /// barrier removed), must fail.
     #[cfg(feature = "cuda-emu")]
     #[test]
     fn broken_tensor_core_kernels_fail_the_reference_test() {

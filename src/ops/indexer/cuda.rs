@@ -7,7 +7,7 @@
 //! other [`IndexerParams`].
 
 use super::{IndexerParams, QueryQuant, INDEX_DIM, INDEX_HEADS};
-use crate::cuda::device::{as_i32, cfg, launch, OrNull};
+use crate::cuda::device::{as_i32, cfg, grid_rows, launch, OrNull};
 use crate::cuda::driver::CudaSlice;
 use crate::cuda::shapes::{INDEXER_ENTRIES_PER_BLOCK, INDEXER_THREADS};
 use crate::cuda::CudaDevice;
@@ -71,6 +71,7 @@ pub fn logits(
 ) -> Result<()> {
     kernel_supports(p)?;
     let rows = qs.rows;
+    let grid_y = grid_rows("q", rows)?;
     if rows == 0 || n_cols == 0 {
         return Ok(());
     }
@@ -96,10 +97,7 @@ pub fn logits(
         as_i32("ratio", p.ratio)?,
         as_i32("n_cols", n_cols)?,
     );
-    let grid = (
-        n_cols.div_ceil(INDEXER_ENTRIES_PER_BLOCK) as u32,
-        as_i32("rows", rows)? as u32,
-    );
+    let grid = (n_cols.div_ceil(INDEXER_ENTRIES_PER_BLOCK) as u32, grid_y);
     let stride = as_i32("mask stride", cand_mask.map_or(0, |m| m.1))?;
     let mask = OrNull(cand_mask.map(|m| m.0));
     // indexer_logits_f32(q, w, pos, req, block_table, max_blocks, page_slots, index_pages, ratio,
