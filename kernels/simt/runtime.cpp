@@ -26,8 +26,12 @@
 #include <string>
 #include <vector>
 
-#if defined(__SANITIZE_THREAD__)
-#define CSA2_SIMT_TSAN 1
+// build.rs defines CSA2_SIMT_TSAN for the ThreadSanitizer build of a module and compiles this file
+// without instrumentation there: the scheduler's own bookkeeping is shared by every fiber of a
+// block, and ordering it through TSan would order the fibers' kernel accesses too, hiding the
+// races the build exists to find. The kernel's accesses are instrumented; the fiber switches and
+// the barrier edges below are announced explicitly.
+#if defined(CSA2_SIMT_TSAN)
 extern "C" {
 void* __tsan_get_current_fiber(void);
 void* __tsan_create_fiber(unsigned flags);
@@ -37,8 +41,7 @@ void __tsan_acquire(void* addr);
 void __tsan_release(void* addr);
 }
 #endif
-#if defined(__SANITIZE_ADDRESS__)
-#define CSA2_SIMT_ASAN 1
+#if defined(CSA2_SIMT_ASAN)
 extern "C" {
 void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, size_t size);
 void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old, size_t* size_old);

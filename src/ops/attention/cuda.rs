@@ -255,30 +255,30 @@ fn addr_opt(v: &Option<View>) -> u64 {
 
 /// One pool as the pool kernel reads it: first byte on the device and its addressing.
 #[derive(Debug, Clone, Copy)]
-struct PoolLaunch {
-    addr: u64,
-    desc: PoolDesc,
+pub(super) struct PoolLaunch {
+    pub(super) addr: u64,
+    pub(super) desc: PoolDesc,
 }
 
 /// Every argument of one `attn_pools_bf16` launch (device addresses; 0 = null for the optional
 /// ones), checked by the entry that builds it.
-struct PoolsLaunch {
-    ordinal: i32,
-    tokens: usize,
-    padded_heads: usize,
-    heads: usize,
-    q: u64,
-    main: Option<PoolLaunch>,
-    main_idx: (u64, usize),
-    main_len: u64,
-    swa: PoolLaunch,
-    swa_idx: (u64, usize),
-    swa_len: u64,
-    sink: u64,
-    scale: f32,
-    out: u64,
-    lse: u64,
-    err: u64,
+pub(super) struct PoolsLaunch {
+    pub(super) ordinal: i32,
+    pub(super) tokens: usize,
+    pub(super) padded_heads: usize,
+    pub(super) heads: usize,
+    pub(super) q: u64,
+    pub(super) main: Option<PoolLaunch>,
+    pub(super) main_idx: (u64, usize),
+    pub(super) main_len: u64,
+    pub(super) swa: PoolLaunch,
+    pub(super) swa_idx: (u64, usize),
+    pub(super) swa_len: u64,
+    pub(super) sink: u64,
+    pub(super) scale: f32,
+    pub(super) out: u64,
+    pub(super) lse: u64,
+    pub(super) err: u64,
 }
 
 /// Launches `attn_pools_bf16` for a checked `csa2_attention_pools` call on `stream` (a
@@ -450,7 +450,7 @@ impl PoolsKernel {
 }
 
 /// Launches the pool attention kernel `kernel` on `stream`; returns after the launch.
-fn launch_pools(c: &PoolsLaunch, stream: u64, kernel: PoolsKernel) -> Result<()> {
+pub(super) fn launch_pools(c: &PoolsLaunch, stream: u64, kernel: PoolsKernel) -> Result<()> {
     let mma = kernel == PoolsKernel::Mma;
     if mma && (!c.q.is_multiple_of(4) || !c.out.is_multiple_of(4)) {
         return Err(Error::invalid(

@@ -390,6 +390,142 @@ mod tests {
         l
     }
 
+    /// The CUDA route's pool launch (both kernels) on strided slabs of every record kind vLLM
+    /// writes, 64 and 128 padded heads with fewer live heads, −1 holes, stale entries past the
+    /// lengths, a token with an empty SWA list, lse and sink: against the same f64 reference as
+    /// the host entry, the output rounded to bf16; padded heads come out zero. Runs on the
+    /// emulated device (feature `cuda-emu`) or a GPU.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_pool_launch_matches_reference_for_all_record_kinds() {
+        use crate::cuda::CudaDevice;
+        use crate::ops::attention::cuda::{launch_pools, PoolLaunch, PoolsKernel, PoolsLaunch};
+        use crate::tolerance::{BF16_DOTS_VS_F64, GPU_BF16_VS_F64, GPU_F32_VS_F64};
+        fn a<T>(dev: &CudaDevice, b: &crate::cuda::DeviceBuffer<T>) -> u64 {
+            use crate::cuda::driver::DevicePtr;
+            b.device_ptr(dev.stream()).0
+        }
+        if !CudaDevice::driver_present() {
+            println!("SKIPPED: no CUDA driver");
+            return;
+        }
+        let dev = CudaDevice::shared(0).unwrap();
+        let mut rng = Rng::new(33);
+        let kinds: [(Option<RecordFormat>, RecordFormat); 5] = [
+            (Some(RecordFormat::Nvfp4Ds), RecordFormat::Mxfp8),
+            (Some(RecordFormat::Mxfp8), RecordFormat::Mxfp8),
+            (Some(RecordFormat::V4Record), RecordFormat::V4Record),
+            (None, RecordFormat::Mxfp8),
+            (None, RecordFormat::V4Record),
+        ];
+        for (ki, (mf, sf)) in kinds.into_iter().enumerate() {
+            for (hp, h) in [(64, 64), (128, 8)] {
+                let t = 4;
+                let (sb, sd, _) = slab(&mut rng, sf, PoolLayout::vllm(sf), 5, 32, 64);
+                let swa = PoolView::new(sd, &sb[64..], "swa").unwrap();
+                let mslab = mf.map(|f| slab(&mut rng, f, PoolLayout::vllm(f), 3, 16, 200));
+                let main = mslab
+                    .as_ref()
+                    .map(|(b, d, _)| PoolView::new(*d, &b[200..], "main").unwrap());
+                let nm = main.map_or(0, |m| m.desc().slots());
+                let km = if main.is_some() { 24 } else { 0 };
+                let l = lists(&mut rng, t, km, nm, 40, swa.desc().slots());
+                let qv = rand_normal(&mut rng, t * hp * KV_DIM, 2.0);
+                let q: Vec<bf16> = qv.iter().map(|&v| bf16::from_f32(v)).collect();
+                let sink = rand_normal(&mut rng, h, 1.0);
+                let mut qf = vec![0f32; t * h * KV_DIM];
+                for ti in 0..t {
+                    for j in 0..h * KV_DIM {
+                        qf[ti * h * KV_DIM + j] = q[ti * hp * KV_DIM + j].to_f32();
+                    }
+                }
+                let p = AttentionParams {
+                    heads: h,
+                    ..Default::default()
+                };
+                let ii = IndexedInputs {
+                    q: &qf,
+                    sink: &sink,
+                    main_idx: &l.main_idx,
+                    main_len: Some(&l.main_len),
+                    swa_idx: &l.swa_idx,
+                    swa_len: Some(&l.swa_len),
+                };
+                let mrows = main.map_or(KvRows::F32(&[]), KvRows::Pool);
+                let rows = plan_indexed(&p, &ii, &mrows, &KvRows::Pool(swa)).unwrap();
+                let (ro, rl) =
+                    reference::attention_rows(&p, &qf, &sink, &rows, mrows, KvRows::Pool(swa));
+                let ro: Vec<f64> = ro.iter().map(|&v| bf16::from_f64(v).to_f64()).collect();
+                for kernel in PoolsKernel::ALL {
+                    let bufs = (
+                        dev.upload(&q).unwrap(),
+                        dev.upload(&sb).unwrap(),
+                        mslab.as_ref().map(|(b, _, _)| dev.upload(b).unwrap()),
+                        dev.upload(&l.main_idx).unwrap(),
+                        dev.upload(&l.main_len).unwrap(),
+                        dev.upload(&l.swa_idx).unwrap(),
+                        dev.upload(&l.swa_len).unwrap(),
+                        dev.upload(&sink).unwrap(),
+                    );
+                    let out = dev
+                        .upload(&vec![bf16::from_f32(f32::NAN); q.len()])
+                        .unwrap();
+                    let lse = dev.zeros::<f32>(t * h).unwrap();
+                    let err = dev.zeros::<i32>(4).unwrap();
+                    let launch = PoolsLaunch {
+                        ordinal: 0,
+                        tokens: t,
+                        padded_heads: hp,
+                        heads: h,
+                        q: a(&dev, &bufs.0),
+                        main: mslab.as_ref().map(|(_, d, _)| PoolLaunch {
+                            addr: a(&dev, bufs.2.as_ref().unwrap()) + 200,
+                            desc: *d,
+                        }),
+                        main_idx: (a(&dev, &bufs.3), km),
+                        main_len: if km > 0 { a(&dev, &bufs.4) } else { 0 },
+                        swa: PoolLaunch {
+                            addr: a(&dev, &bufs.1) + 64,
+                            desc: sd,
+                        },
+                        swa_idx: (a(&dev, &bufs.5), 40),
+                        swa_len: a(&dev, &bufs.6),
+                        sink: a(&dev, &bufs.7),
+                        scale: p.scale,
+                        out: a(&dev, &out),
+                        lse: a(&dev, &lse),
+                        err: a(&dev, &err),
+                    };
+                    launch_pools(&launch, dev.stream().cu_stream() as u64, kernel).unwrap();
+                    dev.synchronize().unwrap();
+                    let got = dev.download(&out).unwrap();
+                    let mut live = Vec::with_capacity(t * h * KV_DIM);
+                    for ti in 0..t {
+                        let row = &got[ti * hp * KV_DIM..][..hp * KV_DIM];
+                        live.extend(row[..h * KV_DIM].iter().map(|v| v.to_f32()));
+                        assert!(
+                            row[h * KV_DIM..].iter().all(|v| v.to_f32() == 0.0),
+                            "kind {ki} hp {hp} {kernel:?}: padded heads of token {ti} not zero"
+                        );
+                    }
+                    let (to, tl) = match kernel {
+                        PoolsKernel::Simt => (GPU_BF16_VS_F64, GPU_F32_VS_F64),
+                        PoolsKernel::Mma => (BF16_DOTS_VS_F64, BF16_DOTS_VS_F64),
+                    };
+                    let st = compare(&live, &ro, &to);
+                    assert!(st.ok(&to), "kind {ki} hp {hp} {kernel:?}: out {st:?}");
+                    let st = compare(&dev.download(&lse).unwrap(), &rl, &tl);
+                    assert!(st.ok(&tl), "kind {ki} hp {hp} {kernel:?}: lse {st:?}");
+                    assert_eq!(
+                        dev.download(&err).unwrap(),
+                        vec![0; 4],
+                        "kind {ki} {kernel:?}"
+                    );
+                }
+            }
+        }
+    }
+
     /// The in-place entry on strided slabs of all record kinds vLLM writes: (1) its f32 core
     /// against the f64 reference; (2) bit-equal to the same attention over the compacted records
     /// (the pre-issue-15 route), rounded to bf16; padded heads zero; SWA-only layers.
