@@ -58,7 +58,7 @@ const KERNELS: &[&str] = &[
 /// Headers the kernels include (inlined into the NVRTC source).
 const HEADERS: &[&str] = &["common.cuh"];
 /// (arch, oldest PTX ISA that supports it).
-const ARCHS: &[(&str, &str)] = &[("sm_90a", "8.0"), ("sm_100a", "8.6")];
+const ARCHS: &[(&str, &str)] = &[("sm_80", "7.0"), ("sm_90a", "8.0"), ("sm_100a", "8.6")];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -109,11 +109,14 @@ fn main() {
             let fat = out.join(format!("{k}.fatbin")).display().to_string();
             // ptxas -v on the SASS build: its figures feed the spill check and the report.
             let mut fa = vec!["-fatbin".to_string(), "-Xptxas".into(), "-v".into()];
-            for (arch, _) in ARCHS {
+            for (_, arch) in shapes::SASS_ARCHS {
                 let a = arch.trim_start_matches("sm_");
                 fa.push("-gencode".into());
                 fa.push(format!("arch=compute_{a},code=sm_{a}"));
             }
+            // PTX for every other GPU of compute capability ≥ 8.0: the driver JITs it.
+            fa.push("-gencode".into());
+            fa.push("arch=compute_80,code=compute_80".into());
             fa.extend(args(&["-o", &fat, &src]));
             v.push((format!("{k} → fatbin"), fa));
             v
@@ -213,11 +216,14 @@ fn main() {
             }
         };
         gen.push_str(&format!(
-            "    EmbeddedModule {{ name: {k:?}, fatbin: {}, ptx_sm90a: {}, ptx_sm100a: {}, \
-             compat_ptx_sm90a: {}, compat_ptx_sm100a: {}, source: {} }},\n",
+            "    EmbeddedModule {{ name: {k:?}, fatbin: {}, ptx_sm80: {}, ptx_sm90a: {}, \
+             ptx_sm100a: {}, compat_ptx_sm80: {}, compat_ptx_sm90a: {}, compat_ptx_sm100a: {}, \
+             source: {} }},\n",
             inc(".fatbin", true),
+            inc(".sm_80.ptx", false),
             inc(".sm_90a.ptx", false),
             inc(".sm_100a.ptx", false),
+            inc(".sm_80.compat.ptx", false),
             inc(".sm_90a.compat.ptx", false),
             inc(".sm_100a.compat.ptx", false),
             inc(".flat.cu", false),

@@ -56,6 +56,46 @@ __device__ __forceinline__ u16 f32_to_bf16_bits(float x) {
 
 __device__ __forceinline__ float bf16_bits_to_f32(u16 b) { return __uint_as_float(((u32)b) << 16); }
 
+// IEEE half bits → f32, exact (subnormals included; NaN payload kept, as the host's `half`).
+__device__ __forceinline__ float f16_bits_to_f32(u32 h) {
+    u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    if (e == 0) {
+        float v = (float)m * csa2_pow2(-24);
+        return sign ? -v : v;
+    }
+    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+// f32 → IEEE half bits, round to nearest even; overflow → ±Inf; NaN → quiet NaN with the top
+// payload bits (the host's `half::f16::from_f32` bit for bit).
+__device__ __forceinline__ u32 f32_to_f16_bits(float x) {
+    u32 b = __float_as_uint(x), sign = (b >> 16) & 0x8000u, a = b & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u | ((a >> 13) & 0x3ffu);
+    if (a >= 0x477ff000u) return sign | 0x7c00u;  // ≥ 65520 rounds past the largest half
+    if (a >= 0x38800000u) {                       // a normal half (≥ 2^-14)
+        u32 r = a - 0x38000000u;                  // exponent rebiased by -112
+        r += 0xfffu + ((r >> 13) & 1u);
+        return sign | (r >> 13);
+    }
+    // A half subnormal or zero: x · 2^24 to the nearest even integer (1024 is the smallest normal).
+    return sign | (u32)rintf(__uint_as_float(a) * 16777216.0f);
+}
+
+// Element `i` of a float tensor whose type is a launch parameter (CSA2_DTYPE_*), as f32 (exact).
+__device__ __forceinline__ float load_float(const void* p, int dtype, i64 i) {
+    if (dtype == CSA2_DTYPE_BF16) return bf16_bits_to_f32(((const u16*)p)[i]);
+    if (dtype == CSA2_DTYPE_F16) return f16_bits_to_f32(((const u16*)p)[i]);
+    return ((const float*)p)[i];
+}
+
+// Stores `v` as element `i` of a float tensor of type `dtype` (rounded to nearest even).
+__device__ __forceinline__ void store_float(void* p, int dtype, i64 i, float v) {
+    if (dtype == CSA2_DTYPE_BF16) ((u16*)p)[i] = f32_to_bf16_bits(v);
+    else if (dtype == CSA2_DTYPE_F16) ((u16*)p)[i] = (u16)f32_to_f16_bits(v);
+    else ((float*)p)[i] = v;
+}
+
 // Clamp that keeps NaN (fminf / fmaxf would replace it by a bound; the CPU clamp keeps it).
 __device__ __forceinline__ float clamp_keep_nan(float x, float lo, float hi) {
     return x < lo ? lo : (x > hi ? hi : x);

@@ -81,7 +81,9 @@ extern "C" __global__ void indexer_logits_f32(
 // stride(0)). logit = Σ_{h < heads} w[t,h] · max(q[t,h] · k_j, 0) for visible (j < (pos + 1) div
 // ratio), mapped entries; -Inf elsewhere. ReLU is fmaxf(x, 0): NaN → 0, as the CPU entry's
 // `f32::max`. The query is fake-quantised first (q_quant: 0 none, 1 MXFP4, 2 FP8 with one
-// power-of-two scale per row, 3 bf16; the rules of src/formats/records.rs).
+// power-of-two scale per row, 3 bf16; the rules of src/formats/records.rs). q, w and logits are
+// f32, bf16 or f16, each named by its CSA2_DTYPE_* code (the host entry's dtypes; loads are exact,
+// the logits are rounded to nearest even on the store, as the host entry's conversion).
 //
 // Nothing is checked on the host (that would need the values): a negative position, a request
 // outside 0..n_req or a block id outside -1..blocks is recorded once in err[4] = {kind (1 request,
@@ -145,10 +147,11 @@ __device__ __forceinline__ void pool_flag(i32* err, int kind, int row, i64 col, 
 // i32; block_table: (n_req, max_blocks) i32, -1 = unmapped; pool: block-planar 68-B MXFP4 index K
 // (`blocks` pages of `states` records, `block_stride` bytes apart); logits: (rows, n_cols) f32.
 extern "C" __global__ void __launch_bounds__(CSA2_INDEXER_THREADS) indexer_logits_pool_f32(
-    const float* __restrict__ q, const float* __restrict__ w, const void* __restrict__ pos, int pos_i64,
-    const i32* __restrict__ req, int n_req, const i32* __restrict__ block_table, int max_blocks,
-    const u8* __restrict__ pool, i64 block_stride, int states, i64 blocks, int ratio, int heads, int q_quant,
-    float* __restrict__ logits, int n_cols, int rows, i32* __restrict__ err) {
+    const void* __restrict__ q, int q_dtype, const void* __restrict__ w, int w_dtype,
+    const void* __restrict__ pos, int pos_i64, const i32* __restrict__ req, int n_req,
+    const i32* __restrict__ block_table, int max_blocks, const u8* __restrict__ pool, i64 block_stride,
+    int states, i64 blocks, int ratio, int heads, int q_quant, void* __restrict__ logits, int logits_dtype,
+    int n_cols, int rows, i32* __restrict__ err) {
     __shared__ float4 ks[WARPS][DIM / 4];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     bool live = lane < heads;
@@ -156,11 +159,11 @@ extern "C" __global__ void __launch_bounds__(CSA2_INDEXER_THREADS) indexer_logit
         // Lane h keeps head h's (fake-quantised) query and weight in registers; lanes past the
         // heads add exact zeros.
         float qh[DIM];
-        const float* qrow = q + ((i64)t * heads + (live ? lane : 0)) * DIM;
+        i64 q0 = ((i64)t * heads + (live ? lane : 0)) * DIM;
 #pragma unroll
-        for (int i = 0; i < DIM; ++i) qh[i] = live ? qrow[i] : 0.0f;
+        for (int i = 0; i < DIM; ++i) qh[i] = live ? load_float(q, q_dtype, q0 + i) : 0.0f;
         if (live) fake_quant_row(qh, q_quant);
-        float wh = live ? w[(i64)t * heads + lane] : 0.0f;
+        float wh = live ? load_float(w, w_dtype, (i64)t * heads + lane) : 0.0f;
         i64 p = pos_i64 ? ((const i64*)pos)[t] : (i64)((const i32*)pos)[t];
         i32 r = req[t];
         bool row_ok = true;
@@ -174,7 +177,7 @@ extern "C" __global__ void __launch_bounds__(CSA2_INDEXER_THREADS) indexer_logit
         // (p + 1) div ratio without overflowing at i64::MAX.
         i64 visible = row_ok ? p / ratio + (p % ratio + 1) / ratio : 0;
         const i32* bt = block_table + (i64)(row_ok ? r : 0) * max_blocks;
-        float* out = logits + (i64)t * n_cols;
+        i64 out0 = (i64)t * n_cols;
         for (int e = warp; e < ENTRIES_PER_BLOCK; e += WARPS) {
             i64 j = (i64)blockIdx.x * ENTRIES_PER_BLOCK + e;
             if (j >= n_cols) break;
@@ -188,7 +191,7 @@ extern "C" __global__ void __launch_bounds__(CSA2_INDEXER_THREADS) indexer_logit
                 }
             }
             if (slot < 0) {
-                if (lane == 0) out[j] = CSA2_NEG_INF;
+                if (lane == 0) store_float(logits, logits_dtype, out0 + j, CSA2_NEG_INF);
                 continue;
             }
             // Lane l decodes dims [4l, 4l + 4) (two packed bytes, read one by one: a slab offset
@@ -211,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(CSA2_INDEXER_THREADS) indexer_logit
             }
             float v = live ? wh * fmaxf(dot, 0.0f) : 0.0f;
             v = warp_sum(v);
-            if (lane == 0) out[j] = v;
+            if (lane == 0) store_float(logits, logits_dtype, out0 + j, v);
             __syncwarp();
         }
     }

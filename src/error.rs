@@ -111,9 +111,14 @@ pub enum Error {
     #[error("unsupported: {0}")]
     Unsupported(String),
     /// A tensor on a CUDA device reached an op in a build without the `cuda` feature (the C ABI
-    /// reports it as `CSA2_ERR_UNSUPPORTED`; the message says to rebuild with `--features cuda`).
+    /// reports it as `CSA2_ERR_NO_CUDA_BUILD`; the message says to rebuild with `--features cuda`).
     #[error("built without CUDA support: {0}")]
     NoCudaBuild(String),
+    /// A CUDA build whose kernel module cannot be loaded on the device in use (no image for its
+    /// compute capability, a driver too old for the PTX, a JIT failure): `CSA2_ERR_CUDA_MODULE`.
+    /// Never a reason to move work to the host silently.
+    #[error("CUDA kernel module: {0}")]
+    CudaModule(String),
     /// A CUDA driver, NVRTC or kernel-launch call failed (feature `cuda`).
     #[error("CUDA {op} failed: {reason}")]
     Cuda {

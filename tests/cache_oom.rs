@@ -116,4 +116,40 @@ fn finding6_allocation_failure_is_out_of_memory_not_an_abort() {
     );
     unsafe { csa2_cache_free(small) };
     unsafe { csa2_geometry_free(g) };
+
+    // A candidate pool far wider than the logits row (issue 27 finding 7): the selection's
+    // scratch is sized by the row, not by the output's width, so it fits under the same cap (it
+    // used to ask for 32 bytes per output column and abort the process).
+    let b = 1usize << 26;
+    let mut logits: Vec<f32> = (0..10).map(|i| i as f32).collect();
+    let mut pos = vec![9i64];
+    let mut out = vec![7i32; b];
+    let (mut ls, mut ps, mut os) = ([1i64, 10], [1i64], [1i64, b as i64]);
+    let dl = |data: *mut std::ffi::c_void, code: u8, bits: u8, shape: &mut [i64]| DLTensor {
+        data,
+        device: DLDevice {
+            device_type: 1,
+            device_id: 0,
+        },
+        ndim: shape.len() as i32,
+        dtype: DLDataType {
+            code,
+            bits,
+            lanes: 1,
+        },
+        shape: shape.as_mut_ptr(),
+        strides: null_mut(),
+        byte_offset: 0,
+    };
+    let (lt, pt, ot) = (
+        dl(logits.as_mut_ptr().cast(), 2, 32, &mut ls),
+        dl(pos.as_mut_ptr().cast(), 0, 64, &mut ps),
+        dl(out.as_mut_ptr().cast(), 0, 32, &mut os),
+    );
+    let old = cap_address_space(vm_bytes() + (512 << 20));
+    let st = unsafe { csa2_candidates(&lt, &pt, 1, 4, &ot) };
+    unsafe { libc::setrlimit(libc::RLIMIT_AS, &old) };
+    assert_eq!(st, Csa2Status::Csa2Ok, "{}", last_error());
+    assert_eq!(&out[..4], &[2, 1, 0, -1]);
+    assert!(out[3..].iter().all(|&v| v == -1));
 }

@@ -50,7 +50,7 @@ fn embedded_ptx_names_every_kernel_for_both_archs() {
     for (module, kernels) in EXPECTED_KERNELS {
         let m =
             EmbeddedModule::get(module).unwrap_or_else(|| panic!("module {module} not embedded"));
-        for arch in ["sm_90a", "sm_100a"] {
+        for arch in ["sm_80", "sm_90a", "sm_100a"] {
             let ptx = m.ptx(arch).unwrap();
             assert!(!ptx.is_empty(), "{module} {arch}: empty PTX");
             assert!(
@@ -65,7 +65,11 @@ fn embedded_ptx_names_every_kernel_for_both_archs() {
             let compat = m
                 .compat_ptx(arch)
                 .unwrap_or_else(|| panic!("{module} {arch}: no compat PTX"));
-            let want_isa = if arch == "sm_90a" { "8.0" } else { "8.6" };
+            let want_isa = match arch {
+                "sm_80" => "7.0",
+                "sm_90a" => "8.0",
+                _ => "8.6",
+            };
             assert_eq!(ptx_isa(compat), Some(want_isa));
             assert_eq!(ptx_entries(compat).len(), kernels.len());
         }
@@ -89,6 +93,34 @@ fn e2m1_hardware_convert_only_on_sm100() {
     let m = EmbeddedModule::get("kv_cache").unwrap();
     assert!(!m.ptx_sm90a.contains("e2m1x2"));
     assert!(m.ptx_sm100a.contains("cvt.rn.satfinite.e2m1x2.f32"));
+}
+
+/// The compute-capability table: SASS for each GPU generation csa2 ships for, the sm_80 PTX's JIT
+/// for other GPUs of compute capability ≥ 8.0, nothing below (no bf16 `mma.sync`).
+#[test]
+fn cuda_compute_capabilities_map_to_their_images() {
+    use csa2::cuda::sass_arch;
+    use csa2::cuda::shapes::MIN_COMPUTE_CAPABILITY;
+    for (cc, arch) in [
+        ((8, 0), "sm_80"),
+        ((8, 6), "sm_86"),
+        ((8, 9), "sm_89"),
+        ((9, 0), "sm_90a"),
+        ((10, 0), "sm_100a"),
+        ((10, 3), "sm_103a"),
+        ((12, 0), "sm_120"),
+    ] {
+        assert_eq!(sass_arch(cc), Some(arch), "{cc:?}");
+    }
+    for cc in [(8, 7), (11, 0), (12, 1)] {
+        assert_eq!(
+            sass_arch(cc),
+            None,
+            "{cc:?}: no SASS, the PTX is JIT-compiled"
+        );
+        assert!(cc >= MIN_COMPUTE_CAPABILITY);
+    }
+    assert!((7, 5) < MIN_COMPUTE_CAPABILITY);
 }
 
 /// The released geometry's parameters are what the kernels were compiled for; others are refused.

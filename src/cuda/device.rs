@@ -122,13 +122,9 @@ impl CudaDevice {
     pub fn compute_capability(&self) -> (i32, i32) {
         self.cc
     }
-    /// The embedded arch matching this device (`sm_90a` for 9.0, `sm_100a` for 10.0), if any.
+    /// The SASS image this device runs ([`sass_arch`]), if the fatbin has one for it.
     pub fn arch(&self) -> Option<&'static str> {
-        match self.cc {
-            (9, 0) => Some("sm_90a"),
-            (10, 0) => Some("sm_100a"),
-            _ => None,
-        }
+        sass_arch(self.cc)
     }
     /// The stream every wrapper launches on.
     pub fn stream(&self) -> &Arc<CudaStream> {
@@ -146,12 +142,38 @@ impl CudaDevice {
             .map_err(|e| cuda_error("stream synchronize", e))
     }
 
-    /// Loads every embedded module now; returns how each was loaded.
+    /// Loads every embedded module now and resolves every kernel function of each
+    /// ([`EXPECTED_KERNELS`](super::modules::EXPECTED_KERNELS)), so no later launch loads, JITs or
+    /// compiles anything (a CUDA-graph capture must not); returns how each module was loaded.
     pub fn preload_all(&self) -> Result<Vec<(&'static str, LoadPath)>> {
-        MODULES
+        let paths = MODULES
             .iter()
             .map(|m| Ok((m.name, self.module(m.name)?.path)))
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        for (module, kernels) in super::modules::EXPECTED_KERNELS {
+            for kernel in *kernels {
+                self.function(module, kernel)?;
+            }
+        }
+        Ok(paths)
+    }
+
+    /// The kernel functions resolved so far, as `module::kernel`, sorted.
+    pub fn resolved_functions(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .modules
+            .lock()
+            .iter()
+            .flat_map(|(m, l)| {
+                l.functions
+                    .lock()
+                    .keys()
+                    .map(|f| format!("{m}::{f}"))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        v.sort();
+        v
     }
 
     /// Kernel `func` of embedded module `module` (loaded once per device, then cached).
@@ -208,7 +230,7 @@ impl CudaDevice {
                 Err(e) => tried.push(format!("{path}: {e}")),
             }
         }
-        Err(Error::Unsupported(format!(
+        Err(Error::CudaModule(format!(
             "kernel module `{name}` cannot be loaded on {} (compute capability {}.{}): {}",
             self.name,
             self.cc.0,
@@ -260,41 +282,32 @@ impl CudaDevice {
     ) -> std::result::Result<Arc<CudaModule>, String> {
         use cudarc::nvrtc::{CompileOptions, Ptx};
         let arch = self.arch();
+        if self.cc < super::shapes::MIN_COMPUTE_CAPABILITY {
+            let (a, b) = super::shapes::MIN_COMPUTE_CAPABILITY;
+            return Err(format!(
+                "the kernels need compute capability {a}.{b} or newer (bf16 mma.sync)"
+            ));
+        }
+        // The exact arch's PTX where embedded, else the portable sm_80 PTX.
+        let exact = |f: &dyn Fn(&str) -> Option<&'static str>| {
+            arch.and_then(|a| f(a)).or_else(|| f("sm_80"))
+        };
         let image = match path {
-            LoadPath::Fatbin => {
-                arch.ok_or("no SASS for this arch")?;
-                Ptx::from_binary(em.fatbin.to_vec())
+            // SASS for the table's GPUs, the driver's JIT of the sm_80 PTX for the others.
+            LoadPath::Fatbin => Ptx::from_binary(em.fatbin.to_vec()),
+            LoadPath::Ptx => Ptx::from_src(exact(&|a| em.ptx(a)).ok_or("no PTX embedded")?),
+            LoadPath::CompatPtx => {
+                Ptx::from_src(exact(&|a| em.compat_ptx(a)).ok_or("no compat PTX embedded")?)
             }
-            LoadPath::Ptx => {
-                Ptx::from_src(arch.and_then(|a| em.ptx(a)).ok_or("no PTX for this arch")?)
-            }
-            LoadPath::CompatPtx => Ptx::from_src(
-                arch.and_then(|a| em.compat_ptx(a))
-                    .ok_or("no compat PTX for this arch")?,
-            ),
             LoadPath::Nvrtc => {
                 if !Self::nvrtc_present() {
                     return Err("no NVRTC library found".into());
                 }
-                let arch: &'static str = match self.cc {
-                    (9, 0) => "sm_90a",
-                    (10, 0) => "sm_100a",
-                    (8, 0) => "sm_80",
-                    (8, 6) => "sm_86",
-                    (8, 9) => "sm_89",
-                    (9, _) => "sm_90",
-                    (10, _) => "sm_100",
-                    (12, _) => "sm_120",
-                    _ => {
-                        return Err(format!(
-                            "unsupported compute capability {}.{}",
-                            self.cc.0, self.cc.1
-                        ))
-                    }
-                };
+                // The table's arch, else the device's own (NVRTC knows what it can target).
+                let arch =
+                    arch.map_or_else(|| format!("sm_{}{}", self.cc.0, self.cc.1), String::from);
                 let opts = CompileOptions {
-                    arch: Some(arch),
-                    options: vec!["-std=c++17".into()],
+                    options: vec!["-std=c++17".into(), format!("--gpu-architecture={arch}")],
                     ..Default::default()
                 };
                 std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(em.source, opts))
@@ -353,6 +366,16 @@ impl CudaDevice {
         }
         Ok(())
     }
+}
+
+/// The SASS image csa2 ships for compute capability `cc`
+/// ([`SASS_ARCHS`](super::shapes::SASS_ARCHS)); `None` for a GPU without one (the fatbin's PTX is
+/// JIT-compiled there if `cc` is at least [`MIN_COMPUTE_CAPABILITY`](super::shapes::MIN_COMPUTE_CAPABILITY)).
+pub fn sass_arch(cc: (i32, i32)) -> Option<&'static str> {
+    super::shapes::SASS_ARCHS
+        .iter()
+        .find(|(c, _)| *c == cc)
+        .map(|(_, a)| *a)
 }
 
 /// The devices this process opened through [`CudaDevice::shared`], one per ordinal.

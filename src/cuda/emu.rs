@@ -410,6 +410,8 @@ impl<T> HasLen for CudaSlice<T> {
 
 /// A loaded host module (`dlopen` of the embedded shared object through a memfd).
 pub struct CudaModule {
+    /// The kernels the module exports (its harness table).
+    kernels: Vec<String>,
     /// The memfd holding the image, open for the module's life: glibc identifies a loaded object
     /// by its path, so a reused descriptor number would hand back an earlier module.
     _image: std::fs::File,
@@ -487,9 +489,28 @@ impl CudaModule {
             return Err(DriverError("the module has no csa2_simt_launch".into()));
         }
         let schedule = sym("csa2_simt_set_schedule");
+        let names = sym("csa2_simt_kernel_names");
+        if names.is_null() {
+            return Err(DriverError("the module has no kernel table".into()));
+        }
+        // SAFETY: `csa2_simt_kernel_names` returns a static, null-terminated array of C strings.
+        let kernels = unsafe {
+            let f = std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn() -> *const *const c_char,
+            >(names);
+            let mut v = Vec::new();
+            let mut p = f();
+            while !(*p).is_null() {
+                v.push(std::ffi::CStr::from_ptr(*p).to_string_lossy().into_owned());
+                p = p.add(1);
+            }
+            v
+        };
         // SAFETY: the symbols have these signatures (kernels/simt/runtime.cpp).
         let m = unsafe {
             CudaModule {
+                kernels,
                 _image: file,
                 handle,
                 launch: std::mem::transmute::<*mut c_void, LaunchFn>(launch),
@@ -506,8 +527,14 @@ impl CudaModule {
         Ok(Arc::new(m))
     }
 
-    /// The kernel `name` of this module (checked at launch: the harness refuses unknown names).
+    /// The kernel `name` of this module (an unknown name is an error, as from the driver).
     pub fn load_function(self: &Arc<Self>, name: &str) -> Result<CudaFunction, DriverError> {
+        if !self.kernels.iter().any(|k| k == name) {
+            return Err(DriverError(format!(
+                "no kernel named `{name}` in this module (it has {})",
+                self.kernels.join(", ")
+            )));
+        }
         Ok(CudaFunction {
             module: self.clone(),
             name: CString::new(name).map_err(|_| DriverError("a NUL in a kernel name".into()))?,

@@ -27,5 +27,5 @@ pub use crate::ops::attention::cuda as attention;
 /// directly); tests reach the driver API through [`driver`], which is cudarc's or the emulator's.
 #[cfg(not(feature = "cuda-emu"))]
 pub use cudarc;
-pub use device::{CudaDevice, DeviceBuffer};
+pub use device::{sass_arch, CudaDevice, DeviceBuffer};
 pub use modules::{LoadPath, EXPECTED_KERNELS};

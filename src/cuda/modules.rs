@@ -1,17 +1,22 @@
 //! The embedded kernel modules and how a device loads them.
 //!
-//! `build.rs` embeds, per kernel file: a fatbin with sm_90a and sm_100a SASS; the PTX for each arch
-//! at the toolkit's ISA (9.5 for CUDA 13.5); a "compat" PTX re-stamped with the oldest ISA that
-//! knows the arch (8.0 for sm_90a, 8.6 for sm_100a; kept only if ptxas assembles it under that ISA);
-//! and the flattened source. A device tries, in order ([`LoadPath`]):
-//! 1. the fatbin — exact SASS, no JIT; needs a driver that accepts CUDA 13 binaries (R580+);
-//! 2. the PTX — JIT by the driver; also needs an R580+ driver (PTX ISA 9.5);
-//! 3. the compat PTX — JIT by CUDA 12.0+ (sm_90a) or 12.8+ (sm_100a) drivers;
+//! `build.rs` embeds, per kernel file: a fatbin with SASS for every compute capability of
+//! [`SASS_ARCHS`](super::shapes::SASS_ARCHS) (8.0, 8.6, 8.9, 9.0a, 10.0a, 10.3a, 12.0) plus sm_80
+//! PTX the driver JITs on any other GPU of compute capability ≥ 8.0; PTX at the toolkit's ISA (9.5
+//! for CUDA 13.5) for sm_80 (portable) and for sm_90a / sm_100a; a "compat" copy of each re-stamped
+//! with the oldest ISA that knows its target (7.0, 8.0, 8.6; kept only if ptxas assembles it under
+//! that ISA); and the flattened source. A device tries, in order ([`LoadPath`]):
+//! 1. the fatbin — exact SASS where the table has the GPU, else the driver's JIT of its PTX;
+//!    needs a driver that accepts CUDA 13 binaries (R580+);
+//! 2. the PTX — its own arch's, else the portable one; JIT by the driver (R580+, PTX ISA 9.5);
+//! 3. the compat PTX — JIT by older drivers (CUDA 11.0+ for the portable copy);
 //! 4. NVRTC on the embedded source, if a libnvrtc is loadable — whatever that NVRTC emits, its
 //!    driver can JIT.
 //!
-//! The first that loads wins; the errors of the others are kept for the report. Setting
-//! `CSA2_CUDA_LOAD=fatbin|ptx|compat|nvrtc` forces one path (validation uses it to test each).
+//! The first that loads wins; the errors of the others are kept for the report, and a GPU that
+//! loads none is `Error::CudaModule` (`CSA2_ERR_CUDA_MODULE`), never a quiet move to the host.
+//! Setting `CSA2_CUDA_LOAD=fatbin|ptx|compat|nvrtc` forces one path (validation uses it to test
+//! each).
 
 use std::fmt;
 
@@ -25,10 +30,14 @@ pub struct EmbeddedModule {
     pub name: &'static str,
     /// Fatbin with sm_90a and sm_100a SASS.
     pub fatbin: &'static [u8],
+    /// Portable PTX (sm_80) at the toolkit's ISA: JIT on any GPU of compute capability ≥ 8.0.
+    pub ptx_sm80: &'static str,
     /// PTX for sm_90a at the toolkit's ISA.
     pub ptx_sm90a: &'static str,
     /// PTX for sm_100a at the toolkit's ISA.
     pub ptx_sm100a: &'static str,
+    /// The portable PTX re-stamped to ISA 7.0 (empty when ptxas rejected it).
+    pub compat_ptx_sm80: &'static str,
     /// PTX for sm_90a re-stamped to ISA 8.0 (empty when ptxas rejected it).
     pub compat_ptx_sm90a: &'static str,
     /// PTX for sm_100a re-stamped to ISA 8.6 (empty when ptxas rejected it).
@@ -46,6 +55,7 @@ impl EmbeddedModule {
     /// PTX at the toolkit ISA for `arch` (`sm_90a` / `sm_100a`).
     pub fn ptx(&self, arch: &str) -> Option<&'static str> {
         match arch {
+            "sm_80" => Some(self.ptx_sm80),
             "sm_90a" => Some(self.ptx_sm90a),
             "sm_100a" => Some(self.ptx_sm100a),
             _ => None,
@@ -54,6 +64,7 @@ impl EmbeddedModule {
     /// Compat PTX for `arch`, if embedded.
     pub fn compat_ptx(&self, arch: &str) -> Option<&'static str> {
         let p = match arch {
+            "sm_80" => self.compat_ptx_sm80,
             "sm_90a" => self.compat_ptx_sm90a,
             "sm_100a" => self.compat_ptx_sm100a,
             _ => "",

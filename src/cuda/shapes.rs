@@ -35,8 +35,19 @@ pub const ATTN_HEADS_PER_BLOCK: usize = 16;
 /// `kernels/attention.cu`: heads per block of the tensor-core kernel (4 warps × 16-head tiles).
 pub const ATTN_MMA_HEADS_PER_BLOCK: usize = 64;
 
-/// Every launch shape the kernels are compiled with, as `(name, value)`.
+/// Element-type codes of float tensor arguments whose dtype is a launch parameter (the pooled
+/// indexer's `q`, `w` and logits accept what the host entry accepts: f32, bf16, f16).
+pub const DTYPE_F32: usize = 0;
+/// bf16 (see [`DTYPE_F32`]).
+pub const DTYPE_BF16: usize = 1;
+/// IEEE half (see [`DTYPE_F32`]).
+pub const DTYPE_F16: usize = 2;
+
+/// Every launch shape and code the kernels are compiled with, as `(name, value)`.
 pub const LAUNCH_DEFINES: &[(&str, usize)] = &[
+    ("CSA2_DTYPE_F32", DTYPE_F32),
+    ("CSA2_DTYPE_BF16", DTYPE_BF16),
+    ("CSA2_DTYPE_F16", DTYPE_F16),
     ("CSA2_KV_ROWS_PER_BLOCK", KV_ROWS_PER_BLOCK),
     ("CSA2_KV_THREADS", KV_THREADS),
     ("CSA2_COMPRESSOR_THREADS", COMPRESSOR_THREADS),
@@ -51,3 +62,19 @@ pub const LAUNCH_DEFINES: &[(&str, usize)] = &[
     ("CSA2_ATTN_HEADS_PER_BLOCK", ATTN_HEADS_PER_BLOCK),
     ("CSA2_ATTN_MMA_HEADS_PER_BLOCK", ATTN_MMA_HEADS_PER_BLOCK),
 ];
+
+/// The GPUs csa2 ships SASS for: compute capability → the `-arch` its image is built for (build.rs
+/// puts one image per row in every module's fatbin, plus sm_80 PTX the driver JITs on any other
+/// GPU of compute capability ≥ 8.0; nothing older has the bf16 `mma.sync` the kernels use).
+pub const SASS_ARCHS: &[((i32, i32), &str)] = &[
+    ((8, 0), "sm_80"),    // A100
+    ((8, 6), "sm_86"),    // A10, RTX 30
+    ((8, 9), "sm_89"),    // L4, L40S, RTX 40
+    ((9, 0), "sm_90a"),   // H100, H200, GH200
+    ((10, 0), "sm_100a"), // B200, GB200
+    ((10, 3), "sm_103a"), // B300, GB300
+    ((12, 0), "sm_120"),  // RTX PRO 6000 Blackwell, RTX 50
+];
+
+/// The oldest compute capability the kernels run on (bf16 `mma.sync`).
+pub const MIN_COMPUTE_CAPABILITY: (i32, i32) = (8, 0);

@@ -512,7 +512,7 @@ mod tests {
     fn indexed_on_cuda_without_the_feature_says_rebuild() {
         assert_eq!(
             indexed_on(&[0, 1, 2, 3, 4, 5, 6, 7]),
-            Csa2Status::Csa2ErrUnsupported
+            Csa2Status::Csa2ErrNoCudaBuild
         );
         assert!(last_error().contains("--features cuda"), "{}", last_error());
     }

@@ -3,7 +3,7 @@
 //!
 //! One entry for both devices: every tensor of a call is `kDLCPU` (the CPU path, in place on the
 //! same strided pools) or `kDLCUDA` on one device (csa2's kernel on the caller's stream; without
-//! the `cuda` feature, `CSA2_ERR_UNSUPPORTED`). The arguments travel in a `#[repr(C)]` struct
+//! the `cuda` feature, `CSA2_ERR_NO_CUDA_BUILD`). The arguments travel in a `#[repr(C)]` struct
 //! whose first field is its size, so that fields can be added later without breaking callers.
 
 use super::dlpack::{DLTensor, Device, View, K_DL_CPU, K_DL_CUDA, K_DL_UINT};
@@ -409,7 +409,7 @@ fn run_host(c: &mut Checked) -> Result<()> {
 /// `kDLCUDA` on one device → csa2's CUDA kernel launched on `stream` (asynchronous: returns
 /// after the launch; nothing is copied to the host, nothing synchronizes; CUDA-graph capturable
 /// once the modules are loaded, see [`csa2_cuda_preload`]). A build without the `cuda` feature
-/// returns `CSA2_ERR_UNSUPPORTED` for CUDA tensors.
+/// returns `CSA2_ERR_NO_CUDA_BUILD` for CUDA tensors.
 ///
 /// Errors: `CSA2_ERR_INVALID_ARGUMENT` for `struct_size` below the first version (the args-struct
 /// rules of the header's preamble), a
@@ -453,9 +453,11 @@ fn run_cuda(_c: &Checked, _stream: u64) -> Result<()> {
     ))
 }
 
-/// Loads every embedded CUDA module on device `ordinal` now (call before capturing a CUDA graph:
-/// a module load inside a capture is not allowed). `CSA2_ERR_UNSUPPORTED` without the `cuda`
-/// feature or without a driver.
+/// Loads every embedded CUDA module on device `ordinal` now and resolves every kernel function of
+/// every op family (call before capturing a CUDA graph: no launch afterwards loads, JITs or
+/// compiles). `CSA2_ERR_NO_CUDA_BUILD` without the `cuda` feature; `CSA2_ERR_UNSUPPORTED` without
+/// a driver or device; `CSA2_ERR_CUDA_MODULE` when this GPU cannot load the kernels (the message
+/// says what was tried) — a GPU machine must not fall back to the host on that one.
 #[no_mangle]
 pub extern "C" fn csa2_cuda_preload(ordinal: i32) -> Csa2Status {
     guarded("csa2_cuda_preload", || preload(ordinal))
@@ -468,7 +470,7 @@ fn preload(ordinal: i32) -> Result<()> {
 
 #[cfg(not(feature = "cuda"))]
 fn preload(_ordinal: i32) -> Result<()> {
-    Err(Error::Unsupported(
+    Err(Error::NoCudaBuild(
         "csa2_cuda_preload: this csa2 build has no CUDA support (build with --features cuda)"
             .into(),
     ))
@@ -489,6 +491,35 @@ mod tests {
         bits: u8,
     ) -> DLTensor {
         host_tensor(data.as_mut_ptr().cast(), code, bits, shape, strides)
+    }
+
+    /// `csa2_cuda_preload` resolves every kernel function of every family on the one device
+    /// registry the launches use (it used to fill a registry of the attention family only, so the
+    /// indexer's, top-k's and candidates' first launch loaded its module — inside a graph capture
+    /// if one was running). A build without the feature says so with its own status.
+    #[test]
+    fn cuda_preload_resolves_every_kernel_of_every_family() {
+        #[cfg(feature = "cuda")]
+        {
+            use crate::cuda::{CudaDevice, EXPECTED_KERNELS};
+            if !CudaDevice::driver_present() {
+                println!("SKIPPED: no CUDA driver");
+                return;
+            }
+            assert_eq!(csa2_cuda_preload(0), Csa2Status::Csa2Ok, "{}", last_error());
+            let mut want: Vec<String> = EXPECTED_KERNELS
+                .iter()
+                .flat_map(|(m, ks)| ks.iter().map(move |k| format!("{m}::{k}")))
+                .collect();
+            want.sort();
+            let got = CudaDevice::shared(0).unwrap().resolved_functions();
+            assert_eq!(got, want);
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            assert_eq!(csa2_cuda_preload(0), Csa2Status::Csa2ErrNoCudaBuild);
+            assert!(last_error().contains("--features cuda"), "{}", last_error());
+        }
     }
 
     /// Through the C ABI on a strided, offset SWA pool (MXFP8, interleaved) of an SWA-only layer:

@@ -505,8 +505,8 @@ args_struct!(Csa2CompressArgs, grown_at = stream);
 ///
 /// Errors: `CSA2_ERR_INVALID_ARGUMENT` (not a compressed layer, misaligned `start_pos`/`T`,
 /// `score` given or missing, non-finite values, tensors on different devices),
-/// `CSA2_ERR_UNSUPPORTED` (a CUDA tensor in a build without CUDA, or a CUDA call the kernel does
-/// not cover), plus the common ones.
+/// `CSA2_ERR_NO_CUDA_BUILD` (a CUDA tensor in a build without CUDA), `CSA2_ERR_UNSUPPORTED` (a
+/// CUDA call the kernel does not cover), plus the common ones.
 ///
 /// # Safety
 /// `args`: `struct_size` readable bytes of a `Csa2CompressArgs`. Its members:
@@ -660,7 +660,7 @@ mod tests {
     fn compress_on_cuda_without_the_feature_says_rebuild() {
         assert_eq!(
             compress_on(&[0, 1, 2, 3, 4, 5], None),
-            Csa2Status::Csa2ErrUnsupported
+            Csa2Status::Csa2ErrNoCudaBuild
         );
         assert!(last_error().contains("--features cuda"), "{}", last_error());
     }

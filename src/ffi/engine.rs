@@ -524,7 +524,7 @@ fn seq_arg(i: usize, s: &Csa2EngineSeq) -> Result<SeqStep> {
 /// different devices), `CSA2_ERR_SHAPE` (a tensor whose dtype, shape or strides differ from the
 /// signature: `tokens` `[T]`, `hidden` `[rows, hidden_size]`, the message giving the bound sizes),
 /// `CSA2_ERR_UNSUPPORTED` (a CUDA tensor: the engine runs on the host; without the `cuda` feature
-/// the message says the build has no CUDA). While the step runs: `CSA2_ERR_OUT_OF_BLOCKS`,
+/// `CSA2_ERR_NO_CUDA_BUILD`). While the step runs: `CSA2_ERR_OUT_OF_BLOCKS`,
 /// `CSA2_ERR_INVALID_ARGUMENT` (rows that do not continue a request's stored entries), naming the
 /// layer; then the step's requests may be partly advanced (see the module docs) and the outputs
 /// are not written.

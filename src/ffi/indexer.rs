@@ -293,10 +293,10 @@ impl Default for Csa2IndexerLogitsPoolArgs {
 /// all `kDLCUDA` on one device → csa2's kernel (`indexer_logits_pool_f32`) launched on `stream`
 /// (asynchronous: returns after the launch; nothing is copied to the host, nothing synchronizes,
 /// nothing is allocated; CUDA-graph capturable once the modules are loaded, see
-/// [`super::csa2_cuda_preload`]). On CUDA, `q`, `w` and `logits_out` are float32 and at most 32
-/// heads; bad requests, blocks or positions are not seen on the host but recorded in `error`
-/// (the kernel writes −∞ for what they touch). A build without the `cuda` feature returns
-/// `CSA2_ERR_UNSUPPORTED` for CUDA tensors.
+/// [`super::csa2_cuda_preload`]). `q`, `w` and `logits_out` are float32, bfloat16 or float16 on
+/// both devices; at most 32 heads on CUDA; bad requests, blocks or positions are not seen on the
+/// host but recorded in `error` (the kernel writes −∞ for what they touch). A build without the
+/// `cuda` feature returns `CSA2_ERR_NO_CUDA_BUILD` for CUDA tensors.
 ///
 /// Errors: `CSA2_ERR_INVALID_ARGUMENT` (ratio 0, `q_quant`, a pool that is not MXFP4 / block-planar,
 /// a request or block outside the table / pool (host), a negative position (host), mixed devices,

@@ -187,6 +187,12 @@ pub enum Csa2Status {
     /// An allocation sized by the caller failed; the message gives the byte count. Nothing
     /// changed and the process keeps running.
     Csa2ErrOutOfMemory = 404,
+    /// A CUDA tensor or CUDA call reached a library built without the `cuda` feature.
+    Csa2ErrNoCudaBuild = 405,
+    /// A CUDA build whose kernel modules cannot be loaded on this GPU (no image for its compute
+    /// capability, a driver too old for the embedded PTX, a failed JIT); the message lists what
+    /// was tried. Work must not move to the host because of it.
+    Csa2ErrCudaModule = 406,
     /// A bug in csa2 (a broken invariant).
     Csa2ErrInternal = 500,
     /// A panic inside csa2 was caught at the boundary (a bug; the message says where).
@@ -210,7 +216,9 @@ impl Csa2Status {
             Error::Refused(_) => Csa2Status::Csa2ErrRefused,
             Error::Io { .. } => Csa2Status::Csa2ErrIo,
             Error::Parse { .. } => Csa2Status::Csa2ErrParse,
-            Error::Unsupported(_) | Error::NoCudaBuild(_) => Csa2Status::Csa2ErrUnsupported,
+            Error::Unsupported(_) => Csa2Status::Csa2ErrUnsupported,
+            Error::NoCudaBuild(_) => Csa2Status::Csa2ErrNoCudaBuild,
+            Error::CudaModule(_) => Csa2Status::Csa2ErrCudaModule,
             Error::OutOfMemory { .. } => Csa2Status::Csa2ErrOutOfMemory,
             Error::Cuda { .. } => Csa2Status::Csa2ErrCuda,
             Error::Internal(_) => Csa2Status::Csa2ErrInternal,

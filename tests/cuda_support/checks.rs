@@ -1366,6 +1366,71 @@ pub fn check_indexer_pool(dev: &CudaDevice, size: Size, seed: u64) -> Result<Rep
             .all(|&v| v == f32::NEG_INFINITY),
         "",
     );
+    // One dtype contract on both devices: bf16 queries (what the serving shim passes on SM90),
+    // f16 weights and bf16 logits, through the same view entry on host and on device memory.
+    {
+        use half::f16;
+        let qb: Vec<bf16> = q.iter().map(|&v| bf16::from_f32(v)).collect();
+        let wh: Vec<f16> = w.iter().map(|&v| f16::from_f32(v)).collect();
+        let p = IndexerParams::new(ratio);
+        let mut host_out = vec![bf16::ZERO; t * n_cols];
+        {
+            let (qv, wv, pv, rv, bv) = (
+                TensorView::from_host_slice(&qb, &[t, heads, IDX])?,
+                TensorView::from_host_slice(&wh, &[t, heads])?,
+                TensorView::from_host_slice(&pos, &[t])?,
+                TensorView::from_host_slice(&req, &[t])?,
+                TensorView::from_host_slice(&bt, &[requests, max_blocks])?,
+            );
+            // SAFETY: the slab outlives the call and holds the pool's extent past `offset`.
+            let keys =
+                unsafe { PoolPlace::new(desc, slab[offset..].as_ptr() as usize, Device::Cpu) };
+            let call = PoolQueries {
+                q: &qv,
+                w: &wv,
+                positions: &pv,
+                req: &rv,
+                block_table: &bv,
+                keys,
+            };
+            let mut ov = TensorViewMut::from_host_slice(&mut host_out, &[t, n_cols])?;
+            indexer::logits_in_pool_view(&p, &call, &mut ov, None, 0)?;
+        }
+        let (dqb, dwh) = (dev.upload(&qb)?, dev.upload(&wh)?);
+        let mut dob = dev.zeros::<bf16>(t * n_cols)?;
+        let mut z = dev.zeros::<i32>(4)?;
+        // SAFETY: every buffer outlives the views and the launch (synchronized below).
+        unsafe {
+            let (qv, wv, pv, rv, bv) = (
+                dev_view(dev, &dqb, &[t, heads, IDX]),
+                dev_view(dev, &dwh, &[t, heads]),
+                dev_view(dev, &dp, &[t]),
+                dev_view(dev, &dr, &[t]),
+                dev_view(dev, &dbt, &[requests, max_blocks]),
+            );
+            let keys = PoolPlace::new(desc, slab_addr + offset, Device::Cuda(ordinal));
+            let call = PoolQueries {
+                q: &qv,
+                w: &wv,
+                positions: &pv,
+                req: &rv,
+                block_table: &bv,
+                keys,
+            };
+            let mut ov = dev_view_mut(dev, &mut dob, &[t, n_cols]);
+            let mut ev = dev_view_mut(dev, &mut z, &[4]);
+            indexer::logits_in_pool_view(&p, &call, &mut ov, Some(&mut ev), raw_stream(dev))?;
+        }
+        dev.synchronize()?;
+        let got: Vec<f32> = dev.download(&dob)?.iter().map(|v| v.to_f32()).collect();
+        let want: Vec<f32> = host_out.iter().map(|v| v.to_f32()).collect();
+        rep.stats(
+            "bf16 q, f16 w, bf16 logits: GPU vs the CPU entry (one bf16 rounding apart)",
+            &got,
+            &want,
+            &GPU_BF16_VS_F64,
+        );
+    }
     if size.iters > 0 {
         let mut z = dev.zeros::<i32>(4)?;
         let us = time_us(dev, size.iters, || launch(&p, &dbt, &dp, &mut dout, &mut z))?;

@@ -19,9 +19,7 @@ use crate::ffi::Checked;
 use crate::formats::{KV_DIM, MXFP8_BYTES, NVFP4_DS_BYTES};
 use crate::geometry::consts::ROPE_DIM;
 use crate::tensor::{Device, TensorView, TensorViewMut};
-use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 // The kernels are compiled for the family's head count (one definition: `ops::attention::HEADS`).
 use super::HEADS;
@@ -230,21 +228,16 @@ fn check_cache(what: &str, c: &TablePages, record: usize) -> Result<()> {
     Ok(())
 }
 
-/// One [`CudaDevice`] per ordinal for the pool entry (opened on first use, modules cached in it).
+/// The process's handle of device `ordinal` ([`CudaDevice::shared`]: one registry for every
+/// family, so a preload serves every launch).
 fn device(ordinal: i32) -> Result<Arc<CudaDevice>> {
-    static DEVICES: OnceLock<Mutex<HashMap<i32, Arc<CudaDevice>>>> = OnceLock::new();
-    let mut m = DEVICES.get_or_init(|| Mutex::new(HashMap::new())).lock();
-    if let Some(d) = m.get(&ordinal) {
-        return Ok(d.clone());
-    }
     let idx = usize::try_from(ordinal)
         .map_err(|_| Error::invalid("CUDA device", format!("ordinal {ordinal} is negative")))?;
-    let d = Arc::new(CudaDevice::open(idx)?);
-    m.insert(ordinal, d.clone());
-    Ok(d)
+    CudaDevice::shared(idx)
 }
 
-/// Loads every embedded module on device `ordinal` (before a CUDA-graph capture).
+/// Loads every embedded module on device `ordinal` and resolves every kernel function of each
+/// (before a CUDA-graph capture: afterwards no launch of any family loads, JITs or compiles).
 pub fn preload(ordinal: i32) -> Result<()> {
     device(ordinal)?.preload_all().map(|_| ())
 }

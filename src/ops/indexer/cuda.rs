@@ -141,7 +141,8 @@ pub(crate) fn logits_in_pool_launch(
 ) -> Result<()> {
     use super::signature::{BLOCK_TABLE, ERROR, LOGITS_OUT, POSITIONS, Q, REQ, W};
     use crate::cuda::device::dense_device_addr as dense;
-    use crate::tensor::DType;
+    use crate::cuda::shapes::{DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    use crate::tensor::{DType, FLOATS};
     if p.ratio == 0 {
         return Err(Error::invalid(
             "ratio",
@@ -154,13 +155,22 @@ pub(crate) fn logits_in_pool_launch(
             p.heads
         )));
     }
-    let q = dense(a.q, &[DType::F32], Q.name)?;
-    let w = dense(a.w, &[DType::F32], W.name)?;
+    // One dtype contract for both devices: the signature's float types (f32, bf16, f16).
+    let code = |d: DType| -> i32 {
+        (match d {
+            DType::Bf16 => DTYPE_BF16,
+            DType::F16 => DTYPE_F16,
+            _ => DTYPE_F32,
+        }) as i32
+    };
+    let q = dense(a.q, FLOATS, Q.name)?;
+    let w = dense(a.w, FLOATS, W.name)?;
+    let (q_dt, w_dt, lo_dt) = (code(a.q.dtype()), code(a.w.dtype()), code(out.dtype()));
     let pos = dense(a.positions, &[DType::I32, DType::I64], POSITIONS.name)?;
     let pos_i64 = i32::from(a.positions.dtype() == DType::I64);
     let req = dense(a.req, &[DType::I32], REQ.name)?;
     let bt = dense(a.block_table, &[DType::I32], BLOCK_TABLE.name)?;
-    let lo = dense(&out.as_view(), &[DType::F32], LOGITS_OUT.name)?;
+    let lo = dense(&out.as_view(), FLOATS, LOGITS_OUT.name)?;
     let err = match &error {
         Some(e) => dense(&e.as_view(), &[DType::I32], ERROR.name)?,
         None => 0,
@@ -206,17 +216,23 @@ pub(crate) fn logits_in_pool_launch(
     };
     let grid = (
         n_cols.div_ceil(INDEXER_ENTRIES_PER_BLOCK) as u32,
-        rows.min(65_535) as u32,
+        rows.min(crate::cuda::device::MAX_GRID_Y) as u32,
     );
     use crate::cuda::driver::PushKernelArg;
     let mut b = s.launch_builder(&f);
-    // indexer_logits_pool_f32(q, w, pos, pos_i64, req, n_req, block_table, max_blocks, pool,
-    //   block_stride, states, blocks, ratio, heads, q_quant, logits, n_cols, rows, err)
-    b.arg(&q).arg(&w).arg(&pos).arg(&pos_i64);
+    // indexer_logits_pool_f32(q, q_dtype, w, w_dtype, pos, pos_i64, req, n_req, block_table,
+    //   max_blocks, pool, block_stride, states, blocks, ratio, heads, q_quant, logits,
+    //   logits_dtype, n_cols, rows, err)
+    b.arg(&q)
+        .arg(&q_dt)
+        .arg(&w)
+        .arg(&w_dt)
+        .arg(&pos)
+        .arg(&pos_i64);
     b.arg(&req).arg(&nr).arg(&bt).arg(&mb);
     b.arg(&pool).arg(&stride).arg(&states).arg(&blocks);
     b.arg(&ratio).arg(&heads).arg(&q_quant);
-    b.arg(&lo).arg(&nc).arg(&rows_i).arg(&err);
+    b.arg(&lo).arg(&lo_dt).arg(&nc).arg(&rows_i).arg(&err);
     // SAFETY: the arguments follow the kernel's signature above in order and type; the entry
     // checked every tensor's shape, dtype, device and density, and the kernel checks every
     // request, block and position it reads against n_req, blocks and 0 before using it.

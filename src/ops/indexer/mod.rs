@@ -636,7 +636,7 @@ pub struct PoolQueries<'a> {
 /// `indexer_logits_pool_f32` (`kernels/indexer.cu`) on `stream` — a `CUstream` of that device,
 /// borrowed (0 = the legacy default stream) — and returns after the launch: nothing is allocated,
 /// copied to or from the host, or synchronized, so a CUDA graph can capture it once the modules
-/// are loaded (`csa2_cuda_preload`). The kernel scores 1..=32 heads of f32 queries (q_quant as
+/// are loaded (`csa2_cuda_preload`). The kernel scores 1..=32 heads of queries (q_quant as
 /// [`QueryQuant`]), the sums in f32 in another order than the CPU's (both within
 /// [`crate::tolerance::F32_VS_F64`] of [`reference::logits_paged`]).
 ///
@@ -647,7 +647,7 @@ pub struct PoolQueries<'a> {
 /// those are the error (nothing written) and `error` is left as it is.
 ///
 /// Errors: those of [`logits_in_pool`] (host); [`Error::Shape`] for a tensor off the signature
-/// or (CUDA) not dense / not float32; [`Error::Invalid`] for mixed devices, a pool that is not
+/// or (CUDA) not dense; [`Error::Invalid`] for mixed devices, a pool that is not
 /// MXFP4 block-planar, an output overlapping an input; [`Error::Unsupported`] for more than 32
 /// heads on CUDA; [`Error::NoCudaBuild`] for CUDA tensors without the `cuda` feature;
 /// [`Error::Cuda`].

@@ -53,8 +53,11 @@ fn shrink(buf: &mut Vec<u64>, k: usize) -> f32 {
 /// Selects the `out.len()` largest selectable entries of `values` (> −∞, not NaN), sorted by
 /// (value desc, index asc), −1 padded. Returns how many were selected.
 pub fn select_scored(values: &[f32], out: &mut [i32]) -> usize {
-    let k = out.len();
+    // No more than the row's values can be selected: the scratch is sized by the input the caller
+    // holds, never by an output width alone (a [T, 2^40] output once asked for 35 TB here).
+    let k = out.len().min(values.len());
     if k == 0 {
+        out.fill(-1);
         return 0;
     }
     let cap = CAP_MULT * k + STEP;
