@@ -14,6 +14,7 @@ clear error by a build without CUDA support.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import os
@@ -22,6 +23,12 @@ from typing import Any, NamedTuple, Sequence
 
 __all__ = [
     "Csa2Error",
+    "CSA2_OK",
+    "CSA2_ERR_UNSUPPORTED",
+    "CSA2_ERR_NO_CUDA_BUILD",
+    "CSA2_ERR_CUDA_MODULE",
+    "present_host_as_cuda",
+    "presenting_host_as_cuda",
     "DLDevice",
     "DLDataType",
     "DLTensor",
@@ -61,6 +68,34 @@ class Csa2Error(RuntimeError):
         super().__init__(f"[csa2 status {status}] {message}")
         self.status = status
         self.message = message
+
+
+#: ``Csa2Status`` codes the shim tells apart (include/csa2.h).
+CSA2_OK = 0
+CSA2_ERR_UNSUPPORTED = 402  # no CUDA driver or device, or an input the build does not take
+CSA2_ERR_NO_CUDA_BUILD = 405  # the library was built without the `cuda` feature
+CSA2_ERR_CUDA_MODULE = 406  # a CUDA build whose kernel module does not load on this GPU
+
+_HOST_AS_CUDA = threading.local()
+
+
+@contextlib.contextmanager
+def present_host_as_cuda():
+    """While active (on this thread), CPU torch tensors are described to the library as
+    ``kDLCUDA`` device 0. With a library built with ``--features cuda-emu`` (the host SIMT harness,
+    whose "device memory" is host memory) the CUDA branch of every entry then runs for real on the
+    CPU; :mod:`csa2_vllm.route` takes its device route for such tensors. For tests and the GPU
+    check's ``--emu`` mode; a real CUDA build refuses the host pointers."""
+    saved = getattr(_HOST_AS_CUDA, "on", False)
+    _HOST_AS_CUDA.on = True
+    try:
+        yield
+    finally:
+        _HOST_AS_CUDA.on = saved
+
+
+def presenting_host_as_cuda() -> bool:
+    return getattr(_HOST_AS_CUDA, "on", False)
 
 
 # ---- DLPack mirror (dlpack.h v1.x; checked against the header by the crate's tests) -------------
@@ -142,7 +177,7 @@ def borrow(x: Any) -> Borrowed:
         code, bits = _NP_CODES[name]
         dev = x.device
         if dev.type == "cpu":
-            dt, di = K_DL_CPU, 0
+            dt, di = (K_DL_CUDA, 0) if presenting_host_as_cuda() else (K_DL_CPU, 0)
         elif dev.type == "cuda":
             dt, di = K_DL_CUDA, dev.index if dev.index is not None else torch.cuda.current_device()
         else:
@@ -842,7 +877,10 @@ def attention_pools(q, main_pool, main_idx, main_len, swa_pool, swa_idx, swa_len
 
 
 def cuda_preload(ordinal: int) -> None:
-    """Loads csa2's CUDA modules on device ``ordinal`` (before CUDA-graph capture)."""
+    """Loads csa2's CUDA modules and every kernel function on device ``ordinal`` (before any
+    CUDA-graph capture). Raises :class:`Csa2Error`: ``CSA2_ERR_NO_CUDA_BUILD`` (a build without
+    the ``cuda`` feature), ``CSA2_ERR_CUDA_MODULE`` (a CUDA build whose module does not load on
+    this GPU), ``CSA2_ERR_UNSUPPORTED`` (no driver or device)."""
     call("csa2_cuda_preload", int(ordinal))
 
 

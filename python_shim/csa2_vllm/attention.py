@@ -18,8 +18,11 @@ Where it runs: the entry takes tensors on either device. CPU tensors run csa2's 
 on the strided pools; CUDA tensors run csa2's CUDA kernel on the current stream with raw device
 pointers — the lists are built with elementwise torch ops and fixed shapes only (no ``.item()``,
 ``.cpu()``, ``unique`` or ``nonzero``), so the layer can be captured in a full CUDA graph, and the
-metadata builders declare ``UNIFORM_BATCH``. A slot outside its pool is refused on the host; on
-the GPU the kernel skips it and records it in the layer's ``csa2_error`` flag (int32 [4]).
+metadata builders declare ``UNIFORM_BATCH`` when the loaded library launches on the device
+(:func:`csa2_vllm.route.graph_support`). A slot outside its pool is refused on the host; on the GPU
+the kernel skips it and records it in :data:`csa2_vllm.route.errors`, reported once per step.
+Which route a GPU tensor takes (and why a CUDA build that cannot launch here raises instead of
+falling back): :mod:`csa2_vllm.route`.
 :func:`csa2_attend` (the earlier route: compact gather, host call) stays for A/B comparison.
 """
 
@@ -36,10 +39,11 @@ from vllm.models.deepseek_v41.compressor import DeepseekCompressor
 from vllm.models.deepseek_v41.nvidia.flashmla import DeepseekV4FlashMLAAttention
 from vllm.platforms import current_platform
 
-from . import _lib, writers
+from . import _lib, route, writers
 from . import indexer as csa2_indexer
 from . import indices as lists
 from .backend import Csa2IndexerBackend, Csa2SparseMLABackend, Csa2SparseSWABackend
+from .route import _i32, csa2_attend_pools, pool_lists  # noqa: F401  (the device route)
 
 REQUIRED_SYMBOLS = ("csa2_attention", "csa2_attention_indexed", "csa2_attention_pools")
 
@@ -230,38 +234,22 @@ class Csa2DeepseekV4Attention(DeepseekV4FlashMLAAttention):
         output[t:].zero_()
         if t == 0:
             return
-        if q.is_cuda and self._csa2_host_only(q):
-            # A library built without the `cuda` feature (what a plain `pip install
-            # ./python_shim` bundles): the earlier host route, which no CUDA graph may capture.
+        if q.is_cuda and not route.device_route(q):
+            # A library built without the `cuda` feature (CSA2_ERR_NO_CUDA_BUILD): the earlier
+            # host route, which no CUDA graph may capture (the metadata builders then declare
+            # NEVER). Any other preload failure on a GPU has already raised in device_route.
             _check_not_capturing(q)
             csa2_attend(self, q[:t], positions[:t], swa_md, cmp_md, output[:t])
             return
         csa2_attend_pools(self, q[:t], positions[:t], swa_md, cmp_md, output[:t])
 
     def _csa2_warm_up(self, q) -> None:
-        """On a GPU: loads csa2's CUDA modules and allocates the error flag now, so that neither
-        happens inside a CUDA-graph capture."""
-        if q.is_cuda:
-            self._csa2_host_only(q)
-
-    def _csa2_host_only(self, q) -> bool:
-        """Whether the loaded library lacks CUDA support (decided once, at the first GPU call:
-        ``csa2_cuda_preload`` answers CSA2_ERR_UNSUPPORTED, 402)."""
-        host_only = getattr(self, "_csa2_no_cuda", None)
-        if host_only is None:
-            import torch
-
-            try:
-                _lib.cuda_preload(q.device.index if q.device.index is not None
-                                  else torch.cuda.current_device())
-                self.csa2_error = torch.zeros(4, dtype=torch.int32, device=q.device)
-                host_only = False
-            except _lib.Csa2Error as e:
-                if e.status != 402:
-                    raise
-                host_only = True
-            self._csa2_no_cuda = host_only
-        return host_only
+        """On a GPU: loads every csa2 kernel function (``csa2_cuda_preload``) and allocates the
+        error records now, so that neither happens inside a CUDA-graph capture; a CUDA build
+        that cannot launch on this GPU raises here."""
+        if q.is_cuda and route.device_route(q):
+            for producer in route.errors.PRODUCERS:
+                route.errors.tensor(producer, q.device)
 
 
 def _check_not_capturing(x) -> None:
@@ -269,11 +257,11 @@ def _check_not_capturing(x) -> None:
 
     if torch.cuda.is_current_stream_capturing():
         raise _lib.Csa2Error(
-            402,
+            _lib.CSA2_ERR_NO_CUDA_BUILD,
             "this csa2 library was built without the `cuda` feature, so CSA2_RS attends on the "
-            "host through copies, which a CUDA graph cannot capture; build it with "
-            "`--features cuda` (tests/gpu/build_attention_check.sh, CSA2_LIB=...) or run with "
-            "--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}' or --enforce-eager",
+            "host through copies, which a CUDA graph cannot capture; install the plugin with its "
+            "CUDA build (docs/VLLM.md) or run with --compilation-config "
+            "'{\"cudagraph_mode\": \"PIECEWISE\"}' or --enforce-eager",
         )
 
 
@@ -360,86 +348,3 @@ def csa2_attend(layer, q, positions, swa_md, cmp_md, output) -> None:
         scale=float(layer.scale))
     output[:, :h].copy_(out)
     output[:, h:].zero_()
-
-
-def pool_lists(layer, positions, swa_md, cmp_md, check: bool):
-    """The per-token lists of ``csa2_attention_pools`` for the decode tokens, then the prefill
-    tokens: ``[(lo, hi, main_idx, main_len, swa_idx, swa_len)]`` for token rows ``lo..hi``;
-    ``main_*`` None for an SWA-only layer.
-
-    Capture-safe when ``check`` is False: views of vLLM's persistent metadata buffers and
-    elementwise torch ops with shapes fixed by the batch; no value is read on the host (a live
-    top-k entry past the block table becomes ``indices.BAD_SLOT``, which the entry reports).
-    ``check=True`` (host tensors) raises ``ValueError`` for such an entry instead."""
-    nd, npf = swa_md.num_decode_tokens, swa_md.num_prefill_tokens
-    ratio = layer.compress_ratio
-    bs = cmp_md.block_size // ratio if ratio else 0
-    req = swa_md.token_to_req_indices
-    valid = swa_md.is_valid_token
-    local = layer.topk_indices_buffer
-    parts = []
-    if nd:
-        swa_idx = swa_md.decode_swa_indices[:nd].reshape(nd, -1)
-        swa_len = swa_md.decode_swa_lens[:nd]
-        m_idx = m_len = None
-        if ratio:
-            m_idx, m_len = lists.decode_topk_slots(local[:nd], req[:nd], cmp_md.block_table, bs,
-                                                   valid[:nd], check)
-        parts.append((0, nd, m_idx, m_len, swa_idx, swa_len))
-    if npf:
-        if swa_md.prefill_swa_indices is None or swa_md.prefill_swa_lens is None:
-            raise ValueError("SWA metadata without prefill_swa_indices/lens for prefill tokens")
-        swa_idx = swa_md.prefill_swa_indices[:npf].reshape(npf, -1)
-        swa_len = swa_md.prefill_swa_lens[:npf]
-        m_idx = m_len = None
-        if ratio:
-            # A prefill entry must lie in its request's compressed prefix (combine_topk_swa_indices).
-            n_entries = swa_md.seq_lens.long() // ratio
-            m_idx, m_len = lists.prefill_topk_slots(
-                local[nd:nd + npf], req[nd:nd + npf], positions[nd:nd + npf], n_entries,
-                cmp_md.block_table, bs, ratio, valid[nd:nd + npf], check)
-        parts.append((nd, nd + npf, m_idx, m_len, swa_idx, swa_len))
-    return [(lo, hi, mi, ml, _i32(si), _i32(sl)) for lo, hi, mi, ml, si, sl in parts]
-
-
-def _i32(x):
-    """``x`` as a compact int32 tensor (a no-op for vLLM's int32 metadata buffers)."""
-    import torch
-
-    return x.to(torch.int32).contiguous()
-
-
-def csa2_attend_pools(layer, q, positions, swa_md, cmp_md, output) -> None:
-    """The attention of ``forward_mqa`` for ``T`` tokens (decode first), in place on the pools
-    through ``csa2_attention_pools``; ``layer`` as in :func:`csa2_attend`. Writes ``output``
-    (T, padded heads, 512) bf16 (heads past ``n_local_heads`` zero)."""
-    import torch
-
-    h = layer.n_local_heads
-    swa_pool = layer.swa_cache_layer.kv_cache
-    pool = None
-    if layer.compress_ratio > 0:
-        if cmp_md is None:
-            raise KeyError(f"no compressed-cache metadata for {layer.compressed_cache_prefix}")
-        pool = layer._compressed_kv_cache()
-        if pool.shape[1] * layer.compress_ratio != cmp_md.block_size:
-            raise ValueError(
-                f"compressed cache holds {pool.shape[1]} entries per block, expected "
-                f"{cmp_md.block_size} // {layer.compress_ratio}")
-    if q.dtype != torch.bfloat16:
-        raise TypeError(f"csa2_attention_pools takes bf16 queries, got {q.dtype}")
-    on_gpu = q.is_cuda
-    stream = torch.cuda.current_stream(q.device).cuda_stream if on_gpu else 0
-    error = getattr(layer, "csa2_error", None) if on_gpu else None
-    sink = layer.attn_sink[:h].detach().float().contiguous()
-    for lo, hi, m_idx, m_len, s_idx, s_len in pool_lists(layer, positions, swa_md, cmp_md,
-                                                          check=not on_gpu):
-        qs = q[lo:hi].contiguous()
-        dst = output[lo:hi]
-        tmp = dst if dst.is_contiguous() else torch.empty_like(qs)
-        if m_idx is None:  # SWA-only layer: an empty compressed list (a view, no allocation)
-            m_idx = s_idx[:, :0]
-        _lib.attention_pools(qs, pool, m_idx, m_len, swa_pool, s_idx, s_len, sink, h,
-                             float(layer.scale), tmp, error=error, stream=stream)
-        if tmp is not dst:
-            dst.copy_(tmp)

@@ -7,13 +7,19 @@ unchanged) with two differences:
 
 - ``nvfp4_ds_mla`` is a supported KV-cache dtype: on SM100 our layer prefers the 288-B NVFP4
   compressed record (csa2's FP4 cache), which vLLM otherwise lets only its mega-attention kernel read;
-- the metadata builders declare ``AttentionCGSupport.UNIFORM_BATCH``: csa2's attention entry
+- the metadata builders declare ``AttentionCGSupport.UNIFORM_BATCH`` when — and only when — the
+  loaded csa2 library launches its CUDA kernels on the device in use (:func:`graph_support`, which
+  asks ``csa2_cuda_preload`` once per device): then csa2's attention entry
   (``csa2_attention_pools``) reads vLLM's pools in place on the current stream with no host work,
   so a uniform decode batch can be captured in a full CUDA graph (mixed batches run piecewise,
   where V4.1's attention already sits in an eager break: ``@eager_break_during_capture`` on
   ``_sparse_indexer_and_attn`` / ``_prepare_and_attn_eager`` in ``models/deepseek_v41/attention.py``).
-  vLLM's own FlashMLA builders say ``ALWAYS``; we claim the narrower mode that was checked
-  (capture-safe list building, python_shim/tests_interpreted/test_pools.py). Not run on a GPU yet.
+  Otherwise (no GPU; a library without the ``cuda`` feature, whose host route copies) they declare
+  ``NEVER``, and vLLM downgrades full graphs at start-up. vLLM's own FlashMLA builders say
+  ``ALWAYS``; we claim the narrower mode that was checked (capture-safe list building,
+  python_shim/tests_interpreted/test_pools.py).
+- the SWA builder, which runs on the host once per step outside any captured region, reports the
+  error records of csa2's CUDA entries (:meth:`csa2_vllm.route.ErrorRecords.poll`).
 """
 
 from __future__ import annotations
@@ -35,21 +41,37 @@ from vllm.v1.attention.backends.mla.indexer import (
     DeepseekV41IndexerBackend,
 )
 
-from . import BACKEND_NAME
+from . import BACKEND_NAME, route
 from .indexer import accepts_mxfp4_index_k
 
 
-class Csa2MetadataBuilder(DeepseekV4FlashMLAMetadataBuilder):
-    """FlashMLA V4.1 compressed-cache metadata; uniform decode batches may be graph-captured."""
+def graph_support() -> AttentionCGSupport:
+    """What csa2's metadata builders declare: ``UNIFORM_BATCH`` where csa2's kernels launch on
+    the CUDA device in use, ``NEVER`` elsewhere (:func:`csa2_vllm.route.graph_support`)."""
+    return AttentionCGSupport[route.graph_support()]
 
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+
+class Csa2MetadataBuilder(DeepseekV4FlashMLAMetadataBuilder):
+    """FlashMLA V4.1 compressed-cache metadata; uniform decode batches may be graph-captured
+    where csa2's kernels launch (:func:`graph_support`)."""
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
+        return graph_support()
 
 
 class Csa2SWAMetadataBuilder(DeepseekSparseSWAFlashMLAMetadataBuilder):
     """vLLM's SWA metadata (per-token SWA slot lists in paged coordinates, persistent buffers);
-    uniform decode batches may be graph-captured."""
+    uniform decode batches may be graph-captured where csa2's kernels launch. Each build (host,
+    once per step, outside any capture) reports csa2's kernel error records."""
 
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
+        return graph_support()
+
+    def build(self, *args, **kwargs):
+        route.errors.poll()
+        return super().build(*args, **kwargs)
 
 
 class Csa2SparseMLABackend(DeepseekV4FlashMLABackend):
@@ -91,12 +113,13 @@ class Csa2IndexerMetadataBuilder(DeepseekV32IndexerMetadataBuilder):
     which refuses ``mxfp4`` off SM100; it is built here inside csa2's scope
     (:func:`csa2_vllm.indexer.accepts_mxfp4_index_k`), and the metadata is vLLM's unchanged
     (csa2's scorer reads ``block_table`` and the token counts). Uniform decode batches may be
-    graph-captured: csa2's indexer forward has fixed shapes and no host work
+    graph-captured where csa2's kernels launch (:func:`graph_support`): csa2's indexer forward
+    has fixed shapes and no host work
     (python_shim/tests_interpreted/test_sm90_indexer.py)."""
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
-        return AttentionCGSupport.UNIFORM_BATCH
+        return graph_support()
 
     def __init__(self, *args, **kwargs) -> None:
         with accepts_mxfp4_index_k():

@@ -54,6 +54,15 @@ def record_format(pool: torch.Tensor, what: str) -> int:
     return _pool_format(pool, what, dim=512).format_id
 
 
+def request_rows(req: torch.Tensor, rows: int) -> torch.Tensor:
+    """The one rule for a token's request id as a row of a per-request table (block table,
+    entry counts) of ``rows`` rows: clamped into ``[0, rows)`` (int64), elementwise, no host
+    read. An id outside the table belongs to a padding token (vLLM 0.33 maps padding to request
+    0 today; a padded batch may carry −1 or a row past the table): its lists have length 0, so
+    the row it reads is never used, and the gather stays inside the table on every device."""
+    return req.long().clamp(0, max(rows, 1) - 1)
+
+
 #: Slot value for a live entry that maps to no page (past the block table, or a −1 block): the
 #: attention entry refuses it on the host and the CUDA kernel skips it and records it in its error
 #: flag. Any value below −1 would do; −2 keeps the message short.
@@ -75,7 +84,8 @@ def _slots(local: torch.Tensor, live: torch.Tensor, req: torch.Tensor,
             f"top-k entry {int(j.max())} is past the block table ({block_table.shape[1]} blocks of "
             f"{bs} compressed entries)")
     inside = col < block_table.shape[1]
-    blocks = block_table[req.long()[:, None], torch.where(inside, col, torch.zeros_like(col))].long()
+    row = request_rows(req, block_table.shape[0])
+    blocks = block_table[row[:, None], torch.where(inside, col, torch.zeros_like(col))].long()
     slots = blocks * bs + j % bs
     slots = torch.where(inside & (blocks >= 0), slots, torch.full_like(slots, BAD_SLOT))
     return torch.where(live, slots, torch.full_like(slots, -1)).to(torch.int32)
@@ -103,7 +113,7 @@ def prefill_topk_slots(local: torch.Tensor, req: torch.Tensor, positions: torch.
     lens = ((positions.long() + 1) // ratio).clamp(0, k)
     lens = torch.where(valid, lens, torch.zeros_like(lens))
     col = torch.arange(k, device=local.device)
-    n = n_entries.long()[req.long()]
+    n = n_entries.long()[request_rows(req, n_entries.shape[0])]
     live = (col[None, :] < lens[:, None]) & (local >= 0) & (local.long() < n[:, None])
     return _slots(local, live, req, block_table, bs, check), lens.to(torch.int32)
 

@@ -133,9 +133,9 @@ def test_backend_classes_declare_the_csa2_cache_and_uniform_batch_graphs(monkeyp
     # csa2 reads the 288-B NVFP4 compressed record that stock FlashMLA cannot.
     assert "nvfp4_ds_mla" in Csa2SparseMLABackend.supported_kv_cache_dtypes
     assert "fp8_ds_mla" in Csa2SparseMLABackend.supported_kv_cache_dtypes
-    # In-place attention with capture-safe lists: uniform decode batches may be graph-captured.
+    # UNIFORM_BATCH only where csa2's kernels launch on the device in use: NEVER without a GPU.
     for backend in (Csa2SparseMLABackend, Csa2SparseSWABackend):
-        assert backend.get_builder_cls()._cudagraph_support is AttentionCGSupport.UNIFORM_BATCH
+        assert backend.get_builder_cls().get_cudagraph_support(None, None) is AttentionCGSupport.NEVER
         assert backend.supports_pcp() is False
     assert Csa2DeepseekV4Attention.swa_backend_cls is Csa2SparseSWABackend
     assert Csa2DeepseekV4Attention.forward_mqa is not DeepseekV4FlashMLAAttention.forward_mqa

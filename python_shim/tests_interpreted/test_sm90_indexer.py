@@ -155,7 +155,9 @@ def test_builder_and_scope_accept_mxfp4_on_sm90_only_for_csa2(model_config, monk
             vllm_indexer.DeepseekV32IndexerMetadataBuilder(*args, block_table_width=128)
         b = builder_cls(*args, block_table_width=128)
     assert b.indexer_uses_fp4 is True
-    assert builder_cls.get_cudagraph_support(vc, specs[name]).name == "UNIFORM_BATCH"
+    from csa2_vllm import route  # UNIFORM_BATCH only where csa2's kernels launch: NEVER here
+
+    assert builder_cls.get_cudagraph_support(vc, specs[name]).name == route.graph_support()
     with pytest.raises(RuntimeError, match="boom"):
         with csa2_indexer.accepts_mxfp4_index_k():
             assert vllm_indexer.dsa_indexer_uses_fp4(vc) is True

@@ -314,6 +314,9 @@ impl CudaDevice {
                     .map_err(|_| "NVRTC panicked".to_string())?
                     .map_err(|e| format!("NVRTC: {e}"))?
             }
+            LoadPath::HostSimt => {
+                return Err("the host SIMT harness exists in cuda-emu builds only".into())
+            }
         };
         self.ctx.load_module(image).map_err(|e| e.to_string())
     }

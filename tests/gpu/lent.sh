@@ -10,19 +10,24 @@
 #
 #   OUT=dir tests/gpu/lent.sh [quick|full]
 #
-# Steps and their time caps (a step that runs over is killed; the next one still runs):
-#   1. unit + suite CUDA tests (correctness, small sizes)                     120 s + 120 s
-#   2. gpu_validate --small: every kernel vs the CPU at small sizes            60 s
-#   3. check_attention.py: pools route vs CPU and f64, graph replay, timing   150 s (quick: 64K only)
-#   4. gpu_validate at model shapes, timed beside the copy bandwidth          150 s (full only)
-#   5. module fallback load paths (PTX, compat PTX, NVRTC)                    3 × 20 s (full only)
-# Logs: $OUT/<step>.log (7 files at most, what the lent machine sends back); check_attention's JSON:
-# $OUT/attention.json. Exit status: the number of
+# Steps and their time caps (a step that runs over is killed; the next one still runs); quick, the
+# default, stays under 8 minutes in all (caps 90 + 90 + 45 + 120 + 120 s):
+#   1. unit + suite CUDA tests (correctness, small sizes)                      90 s + 90 s
+#   2. gpu_validate --small: every kernel vs the CPU at small sizes            45 s
+#   3. check_attention.py: pools route vs CPU and f64, graph replay, timing   120 s (quick: 64K only)
+#   4. check_shim_route.py: the shim's own device route without vLLM (Triton
+#      writers, Q quantiser, indexer, top-k, candidates, lists, both attention
+#      kernels with lse, error records, a slab over 4 GiB, graph capture in a
+#      fresh process after preload only)                                      120 s
+#   5. gpu_validate at model shapes, timed beside the copy bandwidth          150 s (full only)
+#   6. module fallback load paths (PTX, compat PTX, NVRTC)                    3 × 20 s (full only)
+# Logs: $OUT/<step>.log (7 files at most, what the lent machine sends back); the JSON of the two
+# Python checks: $OUT/attention.json, $OUT/shim_route.json. Exit status: the number of
 # steps that failed (0 = all passed).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
-mode="${1:-full}"
+mode="${1:-quick}"
 out="${OUT:-$root/out/gpu}"
 bin="$root/target/gpu-lent"
 mkdir -p "$out"
@@ -50,14 +55,16 @@ step() { # name timeout command...
 }
 
 export CSA2_LIB="$bin/libcsa2.so"
-step unit 120 "$bin/csa2_lib" cuda:: --test-threads=1
-step suite 120 "$bin/suite" cuda:: --nocapture --test-threads=1
-step validate_small 60 "$bin/gpu_validate" --small --iters 3 --seed 17
+step unit 90 "$bin/csa2_lib" cuda:: --test-threads=1
+step suite 90 "$bin/suite" cuda:: --nocapture --test-threads=1
+step validate_small 45 "$bin/gpu_validate" --small --iters 3 --seed 17
 if [ "$mode" = quick ]; then
-    step attention 150 python3 tests/gpu/check_attention.py --contexts 65536 --iters 10 \
+    step attention 120 python3 tests/gpu/check_attention.py --contexts 65536 --iters 10 \
         --json "$out/attention.json"
+    step shim_route 120 python3 tests/gpu/check_shim_route.py --json "$out/shim_route.json"
 else
     step attention 150 python3 tests/gpu/check_attention.py --iters 20 --json "$out/attention.json"
+    step shim_route 120 python3 tests/gpu/check_shim_route.py --json "$out/shim_route.json"
     step validate_large 150 "$bin/gpu_validate" --iters 20 --seed 18
     step loads 60 bash -c 'for p in ptx compat nvrtc; do echo "== CSA2_CUDA_LOAD=$p";
         CSA2_CUDA_LOAD=$p CSA2_CUDA_SYNC=1 timeout 20 "$0" --small --iters 0 || exit; done' \
