@@ -117,7 +117,7 @@ fn finding6_allocation_failure_is_out_of_memory_not_an_abort() {
     unsafe { csa2_cache_free(small) };
     unsafe { csa2_geometry_free(g) };
 
-    // A candidate pool far wider than the logits row (issue 27 finding 7): the selection's
+    // A candidate pool far wider than the logits row: the selection's
     // scratch is sized by the row, not by the output's width, so it fits under the same cap (it
     // used to ask for 32 bytes per output column and abort the process).
     let b = 1usize << 26;

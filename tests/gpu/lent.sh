@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check in one bounded run, for a lent GPU machine with no network, no cargo and no vLLM
+# Every GPU check in one bounded run, for a GPU machine with no network, no cargo and no vLLM
 # (torch, numpy and the NVIDIA driver are assumed). Everything it runs is built beforehand on a CPU
 # machine by scripts/build-gpu-lent.sh into target/gpu-lent/ (carry that folder with the tree):
 #
@@ -21,7 +21,7 @@
 #      fresh process after preload only)                                      120 s
 #   5. gpu_validate at model shapes, timed beside the copy bandwidth          150 s (full only)
 #   6. module fallback load paths (PTX, compat PTX, NVRTC)                    3 × 20 s (full only)
-# Logs: $OUT/<step>.log (7 files at most, what the lent machine sends back); the JSON of the two
+# Logs: $OUT/<step>.log (7 files at most, what the GPU machine sends back); the JSON of the two
 # Python checks: $OUT/attention.json, $OUT/shim_route.json. Exit status: the number of
 # steps that failed (0 = all passed).
 set -uo pipefail
