@@ -66,6 +66,12 @@ typedef enum {
   // An allocation sized by the caller failed; the message gives the byte count. Nothing
   // changed and the process keeps running.
   CSA2_ERR_OUT_OF_MEMORY = 404,
+  // A CUDA tensor or CUDA call reached a library built without the `cuda` feature.
+  CSA2_ERR_NO_CUDA_BUILD = 405,
+  // A CUDA build whose kernel modules cannot be loaded on this GPU (no image for its compute
+  // capability, a driver too old for the embedded PTX, a failed JIT); the message lists what
+  // was tried. Work must not move to the host because of it.
+  CSA2_ERR_CUDA_MODULE = 406,
   // A bug in csa2 (a broken invariant).
   CSA2_ERR_INTERNAL = 500,
   // A panic inside csa2 was caught at the boundary (a bug; the message says where).
@@ -162,6 +168,9 @@ typedef struct Csa2ReplayPlan Csa2ReplayPlan;
 
 // Opaque SSD-tier handle. Free with [`csa2_ssd_free`] (this releases the directory's lock).
 typedef struct Csa2SsdStore Csa2SsdStore;
+
+// Which pool attention kernel a launch runs.
+typedef struct PoolsKernel PoolsKernel;
 
 // Arguments of [`csa2_attention`] (shapes there).
 // Set `struct_size` to `sizeof(Csa2AttentionArgs)` (rules: "Args structs", header top).
@@ -1013,7 +1022,7 @@ Csa2Status csa2_attention_indexed(const Csa2AttentionIndexedArgs *args);
 // `kDLCUDA` on one device → csa2's CUDA kernel launched on `stream` (asynchronous: returns
 // after the launch; nothing is copied to the host, nothing synchronizes; CUDA-graph capturable
 // once the modules are loaded, see [`csa2_cuda_preload`]). A build without the `cuda` feature
-// returns `CSA2_ERR_UNSUPPORTED` for CUDA tensors.
+// returns `CSA2_ERR_NO_CUDA_BUILD` for CUDA tensors.
 //
 // Errors: `CSA2_ERR_INVALID_ARGUMENT` for `struct_size` below the first version (the args-struct
 // rules of the header's preamble), a
@@ -1028,9 +1037,11 @@ Csa2Status csa2_attention_indexed(const Csa2AttentionIndexedArgs *args);
 // the kernel has run on `stream`).
 Csa2Status csa2_attention_pools(const Csa2AttentionPoolsArgs *args);
 
-// Loads every embedded CUDA module on device `ordinal` now (call before capturing a CUDA graph:
-// a module load inside a capture is not allowed). `CSA2_ERR_UNSUPPORTED` without the `cuda`
-// feature or without a driver.
+// Loads every embedded CUDA module on device `ordinal` now and resolves every kernel function of
+// every op family (call before capturing a CUDA graph: no launch afterwards loads, JITs or
+// compiles). `CSA2_ERR_NO_CUDA_BUILD` without the `cuda` feature; `CSA2_ERR_UNSUPPORTED` without
+// a driver or device; `CSA2_ERR_CUDA_MODULE` when this GPU cannot load the kernels (the message
+// says what was tried) — a GPU machine must not fall back to the host on that one.
 Csa2Status csa2_cuda_preload(int32_t ordinal);
 
 // Creates a KV cache manager for geometry `g` with KV layout `layout` (a `Csa2KvLayout`),
@@ -1459,8 +1470,8 @@ Csa2Status csa2_compressor_state_load(const Csa2CompressorState *s,
 //
 // Errors: `CSA2_ERR_INVALID_ARGUMENT` (not a compressed layer, misaligned `start_pos`/`T`,
 // `score` given or missing, non-finite values, tensors on different devices),
-// `CSA2_ERR_UNSUPPORTED` (a CUDA tensor in a build without CUDA, or a CUDA call the kernel does
-// not cover), plus the common ones.
+// `CSA2_ERR_NO_CUDA_BUILD` (a CUDA tensor in a build without CUDA), `CSA2_ERR_UNSUPPORTED` (a
+// CUDA call the kernel does not cover), plus the common ones.
 //
 // # Safety
 // `args`: `struct_size` readable bytes of a `Csa2CompressArgs`. Its members:
@@ -1541,7 +1552,7 @@ Csa2Status csa2_engine_info(const Csa2Engine *e, Csa2EngineInfo *out);
 // different devices), `CSA2_ERR_SHAPE` (a tensor whose dtype, shape or strides differ from the
 // signature: `tokens` `[T]`, `hidden` `[rows, hidden_size]`, the message giving the bound sizes),
 // `CSA2_ERR_UNSUPPORTED` (a CUDA tensor: the engine runs on the host; without the `cuda` feature
-// the message says the build has no CUDA). While the step runs: `CSA2_ERR_OUT_OF_BLOCKS`,
+// `CSA2_ERR_NO_CUDA_BUILD`). While the step runs: `CSA2_ERR_OUT_OF_BLOCKS`,
 // `CSA2_ERR_INVALID_ARGUMENT` (rows that do not continue a request's stored entries), naming the
 // layer; then the step's requests may be partly advanced (see the module docs) and the outputs
 // are not written.
@@ -1755,10 +1766,10 @@ Csa2Status csa2_indexer_logits_in_blocks(const Csa2IndexerLogitsInBlocksArgs *ar
 // all `kDLCUDA` on one device → csa2's kernel (`indexer_logits_pool_f32`) launched on `stream`
 // (asynchronous: returns after the launch; nothing is copied to the host, nothing synchronizes,
 // nothing is allocated; CUDA-graph capturable once the modules are loaded, see
-// [`super::csa2_cuda_preload`]). On CUDA, `q`, `w` and `logits_out` are float32 and at most 32
-// heads; bad requests, blocks or positions are not seen on the host but recorded in `error`
-// (the kernel writes −∞ for what they touch). A build without the `cuda` feature returns
-// `CSA2_ERR_UNSUPPORTED` for CUDA tensors.
+// [`super::csa2_cuda_preload`]). `q`, `w` and `logits_out` are float32, bfloat16 or float16 on
+// both devices; at most 32 heads on CUDA; bad requests, blocks or positions are not seen on the
+// host but recorded in `error` (the kernel writes −∞ for what they touch). A build without the
+// `cuda` feature returns `CSA2_ERR_NO_CUDA_BUILD` for CUDA tensors.
 //
 // Errors: `CSA2_ERR_INVALID_ARGUMENT` (ratio 0, `q_quant`, a pool that is not MXFP4 / block-planar,
 // a request or block outside the table / pool (host), a negative position (host), mixed devices,

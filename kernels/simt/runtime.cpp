@@ -22,6 +22,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -177,23 +178,26 @@ struct Run {
 };
 
 thread_local Run* g_run = nullptr;
-thread_local std::vector<Fiber>* g_pool = nullptr;
+// The module's fibers, grown to the largest block launched so far. One set per module: launches
+// of a module are serialised (g_launch_lock), so a fiber (and, under ThreadSanitizer, its
+// registration, of which the runtime allows a few thousand per process) is never made twice.
+std::vector<Fiber>* g_pool = nullptr;
 
-std::vector<Fiber>& pool() {
-    if (!g_pool) {
-        g_pool = new std::vector<Fiber>(kMaxThreads);
-        for (auto& f : *g_pool) {
-            void* p = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                           -1, 0);
-            if (p == MAP_FAILED) {
-                std::fprintf(stderr, "csa2 SIMT harness: cannot map a fiber stack\n");
-                std::abort();
-            }
-            f.stack = static_cast<char*>(p);
-#ifdef CSA2_SIMT_TSAN
-            f.tsan = __tsan_create_fiber(0);
-#endif
+std::vector<Fiber>& pool(int n) {
+    if (!g_pool) g_pool = new std::vector<Fiber>();
+    g_pool->reserve(kMaxThreads);  // never reallocated: a running launch holds pointers into it
+    while ((int)g_pool->size() < n) {
+        Fiber f;
+        void* p = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+            std::fprintf(stderr, "csa2 SIMT harness: cannot map a fiber stack\n");
+            std::abort();
         }
+        f.stack = static_cast<char*>(p);
+#ifdef CSA2_SIMT_TSAN
+        f.tsan = __tsan_create_fiber(0);
+#endif
+        g_pool->push_back(f);
     }
     return *g_pool;
 }
@@ -259,9 +263,12 @@ void to_scheduler(bool sync, bool dying = false) {
 
 void release(Barrier& b, Wait kind, int warp) {
     b.arrived = 0;
-    for (auto& f : *g_run->fibers) {
-        if (f.linear >= g_run->n) break;
-        if (f.state == State::Waiting && f.wait == kind && (kind == Wait::Block || f.linear / kWarp == warp)) {
+    std::vector<Fiber>& fs = *g_run->fibers;
+    int lo = kind == Wait::Block ? 0 : warp * kWarp;
+    int hi = kind == Wait::Block ? g_run->n : std::min(g_run->n, lo + kWarp);
+    for (int i = lo; i < hi; i++) {
+        Fiber& f = fs[i];
+        if (f.state == State::Waiting && f.wait == kind) {
             f.state = State::Ready;
             f.wait = Wait::None;
         }
@@ -557,7 +564,7 @@ __attribute__((visibility("default"))) int csa2_simt_launch(const char* name, co
     r.entry = e;
     r.args = args;
     r.n = (int)threads;
-    r.fibers = &pool();
+    r.fibers = &pool(r.n);
 #ifdef CSA2_SIMT_TSAN
     r.sched_tsan = __tsan_get_current_fiber();
 #endif
