@@ -21,10 +21,10 @@ from ._lib import Csa2Error, _Handle, check, lib
 
 __all__ = ["ManualClock", "SsdStore", "DramPool", "SsdStats", "DramStats", "SsdRecovery",
            "host_memory_bytes", "FSYNC_ALWAYS", "FSYNC_NEVER", "STATUS_CORRUPT", "STATUS_REFUSED",
-           "STATUS_IO"]
+           "STATUS_IO", "STATUS_BUSY"]
 
 FSYNC_ALWAYS, FSYNC_NEVER = 0, 1
-STATUS_CORRUPT, STATUS_REFUSED, STATUS_IO = 301, 303, 400
+STATUS_CORRUPT, STATUS_REFUSED, STATUS_BUSY, STATUS_IO = 301, 303, 304, 400
 
 _P = ctypes.c_void_p
 _U8P = ctypes.POINTER(ctypes.c_uint8)
@@ -226,7 +226,7 @@ class SsdStore(_KeyedTier):
     """``Csa2SsdStore``: the SSD tier in ``directory`` (see the module docs).
 
     ``read_only=False`` takes the directory's lock: a second writer raises :class:`Csa2Error` with
-    status ``STATUS_IO`` naming the holder's pid. ``min_lifetime_ms`` / ``segment_bytes`` 0 take
+    status ``STATUS_BUSY`` naming the holder's pid. ``min_lifetime_ms`` / ``segment_bytes`` 0 take
     the defaults (72 h, 16 MiB). ``clock`` None is the system clock.
     """
 

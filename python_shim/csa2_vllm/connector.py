@@ -653,7 +653,7 @@ class Csa2Connector(KVConnectorBase_V1, SupportsHMA):
         try:
             self._ssd = _store.SsdStore(d, cfg.ssd_capacity_bytes, **kw)
         except Csa2Error as e:
-            if e.status != _store.STATUS_IO or cfg.on_locked != "read_only":
+            if e.status != _store.STATUS_BUSY or cfg.on_locked != "read_only":
                 raise
             logger.warning("%s: %s is held by another engine (%s); opening it read-only: hits are "
                            "served, nothing is saved", CONNECTOR_NAME, d, e.message)

@@ -207,7 +207,7 @@ class Csa2SsdTier(SecondaryTierManager):
         try:
             self._store = _store.SsdStore(self.directory, cfg["capacity_bytes"], **kw)
         except Csa2Error as e:
-            if e.status != _store.STATUS_IO or cfg["on_locked"] == "error":
+            if e.status != _store.STATUS_BUSY or cfg["on_locked"] == "error":
                 raise
             logger.warning("%s: %s is held by another engine (%s); opening it read-only: hits "
                            "are served, nothing is stored", tier_type, self.directory, e)
