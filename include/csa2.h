@@ -1962,6 +1962,17 @@ Csa2Status csa2_ssd_contains(const Csa2SsdStore *store, const uint8_t *key, uint
 // `key` must point to 32 bytes; `found` writable.
 Csa2Status csa2_ssd_probe(const Csa2SsdStore *store, const uint8_t *key, uint8_t *found);
 
+// Brings a read-only store's index up to its directory now, reading only what changed: segments
+// deleted or replaced since are dropped (their files closed), records written since (appended
+// to a known segment or in a new one) are indexed, headers only (a read checks the payload).
+// `*records` (may be null) receives the live entries after it.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` on a writable store; `CSA2_ERR_IO`.
+//
+// # Safety
+// `records` must be null or writable.
+Csa2Status csa2_ssd_refresh(const Csa2SsdStore *store, uint64_t *records);
+
 // Removes `key` (marked dead on disk). `*removed` (may be null) is 1 when it was present.
 //
 // Errors: `CSA2_ERR_INVALID_ARGUMENT` on a read-only store; `CSA2_ERR_IO`.

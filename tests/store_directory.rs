@@ -184,10 +184,10 @@ fn stray_files_named_like_segments_are_ignored_and_lose_nothing() {
 #[test]
 fn a_second_name_of_a_segment_is_read_once() {
     // A hard link under another canonical name is the same file: its records are not copies of
-    // themselves, and nothing is marked dead on its account.
+    // themselves, nothing is marked dead on its account, and its name is never written over.
     let dir = tempfile::tempdir().unwrap();
-    let c = cfg(dir.path(), 1 << 20);
-    let recs: Vec<_> = (0..10).map(|i| fixed(4, i, 500)).collect();
+    let c = cfg(dir.path(), 4 << 10);
+    let mut recs: Vec<_> = (0..10).map(|i| fixed(4, i, 500)).collect();
     {
         let s = open(&c);
         for (k, v) in &recs {
@@ -196,13 +196,22 @@ fn a_second_name_of_a_segment_is_read_once() {
     }
     std::fs::hard_link(
         dir.path().join("seg-00000001.log"),
-        dir.path().join("seg-00000005.log"),
+        dir.path().join("seg-00000004.log"),
     )
     .unwrap();
-    for _ in 0..2 {
+    for round in 0..2u64 {
         let s = open(&c);
-        assert_eq!(audit(&s, &recs), (10, 0, 0));
+        assert_eq!(audit(&s, &recs), (recs.len(), 0, 0));
+        // Enough records to roll over the linked name's id.
+        for i in 0..30 {
+            let r = fixed(4, 100 + round * 100 + i, 500);
+            s.put(&r.0, &r.1).unwrap();
+            recs.push(r);
+        }
+        assert_eq!(audit(&s, &recs), (recs.len(), 0, 0));
     }
+    let s = open(&c);
+    assert_eq!(audit(&s, &recs), (70, 0, 0));
 }
 
 // ---- segment ids at the top of the id space ------------------------------------------------------
@@ -536,4 +545,37 @@ fn a_read_only_probe_sees_removals_and_deleted_segments_and_lets_their_files_go(
             None => assert!(!stale.contains(&i) || !view.contains(k)),
         }
     }
+}
+
+#[test]
+fn a_read_only_refresh_follows_the_writer_reading_only_what_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path(), 8 << 10);
+    let w = open(&c);
+    let mut live: Vec<(PrefixKey, Vec<u8>)> = (0..20).map(|i| fixed(12, i, 1500)).collect();
+    for (k, v) in &live {
+        w.put(k, v).unwrap();
+    }
+    let (view, _) = SsdStore::open_read_only(c.clone(), Arc::new(SystemClock)).unwrap();
+    // The writer appends to its active segment, rolls to new ones, and compacts old ones away.
+    let more: Vec<_> = (20..60).map(|i| fixed(12, i, 1500)).collect();
+    for (k, v) in &more {
+        w.put(k, v).unwrap();
+    }
+    live.extend(more);
+    let removed: Vec<_> = live.drain(..12).collect();
+    for (k, _) in &removed {
+        w.remove(k).unwrap();
+    }
+    assert!(w.stats().compactions > 0);
+    let r = view.refresh().unwrap();
+    assert!(r.segments_dropped > 0 && r.segments_added > 0, "{r:?}");
+    assert_eq!(r.records, live.len(), "{r:?}");
+    assert_eq!(audit(&view, &live), (live.len(), 0, 0));
+    for (k, _) in &removed {
+        assert_eq!(view.get(k).unwrap(), None);
+    }
+    // A refresh with nothing changed changes nothing; a writable store refuses it.
+    assert_eq!(view.refresh().unwrap().records, live.len());
+    assert!(matches!(w.refresh(), Err(Error::Invalid { .. })));
 }

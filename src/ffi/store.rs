@@ -558,6 +558,29 @@ pub unsafe extern "C" fn csa2_ssd_probe(
     })
 }
 
+/// Brings a read-only store's index up to its directory now, reading only what changed: segments
+/// deleted or replaced since are dropped (their files closed), records written since (appended
+/// to a known segment or in a new one) are indexed, headers only (a read checks the payload).
+/// `*records` (may be null) receives the live entries after it.
+///
+/// Errors: `CSA2_ERR_INVALID_ARGUMENT` on a writable store; `CSA2_ERR_IO`.
+///
+/// # Safety
+/// `records` must be null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_ssd_refresh(
+    store: *const Csa2SsdStore,
+    records: *mut u64,
+) -> Csa2Status {
+    guarded("csa2_ssd_refresh", || {
+        let st = handle::get(store, "store")?;
+        let r = st.s.refresh()?;
+        // SAFETY: null or writable is the caller's contract.
+        unsafe { write_opt(records, r.records as u64) };
+        Ok(())
+    })
+}
+
 /// Removes `key` (marked dead on disk). `*removed` (may be null) is 1 when it was present.
 ///
 /// Errors: `CSA2_ERR_INVALID_ARGUMENT` on a read-only store; `CSA2_ERR_IO`.

@@ -75,8 +75,26 @@
 //!   deleted); state marks of the evictions a write caused are synced before the write is
 //!   acknowledged, and compaction syncs its copies before deleting the source. With `Never` an
 //!   acknowledged entry survives a process crash (the data is in the kernel page cache) but not a
-//!   power loss; a record torn by power loss is still detected by its checksum. See
-//!   docs/RELIABILITY.md for what was and was not tested.
+//!   power loss; a record torn by power loss is still detected by its checksum. A failed sync
+//!   (`EIO`) fails the call: the record is not indexed, and later records go to a fresh segment
+//!   (nothing is acknowledged beside bytes whose sync failed). See docs/RELIABILITY.md for what
+//!   was and was not tested.
+//! - **The directory's contents**: only the exact names this store writes (`seg-NNNNNNNN.log`,
+//!   one name per id) are segments; any other file, `seg-1.log` or `seg-+1.log` included, is
+//!   reported and left untouched, and a second name of one file (a hard link) is read once.
+//!   Recovery reads the whole directory before it changes anything (superseded copies marked
+//!   dead, a torn tail cut), so a directory it refuses is left as it was. A record of a newer
+//!   format version than this build's (one whose header does not check out as a version-2 header
+//!   with a damaged version byte) refuses the open, writable or read-only, naming the version
+//!   and the file. A writable open whose highest segment id is 2^31 or more (only a foreign file
+//!   gets there) renumbers the segments from 1 in order instead of running out of ids.
+//! - **The directory deleted under the store**: a write is acknowledged only after checking that
+//!   the directory is still the one opened and the record's segment is still linked in it;
+//!   otherwise the call fails naming the cause and the store refuses every later write and
+//!   removal (its lock went with the directory, so going on could mean two writers). A read
+//!   never serves a record whose segment file was deleted or replaced; a segment deleted by
+//!   someone else is forgotten, not copied back by compaction, and its name is never unlinked
+//!   again (it may be another file's now).
 //!
 //! Thread safety: `SsdStore` is `Send + Sync`; metadata sits behind one mutex held for bookkeeping
 //! only, writers (put, remove, compaction) are serialized by a second mutex while they do I/O, and
@@ -186,6 +204,19 @@ pub struct RecoveryReport {
     pub offline_credit_ms: u64,
     /// Human-readable findings (path, offset, what failed).
     pub notes: Vec<String>,
+}
+
+/// What [`SsdStore::refresh`] changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RefreshReport {
+    /// Segments dropped because their file was deleted or replaced.
+    pub segments_dropped: usize,
+    /// Segments created since the open or the last refresh, now read.
+    pub segments_added: usize,
+    /// Live entries now.
+    pub records: usize,
+    /// Growth of the live entries (0 when more were dropped than found).
+    pub records_added: usize,
 }
 
 /// Counters of the tier (monotonic) and its current size.
@@ -380,6 +411,8 @@ struct ScanFixes {
     truncate: Option<(Arc<File>, PathBuf, u64)>,
     /// The newest creation time found, ms of store age.
     newest_created: u64,
+    /// Ids of names skipped as second names of a segment already read (their files stay).
+    skipped: Vec<u32>,
 }
 
 impl ScanFixes {
@@ -893,8 +926,24 @@ impl SsdStore {
         rep.age_ms = persisted.max(fix.newest_created) + credit;
         let mut age_file = None;
         if !read_only {
-            // Always append to a fresh segment: never write after bytes a previous process left.
-            let active = inner.segments.last_key_value().map_or(1, |(&l, _)| l + 1);
+            // Always append to a fresh segment: never write after bytes a previous process left,
+            // and never under a name still taken (a skipped second name keeps its file).
+            let top = inner
+                .segments
+                .last_key_value()
+                .map(|(&l, _)| l)
+                .into_iter()
+                .chain(fix.skipped.iter().copied())
+                .max();
+            let active = top.map_or(Some(1), |t| t.checked_add(1)).ok_or_else(|| {
+                Error::invalid(
+                    "ssd tier",
+                    format!(
+                        "{}: a second name of a segment holds the last segment id; remove it",
+                        cfg.dir.display()
+                    ),
+                )
+            })?;
             Self::create_segment(&cfg, active, &mut inner)?;
             // Delete closed segments with no live record.
             let empty: Vec<u32> = inner
@@ -1003,9 +1052,10 @@ impl SsdStore {
                 "{}: another name of a segment already read (same inode); ignored",
                 path.display()
             ));
+            fix.skipped.push(id);
             return Ok(());
         }
-        let mut size = meta.len();
+        let size = meta.len();
         let file = Arc::new(file);
         inner.segments.insert(
             id,
@@ -1019,8 +1069,38 @@ impl SsdStore {
                 pending: 0,
             },
         );
-        let io = |e| Error::io(&path, e);
-        let mut off = 0u64;
+        let (size, end) = Self::scan_records(
+            cfg, id, &file, &path, 0, size, newest, read_only, inner, rep, fix,
+        )?;
+        // A read-only store remembers where its scan stopped: a refresh reads on from there.
+        let size = if read_only { end } else { size };
+        if let Some(s) = inner.segments.get_mut(&id) {
+            s.size = size;
+        }
+        inner.disk_bytes += size;
+        Ok(())
+    }
+
+    /// Reads the records of segment `id` in `from..size`, indexing the whole valid ones. Returns
+    /// the segment's size after a torn tail was cut (writable stores, newest segment) and the
+    /// offset the scan stopped at (the end, or the start of a damaged tail it could not skip).
+    #[allow(clippy::too_many_arguments)]
+    fn scan_records(
+        cfg: &SsdConfig,
+        id: u32,
+        file: &Arc<File>,
+        path: &Path,
+        from: u64,
+        size: u64,
+        newest: bool,
+        read_only: bool,
+        inner: &mut Inner,
+        rep: &mut RecoveryReport,
+        fix: &mut ScanFixes,
+    ) -> Result<(u64, u64)> {
+        let io = |e| Error::io(path, e);
+        let mut size = size;
+        let mut off = from;
         let mut h = [0u8; HEADER_BYTES];
         let mut payload = Vec::new();
         while off < size {
@@ -1030,8 +1110,8 @@ impl SsdStore {
             } else {
                 file.read_exact_at(&mut h, off).map_err(io)?;
                 match decode_header(&h) {
-                    Err(BadHeader::Version1) => return Err(version1_error(&path)),
-                    Err(BadHeader::Newer(v)) => return Err(newer_version_error(&path, off, v)),
+                    Err(BadHeader::Version1) => return Err(version1_error(path)),
+                    Err(BadHeader::Newer(v)) => return Err(newer_version_error(path, off, v)),
                     Err(BadHeader::Damaged(why)) => why,
                     Ok(hd) => {
                         let end = off + HEADER_BYTES as u64 + hd.len as u64;
@@ -1044,7 +1124,7 @@ impl SsdStore {
                         } else {
                             Self::index_scanned(
                                 cfg,
-                                &file,
+                                file,
                                 id,
                                 off,
                                 &hd,
@@ -1063,7 +1143,7 @@ impl SsdStore {
             };
             // A bad header, or a record running past the end of the file: its length cannot be
             // trusted, so look for the next whole valid record.
-            match resync(&file, off + 1, size).map_err(io)? {
+            match resync(file, off + 1, size).map_err(io)? {
                 Some(next) => {
                     rep.notes.push(bad(format!(
                         "{why}; {} damaged bytes skipped to the next valid record at {next}",
@@ -1081,7 +1161,7 @@ impl SsdStore {
                         "{why}; torn tail of {} bytes truncated",
                         size - off
                     )));
-                    fix.truncate = Some((file.clone(), path.clone(), off));
+                    fix.truncate = Some((file.clone(), path.to_path_buf(), off));
                     rep.torn_bytes_truncated += size - off;
                     size = off;
                 }
@@ -1102,11 +1182,7 @@ impl SsdStore {
             }
             break;
         }
-        if let Some(s) = inner.segments.get_mut(&id) {
-            s.size = size;
-        }
-        inner.disk_bytes += size;
-        Ok(())
+        Ok((size, off))
     }
 
     /// Indexes one whole record found by the scan (the newest record of a key decides).
@@ -1810,6 +1886,92 @@ impl SsdStore {
             }
         }
         Ok(live)
+    }
+
+    /// Brings a read-only store's index up to the directory now, reading only what changed since
+    /// its open or its last refresh: segments deleted or replaced are dropped (entries and open
+    /// file), records appended to a segment it knows and segments created after it are indexed
+    /// (headers only; a read checks the payload), newest record of a key deciding as on open.
+    /// Records marked dead in place are not re-read here ([`SsdStore::probe`] does that per key).
+    ///
+    /// Errors: [`Error::Invalid`] on a writable store (its index is the directory);
+    /// [`Error::Io`] when the directory cannot be listed or a segment read.
+    pub fn refresh(&self) -> Result<RefreshReport> {
+        if !self.read_only {
+            return Err(Error::invalid(
+                "ssd tier",
+                "refresh is for a store opened read-only; a writable store's index is the directory",
+            ));
+        }
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        let mut out = RefreshReport::default();
+        let gone: Vec<u32> = inner
+            .segments
+            .iter()
+            .filter(|(_, s)| !Self::still_linked(&s.path, s.ino))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            if let Some(s) = inner.segments.remove(&id) {
+                inner.disk_bytes -= s.size;
+                for k in s.records.values() {
+                    inner.remove_entry(k);
+                }
+                out.segments_dropped += 1;
+            }
+        }
+        let mut ids = Vec::new();
+        for e in std::fs::read_dir(&self.cfg.dir).map_err(|e| Error::io(&self.cfg.dir, e))? {
+            let e = e.map_err(|e| Error::io(&self.cfg.dir, e))?;
+            if let Some(id) = parse_seg_name(&e.file_name().to_string_lossy()) {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        let top = inner.segments.last_key_value().map(|(&id, _)| id);
+        let mut cfg = self.cfg.clone();
+        cfg.verify_on_open = false;
+        let mut rep = RecoveryReport::default();
+        let mut fix = ScanFixes::default();
+        let before = inner.index.len();
+        for id in ids {
+            if let Some(s) = inner.segments.get(&id) {
+                let (file, path, from) = (s.file.clone(), s.path.clone(), s.size);
+                let len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
+                if len > from {
+                    let (_, end) = Self::scan_records(
+                        &cfg, id, &file, &path, from, len, false, true, inner, &mut rep, &mut fix,
+                    )?;
+                    if let Some(s) = inner.segments.get_mut(&id) {
+                        s.size = end;
+                    }
+                    inner.disk_bytes += end - from;
+                }
+            } else if top.is_none_or(|t| id > t) {
+                // A segment created since: its records are newer than every one indexed.
+                match Self::scan_segment(
+                    &cfg,
+                    id,
+                    false,
+                    true,
+                    inner,
+                    &mut rep,
+                    &mut fix,
+                    &mut HashSet::new(),
+                ) {
+                    Ok(()) => out.segments_added += 1,
+                    Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            // An unknown id below the ones known was deleted before this store's open (or is a
+            // foreign file); its records are not newer than those indexed, so it is not read.
+        }
+        inner.stats.entries = inner.index.len() as u64;
+        out.records = inner.index.len();
+        out.records_added = inner.index.len().saturating_sub(before);
+        Ok(out)
     }
 
     /// Whether the file at `path` is still the segment opened as inode `ino`.
