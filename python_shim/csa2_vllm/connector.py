@@ -477,7 +477,14 @@ class Csa2Connector(KVConnectorBase_V1, SupportsHMA):
             return False
         # The header is re-read: a record the worker evicted or removed since the view opened is
         # not a hit (it would cost a failed load and a whole-request recompute).
-        return self._ssd_view.probe(rank_key(key, 0, self._tp_size))
+        try:
+            return self._ssd_view.probe(rank_key(key, 0, self._tp_size))
+        except Csa2Error as e:
+            # A header that cannot be read cannot be loaded either: a miss, said once per key.
+            self._ssd_lost.add(key)
+            logger.warning("%s: SSD view cannot read a record header (%s); counted as a miss",
+                           CONNECTOR_NAME, e.message)
+            return False
 
     def _block_keys(self, request, n_tokens: int) -> list[bytes]:
         """SSD keys of the request's full prefix-group blocks within its first ``n_tokens``."""
