@@ -352,6 +352,8 @@ fn deleting_the_directory_under_a_writer_stops_every_acknowledgement() {
         if how.ends_with("mkdir") {
             std::fs::create_dir(&root).unwrap();
         }
+        // A removal is refused as well, before any put noticed the deletion.
+        let removed = s.remove(&before[0].0);
         let mut acked = 0;
         let mut first_error = None;
         for i in 10..50 {
@@ -363,7 +365,6 @@ fn deleting_the_directory_under_a_writer_stops_every_acknowledgement() {
                 }
             }
         }
-        let removed = s.remove(&before[0].0);
         let served = audit(&s, &before).0;
         let msg = first_error.expect("puts after the deletion must fail");
         eprintln!(

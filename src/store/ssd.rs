@@ -1811,9 +1811,9 @@ impl SsdStore {
         let _w = self.writer.lock();
         let (present, marked) = {
             let mut inner = self.inner.lock();
-            if let Some(why) = &inner.broken {
-                return Err(self.broken_error(why));
-            }
+            // A removal into a directory deleted under the store would be acknowledged for
+            // nothing: refuse it as a put is refused.
+            self.check_dir(&mut inner)?;
             let present = inner.index.contains_key(key);
             let seg = self.drop_entry(&mut inner, key, true)?;
             if present {
