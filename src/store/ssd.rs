@@ -781,10 +781,12 @@ impl SsdStore {
     /// the segments. Takes the directory's exclusive lock for the life of the store.
     ///
     /// Errors: [`Error::Invalid`] for a zero capacity, segment size or I/O chunk, a
-    /// `compact_dead_percent` outside 1..=100, or a directory of format version 1;
-    /// [`Error::Busy`] when another owner holds the lock (the message names its pid) — the only
-    /// error that means "in use"; [`Error::Io`] when the directory or a segment cannot be read. Damaged records are not
-    /// errors: they are reported in the [`RecoveryReport`] and left out of the index.
+    /// `compact_dead_percent` outside 1..=100, a directory of format version 1 or of a newer
+    /// version than this build's, or a segment name that is not a regular file (nothing on disk
+    /// is changed then); [`Error::Busy`] when another owner holds the lock (the message names its
+    /// pid) — the only error that means "in use"; [`Error::Io`] when the directory or a segment
+    /// cannot be read. Damaged records are not errors: they are reported in the
+    /// [`RecoveryReport`] and left out of the index.
     pub fn open(cfg: SsdConfig, clock: Arc<dyn Clock>) -> Result<(SsdStore, RecoveryReport)> {
         Self::open_mode(cfg, clock, false)
     }
