@@ -195,7 +195,7 @@ fn ssd_open_failures_other_than_a_held_lock_are_not_busy() {
     std::fs::create_dir_all(t.join("seg-00000001.log")).unwrap();
     for ro in [false, true] {
         let (s, msg) = open(&args(&t, ro, null())).unwrap_err();
-        assert_ne!(s, Csa2Status::Csa2ErrBusy, "{msg}");
+        assert_eq!(s, Csa2Status::Csa2ErrInvalidArgument, "{msg}");
         assert!(msg.contains("seg-00000001.log"), "{msg}");
     }
 }

@@ -1033,6 +1033,18 @@ impl SsdStore {
         seen_inodes: &mut HashSet<(u64, u64)>,
     ) -> Result<()> {
         let path = cfg.dir.join(seg_name(id));
+        let not_a_file = |path: &Path| {
+            Error::invalid(
+                "ssd tier",
+                format!(
+                    "{} is not a regular file; move it out of the directory",
+                    path.display()
+                ),
+            )
+        };
+        if std::fs::metadata(&path).is_ok_and(|m| !m.is_file()) {
+            return Err(not_a_file(&path));
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(!read_only)
@@ -1040,13 +1052,7 @@ impl SsdStore {
             .map_err(|e| Error::io(&path, e))?;
         let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
         if !meta.is_file() {
-            return Err(Error::invalid(
-                "ssd tier",
-                format!(
-                    "{} is not a regular file; move it out of the directory",
-                    path.display()
-                ),
-            ));
+            return Err(not_a_file(&path));
         }
         if !seen_inodes.insert((meta.dev(), meta.ino())) {
             // A second name (hard link) of a segment already read: its records are those records.
