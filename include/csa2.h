@@ -55,6 +55,9 @@ typedef enum {
   CSA2_ERR_NOT_FOUND = 302,
   // A storage tier refused a write.
   CSA2_ERR_REFUSED = 303,
+  // A directory is held by another owner (the SSD tier's writer lock; the message names the
+  // holder's pid). Every other failure to open a tier is another status.
+  CSA2_ERR_BUSY = 304,
   // An I/O error.
   CSA2_ERR_IO = 400,
   // A data file could not be parsed.
@@ -168,9 +171,6 @@ typedef struct Csa2ReplayPlan Csa2ReplayPlan;
 
 // Opaque SSD-tier handle. Free with [`csa2_ssd_free`] (this releases the directory's lock).
 typedef struct Csa2SsdStore Csa2SsdStore;
-
-// Which pool attention kernel a launch runs.
-typedef struct PoolsKernel PoolsKernel;
 
 // Arguments of [`csa2_attention`] (shapes there).
 // Set `struct_size` to `sizeof(Csa2AttentionArgs)` (rules: "Args structs", header top).
@@ -1899,11 +1899,15 @@ Csa2Status csa2_manual_clock_free(Csa2Clock *clock);
 
 // Opens the SSD tier in `args->dir` (see `Csa2SsdOpenArgs`), rebuilding its index from the
 // segment files. A writable open takes the directory's exclusive lock; a second writer (another
-// process, or this one twice) is `CSA2_ERR_IO` naming the holder's pid, and may open read-only
-// instead. `report` (may be null) receives what recovery found (damaged records are not errors).
+// process, or this one twice) is `CSA2_ERR_BUSY` naming the holder's pid, and may open read-only
+// instead. `CSA2_ERR_BUSY` means only that: any other failure (a missing or unreadable
+// directory, a segment that cannot be read, a directory of another format) is another status.
+// `report` (may be null) receives what recovery found (damaged records are not errors).
 //
-// Errors: `CSA2_ERR_NULL_POINTER`; `CSA2_ERR_INVALID_ARGUMENT` (bad `struct_size`, zero capacity,
-// non-UTF-8 path, unknown `fsync`, a version-1 directory); `CSA2_ERR_IO`.
+// Errors: `CSA2_ERR_NULL_POINTER`; `CSA2_ERR_BUSY`; `CSA2_ERR_INVALID_ARGUMENT` (bad
+// `struct_size`, zero capacity, non-UTF-8 path, unknown `fsync`, a directory of format version 1
+// or of a newer version than this build's, a segment name that is not a regular file);
+// `CSA2_ERR_IO`.
 //
 // # Safety
 // `args` must point to a `Csa2SsdOpenArgs` of `struct_size` bytes whose `dir` is NUL-terminated;
@@ -1922,7 +1926,9 @@ Csa2Status csa2_ssd_free(Csa2SsdStore *store);
 //
 // Errors: `CSA2_ERR_REFUSED` when the tier is full of entries still inside their minimum lifetime
 // (nothing was evicted); `CSA2_ERR_INVALID_ARGUMENT` for a read-only store or a payload over
-// 4 GiB or larger than the tier; `CSA2_ERR_IO`.
+// 4 GiB or larger than the tier; `CSA2_ERR_IO`, also when the directory or the segment written
+// was deleted or replaced under the open store (nothing is acknowledged then, and every later
+// put and remove is refused the same way until the store is reopened).
 //
 // # Safety
 // `key` must point to 32 bytes, `data` to `len` bytes; `written` must be null or writable.
@@ -1951,6 +1957,29 @@ Csa2Status csa2_ssd_get(const Csa2SsdStore *store,
 // # Safety
 // `key` must point to 32 bytes; `found` writable.
 Csa2Status csa2_ssd_contains(const Csa2SsdStore *store, const uint8_t *key, uint8_t *found);
+
+// `*found` = 1 when `key` is live on disk now: its segment file is still the one opened and
+// its record's header (64 bytes, read now; not the payload) holds the key in the live state. A
+// key that fails is dropped, and a segment found deleted or replaced is dropped whole (its file
+// closed). For a read-only store beside a writer, whose index is otherwise the directory as it
+// was at open.
+//
+// Errors: `CSA2_ERR_IO` when the header cannot be read.
+//
+// # Safety
+// `key` must point to 32 bytes; `found` writable.
+Csa2Status csa2_ssd_probe(const Csa2SsdStore *store, const uint8_t *key, uint8_t *found);
+
+// Brings a read-only store's index up to its directory now, reading only what changed: segments
+// deleted or replaced since are dropped (their files closed), records written since (appended
+// to a known segment or in a new one) are indexed, headers only (a read checks the payload).
+// `*records` (may be null) receives the live entries after it.
+//
+// Errors: `CSA2_ERR_INVALID_ARGUMENT` on a writable store; `CSA2_ERR_IO`.
+//
+// # Safety
+// `records` must be null or writable.
+Csa2Status csa2_ssd_refresh(const Csa2SsdStore *store, uint64_t *records);
 
 // Removes `key` (marked dead on disk). `*removed` (may be null) is 1 when it was present.
 //

@@ -79,6 +79,10 @@ pub enum Error {
     /// The tier refused a write (admission control: full with nothing evictable).
     #[error("write refused: {0}")]
     Refused(String),
+    /// A directory is held by another owner (the SSD tier's writer lock); the message names the
+    /// holder. The one error a caller may answer by opening the tier read-only.
+    #[error("in use: {0}")]
+    Busy(String),
 
     // ---- io and environment ----------------------------------------------------------------
     /// An I/O error, with the path involved.

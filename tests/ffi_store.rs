@@ -151,8 +151,12 @@ fn ssd_second_writer_is_refused_and_read_only_serves_alongside() {
     let p = payload(7, 512);
     ok(unsafe { csa2_ssd_put(st, key(7).as_ptr(), p.as_ptr(), p.len(), null_mut()) });
     let (s, msg) = open(&a).unwrap_err();
-    assert_eq!(s, Csa2Status::Csa2ErrIo);
+    assert_eq!(s, Csa2Status::Csa2ErrBusy, "{msg}");
     assert!(msg.contains("csa2_ssd_open"), "{msg}");
+    assert!(
+        msg.contains(&format!("pid {}", std::process::id())),
+        "{msg}"
+    );
 
     let ro = args(d.path(), true, null());
     let (r, rep) = open(&ro).unwrap();
@@ -172,6 +176,28 @@ fn ssd_second_writer_is_refused_and_read_only_serves_alongside() {
     // The lock went with the writer: a new writer opens.
     let (st, _) = open(&a).unwrap();
     ok(unsafe { csa2_ssd_free(st) });
+}
+
+#[test]
+fn ssd_open_failures_other_than_a_held_lock_are_not_busy() {
+    // Only a held lock may be answered by opening read-only; every other cause has its own status.
+    let d = tempfile::tempdir().unwrap();
+    // The directory is a regular file.
+    let file = d.path().join("plain");
+    std::fs::write(&file, b"x").unwrap();
+    let (s, msg) = open(&args(&file, false, null())).unwrap_err();
+    assert_eq!(s, Csa2Status::Csa2ErrIo, "{msg}");
+    // A read-only open of a directory that is not there.
+    let (s, msg) = open(&args(&d.path().join("absent"), true, null())).unwrap_err();
+    assert_eq!(s, Csa2Status::Csa2ErrIo, "{msg}");
+    // A segment name taken by a directory.
+    let t = d.path().join("tier");
+    std::fs::create_dir_all(t.join("seg-00000001.log")).unwrap();
+    for ro in [false, true] {
+        let (s, msg) = open(&args(&t, ro, null())).unwrap_err();
+        assert_eq!(s, Csa2Status::Csa2ErrInvalidArgument, "{msg}");
+        assert!(msg.contains("seg-00000001.log"), "{msg}");
+    }
 }
 
 #[test]

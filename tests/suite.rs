@@ -64,6 +64,8 @@ mod run_cli;
 mod signatures;
 #[path = "ssd_crash.rs"]
 mod ssd_crash;
+#[path = "store_directory.rs"]
+mod store_directory;
 #[path = "store_findings.rs"]
 mod store_findings;
 #[path = "store_reliability.rs"]

@@ -15,16 +15,17 @@ tensor's ``data_ptr()``), copied during the call only.
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass, fields
 
 from ._lib import Csa2Error, _Handle, check, lib
 
 __all__ = ["ManualClock", "SsdStore", "DramPool", "SsdStats", "DramStats", "SsdRecovery",
            "host_memory_bytes", "FSYNC_ALWAYS", "FSYNC_NEVER", "STATUS_CORRUPT", "STATUS_REFUSED",
-           "STATUS_IO"]
+           "STATUS_IO", "STATUS_BUSY"]
 
 FSYNC_ALWAYS, FSYNC_NEVER = 0, 1
-STATUS_CORRUPT, STATUS_REFUSED, STATUS_IO = 301, 303, 400
+STATUS_CORRUPT, STATUS_REFUSED, STATUS_BUSY, STATUS_IO = 301, 303, 304, 400
 
 _P = ctypes.c_void_p
 _U8P = ctypes.POINTER(ctypes.c_uint8)
@@ -69,6 +70,8 @@ _SIGNATURES = {
     "csa2_ssd_put": [_P, _P, _P, ctypes.c_size_t, _U8P],
     "csa2_ssd_get": [_P, _P, _P, ctypes.c_size_t, _SZP, _U8P],
     "csa2_ssd_contains": [_P, _P, _U8P],
+    "csa2_ssd_probe": [_P, _P, _U8P],
+    "csa2_ssd_refresh": [_P, ctypes.POINTER(ctypes.c_uint64)],
     "csa2_ssd_remove": [_P, _P, _U8P],
     "csa2_ssd_stats": [_P, ctypes.POINTER(_SsdStats)],
     "csa2_host_memory_bytes": [ctypes.POINTER(ctypes.c_uint64)],
@@ -226,8 +229,11 @@ class SsdStore(_KeyedTier):
     """``Csa2SsdStore``: the SSD tier in ``directory`` (see the module docs).
 
     ``read_only=False`` takes the directory's lock: a second writer raises :class:`Csa2Error` with
-    status ``STATUS_IO`` naming the holder's pid. ``min_lifetime_ms`` / ``segment_bytes`` 0 take
-    the defaults (72 h, 16 MiB). ``clock`` None is the system clock.
+    status ``STATUS_BUSY`` naming the holder's pid — the only status that means "held by another
+    writer"; every other failure (a missing or unreadable directory, a damaged or foreign one, a
+    directory of another format) has another status. ``min_lifetime_ms`` / ``segment_bytes`` 0
+    take the defaults (72 h, 16 MiB). ``clock`` None is the system clock. A path holding a NUL
+    character is refused (``ValueError``): the C ABI would read it cut at the NUL.
     """
 
     _free = "csa2_ssd_free"
@@ -236,7 +242,12 @@ class SsdStore(_KeyedTier):
     def __init__(self, directory: str, capacity_bytes: int, *, min_lifetime_ms: int = 0,
                  segment_bytes: int = 0, fsync: int = FSYNC_ALWAYS, verify_on_open: bool = True,
                  read_only: bool = False, clock: ManualClock | None = None):
-        self._dir = str(directory).encode("utf-8")
+        path = os.fspath(directory)
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if "\0" in path:
+            raise ValueError(f"an SSD tier directory cannot contain a NUL character: {path!r}")
+        self._dir = path.encode("utf-8")
         a = _OpenArgs(struct_size=ctypes.sizeof(_OpenArgs), dir=self._dir,
                       capacity_bytes=int(capacity_bytes), min_lifetime_ms=int(min_lifetime_ms),
                       segment_bytes=int(segment_bytes), fsync=int(fsync),
@@ -268,6 +279,22 @@ class SsdStore(_KeyedTier):
         n, f = ctypes.c_size_t(), ctypes.c_uint8()
         _call("csa2_ssd_get", self.handle, k, addr, cap, ctypes.byref(n), ctypes.byref(f))
         return n.value if f.value else None
+
+    def probe(self, key: bytes) -> bool:
+        """Whether ``key`` is live on disk now (its segment file is still there and its record's
+        header says live; 64 bytes read). A stale key is dropped, and a deleted segment with all
+        its keys (its file closed). For a read-only view beside a writer."""
+        f = ctypes.c_uint8()
+        _call("csa2_ssd_probe", self.handle, _key(key), ctypes.byref(f))
+        return bool(f.value)
+
+    def refresh(self) -> int:
+        """Read-only stores: brings the index up to the directory now (segments deleted since are
+        dropped and their files closed; records written since are indexed, headers only).
+        Returns the live entries."""
+        n = ctypes.c_uint64()
+        _call("csa2_ssd_refresh", self.handle, ctypes.byref(n))
+        return n.value
 
     def remove(self, key: bytes) -> bool:
         f = ctypes.c_uint8()

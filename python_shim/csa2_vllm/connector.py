@@ -36,9 +36,16 @@ the request — a damaged record is a miss, never wrong bytes. (With hybrid KV c
 refuses block-level ``invalid_block_ids``; the request-level failure is its supported path.)
 
 Tensor parallelism: each rank saves its own slab, so each rank gets its own directory
-``<ssd_dir>/tp<rank>of<size>`` (its own lock); the scheduler reads rank 0's. Two engines on one
-directory: the second one's worker cannot take the lock and opens read-only (it serves hits and
-saves nothing; ``"on_locked": "error"`` refuses to start instead).
+``<ssd_dir>/tp<rank>of<size>`` (its own lock), and with more than one rank its keys are salted
+with the rank and the size as well (:func:`rank_key`), so a slab of one rank can never be served
+to another. A worker whose rank cannot be read from vLLM's parallel state while the tensor-parallel
+size is above 1 refuses to start. The scheduler reads rank 0's directory, through a read-only view
+that it refreshes whenever the directory changes (segments compacted away or deleted are dropped,
+records written since are read) and that re-checks each record's header before it counts as a
+hit. Two engines on one directory: the
+second one's worker cannot take the lock (``STATUS_BUSY``) and opens read-only (it serves hits and
+saves nothing; ``"on_locked": "error"`` refuses to start instead). Any other failure to open the
+directory stops the engine with the store's message: it never silently turns the tier read-only.
 
 Configuration (``kv_connector_extra_config``; sizes in bytes, times as named):
 
@@ -49,10 +56,16 @@ key                    meaning                                                  
 ``ssd_capacity_bytes`` live bytes the SSD tier holds                              64 GiB
 ``min_lifetime_hours`` minimum lifetime of an SSD entry                           72
 ``fsync``              ``"always"`` (survives power loss) or ``"never"``          always
-``dram_pool_bytes``    bytes of the DRAM snapshot pool                            10 % of RAM
-``dram_ttl_s``         time to live of a snapshot, seconds                        300
+``dram_pool_bytes``    bytes of each worker's DRAM snapshot pool                  see below
+``dram_ttl_s``         time to live of a snapshot, seconds (at least 0.001)       300
 ``on_locked``          ``"read_only"`` or ``"error"`` when the directory is held  read_only
 =====================  =========================================================  ==========
+
+``dram_pool_bytes`` is per worker (each rank keeps its own window blocks). Its default is 10 % of
+the machine's memory shared by the workers on the machine (vLLM's ``local_world_size``: tensor ×
+pipeline parallel ranks per node), so the pool of the whole machine is the paper's 10 %.
+``min_lifetime_hours`` and ``dram_ttl_s`` must come to at least one millisecond; smaller values
+are refused, not rounded to "the default".
 
 Counters (hits and misses per tier, replays avoided and run, bytes moved, admissions refused) go
 to the logs every ``log_every_steps`` steps (default 0: off; INFO level) and through
@@ -64,6 +77,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -89,6 +103,7 @@ CONNECTOR_NAME = "Csa2Connector"
 CONNECTOR_MODULE = "csa2_vllm.connector"
 KEY_DOMAIN = b"csa2/vllm-kv-connector/v1"
 SNAPSHOT_DOMAIN = b"csa2/swa-snapshot/v1"
+RANK_DOMAIN = b"csa2/vllm-kv-connector/rank/v1"
 
 _DEFAULTS = {
     "ssd_capacity_bytes": 64 << 30,
@@ -127,9 +142,10 @@ class Csa2ConnectorConfig:
     log_every_steps: int
 
     @staticmethod
-    def parse(extra: dict[str, Any] | None) -> "Csa2ConnectorConfig":
+    def parse(extra: dict[str, Any] | None, workers_per_machine: int = 1) -> "Csa2ConnectorConfig":
         """Validates ``extra``; a missing ``ssd_dir``, an unknown key or a bad value raises
-        ``ValueError`` naming it."""
+        ``ValueError`` naming it. ``workers_per_machine`` shares the default DRAM pool (10 % of the
+        machine's memory) among the workers of one machine."""
         extra = dict(extra or {})
         unknown = sorted(set(extra) - set(_DEFAULTS) - {"ssd_dir"})
         if unknown:
@@ -143,11 +159,21 @@ class Csa2ConnectorConfig:
         def positive(name, conv):
             try:
                 x = conv(v[name])
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise ValueError(f"{CONNECTOR_NAME}: {name} must be a number, found {v[name]!r}")
-            if not x > 0:
-                raise ValueError(f"{CONNECTOR_NAME}: {name} must be > 0, found {v[name]!r}")
+            if not x > 0 or not math.isfinite(x):
+                raise ValueError(f"{CONNECTOR_NAME}: {name} must be a finite number > 0, found "
+                                 f"{v[name]!r}")
             return x
+
+        def millis(name, per_unit: float) -> int:
+            ms = positive(name, float) * per_unit
+            if ms < 1 - 1e-6:  # (a float rounding below 1 ms still means 1 ms)
+                raise ValueError(f"{CONNECTOR_NAME}: {name} must come to at least 1 ms "
+                                 f"({1 / per_unit:g}), found {v[name]!r}")
+            if ms >= 2**63:
+                raise ValueError(f"{CONNECTOR_NAME}: {name} is too large, found {v[name]!r}")
+            return math.ceil(ms)
 
         fsync = {"always": _store.FSYNC_ALWAYS, "never": _store.FSYNC_NEVER}.get(v["fsync"])
         if fsync is None:
@@ -156,18 +182,24 @@ class Csa2ConnectorConfig:
         if v["on_locked"] not in ("read_only", "error"):
             raise ValueError(f"{CONNECTOR_NAME}: on_locked must be \"read_only\" or \"error\", "
                              f"found {v['on_locked']!r}")
+        workers = int(workers_per_machine)
+        if workers < 1:
+            raise ValueError(f"{CONNECTOR_NAME}: workers_per_machine must be >= 1, found {workers}")
         dram = v["dram_pool_bytes"]
-        dram = _store.host_memory_bytes() // 10 if dram is None else positive("dram_pool_bytes", int)
+        if dram is None:
+            dram = _store.host_memory_bytes() // 10 // workers
+        else:
+            dram = positive("dram_pool_bytes", int)
         log_every = int(v["log_every_steps"])
         if log_every < 0:
             raise ValueError(f"{CONNECTOR_NAME}: log_every_steps must be >= 0, found {log_every}")
         return Csa2ConnectorConfig(
             ssd_dir=os.fspath(extra["ssd_dir"]),
             ssd_capacity_bytes=positive("ssd_capacity_bytes", int),
-            min_lifetime_ms=int(positive("min_lifetime_hours", float) * 3_600_000),
+            min_lifetime_ms=millis("min_lifetime_hours", 3_600_000),
             fsync=fsync,
             dram_pool_bytes=dram,
-            dram_ttl_ms=int(positive("dram_ttl_s", float) * 1000),
+            dram_ttl_ms=millis("dram_ttl_s", 1000),
             on_locked=v["on_locked"],
             log_every_steps=log_every,
         )
@@ -264,6 +296,23 @@ def rank_dir(base: str, rank: int, size: int) -> str:
     return os.path.join(base, f"tp{rank}of{size}")
 
 
+def rank_key(key: bytes, rank: int, size: int) -> bytes:
+    """The key rank ``rank`` of ``size`` stores block ``key`` under. With one rank it is ``key``
+    itself; with more, a SHA-256 over the rank, the size and ``key``, so a directory (or a
+    mistaken rank) of another rank holds nothing under this rank's keys."""
+    if size == 1:
+        return key
+    return hashlib.sha256(RANK_DOMAIN + f"{rank}/{size}/".encode() + bytes(key)).digest()
+
+
+def local_workers(parallel_config) -> int:
+    """Workers of this engine on one machine (tensor × pipeline parallel ranks per node)."""
+    n = getattr(parallel_config, "local_world_size", None)
+    if n is None:
+        n = int(parallel_config.tensor_parallel_size) * int(parallel_config.pipeline_parallel_size)
+    return max(1, int(n))
+
+
 # ---- metadata between the two sides ---------------------------------------------------------------
 
 @dataclass
@@ -349,7 +398,8 @@ class Csa2Connector(KVConnectorBase_V1, SupportsHMA):
         if kv_cache_config is None:
             raise ValueError(f"{CONNECTOR_NAME} needs the KV cache config (vLLM 0.33 passes it)")
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
-        self.config = Csa2ConnectorConfig.parse(extra)
+        self.config = Csa2ConnectorConfig.parse(
+            extra, workers_per_machine=local_workers(vllm_config.parallel_config))
         self.layout = _Layout.of(vllm_config, kv_cache_config)
         pc = vllm_config.parallel_config
         self._tp_size = int(pc.tensor_parallel_size)
@@ -371,9 +421,11 @@ class Csa2Connector(KVConnectorBase_V1, SupportsHMA):
     def _init_scheduler(self) -> None:
         cfg = self.config
         d = rank_dir(cfg.ssd_dir, 0, self._tp_size)
-        os.makedirs(d, exist_ok=True)
-        self._ssd_view = _store.SsdStore(d, cfg.ssd_capacity_bytes, min_lifetime_ms=cfg.min_lifetime_ms,
-                                         read_only=True, clock=self._clock)
+        self._view_dir = d
+        self._ssd_view = None
+        self._view_sig = None
+        self._view_refreshes = 0
+        self._refresh_view()
         self._ssd_added: set[bytes] = set()
         self._ssd_lost: set[bytes] = set()
         self._snap_lost: set[bytes] = set()  # the workers lost them; the mirror still counts them
@@ -390,10 +442,49 @@ class Csa2Connector(KVConnectorBase_V1, SupportsHMA):
                     "TTL %d ms", CONNECTOR_NAME, d, self._ssd_view.recovery.records,
                     cfg.dram_pool_bytes, cfg.dram_ttl_ms)
 
+    def _refresh_view(self) -> None:
+        """Keeps the read-only view of rank 0's directory current: when the directory changed
+        since the last look (a segment created, compacted away or deleted) the view drops the
+        segments that went (closing their files) and reads the records written since
+        (``SsdStore.refresh``: only what changed); a directory replaced or deleted is opened
+        afresh. So the view neither pins deleted files nor answers for records that are gone."""
+        d = self._view_dir
+        try:
+            st = os.stat(d)
+        except FileNotFoundError:
+            os.makedirs(d, exist_ok=True)
+            st = os.stat(d)
+        sig = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        if self._ssd_view is not None and sig == self._view_sig:
+            return
+        if self._ssd_view is not None and sig[:2] == self._view_sig[:2]:
+            self._ssd_view.refresh()
+            self._view_sig = sig
+            self._view_refreshes += 1
+            return
+        cfg = self.config
+        view = _store.SsdStore(d, cfg.ssd_capacity_bytes, min_lifetime_ms=cfg.min_lifetime_ms,
+                               read_only=True, clock=self._clock)
+        old, self._ssd_view, self._view_sig = self._ssd_view, view, sig
+        if old is not None:
+            old.close()
+            self._view_refreshes += 1
+
     def _has_block(self, key: bytes) -> bool:
         if key in self._ssd_added:
             return True
-        return key not in self._ssd_lost and self._ssd_view.contains(key)
+        if key in self._ssd_lost:
+            return False
+        # The header is re-read: a record the worker evicted or removed since the view opened is
+        # not a hit (it would cost a failed load and a whole-request recompute).
+        try:
+            return self._ssd_view.probe(rank_key(key, 0, self._tp_size))
+        except Csa2Error as e:
+            # A header that cannot be read cannot be loaded either: a miss, said once per key.
+            self._ssd_lost.add(key)
+            logger.warning("%s: SSD view cannot read a record header (%s); counted as a miss",
+                           CONNECTOR_NAME, e.message)
+            return False
 
     def _block_keys(self, request, n_tokens: int) -> list[bytes]:
         """SSD keys of the request's full prefix-group blocks within its first ``n_tokens``."""
@@ -414,6 +505,7 @@ class Csa2Connector(KVConnectorBase_V1, SupportsHMA):
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         self._requests.setdefault(request.request_id, request)
         self._plans.pop(request.request_id, None)
+        self._refresh_view()
         # Leave at least one prompt token to compute (vLLM needs a forward to sample from).
         keys = self._block_keys(request, request.num_tokens - 1)
         n = 0
@@ -607,13 +699,26 @@ class Csa2Connector(KVConnectorBase_V1, SupportsHMA):
         self._failed_loading: set[str] = set()
         self._lost = Csa2WorkerMetadata()
         self._stream = None
+        self._rank = 0
 
     def _tp_rank(self) -> int:
+        """This worker's tensor-parallel rank. With one rank it is 0; with more it must come from
+        vLLM's parallel state — a guess would let this rank save into, and load from, another
+        rank's directory and keys."""
+        if self._tp_size == 1:
+            return 0
         try:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
-            return int(get_tensor_model_parallel_rank())
-        except (AssertionError, ImportError, RuntimeError, AttributeError):
-            return 0
+            rank = int(get_tensor_model_parallel_rank())
+        except (AssertionError, ImportError, RuntimeError, AttributeError) as e:
+            raise RuntimeError(
+                f"{CONNECTOR_NAME}: tensor-parallel size is {self._tp_size} but this worker's rank "
+                f"cannot be read from vLLM's parallel state ({type(e).__name__}: {e}); refusing to "
+                "open the SSD tier rather than guess a rank") from e
+        if not 0 <= rank < self._tp_size:
+            raise RuntimeError(f"{CONNECTOR_NAME}: tensor-parallel rank {rank} is outside "
+                               f"0..{self._tp_size - 1}")
+        return rank
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
         """Keeps the raw slab behind every layer view, ``[num_blocks, bytes_per_block]`` uint8, and
@@ -647,13 +752,16 @@ class Csa2Connector(KVConnectorBase_V1, SupportsHMA):
 
     def _open_tiers(self) -> None:
         cfg = self.config
-        d = rank_dir(cfg.ssd_dir, self._tp_rank(), self._tp_size)
+        self._rank = self._tp_rank()
+        d = rank_dir(cfg.ssd_dir, self._rank, self._tp_size)
         os.makedirs(d, exist_ok=True)
         kw = dict(min_lifetime_ms=cfg.min_lifetime_ms, fsync=cfg.fsync, clock=self._clock)
         try:
             self._ssd = _store.SsdStore(d, cfg.ssd_capacity_bytes, **kw)
         except Csa2Error as e:
-            if e.status != _store.STATUS_IO or cfg.on_locked != "read_only":
+            # Only a directory held by another writer may be read-only; any other cause (a
+            # damaged or foreign directory, a permission, an I/O error) stops the engine.
+            if e.status != _store.STATUS_BUSY or cfg.on_locked != "read_only":
                 raise
             logger.warning("%s: %s is held by another engine (%s); opening it read-only: hits are "
                            "served, nothing is saved", CONNECTOR_NAME, d, e.message)
@@ -663,6 +771,10 @@ class Csa2Connector(KVConnectorBase_V1, SupportsHMA):
         logger.info("%s worker: SSD tier %s%s: %d records, %d damaged records skipped, %d torn "
                     "bytes cut", CONNECTOR_NAME, d, " (read-only)" if self._ssd.read_only else "",
                     r.records, r.corrupt_records, r.torn_bytes_truncated)
+
+    def _rk(self, key: bytes) -> bytes:
+        """The key this rank stores block ``key`` under (:func:`rank_key`)."""
+        return rank_key(key, self._rank, self._tp_size)
 
     @property
     def read_only(self) -> bool:
@@ -710,7 +822,7 @@ class Csa2Connector(KVConnectorBase_V1, SupportsHMA):
         host = self._host_rows(len(load.blocks))
         for i, (_, key) in enumerate(load.blocks):
             try:
-                n = self._ssd.get_into(key, host[i].data_ptr(), bb)
+                n = self._ssd.get_into(self._rk(key), host[i].data_ptr(), bb)
             except Csa2Error as e:
                 n = None
                 if e.status == _store.STATUS_CORRUPT:
@@ -760,7 +872,7 @@ class Csa2Connector(KVConnectorBase_V1, SupportsHMA):
                 rows = self._from_slab([b for b, _ in save.blocks])
                 for i, (_, key) in enumerate(save.blocks):
                     try:
-                        if self._ssd.put(key, (rows[i].data_ptr(), bb)):
+                        if self._ssd.put(self._rk(key), (rows[i].data_ptr(), bb)):
                             self._count("ssd_saved")
                             self._count("bytes_saved", bb)
                     except Csa2Error as e:

@@ -18,7 +18,9 @@ SSD tier that is
   (admission control) and counted, instead of silently shortening another entry's life;
 * **single-writer**: the directory's lock is held by one engine; a second engine on the same
   directory opens it read-only (serves hits, stores nothing) or, with ``on_locked: "error"``,
-  refuses to start.
+  refuses to start. Only that refusal (``STATUS_BUSY``) turns the tier read-only: any other failure
+  to open the directory (a damaged or foreign directory, a permission, an I/O error) stops the
+  engine with the store's message.
 
 Enabled with (one line, see docs/VLLM.md)::
 
@@ -33,7 +35,9 @@ Keys. vLLM names a chunk by its ``OffloadKey`` (the chunk's chained block hash +
 ``SHA-256(domain ‖ fingerprint ‖ OffloadKey)``. The fingerprint hashes what makes the bytes
 interpretable — vLLM's own storage identity of the run (``FileMapper``'s fields: model, dtype,
 tokens per hash, chunk size, parallel layout, KV cache groups) and the chunk's byte length — and
-also names the subdirectory, so another model or layout neither hits nor shares a lock.
+also names the subdirectory, so another model or layout neither hits nor shares a lock. A
+subdirectory name longer than a file system allows (a long model path) is shortened to its first
+bytes and a SHA-256 of the whole name, so it stays under 255 bytes and stays unique.
 
 Configuration (the tier's entry in ``secondary_tiers``; sizes in bytes):
 
@@ -42,7 +46,7 @@ key                    meaning                                                  
 =====================  =========================================================  ==========
 ``ssd_dir``            root directory of the tier (required)                      —
 ``capacity_bytes``     live bytes the tier holds                                  64 GiB
-``min_lifetime_hours`` minimum lifetime of a record                               72
+``min_lifetime_hours`` minimum lifetime of a record (at least 1 ms)               72
 ``fsync``              ``"always"`` (survives power loss) or ``"never"``          always
 ``on_locked``          ``"read_only"`` or ``"error"`` when the directory is held  read_only
 ``io_threads``         threads doing the tier's reads and writes                  2
@@ -68,6 +72,7 @@ import collections
 import hashlib
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -138,11 +143,20 @@ def _parse(tier_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
     def positive(name, conv):
         try:
             x = conv(v[name])
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ValueError(f"{tier_type}: {name} must be a number, found {v[name]!r}") from None
-        if not x > 0:
-            raise ValueError(f"{tier_type}: {name} must be > 0, found {v[name]!r}")
+        if not x > 0 or not math.isfinite(x):
+            raise ValueError(f"{tier_type}: {name} must be a finite number > 0, found {v[name]!r}")
         return x
+
+    lifetime_ms = positive("min_lifetime_hours", float) * 3_600_000
+    if lifetime_ms < 1 - 1e-6:  # (a float rounding below 1 ms still means 1 ms)
+        # The store reads 0 ms as "the default, 72 h": a tiny lifetime must not become that.
+        raise ValueError(f"{tier_type}: min_lifetime_hours must come to at least 1 ms "
+                         f"({1 / 3_600_000:g} h), found {v['min_lifetime_hours']!r}")
+    if lifetime_ms >= 2**63:
+        raise ValueError(f"{tier_type}: min_lifetime_hours is too large, found "
+                         f"{v['min_lifetime_hours']!r}")
 
     fsync = {"always": _store.FSYNC_ALWAYS, "never": _store.FSYNC_NEVER}.get(v["fsync"])
     if fsync is None:
@@ -153,7 +167,7 @@ def _parse(tier_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
     return {
         "ssd_dir": os.fspath(v["ssd_dir"]),
         "capacity_bytes": positive("capacity_bytes", int),
-        "min_lifetime_ms": int(positive("min_lifetime_hours", float) * 3_600_000),
+        "min_lifetime_ms": math.ceil(lifetime_ms),
         "fsync": fsync,
         "on_locked": v["on_locked"],
         "io_threads": positive("io_threads", int),
@@ -177,7 +191,24 @@ def run_fingerprint(offloading_spec: "OffloadingSpec", chunk_bytes: int,
                                          blocks_per_file=offloading_spec.blocks_per_chunk)
     ident = dict(fm.get_run_config(), chunk_bytes=int(chunk_bytes))
     canon = json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(canon).digest(), f"{fm.base_path}_c{int(chunk_bytes)}"
+    return hashlib.sha256(canon).digest(), short_dir(f"{fm.base_path}_c{int(chunk_bytes)}")
+
+
+#: Most bytes of a directory name this tier creates (file systems allow 255).
+MAX_NAME_BYTES = 200
+
+
+def short_dir(path: str) -> str:
+    """``path`` with its last component cut to at most :data:`MAX_NAME_BYTES` bytes when longer:
+    its first bytes (whole characters), ``_h`` and 32 hex digits of the SHA-256 of the whole
+    name, so two long names stay apart."""
+    head, name = os.path.split(path)
+    raw = os.fsencode(name)
+    if len(raw) <= MAX_NAME_BYTES:
+        return path
+    digest = hashlib.sha256(raw).hexdigest()[:32]
+    keep = raw[:MAX_NAME_BYTES - len(digest) - 2].decode("utf-8", "ignore")
+    return os.path.join(head, f"{keep}_h{digest}")
 
 
 class Csa2SsdTier(SecondaryTierManager):
@@ -207,7 +238,9 @@ class Csa2SsdTier(SecondaryTierManager):
         try:
             self._store = _store.SsdStore(self.directory, cfg["capacity_bytes"], **kw)
         except Csa2Error as e:
-            if e.status != _store.STATUS_IO or cfg["on_locked"] == "error":
+            # Only a directory held by another writer may be read-only; any other cause (a
+            # damaged or foreign directory, a permission, an I/O error) stops the engine.
+            if e.status != _store.STATUS_BUSY or cfg["on_locked"] == "error":
                 raise
             logger.warning("%s: %s is held by another engine (%s); opening it read-only: hits "
                            "are served, nothing is stored", tier_type, self.directory, e)

@@ -73,7 +73,7 @@ def test_store_bindings_round_trip_and_refuse(tmp_path):
     assert e.value.status == 200  # CSA2_ERR_SHAPE
     with pytest.raises(Csa2Error) as e:
         _store.SsdStore(str(tmp_path), 1 << 20)
-    assert e.value.status == _store.STATUS_IO
+    assert e.value.status == _store.STATUS_BUSY
     ro = _store.SsdStore(str(tmp_path), 1 << 20, read_only=True)
     assert ro.get(k, 300) == b"abc" * 100 and ro.stats().read_only == 1
     ro.close()

@@ -218,7 +218,7 @@ def test_second_engine_on_the_directory_is_read_only(world):
         other.close()
     with pytest.raises(Csa2Error) as e:
         E.Engine(world["tiny"], {**_extra(world["dir"]), "on_locked": "error"})
-    assert e.value.status == _store.STATUS_IO
+    assert e.value.status == _store.STATUS_BUSY
 
 
 def test_tensor_parallel_ranks_get_their_own_directories(world, tmp_path, monkeypatch):

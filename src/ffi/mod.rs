@@ -176,6 +176,9 @@ pub enum Csa2Status {
     Csa2ErrNotFound = 302,
     /// A storage tier refused a write.
     Csa2ErrRefused = 303,
+    /// A directory is held by another owner (the SSD tier's writer lock; the message names the
+    /// holder's pid). Every other failure to open a tier is another status.
+    Csa2ErrBusy = 304,
     /// An I/O error.
     Csa2ErrIo = 400,
     /// A data file could not be parsed.
@@ -214,6 +217,7 @@ impl Csa2Status {
             Error::Corrupt { .. } => Csa2Status::Csa2ErrCorrupt,
             Error::NotFound(_) => Csa2Status::Csa2ErrNotFound,
             Error::Refused(_) => Csa2Status::Csa2ErrRefused,
+            Error::Busy(_) => Csa2Status::Csa2ErrBusy,
             Error::Io { .. } => Csa2Status::Csa2ErrIo,
             Error::Parse { .. } => Csa2Status::Csa2ErrParse,
             Error::Unsupported(_) => Csa2Status::Csa2ErrUnsupported,

@@ -388,11 +388,15 @@ unsafe fn read_open_args(args: *const Csa2SsdOpenArgs) -> Result<Csa2SsdOpenArgs
 
 /// Opens the SSD tier in `args->dir` (see `Csa2SsdOpenArgs`), rebuilding its index from the
 /// segment files. A writable open takes the directory's exclusive lock; a second writer (another
-/// process, or this one twice) is `CSA2_ERR_IO` naming the holder's pid, and may open read-only
-/// instead. `report` (may be null) receives what recovery found (damaged records are not errors).
+/// process, or this one twice) is `CSA2_ERR_BUSY` naming the holder's pid, and may open read-only
+/// instead. `CSA2_ERR_BUSY` means only that: any other failure (a missing or unreadable
+/// directory, a segment that cannot be read, a directory of another format) is another status.
+/// `report` (may be null) receives what recovery found (damaged records are not errors).
 ///
-/// Errors: `CSA2_ERR_NULL_POINTER`; `CSA2_ERR_INVALID_ARGUMENT` (bad `struct_size`, zero capacity,
-/// non-UTF-8 path, unknown `fsync`, a version-1 directory); `CSA2_ERR_IO`.
+/// Errors: `CSA2_ERR_NULL_POINTER`; `CSA2_ERR_BUSY`; `CSA2_ERR_INVALID_ARGUMENT` (bad
+/// `struct_size`, zero capacity, non-UTF-8 path, unknown `fsync`, a directory of format version 1
+/// or of a newer version than this build's, a segment name that is not a regular file);
+/// `CSA2_ERR_IO`.
 ///
 /// # Safety
 /// `args` must point to a `Csa2SsdOpenArgs` of `struct_size` bytes whose `dir` is NUL-terminated;
@@ -460,7 +464,9 @@ pub unsafe extern "C" fn csa2_ssd_free(store: *mut Csa2SsdStore) -> Csa2Status {
 ///
 /// Errors: `CSA2_ERR_REFUSED` when the tier is full of entries still inside their minimum lifetime
 /// (nothing was evicted); `CSA2_ERR_INVALID_ARGUMENT` for a read-only store or a payload over
-/// 4 GiB or larger than the tier; `CSA2_ERR_IO`.
+/// 4 GiB or larger than the tier; `CSA2_ERR_IO`, also when the directory or the segment written
+/// was deleted or replaced under the open store (nothing is acknowledged then, and every later
+/// put and remove is refused the same way until the store is reopened).
 ///
 /// # Safety
 /// `key` must point to 32 bytes, `data` to `len` bytes; `written` must be null or writable.
@@ -523,6 +529,54 @@ pub unsafe extern "C" fn csa2_ssd_contains(
         // SAFETY: the caller's contract.
         let (st, k) = unsafe { keyed(store, "store", key) }?;
         *unsafe { arg_out(found, "found") }? = st.s.contains(&k) as u8;
+        Ok(())
+    })
+}
+
+/// `*found` = 1 when `key` is live on disk now: its segment file is still the one opened and
+/// its record's header (64 bytes, read now; not the payload) holds the key in the live state. A
+/// key that fails is dropped, and a segment found deleted or replaced is dropped whole (its file
+/// closed). For a read-only store beside a writer, whose index is otherwise the directory as it
+/// was at open.
+///
+/// Errors: `CSA2_ERR_IO` when the header cannot be read.
+///
+/// # Safety
+/// `key` must point to 32 bytes; `found` writable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_ssd_probe(
+    store: *const Csa2SsdStore,
+    key: *const u8,
+    found: *mut u8,
+) -> Csa2Status {
+    guarded("csa2_ssd_probe", || {
+        // SAFETY: the caller's contract.
+        let (st, k) = unsafe { keyed(store, "store", key) }?;
+        let out = unsafe { arg_out(found, "found") }?;
+        *out = st.s.probe(&k)? as u8;
+        Ok(())
+    })
+}
+
+/// Brings a read-only store's index up to its directory now, reading only what changed: segments
+/// deleted or replaced since are dropped (their files closed), records written since (appended
+/// to a known segment or in a new one) are indexed, headers only (a read checks the payload).
+/// `*records` (may be null) receives the live entries after it.
+///
+/// Errors: `CSA2_ERR_INVALID_ARGUMENT` on a writable store; `CSA2_ERR_IO`.
+///
+/// # Safety
+/// `records` must be null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn csa2_ssd_refresh(
+    store: *const Csa2SsdStore,
+    records: *mut u64,
+) -> Csa2Status {
+    guarded("csa2_ssd_refresh", || {
+        let st = handle::get(store, "store")?;
+        let r = st.s.refresh()?;
+        // SAFETY: null or writable is the caller's contract.
+        unsafe { write_opt(records, r.records as u64) };
         Ok(())
     })
 }

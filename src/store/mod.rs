@@ -22,5 +22,5 @@ pub mod tiers;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use dram::{DramConfig, DramPool, DramStats, Snapshot};
-pub use ssd::{FsyncPolicy, RecoveryReport, SsdConfig, SsdStats, SsdStore};
+pub use ssd::{FsyncPolicy, RecoveryReport, RefreshReport, SsdConfig, SsdStats, SsdStore};
 pub use tiers::{Tier, TierPolicy};

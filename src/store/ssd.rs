@@ -31,8 +31,8 @@
 //!
 //! # Guarantees
 //! - **One writer per directory**: [`SsdStore::open`] takes an exclusive lock on `LOCK`; a second
-//!   opener (another process, or the same one twice) gets [`Error::Io`] of kind `WouldBlock`
-//!   naming the holder's pid (a second open inside one process is caught by an in-process
+//!   opener (another process, or the same one twice) gets [`Error::Busy`] naming the holder's
+//!   pid (a second open inside one process is caught by an in-process
 //!   registry; a lock found held is retried for up to 1 s, because a child process spawned by
 //!   another thread holds every descriptor of its parent until its `exec`, the lock's too).
 //!   [`SsdStore::open_read_only`] takes no lock and never writes, deletes
@@ -75,8 +75,26 @@
 //!   deleted); state marks of the evictions a write caused are synced before the write is
 //!   acknowledged, and compaction syncs its copies before deleting the source. With `Never` an
 //!   acknowledged entry survives a process crash (the data is in the kernel page cache) but not a
-//!   power loss; a record torn by power loss is still detected by its checksum. See
-//!   docs/RELIABILITY.md for what was and was not tested.
+//!   power loss; a record torn by power loss is still detected by its checksum. A failed sync
+//!   (`EIO`) fails the call: the record is not indexed, and later records go to a fresh segment
+//!   (nothing is acknowledged beside bytes whose sync failed). See docs/RELIABILITY.md for what
+//!   was and was not tested.
+//! - **The directory's contents**: only the exact names this store writes (`seg-NNNNNNNN.log`,
+//!   one name per id) are segments; any other file, `seg-1.log` or `seg-+1.log` included, is
+//!   reported and left untouched, and a second name of one file (a hard link) is read once.
+//!   Recovery reads the whole directory before it changes anything (superseded copies marked
+//!   dead, a torn tail cut), so a directory it refuses is left as it was. A record of a newer
+//!   format version than this build's (one whose header does not check out as a version-2 header
+//!   with a damaged version byte) refuses the open, writable or read-only, naming the version
+//!   and the file. A writable open whose highest segment id is 2^31 or more (only a foreign file
+//!   gets there) renumbers the segments from 1 in order instead of running out of ids.
+//! - **The directory deleted under the store**: a write is acknowledged only after checking that
+//!   the directory is still the one opened and the record's segment is still linked in it;
+//!   otherwise the call fails naming the cause and the store refuses every later write and
+//!   removal (its lock went with the directory, so going on could mean two writers). A read
+//!   never serves a record whose segment file was deleted or replaced; a segment deleted by
+//!   someone else is forgotten, not copied back by compaction, and its name is never unlinked
+//!   again (it may be another file's now).
 //!
 //! Thread safety: `SsdStore` is `Send + Sync`; metadata sits behind one mutex held for bookkeeping
 //! only, writers (put, remove, compaction) are serialized by a second mutex while they do I/O, and
@@ -92,6 +110,7 @@ use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 const MAGIC: &[u8; 4] = b"CSA2";
@@ -187,6 +206,19 @@ pub struct RecoveryReport {
     pub notes: Vec<String>,
 }
 
+/// What [`SsdStore::refresh`] changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RefreshReport {
+    /// Segments dropped because their file was deleted or replaced.
+    pub segments_dropped: usize,
+    /// Segments created since the open or the last refresh, now read.
+    pub segments_added: usize,
+    /// Live entries now.
+    pub records: usize,
+    /// Growth of the live entries (0 when more were dropped than found).
+    pub records_added: usize,
+}
+
 /// Counters of the tier (monotonic) and its current size.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct SsdStats {
@@ -246,11 +278,19 @@ struct Segment {
     live_bytes: u64,
     /// Live records of this segment, by offset.
     records: BTreeMap<u64, PrefixKey>,
+    /// Records reserved here and not yet indexed (a put or a compaction copy in flight): a
+    /// segment holding any is never deleted as empty.
+    pending: u32,
 }
 
 impl Segment {
     fn dead_bytes(&self) -> u64 {
-        self.size - self.live_bytes
+        self.size.saturating_sub(self.live_bytes)
+    }
+
+    /// Whether nothing in the segment is live or about to be.
+    fn unused(&self) -> bool {
+        self.records.is_empty() && self.pending == 0
     }
 }
 
@@ -265,6 +305,9 @@ struct Inner {
     live_bytes: u64,
     tick: u64,
     stats: SsdStats,
+    /// Why the store stopped accepting writes (its directory or active segment was deleted or
+    /// replaced under it); `None` while healthy.
+    broken: Option<String>,
 }
 
 impl Inner {
@@ -273,8 +316,9 @@ impl Inner {
         self.by_created.insert((e.created, key));
         self.live_bytes += e.rec_bytes();
         if let Some(s) = self.segments.get_mut(&e.seg) {
-            s.live_bytes += e.rec_bytes();
-            s.records.insert(e.offset, key);
+            if s.records.insert(e.offset, key).is_none() {
+                s.live_bytes += e.rec_bytes();
+            }
         }
         self.index.insert(key, e);
     }
@@ -285,8 +329,11 @@ impl Inner {
         self.by_created.remove(&(e.created, *key));
         self.live_bytes -= e.rec_bytes();
         if let Some(s) = self.segments.get_mut(&e.seg) {
-            s.live_bytes -= e.rec_bytes();
-            s.records.remove(&e.offset);
+            // The segment counted the record only if it holds it under this key.
+            if s.records.get(&e.offset) == Some(key) {
+                s.records.remove(&e.offset);
+                s.live_bytes -= e.rec_bytes();
+            }
         }
         Some(e)
     }
@@ -316,9 +363,14 @@ pub struct SsdStore {
     mono_base: u64,
     /// The exclusive lock (writable stores); released when the store is dropped.
     _lock: Option<DirLock>,
+    /// Inode of the directory at open: a writer notices the directory deleted or replaced.
+    dir_ino: u64,
     age_file: Option<File>,
     inner: Mutex<Inner>,
     writer: Mutex<()>,
+    /// Data syncs to let through before an injected failure, or -1 for none
+    /// ([`SsdStore::inject_sync_failure`]).
+    fail_sync_after: AtomicI64,
 }
 
 impl std::fmt::Debug for SsdStore {
@@ -332,6 +384,66 @@ impl std::fmt::Debug for SsdStore {
 
 fn seg_name(id: u32) -> String {
     format!("seg-{id:08}.log")
+}
+
+/// The id of a segment file name, only for the exact names [`seg_name`] writes (so one id has one
+/// name: `seg-1.log`, `seg-01.log` or `seg-+1.log` beside `seg-00000001.log` are not segments).
+fn parse_seg_name(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("seg-")?.strip_suffix(".log")?;
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let id: u32 = digits.parse().ok()?;
+    (seg_name(id) == name).then_some(id)
+}
+
+/// A writable open whose highest segment id is at least this renumbers the segments from 1
+/// (ids only reach it through a foreign file: 2^31 segments are 32 PiB of 16-MiB segments).
+const RENUMBER_FROM: u32 = 1 << 31;
+
+/// What recovery changes on disk, collected while the scan only reads and applied once the whole
+/// directory has been read and accepted.
+#[derive(Default)]
+struct ScanFixes {
+    /// Older live copies of keys that a newer record superseded: marked dead.
+    marks: Vec<(Arc<File>, PathBuf, u64)>,
+    /// The newest segment's torn tail: cut at this length.
+    truncate: Option<(Arc<File>, PathBuf, u64)>,
+    /// The newest creation time found, ms of store age.
+    newest_created: u64,
+    /// Ids of names skipped as second names of a segment already read (their files stay).
+    skipped: Vec<u32>,
+}
+
+impl ScanFixes {
+    /// Notes that `old` is superseded by the record at `offset` of segment `seg`.
+    fn supersede(&mut self, inner: &Inner, old: &Entry, seg: u32, offset: u64, read_only: bool) {
+        // A record never supersedes itself (the same record read twice is not two copies).
+        if read_only || (old.seg == seg && old.offset == offset) {
+            return;
+        }
+        if let Some(s) = inner.segments.get(&old.seg) {
+            self.marks
+                .push((s.file.clone(), s.path.clone(), old.offset));
+        }
+    }
+
+    fn apply(&self, cfg: &SsdConfig) -> Result<()> {
+        let mut synced = HashSet::new();
+        for (f, p, off) in &self.marks {
+            mark_dead(f, *off).map_err(|e| Error::io(p, e))?;
+            if cfg.fsync == FsyncPolicy::Always && synced.insert(p.clone()) {
+                f.sync_data().map_err(|e| Error::io(p, e))?;
+            }
+        }
+        if let Some((f, p, len)) = &self.truncate {
+            f.set_len(*len).map_err(|e| Error::io(p, e))?;
+            if cfg.fsync == FsyncPolicy::Always {
+                f.sync_data().map_err(|e| Error::io(p, e))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 fn header_crc(h: &[u8]) -> u32 {
@@ -375,6 +487,9 @@ struct Header {
 enum BadHeader {
     /// A whole, valid version-1 header: an old directory, not damage.
     Version1,
+    /// A header of a later format version than this build's (a newer build's directory), not a
+    /// version-2 header whose version byte was damaged.
+    Newer(u8),
     Damaged(String),
 }
 
@@ -393,6 +508,16 @@ fn decode_header(h: &[u8]) -> std::result::Result<Header, BadHeader> {
         }
     }
     if h[4] != FORMAT_VERSION {
+        if h[4] > FORMAT_VERSION {
+            // A version-2 header with a damaged version byte still checks out once the byte is
+            // put back; anything else under the magic is a newer format, never damage to cut.
+            let mut v2 = [0u8; 56];
+            v2.copy_from_slice(&h[..56]);
+            v2[4] = FORMAT_VERSION;
+            if crc32c::crc32c(&v2) != u32_at(h, 56) {
+                return Err(BadHeader::Newer(h[4]));
+            }
+        }
         return Err(BadHeader::Damaged(format!("unknown version {}", h[4])));
     }
     let want = u32_at(h, 56);
@@ -424,6 +549,18 @@ fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| Error::io(dir, e))
+}
+
+fn newer_version_error(path: &Path, offset: u64, version: u8) -> Error {
+    Error::invalid(
+        "ssd tier",
+        format!(
+            "{} @ {offset} holds a record of on-disk format version {version}, newer than this \
+             build's version {FORMAT_VERSION}: the directory was written by a newer build. \
+             Nothing was changed; open it with that build, or give this one another directory",
+            path.display()
+        ),
+    )
 }
 
 fn version1_error(path: &Path) -> Error {
@@ -528,18 +665,12 @@ fn lock_dir(dir: &Path) -> Result<DirLock> {
     let canon = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
     let path = dir.join(LOCK_NAME);
     let busy = |who: String| {
-        Error::io(
-            &path,
-            std::io::Error::new(
-                ErrorKind::WouldBlock,
-                format!(
-                    "the SSD tier {} is open for writing by another owner ({who}); one writer \
-                     per directory — stop it, use another directory, or open this one with \
-                     SsdStore::open_read_only",
-                    dir.display()
-                ),
-            ),
-        )
+        Error::Busy(format!(
+            "the SSD tier {} is open for writing by another owner ({who}); one writer per \
+             directory — stop it, use another directory, or open this one with \
+             SsdStore::open_read_only",
+            dir.display()
+        ))
     };
     {
         let mut here = OPEN_HERE.lock();
@@ -650,10 +781,12 @@ impl SsdStore {
     /// the segments. Takes the directory's exclusive lock for the life of the store.
     ///
     /// Errors: [`Error::Invalid`] for a zero capacity, segment size or I/O chunk, a
-    /// `compact_dead_percent` outside 1..=100, or a directory of format version 1;
-    /// [`Error::Io`] of kind `WouldBlock` when another owner holds the lock (the message names its
-    /// pid); [`Error::Io`] when the directory or a segment cannot be read. Damaged records are not
-    /// errors: they are reported in the [`RecoveryReport`] and left out of the index.
+    /// `compact_dead_percent` outside 1..=100, a directory of format version 1 or of a newer
+    /// version than this build's, or a segment name that is not a regular file (nothing on disk
+    /// is changed then); [`Error::Busy`] when another owner holds the lock (the message names its
+    /// pid) — the only error that means "in use"; [`Error::Io`] when the directory or a segment
+    /// cannot be read. Damaged records are not errors: they are reported in the
+    /// [`RecoveryReport`] and left out of the index.
     pub fn open(cfg: SsdConfig, clock: Arc<dyn Clock>) -> Result<(SsdStore, RecoveryReport)> {
         Self::open_mode(cfg, clock, false)
     }
@@ -702,16 +835,31 @@ impl SsdStore {
             std::fs::create_dir_all(&cfg.dir).map_err(|e| Error::io(&cfg.dir, e))?;
             Some(lock_dir(&cfg.dir)?)
         };
-        let mut ids: Vec<u32> = std::fs::read_dir(&cfg.dir)
+        let dir_ino = std::fs::metadata(&cfg.dir)
             .map_err(|e| Error::io(&cfg.dir, e))?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                let n = e.file_name().into_string().ok()?;
-                n.strip_prefix("seg-")?.strip_suffix(".log")?.parse().ok()
-            })
-            .collect();
-        ids.sort_unstable();
+            .ino();
         let mut rep = RecoveryReport::default();
+        let mut ids = Vec::new();
+        for e in std::fs::read_dir(&cfg.dir).map_err(|e| Error::io(&cfg.dir, e))? {
+            let e = e.map_err(|e| Error::io(&cfg.dir, e))?;
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            match parse_seg_name(&name) {
+                Some(id) => ids.push(id),
+                // Only the names this store writes are segments. Anything else that looks like
+                // one (a backup copy `seg-1.log`, `seg-+1.log`) is left alone: reading it as a
+                // segment would list an id twice and let a record supersede itself.
+                None if name.starts_with("seg-") && name.ends_with(".log") => {
+                    rep.notes.push(format!(
+                        "{}: not a segment name this store writes (seg-NNNNNNNN.log); ignored and \
+                         left untouched",
+                        e.path().display()
+                    ));
+                }
+                None => {}
+            }
+        }
+        ids.sort_unstable();
         let mut inner = Inner {
             index: HashMap::new(),
             lru: BTreeMap::new(),
@@ -722,8 +870,13 @@ impl SsdStore {
             live_bytes: 0,
             tick: 0,
             stats: SsdStats::default(),
+            broken: None,
         };
-        let mut newest_created = 0u64;
+        // The scan only reads; what recovery must change on disk (marking superseded copies
+        // dead, cutting a torn tail) is collected and done once every segment has been read, so
+        // a directory refused half way (an old or newer format) is left exactly as it was.
+        let mut fix = ScanFixes::default();
+        let mut seen_inodes = HashSet::new();
         for (n, &id) in ids.iter().enumerate() {
             let newest = n + 1 == ids.len();
             let scanned = Self::scan_segment(
@@ -733,7 +886,8 @@ impl SsdStore {
                 read_only,
                 &mut inner,
                 &mut rep,
-                &mut newest_created,
+                &mut fix,
+                &mut seen_inodes,
             );
             match scanned {
                 // Beside a live writer a segment can go between the listing and the open: its
@@ -750,8 +904,20 @@ impl SsdStore {
                 other => other?,
             }
         }
-        rep.segments = ids.len();
+        rep.segments = inner.segments.len();
         rep.records = inner.index.len();
+        if !read_only {
+            fix.apply(&cfg)?;
+            // Ids run out only when a foreign file claims one near the top: renumber the
+            // segments 1..n (in order) rather than refuse to start or to roll.
+            if inner
+                .segments
+                .last_key_value()
+                .is_some_and(|(&id, _)| id >= RENUMBER_FROM)
+            {
+                Self::renumber(&cfg, &mut inner, &mut rep)?;
+            }
+        }
         // Store age: resume from what the directory proves, plus a bounded offline credit.
         let wall = clock.now_ms();
         let (persisted, credit) = match read_age_file(&cfg.dir) {
@@ -759,20 +925,33 @@ impl SsdStore {
             None => (0, 0),
         };
         rep.offline_credit_ms = credit;
-        rep.age_ms = persisted.max(newest_created) + credit;
+        rep.age_ms = persisted.max(fix.newest_created) + credit;
         let mut age_file = None;
         if !read_only {
-            // Always append to a fresh segment: never write after bytes a previous process left.
-            let active = ids.last().map_or(Ok(1), |&l| {
-                l.checked_add(1)
-                    .ok_or_else(|| Error::invalid("ssd tier", "segment ids exhausted"))
+            // Always append to a fresh segment: never write after bytes a previous process left,
+            // and never under a name still taken (a skipped second name keeps its file).
+            let top = inner
+                .segments
+                .last_key_value()
+                .map(|(&l, _)| l)
+                .into_iter()
+                .chain(fix.skipped.iter().copied())
+                .max();
+            let active = top.map_or(Some(1), |t| t.checked_add(1)).ok_or_else(|| {
+                Error::invalid(
+                    "ssd tier",
+                    format!(
+                        "{}: a second name of a segment holds the last segment id; remove it",
+                        cfg.dir.display()
+                    ),
+                )
             })?;
             Self::create_segment(&cfg, active, &mut inner)?;
             // Delete closed segments with no live record.
             let empty: Vec<u32> = inner
                 .segments
                 .iter()
-                .filter(|(&id, s)| s.records.is_empty() && id != active)
+                .filter(|(&id, s)| s.unused() && id != active)
                 .map(|(&id, _)| id)
                 .collect();
             for id in empty {
@@ -799,13 +978,50 @@ impl SsdStore {
             age_base: rep.age_ms,
             mono_base,
             _lock: lock,
+            dir_ino,
             age_file,
             inner: Mutex::new(inner),
             writer: Mutex::new(()),
+            fail_sync_after: AtomicI64::new(-1),
         };
         Ok((store, rep))
     }
 
+    /// Renames the segments to ids 1..n in their order (a writable open whose highest id is near
+    /// the end of the id space). Each rename goes to an id no other segment holds (ids only
+    /// shrink and go in ascending order), so a crash part way leaves the order intact.
+    fn renumber(cfg: &SsdConfig, inner: &mut Inner, rep: &mut RecoveryReport) -> Result<()> {
+        let old = std::mem::take(&mut inner.segments);
+        let mut map = HashMap::new();
+        for (n, (id, mut s)) in old.into_iter().enumerate() {
+            let new = n as u32 + 1;
+            if new != id {
+                let to = cfg.dir.join(seg_name(new));
+                if std::fs::symlink_metadata(&to).is_ok() {
+                    return Err(Error::Internal(format!(
+                        "renumbering segments: {} exists",
+                        to.display()
+                    )));
+                }
+                std::fs::rename(&s.path, &to).map_err(|e| Error::io(&s.path, e))?;
+                rep.notes.push(format!(
+                    "{} renamed to {} (segment ids renumbered from 1: the highest id was {id} \
+                     or above {RENUMBER_FROM})",
+                    s.path.display(),
+                    to.display()
+                ));
+                s.path = to;
+            }
+            map.insert(id, new);
+            inner.segments.insert(new, s);
+        }
+        for e in inner.index.values_mut() {
+            e.seg = map[&e.seg];
+        }
+        sync_dir(&cfg.dir)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn scan_segment(
         cfg: &SsdConfig,
         id: u32,
@@ -813,16 +1029,41 @@ impl SsdStore {
         read_only: bool,
         inner: &mut Inner,
         rep: &mut RecoveryReport,
-        newest_created: &mut u64,
+        fix: &mut ScanFixes,
+        seen_inodes: &mut HashSet<(u64, u64)>,
     ) -> Result<()> {
         let path = cfg.dir.join(seg_name(id));
+        let not_a_file = |path: &Path| {
+            Error::invalid(
+                "ssd tier",
+                format!(
+                    "{} is not a regular file; move it out of the directory",
+                    path.display()
+                ),
+            )
+        };
+        if std::fs::metadata(&path).is_ok_and(|m| !m.is_file()) {
+            return Err(not_a_file(&path));
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(!read_only)
             .open(&path)
             .map_err(|e| Error::io(&path, e))?;
         let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
-        let mut size = meta.len();
+        if !meta.is_file() {
+            return Err(not_a_file(&path));
+        }
+        if !seen_inodes.insert((meta.dev(), meta.ino())) {
+            // A second name (hard link) of a segment already read: its records are those records.
+            rep.notes.push(format!(
+                "{}: another name of a segment already read (same inode); ignored",
+                path.display()
+            ));
+            fix.skipped.push(id);
+            return Ok(());
+        }
+        let size = meta.len();
         let file = Arc::new(file);
         inner.segments.insert(
             id,
@@ -833,10 +1074,41 @@ impl SsdStore {
                 size,
                 live_bytes: 0,
                 records: BTreeMap::new(),
+                pending: 0,
             },
         );
-        let io = |e| Error::io(&path, e);
-        let mut off = 0u64;
+        let (size, end) = Self::scan_records(
+            cfg, id, &file, &path, 0, size, newest, read_only, inner, rep, fix,
+        )?;
+        // A read-only store remembers where its scan stopped: a refresh reads on from there.
+        let size = if read_only { end } else { size };
+        if let Some(s) = inner.segments.get_mut(&id) {
+            s.size = size;
+        }
+        inner.disk_bytes += size;
+        Ok(())
+    }
+
+    /// Reads the records of segment `id` in `from..size`, indexing the whole valid ones. Returns
+    /// the segment's size after a torn tail was cut (writable stores, newest segment) and the
+    /// offset the scan stopped at (the end, or the start of a damaged tail it could not skip).
+    #[allow(clippy::too_many_arguments)]
+    fn scan_records(
+        cfg: &SsdConfig,
+        id: u32,
+        file: &Arc<File>,
+        path: &Path,
+        from: u64,
+        size: u64,
+        newest: bool,
+        read_only: bool,
+        inner: &mut Inner,
+        rep: &mut RecoveryReport,
+        fix: &mut ScanFixes,
+    ) -> Result<(u64, u64)> {
+        let io = |e| Error::io(path, e);
+        let mut size = size;
+        let mut off = from;
         let mut h = [0u8; HEADER_BYTES];
         let mut payload = Vec::new();
         while off < size {
@@ -846,7 +1118,8 @@ impl SsdStore {
             } else {
                 file.read_exact_at(&mut h, off).map_err(io)?;
                 match decode_header(&h) {
-                    Err(BadHeader::Version1) => return Err(version1_error(&path)),
+                    Err(BadHeader::Version1) => return Err(version1_error(path)),
+                    Err(BadHeader::Newer(v)) => return Err(newer_version_error(path, off, v)),
                     Err(BadHeader::Damaged(why)) => why,
                     Ok(hd) => {
                         let end = off + HEADER_BYTES as u64 + hd.len as u64;
@@ -859,7 +1132,7 @@ impl SsdStore {
                         } else {
                             Self::index_scanned(
                                 cfg,
-                                &file,
+                                file,
                                 id,
                                 off,
                                 &hd,
@@ -867,7 +1140,7 @@ impl SsdStore {
                                 inner,
                                 rep,
                                 &mut payload,
-                                newest_created,
+                                fix,
                             )
                             .map_err(io)?;
                             off = end;
@@ -878,7 +1151,7 @@ impl SsdStore {
             };
             // A bad header, or a record running past the end of the file: its length cannot be
             // trusted, so look for the next whole valid record.
-            match resync(&file, off + 1, size).map_err(io)? {
+            match resync(file, off + 1, size).map_err(io)? {
                 Some(next) => {
                     rep.notes.push(bad(format!(
                         "{why}; {} damaged bytes skipped to the next valid record at {next}",
@@ -890,15 +1163,13 @@ impl SsdStore {
                     continue;
                 }
                 None if newest && !read_only => {
-                    // The newest segment's tail: the record a crash cut. Cut it off.
+                    // The newest segment's tail: the record a crash cut. Cut it off (once the
+                    // whole directory has been read).
                     rep.notes.push(bad(format!(
                         "{why}; torn tail of {} bytes truncated",
                         size - off
                     )));
-                    file.set_len(off).map_err(io)?;
-                    if cfg.fsync == FsyncPolicy::Always {
-                        file.sync_data().map_err(io)?;
-                    }
+                    fix.truncate = Some((file.clone(), path.to_path_buf(), off));
                     rep.torn_bytes_truncated += size - off;
                     size = off;
                 }
@@ -919,11 +1190,7 @@ impl SsdStore {
             }
             break;
         }
-        if let Some(s) = inner.segments.get_mut(&id) {
-            s.size = size;
-        }
-        inner.disk_bytes += size;
-        Ok(())
+        Ok((size, off))
     }
 
     /// Indexes one whole record found by the scan (the newest record of a key decides).
@@ -938,11 +1205,11 @@ impl SsdStore {
         inner: &mut Inner,
         rep: &mut RecoveryReport,
         payload: &mut Vec<u8>,
-        newest_created: &mut u64,
+        fix: &mut ScanFixes,
     ) -> std::io::Result<()> {
         let path = inner.segments[&id].path.clone();
         let note = |why: String| format!("{} @ {off}: {why}", path.display());
-        *newest_created = (*newest_created).max(hd.created);
+        fix.newest_created = fix.newest_created.max(hd.created);
         match hd.state {
             State::Unknown(w) => {
                 let n = note(format!(
@@ -954,7 +1221,7 @@ impl SsdStore {
             }
             State::Dead => {
                 if let Some(old) = inner.remove_entry(&hd.key) {
-                    Self::supersede(inner, &old, read_only)?;
+                    fix.supersede(inner, &old, id, off, read_only);
                     rep.superseded_records += 1;
                     rep.dead_records += 1;
                 }
@@ -976,7 +1243,7 @@ impl SsdStore {
                     }
                 }
                 if let Some(old) = inner.remove_entry(&hd.key) {
-                    Self::supersede(inner, &old, read_only)?;
+                    fix.supersede(inner, &old, id, off, read_only);
                     rep.superseded_records += 1;
                     rep.dead_records += 1;
                 }
@@ -994,19 +1261,6 @@ impl SsdStore {
             }
         }
         Ok(())
-    }
-
-    /// Marks an older record of a key dead on disk once a newer record of the key was found
-    /// (writable stores), so that deleting the newer one's segment later cannot bring the older
-    /// copy back.
-    fn supersede(inner: &Inner, old: &Entry, read_only: bool) -> std::io::Result<()> {
-        if read_only {
-            return Ok(());
-        }
-        match inner.segments.get(&old.seg) {
-            Some(s) => mark_dead(&s.file, old.offset),
-            None => Ok(()),
-        }
     }
 
     fn create_segment(cfg: &SsdConfig, id: u32, inner: &mut Inner) -> Result<()> {
@@ -1030,18 +1284,31 @@ impl SsdStore {
                 size: 0,
                 live_bytes: 0,
                 records: BTreeMap::new(),
+                pending: 0,
             },
         );
         inner.active = Some(id);
         Ok(())
     }
 
+    /// Deletes segment `id` when nothing in it is live or in flight. A segment whose name no
+    /// longer leads to its file (deleted or replaced under the store) is only forgotten: the
+    /// name may now be another file's.
     fn delete_segment(cfg: &SsdConfig, inner: &mut Inner, id: u32) -> Result<()> {
+        if !inner.segments.get(&id).is_some_and(Segment::unused) {
+            return Ok(());
+        }
         if let Some(s) = inner.segments.remove(&id) {
-            debug_assert!(s.records.is_empty(), "deleting a segment with live records");
-            // Readers holding the file keep reading it; the name goes now.
-            std::fs::remove_file(&s.path).map_err(|e| Error::io(&s.path, e))?;
             inner.disk_bytes -= s.size;
+            if !Self::still_linked(&s.path, s.ino) {
+                return Ok(());
+            }
+            // Readers holding the file keep reading it; the name goes now.
+            match std::fs::remove_file(&s.path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(Error::io(&s.path, e)),
+            }
             if cfg.fsync == FsyncPolicy::Always {
                 sync_dir(&cfg.dir)?;
             }
@@ -1051,18 +1318,19 @@ impl SsdStore {
 
     /// Closes the active segment and opens the next one; a closed segment with no live record goes.
     fn roll_segment(&self, inner: &mut Inner) -> Result<()> {
+        self.check_dir(inner)?;
         let prev = inner.active.expect("writable store has an active segment");
-        let next = prev
-            .checked_add(1)
-            .ok_or_else(|| Error::invalid("ssd tier", "segment ids exhausted"))?;
+        let next = prev.checked_add(1).ok_or_else(|| {
+            Error::invalid(
+                "ssd tier",
+                format!(
+                    "segment ids exhausted in {}: reopen the store (it renumbers its segments)",
+                    self.cfg.dir.display()
+                ),
+            )
+        })?;
         Self::create_segment(&self.cfg, next, inner)?;
-        if inner
-            .segments
-            .get(&prev)
-            .is_some_and(|s| s.records.is_empty())
-        {
-            Self::delete_segment(&self.cfg, inner, prev)?;
-        }
+        Self::delete_segment(&self.cfg, inner, prev)?;
         Ok(())
     }
 
@@ -1093,16 +1361,39 @@ impl SsdStore {
             return Ok(None);
         };
         let mut synced = None;
-        let empty = seg.records.is_empty();
-        if mark && !(empty && Some(e.seg) != inner.active) {
+        let goes = seg.unused() && Some(e.seg) != inner.active;
+        if mark && !goes {
             mark_dead(&seg.file, e.offset).map_err(|err| Error::io(&seg.path, err))?;
             synced = Some(e.seg);
         }
-        if empty && Some(e.seg) != inner.active {
+        if goes {
             // Deleting the file removes the record for good; no mark needed.
             Self::delete_segment(&self.cfg, inner, e.seg)?;
         }
         Ok(synced)
+    }
+
+    /// Makes one data sync of this store (a record's, a state mark's or a compaction's copies')
+    /// fail with `EIO` without syncing, as a failing device reports it: the one after
+    /// `after_successful` more syncs have gone through. For tests of what a sync failure leaves
+    /// behind; the store never calls it itself.
+    #[doc(hidden)]
+    pub fn inject_sync_failure(&self, after_successful: u32) {
+        self.fail_sync_after
+            .store(after_successful as i64, Ordering::SeqCst);
+    }
+
+    /// `fdatasync` of `f`, or the injected failure.
+    fn sync_file(&self, f: &File) -> std::io::Result<()> {
+        let before = self
+            .fail_sync_after
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n >= 0).then_some(n - 1)
+            });
+        if before == Ok(0) {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        f.sync_data()
     }
 
     fn sync_segments(&self, ids: &BTreeSet<u32>) -> Result<()> {
@@ -1117,7 +1408,7 @@ impl SsdStore {
                 .collect()
         };
         for (f, p) in files {
-            f.sync_data().map_err(|e| Error::io(&p, e))?;
+            self.sync_file(&f).map_err(|e| Error::io(&p, e))?;
         }
         Ok(())
     }
@@ -1181,21 +1472,94 @@ impl SsdStore {
 
     /// Copies the live records of segment `id` to the active segment, syncs them, repoints the
     /// index and deletes `id`. A crash at any point leaves every live record in at least one
-    /// whole, valid copy (module docs, "Capacity").
+    /// whole, valid copy (module docs, "Capacity"). The copies are reserved as in flight, so a
+    /// segment they fill is never deleted as empty before the index points at them.
     fn compact_segment(&self, id: u32) -> Result<()> {
         let (src, src_path, live) = {
-            let mut inner = self.inner.lock();
+            let mut guard = self.inner.lock();
+            let inner = &mut *guard;
             if inner.active == Some(id) {
-                self.roll_segment(&mut inner)?;
+                self.roll_segment(inner)?;
             }
             let Some(s) = inner.segments.get(&id) else {
                 return Ok(());
             };
+            if !Self::still_linked(&s.path, s.ino) {
+                // Deleted under the store: its records went with the file; never copy them back.
+                let keys: Vec<PrefixKey> = s.records.values().copied().collect();
+                for k in keys {
+                    inner.remove_entry(&k);
+                }
+                inner.stats.entries = inner.index.len() as u64;
+                Self::delete_segment(&self.cfg, inner, id)?;
+                return Ok(());
+            }
             let live: Vec<(u64, PrefixKey)> = s.records.iter().map(|(&o, &k)| (o, k)).collect();
             (s.file.clone(), s.path.clone(), live)
         };
-        let mut moved: Vec<(PrefixKey, u64, u32, u64)> = Vec::new(); // key, old off, new seg, new off
+        // key, old offset, new segment, new offset: each reserved (in flight) until the end.
+        let mut moved: Vec<(PrefixKey, u64, u32, u64)> = Vec::new();
         let mut written = BTreeSet::new();
+        let mut copied = 0u64;
+        let res = self.copy_forward(id, &src, &src_path, live, &mut moved, &mut written);
+        let res = res.and_then(|c| {
+            copied = c;
+            self.sync_segments(&written)
+        });
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        for (_, _, seg, _) in &moved {
+            if let Some(s) = inner.segments.get_mut(seg) {
+                s.pending -= 1;
+            }
+        }
+        if let Err(e) = res {
+            // The copies may not be on disk: the index keeps the source, and later records go to a
+            // fresh segment (nothing is acknowledged beside bytes whose sync failed).
+            if inner.active.is_some_and(|a| written.contains(&a)) {
+                self.roll_segment(inner)?;
+            }
+            return Err(e);
+        }
+        for (key, old_off, seg, at) in moved {
+            let still = inner
+                .index
+                .get(&key)
+                .is_some_and(|e| e.seg == id && e.offset == old_off);
+            if still {
+                let mut e = inner.remove_entry(&key).expect("present");
+                e.seg = seg;
+                e.offset = at;
+                inner.insert_entry(key, e);
+            }
+        }
+        // Anything left (a concurrent read dropped an entry in between) is no longer indexed.
+        let left: Vec<PrefixKey> = inner
+            .segments
+            .get(&id)
+            .map(|s| s.records.values().copied().collect())
+            .unwrap_or_default();
+        for k in left {
+            inner.remove_entry(&k);
+        }
+        Self::delete_segment(&self.cfg, inner, id)?;
+        inner.stats.compactions += 1;
+        inner.stats.compacted_bytes += copied;
+        Ok(())
+    }
+
+    /// Writes a copy of each still-indexed live record of segment `id` at the end of the active
+    /// segment; returns the bytes copied. Every reserved copy is pushed to `moved` before it is
+    /// written, so the caller can release the reservations whatever happens.
+    fn copy_forward(
+        &self,
+        id: u32,
+        src: &File,
+        src_path: &Path,
+        live: Vec<(u64, PrefixKey)>,
+        moved: &mut Vec<(PrefixKey, u64, u32, u64)>,
+        written: &mut BTreeSet<u32>,
+    ) -> Result<u64> {
         let mut buf = Vec::new();
         let mut copied = 0u64;
         for (off, key) in live {
@@ -1205,7 +1569,7 @@ impl SsdStore {
             };
             buf.resize(HEADER_BYTES + len as usize, 0);
             src.read_exact_at(&mut buf, off)
-                .map_err(|e| Error::io(&src_path, e))?;
+                .map_err(|e| Error::io(src_path, e))?;
             let ok = decode_header(&buf[..HEADER_BYTES]).is_ok_and(|h| {
                 h.state == State::Live
                     && h.key == key
@@ -1220,53 +1584,48 @@ impl SsdStore {
                 inner.stats.entries = inner.index.len() as u64;
                 continue;
             }
-            let (file, path, seg, at) = self.reserve(buf.len() as u64)?;
+            let (file, path, seg, at, _) = self.reserve(buf.len() as u64)?;
+            moved.push((key, off, seg, at));
+            written.insert(seg);
             write_record(&file, at, &buf, &[], self.cfg.io_chunk_bytes)
                 .map_err(|e| Error::io(&path, e))?;
-            written.insert(seg);
             copied += buf.len() as u64;
-            moved.push((key, off, seg, at));
         }
-        self.sync_segments(&written)?;
-        let mut guard = self.inner.lock();
-        let inner = &mut *guard;
-        for (key, old_off, seg, at) in moved {
-            let still = inner
-                .index
-                .get(&key)
-                .is_some_and(|e| e.seg == id && e.offset == old_off);
-            if still {
-                let mut e = inner.remove_entry(&key).expect("present");
-                e.seg = seg;
-                e.offset = at;
-                inner.insert_entry(key, e);
-            }
-        }
-        // Anything left (a concurrent read dropped an entry in between) is no longer indexed.
-        let left: Vec<PrefixKey> = inner.segments[&id].records.values().copied().collect();
-        for k in left {
-            inner.remove_entry(&k);
-        }
-        Self::delete_segment(&self.cfg, inner, id)?;
-        inner.stats.compactions += 1;
-        inner.stats.compacted_bytes += copied;
-        Ok(())
+        Ok(copied)
     }
 
-    /// Reserves `rec` bytes at the end of the active segment (rolling it when full).
-    fn reserve(&self, rec: u64) -> Result<(Arc<File>, PathBuf, u32, u64)> {
+    /// Reserves `rec` bytes at the end of the active segment (rolling it when full), as a record
+    /// in flight: the caller releases it (`pending`) once the record is indexed or abandoned.
+    fn reserve(&self, rec: u64) -> Result<(Arc<File>, PathBuf, u32, u64, u64)> {
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
-        let active = inner.active.expect("writable store has an active segment");
-        if inner.segments[&active].size >= self.cfg.segment_bytes {
+        let full = inner
+            .active
+            .and_then(|a| inner.segments.get(&a))
+            .is_none_or(|s| s.size >= self.cfg.segment_bytes);
+        if full {
             self.roll_segment(inner)?;
         }
-        let active = inner.active.expect("active segment");
-        let s = inner.segments.get_mut(&active).expect("active segment");
+        let active = inner
+            .active
+            .ok_or_else(|| Error::Internal("a writable store without an active segment".into()))?;
+        let s = inner
+            .segments
+            .get_mut(&active)
+            .ok_or_else(|| Error::Internal(format!("active segment {active} is not open")))?;
         let offset = s.size;
         s.size += rec;
+        s.pending += 1;
+        let out = (s.file.clone(), s.path.clone(), active, offset, s.ino);
         inner.disk_bytes += rec;
-        Ok((s.file.clone(), s.path.clone(), active, offset))
+        Ok(out)
+    }
+
+    /// Releases a reservation of segment `seg` made by [`SsdStore::reserve`].
+    fn release(inner: &mut Inner, seg: u32) {
+        if let Some(s) = inner.segments.get_mut(&seg) {
+            s.pending -= 1;
+        }
     }
 
     fn refuse_read_only(&self) -> Result<()> {
@@ -1282,13 +1641,55 @@ impl SsdStore {
         Ok(())
     }
 
+    /// The error of a store that stopped accepting writes.
+    fn broken_error(&self, why: &str) -> Error {
+        Error::io(
+            &self.cfg.dir,
+            std::io::Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "{why}; the store accepts no more writes (nothing written since was \
+                     acknowledged). Reopen it to start over: the records of deleted files are \
+                     gone with them"
+                ),
+            ),
+        )
+    }
+
+    /// Refuses when the store stopped accepting writes, and stops it (naming why) when its
+    /// directory is no longer the one it opened: a directory deleted, or deleted and made again,
+    /// has lost the lock too, so writing on could mean two writers.
+    fn check_dir(&self, inner: &mut Inner) -> Result<()> {
+        if inner.broken.is_none() {
+            match std::fs::metadata(&self.cfg.dir) {
+                Ok(m) if m.ino() == self.dir_ino => return Ok(()),
+                Ok(_) => {
+                    inner.broken = Some(format!(
+                        "the SSD tier's directory {} was replaced by another directory while \
+                         the store was open",
+                        self.cfg.dir.display()
+                    ))
+                }
+                Err(e) => {
+                    inner.broken = Some(format!(
+                        "the SSD tier's directory {} is gone while the store was open ({e})",
+                        self.cfg.dir.display()
+                    ))
+                }
+            }
+        }
+        Err(self.broken_error(inner.broken.as_deref().unwrap_or_default()))
+    }
+
     /// Stores `payload` under `key`. Returns `true` when written, `false` when the key was already
     /// present (keys name content, so nothing is rewritten; the entry's recency is refreshed).
     ///
     /// Errors: [`Error::Refused`] when the live records plus this one exceed the capacity even
     /// after evicting every entry past its minimum lifetime — nothing is evicted then (counted in
     /// [`SsdStats::refused`]); [`Error::Invalid`] for a payload over 4 GiB or larger than the
-    /// whole tier, or on a read-only store; [`Error::Io`].
+    /// whole tier, or on a read-only store; [`Error::Io`], also when the directory or the segment
+    /// written was deleted or replaced while the store was open (the record is not acknowledged,
+    /// and the store refuses every later write).
     pub fn put(&self, key: &PrefixKey, payload: &[u8]) -> Result<bool> {
         self.put_with(key, payload.len(), |buf| buf.extend_from_slice(payload))
     }
@@ -1318,6 +1719,9 @@ impl SsdStore {
         let marked = {
             let mut guard = self.inner.lock();
             let inner = &mut *guard;
+            if let Some(why) = &inner.broken {
+                return Err(self.broken_error(why));
+            }
             if inner.index.contains_key(key) {
                 inner.touch(key);
                 inner.stats.already_present += 1;
@@ -1355,41 +1759,52 @@ impl SsdStore {
             return Err(Error::shape("payload from fill", len, owned.len()));
         }
         let payload = &owned[..];
-        let (file, path, seg, offset) = self.reserve(rec)?;
+        let (file, path, seg, offset, ino) = self.reserve(rec)?;
         let created = self.age_ms();
         let header = encode_header(key, created, payload);
         // Header and payload go out in bounded pwrite calls; the index learns of the record only
         // after the last byte (and the sync), so no reader can see it half written.
         let mut res = write_record(&file, offset, &header, payload, self.cfg.io_chunk_bytes);
         if res.is_ok() && self.cfg.fsync == FsyncPolicy::Always {
-            res = file.sync_data();
+            res = self.sync_file(&file);
         }
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        Self::release(inner, seg);
         if let Err(e) = res {
-            // Later records go to a new segment; the recovery scan resynchronises past the gap.
-            let mut inner = self.inner.lock();
+            // Later records go to a new segment (never beside bytes whose write or sync failed);
+            // the recovery scan resynchronises past the gap.
             if inner.active == Some(seg) {
-                self.roll_segment(&mut inner)?;
+                self.roll_segment(inner)?;
             }
             return Err(Error::io(&path, e));
         }
-        {
-            let mut guard = self.inner.lock();
-            let inner = &mut *guard;
-            let tick = inner.next_tick();
-            inner.insert_entry(
-                *key,
-                Entry {
-                    seg,
-                    offset,
-                    len: len as u32,
-                    created,
-                    tick,
-                },
+        // Acknowledge only a record whose file is still where the store's directory has it: a
+        // directory or segment deleted under the store would take it along unnoticed.
+        self.check_dir(inner)?;
+        if !Self::still_linked(&path, ino) {
+            let why = format!(
+                "the active segment {} was deleted or replaced while the store was open",
+                path.display()
             );
-            inner.stats.puts += 1;
-            inner.stats.put_bytes += rec;
-            inner.stats.entries = inner.index.len() as u64;
+            inner.broken = Some(why.clone());
+            return Err(self.broken_error(&why));
         }
+        let tick = inner.next_tick();
+        inner.insert_entry(
+            *key,
+            Entry {
+                seg,
+                offset,
+                len: len as u32,
+                created,
+                tick,
+            },
+        );
+        inner.stats.puts += 1;
+        inner.stats.put_bytes += rec;
+        inner.stats.entries = inner.index.len() as u64;
+        drop(guard);
         self.persist_age();
         Ok(true)
     }
@@ -1397,12 +1812,16 @@ impl SsdStore {
     /// Removes `key` (its record is marked dead on disk, synced under [`FsyncPolicy::Always`]).
     /// Returns whether it was present. Segments left mostly dead are compacted.
     ///
-    /// Errors: [`Error::Invalid`] on a read-only store; [`Error::Io`].
+    /// Errors: [`Error::Invalid`] on a read-only store; [`Error::Io`] (also once the store stopped
+    /// accepting writes, see [`SsdStore::put`]).
     pub fn remove(&self, key: &PrefixKey) -> Result<bool> {
         self.refuse_read_only()?;
         let _w = self.writer.lock();
         let (present, marked) = {
             let mut inner = self.inner.lock();
+            // A removal into a directory deleted under the store would be acknowledged for
+            // nothing: refuse it as a put is refused.
+            self.check_dir(&mut inner)?;
             let present = inner.index.contains_key(key);
             let seg = self.drop_entry(&mut inner, key, true)?;
             if present {
@@ -1421,13 +1840,156 @@ impl SsdStore {
         self.inner.lock().index.contains_key(key)
     }
 
+    /// Whether `key` is live on disk now: its segment is still the file the store opened and
+    /// its record's header (64 bytes, read now) holds the key in the live state. The payload is
+    /// not read (a read checks it). A key that fails is dropped from the index; a segment found
+    /// deleted or replaced is dropped whole, with every entry in it, and its file closed. For a
+    /// read-only store beside a writer, whose index is otherwise the directory at its open.
+    ///
+    /// Errors: [`Error::Io`] when the header cannot be read.
+    pub fn probe(&self, key: &PrefixKey) -> Result<bool> {
+        let (file, path, ino, e) = {
+            let inner = self.inner.lock();
+            let Some(e) = inner.index.get(key).cloned() else {
+                return Ok(false);
+            };
+            let Some(s) = inner.segments.get(&e.seg) else {
+                return Ok(false);
+            };
+            (s.file.clone(), s.path.clone(), s.ino, e)
+        };
+        if !Self::still_linked(&path, ino) {
+            let mut guard = self.inner.lock();
+            let inner = &mut *guard;
+            if inner.segments.get(&e.seg).is_some_and(|s| s.ino == ino) && self.read_only {
+                if let Some(s) = inner.segments.remove(&e.seg) {
+                    inner.disk_bytes -= s.size;
+                    for k in s.records.values() {
+                        inner.remove_entry(k);
+                    }
+                }
+                inner.stats.entries = inner.index.len() as u64;
+            } else {
+                drop(guard);
+                self.forget(key, &e);
+            }
+            return Ok(false);
+        }
+        let mut h = [0u8; HEADER_BYTES];
+        let live = match file.read_exact_at(&mut h, e.offset) {
+            Ok(()) => decode_header(&h)
+                .is_ok_and(|h| h.key == *key && h.len == e.len && h.state == State::Live),
+            Err(err) if err.kind() == ErrorKind::UnexpectedEof => false,
+            Err(err) => return Err(Error::io(&path, err)),
+        };
+        if !live {
+            let mut inner = self.inner.lock();
+            if inner
+                .index
+                .get(key)
+                .is_some_and(|cur| cur.seg == e.seg && cur.offset == e.offset)
+            {
+                inner.remove_entry(key);
+                inner.stats.entries = inner.index.len() as u64;
+            }
+        }
+        Ok(live)
+    }
+
+    /// Brings a read-only store's index up to the directory now, reading only what changed since
+    /// its open or its last refresh: segments deleted or replaced are dropped (entries and open
+    /// file), records appended to a segment it knows and segments created after it are indexed
+    /// (headers only; a read checks the payload), newest record of a key deciding as on open.
+    /// Records marked dead in place are not re-read here ([`SsdStore::probe`] does that per key).
+    ///
+    /// Errors: [`Error::Invalid`] on a writable store (its index is the directory);
+    /// [`Error::Io`] when the directory cannot be listed or a segment read.
+    pub fn refresh(&self) -> Result<RefreshReport> {
+        if !self.read_only {
+            return Err(Error::invalid(
+                "ssd tier",
+                "refresh is for a store opened read-only; a writable store's index is the directory",
+            ));
+        }
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        let mut out = RefreshReport::default();
+        let gone: Vec<u32> = inner
+            .segments
+            .iter()
+            .filter(|(_, s)| !Self::still_linked(&s.path, s.ino))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            if let Some(s) = inner.segments.remove(&id) {
+                inner.disk_bytes -= s.size;
+                for k in s.records.values() {
+                    inner.remove_entry(k);
+                }
+                out.segments_dropped += 1;
+            }
+        }
+        let mut ids = Vec::new();
+        for e in std::fs::read_dir(&self.cfg.dir).map_err(|e| Error::io(&self.cfg.dir, e))? {
+            let e = e.map_err(|e| Error::io(&self.cfg.dir, e))?;
+            if let Some(id) = parse_seg_name(&e.file_name().to_string_lossy()) {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        let top = inner.segments.last_key_value().map(|(&id, _)| id);
+        let mut cfg = self.cfg.clone();
+        cfg.verify_on_open = false;
+        let mut rep = RecoveryReport::default();
+        let mut fix = ScanFixes::default();
+        let before = inner.index.len();
+        for id in ids {
+            if let Some(s) = inner.segments.get(&id) {
+                let (file, path, from) = (s.file.clone(), s.path.clone(), s.size);
+                let len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
+                if len > from {
+                    let (_, end) = Self::scan_records(
+                        &cfg, id, &file, &path, from, len, false, true, inner, &mut rep, &mut fix,
+                    )?;
+                    if let Some(s) = inner.segments.get_mut(&id) {
+                        s.size = end;
+                    }
+                    inner.disk_bytes += end - from;
+                }
+            } else if top.is_none_or(|t| id > t) {
+                // A segment created since: its records are newer than every one indexed.
+                match Self::scan_segment(
+                    &cfg,
+                    id,
+                    false,
+                    true,
+                    inner,
+                    &mut rep,
+                    &mut fix,
+                    &mut HashSet::new(),
+                ) {
+                    Ok(()) => out.segments_added += 1,
+                    Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            // An unknown id below the ones known was deleted before this store's open (or is a
+            // foreign file); its records are not newer than those indexed, so it is not read.
+        }
+        inner.stats.entries = inner.index.len() as u64;
+        out.records = inner.index.len();
+        out.records_added = inner.index.len().saturating_sub(before);
+        Ok(out)
+    }
+
     /// Whether the file at `path` is still the segment opened as inode `ino`.
     fn still_linked(path: &Path, ino: u64) -> bool {
         std::fs::metadata(path).is_ok_and(|m| m.ino() == ino)
     }
 
     /// Reads the payload of `key`. `Ok(None)` when absent (or, read-only, when the writer has
-    /// since evicted, removed or compacted it away).
+    /// since evicted, removed or compacted it away; or when its segment file was deleted or
+    /// replaced under the store).
     ///
     /// Errors: [`Error::Corrupt`] when the record fails a check (bad header, another key, unknown
     /// state word, payload CRC mismatch, short read); the entry is then dropped, so the next read
@@ -1440,11 +2002,19 @@ impl SsdStore {
                 inner.stats.misses += 1;
                 return Ok(None);
             };
+            let Some(s) = inner.segments.get(&e.seg) else {
+                return Err(Error::Internal(format!(
+                    "the index points at segment {} which is not open",
+                    e.seg
+                )));
+            };
+            let found = (s.file.clone(), s.path.clone(), s.ino, e);
             inner.touch(key);
-            let s = &inner.segments[&e.seg];
-            (s.file.clone(), s.path.clone(), s.ino, e)
+            found
         };
-        if self.read_only && !Self::still_linked(&path, ino) {
+        // A segment deleted or replaced under the store (by the writer when this store is
+        // read-only, or by anyone else) no longer holds the entry: never serve it.
+        if !Self::still_linked(&path, ino) {
             return Ok(self.forget(key, &e));
         }
         let mut buf = vec![0u8; HEADER_BYTES + e.len as usize];
@@ -1452,6 +2022,7 @@ impl SsdStore {
             Ok(()) => match decode_header(&buf[..HEADER_BYTES]) {
                 Err(BadHeader::Damaged(why)) => Err(why),
                 Err(BadHeader::Version1) => Err("a version-1 header".to_string()),
+                Err(BadHeader::Newer(v)) => Err(format!("a version-{v} header")),
                 Ok(h) if h.key != *key => Err(format!("record holds key {:?}, not {key:?}", h.key)),
                 Ok(h) if h.len != e.len => Err(format!("length {} != indexed {}", h.len, e.len)),
                 Ok(h) => match h.state {
@@ -1479,7 +2050,7 @@ impl SsdStore {
             Err(err) => return Err(Error::io(&path, err)),
         };
         match check {
-            Ok(true) if !self.read_only || Self::still_linked(&path, ino) => {
+            Ok(true) if Self::still_linked(&path, ino) => {
                 self.inner.lock().stats.hits += 1;
                 buf.drain(..HEADER_BYTES);
                 Ok(Some(buf))
