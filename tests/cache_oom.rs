@@ -3,6 +3,7 @@
 //! test process is capped with `setrlimit(RLIMIT_AS)` so that real allocations really fail; the
 //! file holds this one test so the cap cannot starve another test running beside it.
 
+use csa2::ffi::dlpack::{DLDataType, DLDevice, DLTensor};
 use csa2::ffi::*;
 use std::ptr::{null, null_mut};
 
