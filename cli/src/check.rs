@@ -479,3 +479,39 @@ fn check_attention(r: &mut Report, rng: &mut Rng) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod decided_by_tests {
+    use super::*;
+
+    /// A cosine-only tolerance (no element bound) printed `|a−r| ≤ inf + 0e0·|r|`.
+    #[test]
+    fn a_cosine_only_tolerance_names_no_element_bound() {
+        let tol = Tolerance {
+            abs: f64::INFINITY,
+            rel: 0.0,
+            cos_diff: 2e-2,
+        };
+        let s = Stats {
+            cos_diff: 0.0,
+            ..Stats::default()
+        };
+        let line = decided_by(&s, &tol);
+        assert!(!line.contains("inf"), "{line}");
+        assert!(line.starts_with("1−cos"), "{line}");
+        let elem = Tolerance {
+            abs: 1e-5,
+            rel: 0.0,
+            cos_diff: 1e-6,
+        };
+        let s = Stats {
+            worst_bound_ratio: 0.5,
+            ..Stats::default()
+        };
+        assert!(
+            decided_by(&s, &elem).ends_with("|a−r| ≤ 1e-5"),
+            "{}",
+            decided_by(&s, &elem)
+        );
+    }
+}
