@@ -670,3 +670,32 @@ fn readme_install_command_names_the_package_with_the_binary() {
         "CI runs the install"
     );
 }
+
+/// Words a new user read wrong: `csa2 run` said "1 turns" and gave rates without units
+/// ("prefill/s"); `csa2 bench --help` listed `codecs` and `ops` but not `gemm`.
+#[test]
+fn run_and_bench_say_what_they_mean() {
+    let out = ok(&[
+        "run",
+        "--turns",
+        "1",
+        "--token-scale",
+        "0.005",
+        "--decode-max",
+        "1",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("— 1 turn of"), "{text}");
+    assert!(
+        text.contains("prefill tok/s") && text.contains("decode tok/s"),
+        "{text}"
+    );
+    let help = String::from_utf8_lossy(&ok(&["--help"]).stdout).into_owned();
+    let bench = help
+        .lines()
+        .find(|l| l.trim_start().starts_with("bench "))
+        .unwrap_or_else(|| panic!("{help}"));
+    for family in ["codecs", "ops", "gemm"] {
+        assert!(bench.contains(family), "{bench}");
+    }
+}
