@@ -71,9 +71,10 @@ fn sample(a: &Args) -> csa2::Result<()> {
     let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(&a.out, &bytes).map_err(|e| Error::io(&a.out, e))?;
     println!(
-        "sample {}: {} rows × {dim} f32 values (seed {}) → {} bytes in {}",
+        "sample {}: {} row{} × {dim} f32 values (seed {}) → {} bytes in {}",
         a.format,
         a.rows,
+        if a.rows == 1 { "" } else { "s" },
         a.seed,
         bytes.len(),
         a.out.display()
