@@ -9,6 +9,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
+# libfabric1 and libibverbs1 (the Mooncake tests): stop now, with the install command, if missing.
+bash "$root/scripts/prereqs.sh"
 venv="${CSA2_VLLM_VENV:-$root/.venv-vllm}"
 if [ ! -x "$venv/bin/python" ]; then
     "${PYTHON:-python3}" -m venv "$venv"
@@ -20,7 +22,8 @@ fi
 "$venv/bin/python" -c 'import setuptools_rust' 2>/dev/null || "$venv/bin/pip" install "setuptools-rust==1.13.0"
 # Mooncake's store client and master (tests_interpreted/test_mooncake.py: vLLM's MultiConnector with
 # MooncakeStoreConnector). The non-CUDA EFA build runs over TCP on a CPU machine (the plain package
-# needs libcuda); it loads the system's libfabric1 and libibverbs1 (.ci/run installs them).
+# needs libcuda); it loads the system's libfabric1 and libibverbs1 (checked above by
+# scripts/prereqs.sh; .ci/run installs them).
 mooncake_pkg="mooncake-transfer-engine-efa-non-cuda==0.3.13.post1"
 "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version(sys.argv[1].split("==")[0]) != sys.argv[1].split("==")[1])' "$mooncake_pkg" 2>/dev/null \
     || "$venv/bin/pip" install "$mooncake_pkg"

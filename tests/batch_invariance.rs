@@ -1,6 +1,7 @@
-//! Batch invariance of the whole stack (issue 17): every row's output, and every global KV record
-//! the cache keeps, is bit for bit the same whatever the chunking of the prompt and whatever other
-//! rows share the step.
+//! Batch invariance of the whole stack: every row's output, and every global KV record the cache
+//! keeps, is bit for bit the same whatever the chunking of the prompt and whatever other rows share
+//! the step — under every attention dots mode (`CSA2_ATTENTION_DOTS`) and every instruction-set
+//! level (`CSA2_ISA`) this CPU runs, each in a process of its own (both are read once).
 //!
 //! The session is two turns of one request on tiny synthetic weights (an 8-layer plan holding every
 //! role, window 128, compression ratios 2 and 1): a cold prompt of 150 tokens and 2 decode tokens,
@@ -22,6 +23,11 @@ const TURN0_PROMPT: usize = 130;
 const TURN1_NEW: usize = 12;
 const GEN: usize = 2;
 
+/// Entries each row's indexer selects: few, so that a step of few rows reads the selected
+/// records directly while a step of many rows decodes every entry once up front (the two ways the
+/// layer hands main rows to attention) — both within one session.
+const TOPK: usize = 16;
+
 /// The tiny dims with an 8-layer plan holding every role: SWA-only 0 and 7, Full ratio 2 at 1
 /// (Reuse 2, Reindex 3), Full ratio 1 at 4 (the candidate source; Reuse 5, Reindex 6 reading the
 /// pool); layers 0–3 are the encoder, 4 is the decoder cut. Eight layers keep the 40-odd sessions
@@ -40,6 +46,7 @@ fn geometry() -> Geometry {
         serde_json::json!([1, 3, 4, 6]),
     );
     t.insert("candidate_source_layer_id".into(), 4.into());
+    t.insert("index_topk".into(), TOPK.into());
     Geometry::from_json_str(&v.to_string()).unwrap()
 }
 
@@ -285,6 +292,106 @@ fn chunk_sizes_from_1_to_1000_give_bit_identical_sessions() {
             first_difference(&got, reference)
         );
     }
+}
+
+/// The chunkings each dots mode and ISA level is checked with: a prime small enough that most
+/// steps read the selected records directly (7 rows × [`TOPK`] < the entries), a non-divisor of
+/// both prefills that decodes every entry up front, and the window + 1.
+const MATRIX_CHUNKS: [usize; 3] = [7, 100, 129];
+
+/// Run by [`every_dots_mode_and_isa_level_is_batch_invariant`] in a child process whose
+/// `CSA2_ISA` and `CSA2_ATTENTION_DOTS` it sets; checks first that the process runs what was
+/// asked for (a setting the CPU lacks falls back silently).
+#[test]
+#[ignore = "run by every_dots_mode_and_isa_level_is_batch_invariant, once per setting"]
+fn chunkings_under_this_process_setting() {
+    use csa2::isa::{dot_units, Cap, Isa};
+    use csa2::ops::attention::AttentionDots;
+    if let Ok(v) = std::env::var("CSA2_ISA") {
+        let cap = Cap::parse(&v).expect("a known CSA2_ISA value");
+        assert_eq!(Isa::best(), cap.isa, "CSA2_ISA={v}");
+        assert_eq!(dot_units() != Default::default(), cap.dots, "CSA2_ISA={v}");
+    }
+    if let Ok(v) = std::env::var("CSA2_ATTENTION_DOTS") {
+        assert_eq!(
+            AttentionDots::backend_default(),
+            AttentionDots::from_name(&v).unwrap(),
+            "CSA2_ATTENTION_DOTS={v}"
+        );
+    }
+    let reference = one_pass();
+    for c in MATRIX_CHUNKS {
+        let got = session(&mut || c, None);
+        assert!(
+            got == *reference,
+            "chunk {c}: {}",
+            first_difference(&got, reference)
+        );
+    }
+    let got = session(&mut || 5, Some(9));
+    assert!(
+        got == *reference,
+        "chunk 5 with a co-batched request: {}",
+        first_difference(&got, reference)
+    );
+}
+
+/// Every (`CSA2_ISA`, `CSA2_ATTENTION_DOTS`) setting this CPU can run: each ISA level with f32
+/// attention, and with the dot units every dots mode they support (int16 failed here once: a step
+/// of many rows scored NVFP4 records through their f32 decode on bf16 dots, a step of few rows on
+/// int16 dots, so `csa2 run --chunk 7` and `--chunk 512` gave different digests).
+#[test]
+fn every_dots_mode_and_isa_level_is_batch_invariant() {
+    use csa2::isa::{cpu, Isa};
+    let mut settings: Vec<(&str, &str)> = Isa::supported()
+        .into_iter()
+        .map(|i| (i.name(), "f32"))
+        .collect();
+    let units = cpu().dots;
+    if units.bf16 {
+        settings.push(("avx512-dot", "f32"));
+        settings.push(("avx512-dot", "bf16"));
+        if units.vnni {
+            settings.push(("avx512-dot", "int16"));
+        }
+    }
+    // Only what the process-wide setting allows is listed (a capped-off mode is not a failure).
+    if let Ok(v) = std::env::var("CSA2_ISA") {
+        let cap = csa2::isa::Cap::parse(&v).expect("a known CSA2_ISA value");
+        settings.retain(|(i, _)| csa2::isa::Cap::parse(i).unwrap().isa <= cap.isa);
+        if !cap.dots {
+            settings.retain(|(i, _)| *i != "avx512-dot");
+        }
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut failed = vec![];
+    for (isa, dots) in &settings {
+        let out = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "batch_invariance::chunkings_under_this_process_setting",
+                "--ignored",
+                "--test-threads",
+                "1",
+            ])
+            .env("CSA2_ISA", isa)
+            .env("CSA2_ATTENTION_DOTS", dots)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let ran = text.contains("1 passed") || text.contains("1 failed");
+        assert!(
+            ran,
+            "CSA2_ISA={isa} CSA2_ATTENTION_DOTS={dots}: the child did not run its test:\n{text}"
+        );
+        if !out.status.success() {
+            failed.push(format!(
+                "CSA2_ISA={isa} CSA2_ATTENTION_DOTS={dots}:\n{text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
 proptest! {

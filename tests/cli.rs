@@ -514,3 +514,188 @@ fn every_plot_renders_with_its_text_inside_the_canvas() {
     }
     assert_eq!(n, 3, "kv_bytes.svg, decode_time.svg, footprint.svg");
 }
+
+/// Bad numbers and unwritable outputs: each is refused with one line that names the flag, before
+/// any work starts (no progress line), never with a panic, a backtrace or a nonsense figure.
+/// Regressions: `ab --prefill-max 0` panicked; `geometry --gpu-mem-gib 0` and `--weights-gib 500`
+/// printed a negative KV capacity; `trace --limit 0` printed NaN; `run --chunk 0` ran with chunks
+/// of 1; a negative number got clap's "unexpected argument"; `ab` ran two minutes before failing
+/// on an unwritable `--json` path.
+#[test]
+fn bad_inputs_get_a_one_line_error_before_any_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    // A path under a regular file cannot be created, whoever runs the test.
+    let bad_json = file.join("out.json");
+    let bad_dir = file.join("plots");
+    let (bj, bd) = (bad_json.to_str().unwrap(), bad_dir.to_str().unwrap());
+    let tiny_ab = [
+        "ab",
+        "--scale",
+        "tiny",
+        "--contexts",
+        "1K",
+        "--accuracy-max",
+        "none",
+    ];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["ab", "--prefill-max", "0"], "--prefill-max"),
+        (vec!["ab", "--decode-steps", "-3"], "--decode-steps"),
+        (vec!["geometry", "--gpu-mem-gib", "0"], "--gpu-mem-gib"),
+        (vec!["geometry", "--gpu-mem-gib", "-5"], "--gpu-mem-gib"),
+        (
+            vec!["geometry", "--weights-gib", "500"],
+            "no room for a KV cache",
+        ),
+        (vec!["geometry", "--context", "-1"], "--context"),
+        (vec!["trace", "--limit", "0"], "--limit"),
+        (vec!["trace", "--hbm-gib", "-1"], "--hbm-gib"),
+        (vec!["run", "--chunk", "0"], "--chunk"),
+        (vec!["run", "--chunk", "-5"], "--chunk"),
+        (vec!["run", "--stride", "0"], "--stride"),
+        (vec!["run", "--turns", "-2"], "--turns"),
+        (vec!["bench", "ops", "--reps", "0"], "--reps"),
+        (vec!["check", "--seed", "-1"], "--seed"),
+        ([&tiny_ab[..], &["--json", bj]].concat(), "out.json"),
+        ([&tiny_ab[..], &["--plots", bd]].concat(), "plots"),
+        (vec!["trace", "--limit", "5", "--plots", bd], "plots"),
+        (vec!["run", "--turns", "1", "--json", bj], "out.json"),
+        (
+            vec!["geometry", "--json", tmp.path().to_str().unwrap()],
+            "directory",
+        ),
+    ];
+    for (args, names) in cases {
+        let out = csa2()
+            .args(&args)
+            .env("CSA2_PROGRESS_SECS", "0.01")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let what = format!("csa2 {}", args.join(" "));
+        assert!(!out.status.success(), "{what}: accepted\n{err}");
+        assert!(!err.contains("panicked"), "{what}: {err}");
+        assert!(!err.contains("progress:"), "{what}: started work\n{err}");
+        assert!(
+            err.contains(names),
+            "{what}: the error does not name `{names}`:\n{err}"
+        );
+        let lines: Vec<&str> = err
+            .lines()
+            .filter(|l| {
+                !l.trim().is_empty()
+                    && !l.starts_with("Usage:")
+                    && !l.starts_with("For more information")
+            })
+            .collect();
+        assert_eq!(lines.len(), 1, "{what}: one line expected:\n{err}");
+        assert!(
+            !err.contains("unexpected argument"),
+            "{what}: a negative number must be read as a value:\n{err}"
+        );
+        let out_s = String::from_utf8_lossy(&out.stdout);
+        assert!(out_s.trim().is_empty(), "{what}: printed a report\n{out_s}");
+    }
+}
+
+/// The README's codec example, pasted as it stands (its `csa2` is this binary): every line runs,
+/// with no tool beyond `csa2` (it once needed numpy), and the byte counts its comments state hold.
+#[test]
+fn readme_codec_example_runs_as_pasted() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let block: Vec<&str> = readme
+        .split("## `csa2 codec`: the file format")
+        .nth(1)
+        .and_then(|s| s.split("```bash\n").nth(1))
+        .and_then(|s| s.split("```").next())
+        .expect("README § csa2 codec has a bash block")
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .collect();
+    assert!(block.len() >= 3, "{block:?}");
+    let tmp = tempfile::tempdir().unwrap();
+    for line in &block {
+        let cmd = line.split(" #").next().unwrap();
+        let words: Vec<&str> = cmd.split_whitespace().collect();
+        assert_eq!(
+            words[0], "csa2",
+            "every step of the example is a csa2 command: {line}"
+        );
+        let out = csa2()
+            .args(&words[1..])
+            .current_dir(tmp.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{line}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let size = |f: &str| std::fs::metadata(tmp.path().join(f)).unwrap().len();
+    assert_eq!(size("rows.f32"), 8192);
+    assert_eq!(size("rows.rec"), 1152);
+    assert_eq!(size("back.f32"), 8192);
+}
+
+/// Every `cargo install --path P` in the README names a package with a binary (`--path .` once
+/// failed: the root package is the library; the binary is in `cli/`). CI runs the command itself
+/// (`.ci/run`).
+#[test]
+fn readme_install_command_names_the_package_with_the_binary() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let paths: Vec<&str> = readme
+        .split("cargo install")
+        .skip(1)
+        .filter_map(|s| s.split("--path").nth(1))
+        .filter_map(|s| s.split_whitespace().next())
+        .map(|p| p.trim_end_matches(['`', ')', ',', ';']))
+        .collect();
+    assert!(!paths.is_empty(), "the README gives an install command");
+    for p in paths {
+        let manifest = std::fs::read_to_string(root.join(p).join("Cargo.toml"))
+            .unwrap_or_else(|e| panic!("`cargo install --path {p}`: no Cargo.toml ({e})"));
+        assert!(
+            manifest.contains("[[bin]]") || root.join(p).join("src/main.rs").exists(),
+            "`cargo install --path {p}`: that package has no binary"
+        );
+    }
+    let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
+    assert!(
+        ci.contains("cargo install --locked --debug --path cli"),
+        "CI runs the install"
+    );
+}
+
+/// Words a new user read wrong: `csa2 run` said "1 turns" and gave rates without units
+/// ("prefill/s"); `csa2 bench --help` listed `codecs` and `ops` but not `gemm`.
+#[test]
+fn run_and_bench_say_what_they_mean() {
+    let out = ok(&[
+        "run",
+        "--turns",
+        "1",
+        "--token-scale",
+        "0.005",
+        "--decode-max",
+        "1",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("— 1 turn of"), "{text}");
+    assert!(
+        text.contains("prefill tok/s") && text.contains("decode tok/s"),
+        "{text}"
+    );
+    let help = String::from_utf8_lossy(&ok(&["--help"]).stdout).into_owned();
+    let bench = help
+        .lines()
+        .find(|l| l.trim_start().starts_with("bench "))
+        .unwrap_or_else(|| panic!("{help}"));
+    for family in ["codecs", "ops", "gemm"] {
+        assert!(bench.contains(family), "{bench}");
+    }
+}

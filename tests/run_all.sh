@@ -6,6 +6,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# A missing system prerequisite stops the command here, naming what to install (no stage is
+# skipped for want of one).
+if [ "${CSA2_SKIP_VLLM:-0}" = 1 ]; then
+    bash scripts/prereqs.sh --no-vllm
+else
+    bash scripts/prereqs.sh
+fi
+
 venv=.venv-test
 if [ ! -x "$venv/bin/python" ]; then
     echo "== creating $venv (pinned: tests/python/requirements.txt)"

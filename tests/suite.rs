@@ -38,6 +38,8 @@ mod config_errors;
 mod cuda;
 #[path = "dlpack_layout.rs"]
 mod dlpack_layout;
+#[path = "docs.rs"]
+mod docs;
 #[path = "ffi_adversarial.rs"]
 mod ffi_adversarial;
 #[path = "ffi_engine.rs"]

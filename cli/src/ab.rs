@@ -1,4 +1,5 @@
-//! `csa2 ab`: the CSA2 backend and the launch-day backend on identical inputs, one table.
+//! `csa2 ab`: the CSA2 backend and the launch-day backend on identical inputs: KV bytes, decode step
+//! times by layer role and by op, the agreement and accuracy of the first decode step, and prefill.
 //!
 //! The measuring is `csa2_harness::ab` (synthesized caches, interleaved decode steps, the f64
 //! reference, prefills); this file parses the flags and prints the tables, the JSON and the plots.
@@ -28,15 +29,15 @@ pub struct Args {
     /// Timed decode steps per context and backend (at least 1). The two backends run their steps
     /// interleaved (A B A B ...) on the same synthesized caches, so machine drift hits both alike;
     /// the median and the min–max spread are printed.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     decode_steps: usize,
     /// Untimed decode steps per backend before the timed ones (first touch of the weights and of
     /// the synthesized cache, scratch allocation). The first warm-up step is the traced one the
     /// accuracy rows compare with the reference.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::out::count::<usize>)]
     warmup: usize,
     /// Timed prefills per variant, interleaved (A B C A B C ...) after one untimed warm-up prefill.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     prefill_reps: usize,
     /// Contexts (a subset of --contexts) where each backend's first decode step is compared with
     /// the f64 reference step (`all`, `none` or lengths). The reference reads every visible index
@@ -52,10 +53,10 @@ pub struct Args {
     /// Largest prompt used for the prefill rows (the workload's prompt is clipped to it). Default:
     /// 32 at full scale (a prefill is ~1.7 TFLOP per 192 rows on 2 cores; decoder replay trims
     /// nothing below the 128-token window, so pass 256 or more to see its saving), 1024 tiny.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     prefill_max: Option<usize>,
     /// Worker threads (0 = all cores).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = crate::out::count::<usize>)]
     threads: usize,
     /// Keep the synthetic weights as f32 instead of the checkpoint's FP8 / bf16 (same values,
     /// 2–4× the bytes the projections stream): the baseline of the projection figures.
@@ -92,7 +93,8 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn run_in_pool(a: Args) -> Result<()> {
-    crate::out::json_dest(&a.json);
+    crate::out::json_dest(&a.json)?;
+    crate::out::plots_dest(&a.plots)?;
     let scale = Scale::from_name(&a.scale)?;
     let contexts = a
         .contexts
@@ -233,13 +235,13 @@ fn run_in_pool(a: Args) -> Result<()> {
     );
     say!("  {ACCURACY_EXPECTED}");
     let mut header = format!(
-        "{:>9} {:>10} | {:>9} {:>8}",
-        "context", "backend", "hid cos", "hid rel"
+        "{:>9} {:>10} | {:>11} {:>10}",
+        "context", "backend", "hidden cos", "hidden rel"
     );
-    for n in ["full", "rdx", "reuse", "swa"] {
-        header += &format!(" | {:>9} {:>8}", format!("{n} cos"), format!("{n} rel"));
+    for n in ["full", "reindex", "reuse", "swa"] {
+        header += &format!(" | {:>11} {:>11}", format!("{n} cos"), format!("{n} rel"));
     }
-    header += &format!(" | {:>9} {:>9}", "topk full", "topk rdx");
+    header += &format!(" | {:>9} {:>12}", "topk full", "topk reindex");
     say!("{header}");
     for ((ctx, _), acc) in rows.iter().zip(&accs) {
         let Some(acc) = acc else {
@@ -248,7 +250,7 @@ fn run_in_pool(a: Args) -> Result<()> {
         };
         for (b, ac) in backends.iter().zip(acc) {
             let mut line = format!(
-                "{:>9} {:>10} | {:>9.6} {:>8.4}",
+                "{:>9} {:>10} | {:>11.6} {:>10.4}",
                 ctx,
                 short(b.cfg.name),
                 ac.hidden.cosine,
@@ -256,19 +258,21 @@ fn run_in_pool(a: Args) -> Result<()> {
             );
             for r in ROLES {
                 match ac.roles.iter().find(|x| x.role == r.as_str()) {
-                    Some(x) => line += &format!(" | {:>9.6} {:>8.4}", x.cosine_min, x.max_rel_max),
-                    None => line += &format!(" | {:>9} {:>8}", "-", "-"),
+                    Some(x) => {
+                        line += &format!(" | {:>11.6} {:>11.4}", x.cosine_min, x.max_rel_max)
+                    }
+                    None => line += &format!(" | {:>11} {:>11}", "-", "-"),
                 }
             }
-            for r in [Role::Full, Role::Reindex] {
+            for (r, w) in [(Role::Full, 9), (Role::Reindex, 12)] {
                 match ac
                     .roles
                     .iter()
                     .find(|x| x.role == r.as_str())
                     .and_then(|x| x.topk_overlap)
                 {
-                    Some(o) => line += &format!(" {:>9.4}", o),
-                    None => line += &format!(" {:>9}", "-"),
+                    Some(o) => line += &format!(" {:>w$.4}", o),
+                    None => line += &format!(" {:>w$}", "-"),
                 }
             }
             say!("{line}");
@@ -287,13 +291,13 @@ fn run_in_pool(a: Args) -> Result<()> {
     for p in &prefills {
         let (lo, hi) = range(&p.samples);
         say!(
-            "{:>28}: {:>8.3} s [{:.3}–{:.3}]  {:>8.1} tokens/s  (× {} of launch day)",
+            "{:>28}: {:>8.3} s [{:.3}–{:.3}]  {:>8.1} tokens/s  ({}× the launch-day speed)",
             p.name,
             p.secs,
             lo,
             hi,
             prefill_len as f64 / p.secs,
-            sig(p.secs / ld)
+            sig(ld / p.secs)
         );
     }
     if !trims {
@@ -373,7 +377,8 @@ records (csa2) measure a worst-layer cosine ≈ 0.94 and max rel of a few tenths
 records ≈ 0.99, and both keep the final hidden cosine ≥ 0.999 at full scale. Real latents after \
 RMSNorm + RoPE do better; a cosine far below these, or exactly 1, means a bug.";
 
-/// A ratio or time with four significant digits, in plain or scientific notation (never `0.000`).
+/// A ratio or time with four significant digits, always in plain decimal notation (never
+/// `0.000`, never an exponent; at most 9 decimals, so a figure below 1e-9 shows as `0.000000000`).
 fn sig(x: f64) -> String {
     if !x.is_finite() {
         return format!("{x}");
@@ -382,20 +387,16 @@ fn sig(x: f64) -> String {
         return "0".into();
     }
     let mag = x.abs().log10().floor() as i32;
-    if (-3..5).contains(&mag) {
-        format!("{:.*}", (3 - mag).max(0) as usize, x)
-    } else {
-        format!("{x:.3e}")
-    }
+    format!("{:.*}", (3 - mag).clamp(0, 9) as usize, x)
 }
 
 /// The two decode tables: by layer role (with the step time without projections) and by op.
 fn decode_tables(rows: &[(usize, Vec<Decoded>)], backends: &[Backend], steps: usize) {
-    let w = 12;
+    let w = 14;
     say!("Decode step (one request) by layer role: seconds, median of {steps} timed step(s)");
     let mut h = format!(
         "{:>9} {:>10} | {:>w$} {:>17} | {:>w$}",
-        "context", "backend", "step", "[min–max]", "w/o project."
+        "context", "backend", "step", "[min–max]", "no projections"
     );
     for r in ROLES {
         h += &format!(" {:>w$}", r.as_str());
@@ -440,7 +441,7 @@ fn decode_tables(rows: &[(usize, Vec<Decoded>)], backends: &[Backend], steps: us
             warnings.push(*ctx);
         }
     }
-    say!("  (ratio = csa2 / launch-day; w/o project. = step time less the dense projections)");
+    say!("  (ratio = csa2 time / launch-day time; no projections = step time less the dense projections)");
     for ctx in warnings {
         say!(
             "  warning: at {ctx} tokens the step times spread (max − min) more than the two backends differ: \
@@ -671,11 +672,13 @@ fn legend<'a, Y: plotters::coord::ranged1d::Ranged<ValueType = f64>>(
 mod tests {
     use super::*;
 
-    /// Regression (issue 18): ratios printed `0.000` with `{:.3}`, and the kv_bytes.svg y ticks
-    /// were raw floats (`100000000000.0`) that ran off the canvas.
+    /// Ratios printed `0.000` with `{:.3}`, then mixed `6.780e-4` and `0.3722` in one column;
+    /// and the kv_bytes.svg y ticks were raw floats (`100000000000.0`) that ran off the canvas.
     #[test]
     fn ratios_keep_their_digits_and_ticks_read_in_units() {
-        assert_eq!(sig(0.000_678), "6.780e-4");
+        assert_eq!(sig(0.000_678), "0.0006780");
+        assert_eq!(sig(0.000_329_1), "0.0003291");
+        assert_eq!(sig(123_456.7), "123457");
         assert_eq!(sig(0.8765), "0.8765");
         assert_eq!(sig(19.471), "19.47");
         assert_eq!(sig(0.0012345), "0.001234");

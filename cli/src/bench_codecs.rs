@@ -7,13 +7,13 @@ use std::time::Instant;
 #[derive(clap::Args)]
 pub struct Args {
     /// Rows per call (each a 512- or 128-value latent).
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     rows: usize,
     /// Timed repetitions; the best is reported.
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = 15, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     reps: usize,
     /// Worker threads (0 = rayon's default, all cores).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::out::count::<usize>)]
     threads: usize,
     /// Write every figure as JSON to PATH (`-` = stdout; the table then goes to stderr).
     #[arg(long, value_name = "PATH")]
@@ -33,7 +33,7 @@ fn best(reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 pub fn run(a: Args) -> csa2::Result<()> {
-    crate::out::json_dest(&a.json);
+    crate::out::json_dest(&a.json)?;
     if a.rows == 0 {
         return Err(csa2::Error::invalid("rows", "must be > 0"));
     }

@@ -17,7 +17,7 @@ pub struct Args {
     #[arg(long, default_value = "1,4,16,128,512")]
     rows: String,
     /// Timed repetitions per figure (the median is reported).
-    #[arg(long, default_value_t = 7)]
+    #[arg(long, default_value_t = 7, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     reps: usize,
     /// Write every figure as JSON to PATH (`-` = stdout; the table then goes to stderr).
     #[arg(long, value_name = "PATH")]
@@ -38,7 +38,7 @@ fn median(reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    crate::out::json_dest(&a.json);
+    crate::out::json_dest(&a.json)?;
     if a.reps == 0 {
         return Err(Error::invalid("reps", "must be ≥ 1"));
     }

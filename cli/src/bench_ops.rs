@@ -18,19 +18,19 @@ use std::time::Instant;
 #[derive(clap::Args)]
 pub struct Args {
     /// Keys of the decode indexer (1M = 1,048,576).
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value_t = 1 << 20, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     keys: usize,
     /// Tokens of the prefill-indexer chunk (keys = tokens / ratio, causal).
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     prefill_tokens: usize,
     /// Compression ratio of the prefill chunk.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     prefill_ratio: usize,
     /// Repetitions of the prefill-indexer figure (after one warm-up).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     prefill_reps: usize,
     /// Repetitions per figure (the median is reported, with the min–max spread).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     reps: usize,
     /// Write every figure as JSON to PATH (`-` = stdout; the table then goes to stderr).
     #[arg(long, value_name = "PATH")]
@@ -118,7 +118,7 @@ fn floor(name: &str, st: Stats, threads: usize, terms: &[(f64, Option<f64>, &str
 }
 
 pub fn run(a: Args) -> Result<()> {
-    crate::out::json_dest(&a.json);
+    crate::out::json_dest(&a.json)?;
     if a.keys == 0 || a.prefill_tokens == 0 || a.prefill_ratio == 0 {
         return Err(Error::invalid(
             "bench sizes",

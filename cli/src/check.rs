@@ -18,7 +18,7 @@ use csa2_harness::rng::{rand_normal, NewRng, Rng};
 #[derive(clap::Args)]
 pub struct Args {
     /// Seed of the random inputs.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::out::count::<u64>)]
     seed: u64,
     /// Write every check as JSON to PATH (`-` = stdout; the table then goes to stderr).
     #[arg(long, value_name = "PATH")]
@@ -44,10 +44,19 @@ struct Report {
 /// The criterion that decided a tolerance verdict: the failing one, or on a pass the one with the
 /// least margin (element bound |a − r| ≤ abs + rel·|r|, or the 1 − cos limit).
 fn decided_by(s: &Stats, tol: &Tolerance) -> String {
-    let elem = format!(
-        "worst element at {:.3} of its bound |a−r| ≤ {:e} + {:e}·|r|",
-        s.worst_bound_ratio, tol.abs, tol.rel
-    );
+    // A tolerance without an element bound (infinite abs) is judged by the cosine alone.
+    let bound = match (tol.abs.is_finite(), tol.rel == 0.0) {
+        (false, _) => None,
+        (true, true) => Some(format!("|a−r| ≤ {:e}", tol.abs)),
+        (true, false) => Some(format!("|a−r| ≤ {:e} + {:e}·|r|", tol.abs, tol.rel)),
+    };
+    let elem = match &bound {
+        Some(b) => format!(
+            "worst element at {:.3} of its bound {b}",
+            s.worst_bound_ratio
+        ),
+        None => "no element bound".into(),
+    };
     let cos = format!("1−cos {:.3e} vs limit {:e}", s.cos_diff, tol.cos_diff);
     if s.special_mismatches > 0 {
         return format!("{} NaN/Inf positions differ", s.special_mismatches);
@@ -58,7 +67,7 @@ fn decided_by(s: &Stats, tol: &Tolerance) -> String {
     if s.cos_diff > tol.cos_diff {
         return cos;
     }
-    if s.worst_bound_ratio >= s.cos_diff / tol.cos_diff {
+    if bound.is_some() && s.worst_bound_ratio >= s.cos_diff / tol.cos_diff {
         elem
     } else {
         cos
@@ -114,7 +123,7 @@ impl Report {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    crate::out::json_dest(&a.json);
+    crate::out::json_dest(&a.json)?;
     let mut r = Report { rows: Vec::new() };
     let mut rng = Rng::new(a.seed);
     let g = Geometry::embedded();
@@ -469,4 +478,40 @@ fn check_attention(r: &mut Report, rng: &mut Rng) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod decided_by_tests {
+    use super::*;
+
+    /// A cosine-only tolerance (no element bound) printed `|a−r| ≤ inf + 0e0·|r|`.
+    #[test]
+    fn a_cosine_only_tolerance_names_no_element_bound() {
+        let tol = Tolerance {
+            abs: f64::INFINITY,
+            rel: 0.0,
+            cos_diff: 2e-2,
+        };
+        let s = Stats {
+            cos_diff: 0.0,
+            ..Stats::default()
+        };
+        let line = decided_by(&s, &tol);
+        assert!(!line.contains("inf"), "{line}");
+        assert!(line.starts_with("1−cos"), "{line}");
+        let elem = Tolerance {
+            abs: 1e-5,
+            rel: 0.0,
+            cos_diff: 1e-6,
+        };
+        let s = Stats {
+            worst_bound_ratio: 0.5,
+            ..Stats::default()
+        };
+        assert!(
+            decided_by(&s, &elem).ends_with("|a−r| ≤ 1e-5"),
+            "{}",
+            decided_by(&s, &elem)
+        );
+    }
 }

@@ -19,17 +19,17 @@ pub struct Args {
     #[arg(long, default_value = "h200-tp4-engram-offload", value_parser = ["h200-tp4-engram-offload", "kv-only"])]
     deployment: String,
     /// Accelerator memory in GiB (default: the preset's; one H200 = 141 GB = 131.3 GiB).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::out::positive_f64)]
     gpu_mem_gib: Option<f64>,
     /// Memory taken by weights on that accelerator, GiB (default: the preset's).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::out::non_negative_f64)]
     weights_gib: Option<f64>,
     /// Memory given to the KV cache, GiB (default: the preset's published KV budget, or
     /// gpu − weights when either of those is given).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::out::non_negative_f64)]
     kv_gib: Option<f64>,
     /// Context length (tokens, ≥ 1) per session for the capacity plan.
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value_t = 1 << 20, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     context: usize,
 }
 
@@ -71,7 +71,7 @@ pub fn deployment(name: &str) -> Option<Deployment> {
 }
 
 pub fn run(a: Args) -> csa2::Result<()> {
-    crate::out::json_dest(&a.json);
+    crate::out::json_dest(&a.json)?;
     let g = crate::load_geometry(a.config.as_deref())?;
     if a.context == 0 {
         return Err(csa2::Error::invalid(
@@ -102,6 +102,15 @@ pub fn run(a: Args) -> csa2::Result<()> {
         d.source = "command-line flags over the preset";
         d.gpu_mem_gib = a.gpu_mem_gib.unwrap_or(d.gpu_mem_gib);
         d.weights_gib = a.weights_gib.unwrap_or(d.weights_gib);
+        if d.weights_gib >= d.gpu_mem_gib {
+            return Err(csa2::Error::invalid(
+                "gpu-mem-gib/weights-gib",
+                format!(
+                    "weights of {} GiB leave no room for a KV cache on a {} GiB accelerator",
+                    d.weights_gib, d.gpu_mem_gib
+                ),
+            ));
+        }
         d.kv_gib = a.kv_gib.unwrap_or(d.gpu_mem_gib - d.weights_gib);
         if d.weights_gib + d.kv_gib > d.gpu_mem_gib + 1e-9 {
             return Err(csa2::Error::invalid(

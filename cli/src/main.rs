@@ -54,7 +54,7 @@ enum Cmd {
     Ab(ab::Args),
     /// Run one CSA2 op on .npy inputs (fast path or --reference); formats in docs/OPS.md.
     Op(op::Args),
-    /// Measure a kernel family against a baseline run in the same process (`bench codecs`, `bench ops`).
+    /// Measure a kernel family against a baseline run in the same process (`bench codecs`, `bench ops`, `bench gemm`).
     Bench(bench::Args),
     /// Run every op fast vs reference on random edge-case inputs; non-zero exit on failure.
     Check(check::Args),

@@ -14,7 +14,7 @@ pub struct Args {
     #[arg(long, default_value = "tiny")]
     scale: String,
     /// Seed of the random values.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = crate::out::count::<u64>)]
     seed: u64,
     /// Layers to write: `A..B` (end exclusive), `A-B` (inclusive) or one id; default all.
     #[arg(long)]

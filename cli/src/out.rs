@@ -53,8 +53,86 @@ pub fn in_pool<T: Send>(threads: usize, f: impl FnOnce() -> Result<T> + Send) ->
 }
 
 /// Call first in a command with a `--json` flag: with `--json -` the human report moves to stderr.
-pub fn json_dest(j: &Option<JsonOut>) {
+/// A file destination is checked before any work (a long run must not end on an unwritable path).
+///
+/// Errors: [`Error::Io`] naming the path when it cannot be written.
+pub fn json_dest(j: &Option<JsonOut>) -> Result<()> {
     HUMAN_TO_STDERR.store(matches!(j, Some(JsonOut::Stdout)), Ordering::Relaxed);
+    match j {
+        Some(JsonOut::File(p)) => check_writable_file(p),
+        _ => Ok(()),
+    }
+}
+
+/// Call first in a command with a `--plots` flag: creates the directory and checks that a file
+/// can be written in it, before any work.
+///
+/// Errors: [`Error::Io`] naming the directory when it cannot be created or written.
+pub fn plots_dest(dir: &Option<PathBuf>) -> Result<()> {
+    let Some(dir) = dir else { return Ok(()) };
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let probe = dir.join(format!(".csa2-write-check-{}", std::process::id()));
+    std::fs::File::create(&probe).map_err(|e| Error::io(dir, e))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// Opens `p` for writing without truncating it; a file that did not exist is removed again.
+fn check_writable_file(p: &Path) -> Result<()> {
+    if p.is_dir() {
+        return Err(Error::io(
+            p,
+            std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory"),
+        ));
+    }
+    let existed = p.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(p)
+        .map_err(|e| Error::io(p, e))?;
+    if !existed {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
+
+/// Value parser of a count that must be ≥ 1 (`--chunk`, `--limit`, ...): says so for 0 and for a
+/// negative number (the flag takes `allow_negative_numbers`, so clap hands `-5` over as a value).
+pub fn positive_count(s: &str) -> std::result::Result<usize, String> {
+    match s.trim().parse::<i128>() {
+        Ok(v) if v >= 1 => usize::try_from(v).map_err(|_| format!("{v} is too large")),
+        Ok(v) => Err(format!("must be a positive whole number (≥ 1), found {v}")),
+        Err(_) => Err(format!("expected a positive whole number, found `{s}`")),
+    }
+}
+
+/// Value parser of a count that may be 0 (`--threads`, `--warmup`, a seed, ...): says so for a
+/// negative number.
+pub fn count<T: TryFrom<i128>>(s: &str) -> std::result::Result<T, String> {
+    match s.trim().parse::<i128>() {
+        Ok(v) if v >= 0 => T::try_from(v).map_err(|_| format!("{v} is too large")),
+        Ok(v) => Err(format!("must be 0 or more, found {v}")),
+        Err(_) => Err(format!("expected a whole number ≥ 0, found `{s}`")),
+    }
+}
+
+/// Value parser of a finite quantity > 0 (GiB, seconds, scales).
+pub fn positive_f64(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(v) => Err(format!("must be a positive number, found {v}")),
+        Err(_) => Err(format!("expected a positive number, found `{s}`")),
+    }
+}
+
+/// Value parser of a finite quantity ≥ 0.
+pub fn non_negative_f64(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(v) => Err(format!("must be a number ≥ 0, found {v}")),
+        Err(_) => Err(format!("expected a number ≥ 0, found `{s}`")),
+    }
 }
 
 /// Whether human-readable lines go to stderr (stdout carries the JSON document).

@@ -511,7 +511,7 @@ fn text_config(path: Option<&std::path::Path>) -> Result<Value> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    crate::out::json_dest(&a.json);
+    crate::out::json_dest(&a.json)?;
     let g = crate::load_geometry(a.config.as_deref())?;
     let text = text_config(a.config.as_deref())?;
     let figs = figures(&g, &text)?;

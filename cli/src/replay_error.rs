@@ -25,22 +25,22 @@ pub struct Args {
     #[arg(long)]
     weights: Option<PathBuf>,
     /// Turns of the session (turn 0 is a cold prefill; later turns hit the cached prefix).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     turns: usize,
     /// Seed of the synthetic weights and token ids.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::out::count::<u64>)]
     seed: u64,
     /// Decode steps after every turn's prefill (how far the difference persists).
-    #[arg(long, default_value_t = 24)]
+    #[arg(long, default_value_t = 24, allow_negative_numbers = true, value_parser = crate::out::count::<usize>)]
     continuation: usize,
     /// Prompt tokens of turn 0.
-    #[arg(long, default_value_t = 232)]
+    #[arg(long, default_value_t = 232, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     first: usize,
     /// New prompt tokens of every later turn.
-    #[arg(long, default_value_t = 160)]
+    #[arg(long, default_value_t = 160, allow_negative_numbers = true, value_parser = crate::out::count::<usize>)]
     new: usize,
     /// Prefill chunk, tokens.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     chunk: usize,
     /// Whether turns ≥ 1 find the encoder SWA snapshot: miss, hit or alternate (odd turns miss).
     #[arg(long, default_value = "alternate")]
@@ -52,7 +52,7 @@ pub struct Args {
     #[arg(long, default_value = "exact")]
     reference: String,
     /// Worker threads (0 = all cores).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = crate::out::count::<usize>)]
     threads: usize,
     /// Write every number as JSON to PATH (`-` = stdout; the tables then go to stderr).
     #[arg(long, value_name = "PATH")]
@@ -64,7 +64,7 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn run_in_pool(a: Args) -> Result<()> {
-    crate::out::json_dest(&a.json);
+    crate::out::json_dest(&a.json)?;
     let scale = Scale::from_name(&a.scale)?;
     let reference = Variant::from_name(&a.reference)?;
     let compare = a

@@ -31,34 +31,34 @@ pub struct Args {
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Turns of the session.
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = 6, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     turns: usize,
     /// Model scale for synthetic weights (`tiny` or `full`).
     #[arg(long, default_value = "tiny")]
     scale: String,
     /// Worker threads (0 = all cores).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = crate::out::count::<usize>)]
     threads: usize,
     /// Write every number as JSON to PATH (`-` = stdout; the table then goes to stderr).
     #[arg(long, value_name = "PATH")]
     json: Option<JsonOut>,
     /// New prompt tokens per turn = trace input_length × this.
-    #[arg(long, default_value_t = 0.03)]
+    #[arg(long, default_value_t = 0.03, allow_negative_numbers = true, value_parser = crate::out::positive_f64)]
     token_scale: f64,
     /// Generated tokens per turn are clipped to this.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, allow_negative_numbers = true, value_parser = crate::out::count::<usize>)]
     decode_max: usize,
     /// Session seconds per trace second between turns.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, allow_negative_numbers = true, value_parser = crate::out::non_negative_f64)]
     time_scale: f64,
     /// Turn k is trace request k × stride (spreads the turns over the trace's timeline).
-    #[arg(long, default_value_t = 25)]
+    #[arg(long, default_value_t = 25, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     stride: usize,
     /// DRAM snapshot time to live, seconds (docs/SPEC.md §0: minutes).
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 300, allow_negative_numbers = true, value_parser = crate::out::count::<u64>)]
     ttl_s: u64,
     /// Prefill chunk size in tokens.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     chunk: usize,
     /// Run every decoder row in prefill (decoder bounded replay off).
     #[arg(long)]
@@ -71,7 +71,7 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = CacheKind::Paged)]
     cache: CacheKind,
     /// Blocks of 256 tokens in the paged pool (0 = enough for the session's final context).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = crate::out::count::<usize>)]
     cache_blocks: usize,
 }
 
@@ -142,12 +142,12 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn run_in_pool(a: Args) -> Result<()> {
-    crate::out::json_dest(&a.json);
+    crate::out::json_dest(&a.json)?;
     if a.turns == 0 {
         return Err(Error::invalid("turns", "must be ≥ 1"));
     }
     let reqs = load_trace(&a)?;
-    let stride = a.stride.max(1);
+    let stride = a.stride;
     if reqs.len().div_ceil(stride) < a.turns {
         return Err(Error::invalid(
             "turns",
@@ -162,8 +162,9 @@ fn run_in_pool(a: Args) -> Result<()> {
     let backend = load_backend(&a)?;
     let g = backend.geometry();
     say!(
-        "csa2 run — {} turns of an agentic session through the {} backend ({} scale: hidden {}, {} heads, {} layers; {} weights)",
+        "csa2 run — {} turn{} of an agentic session through the {} backend ({} scale: hidden {}, {} heads, {} layers; {} weights)",
         a.turns,
+        if a.turns == 1 { "" } else { "s" },
         backend.cfg.name,
         a.scale,
         g.hidden_size,
@@ -224,13 +225,13 @@ fn run_in_pool(a: Args) -> Result<()> {
     let session_s = t_session.elapsed().as_secs_f64();
     bar.finish();
     say!(
-        "{:>4} {:>8} {:>7} {:>7} {:>5} {:>7} {:>7} {:>4} {:>8} {:>8} {:>9} {:>8} {:>11} {:>10} {:>10}",
+        "{:>4} {:>8} {:>7} {:>7} {:>5} {:>7} {:>7} {:>4} {:>9} {:>8} {:>13} {:>12} {:>11} {:>10} {:>10}",
         "turn", "arrive s", "prompt", "hit", "snap", "replay", "rows", "gen", "prefill s", "decode s",
-        "prefill/s", "decode/s", "global B", "SWA B", "DRAM B"
+        "prefill tok/s", "decode tok/s", "global B", "SWA B", "DRAM B"
     );
     for t in &reports {
         say!(
-            "{:>4} {:>8.1} {:>7} {:>7} {:>5} {:>7} {:>7} {:>4} {:>8.3} {:>8.3} {:>9.1} {:>8.2} {:>11} {:>10} {:>10}",
+            "{:>4} {:>8.1} {:>7} {:>7} {:>5} {:>7} {:>7} {:>4} {:>9.3} {:>8.3} {:>13.1} {:>12.2} {:>11} {:>10} {:>10}",
             t.turn,
             t.arrival_s,
             t.prompt_tokens,

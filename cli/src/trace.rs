@@ -21,7 +21,7 @@ pub struct Args {
     #[arg(long, default_value = "both", value_parser = ["v41", "v4", "both"])]
     design: String,
     /// HBM for global KV blocks, GiB.
-    #[arg(long, default_value_t = 16.0)]
+    #[arg(long, default_value_t = 16.0, allow_negative_numbers = true, value_parser = crate::out::positive_f64)]
     hbm_gib: f64,
     /// Directory for the SSD tiers (one empty subdirectory per design is created); default: a
     /// temporary directory removed afterwards.
@@ -30,28 +30,28 @@ pub struct Args {
     /// SSD capacity per design, GiB (real files are written up to this size). Default: sized to
     /// the input, 2 GiB × (its distinct prefix blocks / the 182,790 of the full conversation
     /// trace), between 64 MiB and 2 GiB: the same SSD pressure as the documented full-trace run.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::out::positive_f64)]
     ssd_gib: Option<f64>,
     /// SSD minimum lifetime, hours.
-    #[arg(long, default_value_t = 72.0)]
+    #[arg(long, default_value_t = 72.0, allow_negative_numbers = true, value_parser = crate::out::positive_f64)]
     ssd_lifetime_h: f64,
     /// DRAM snapshot pool, GiB (default: 10% of this host's memory).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::out::non_negative_f64)]
     dram_gib: Option<f64>,
     /// DRAM snapshot TTL, seconds.
-    #[arg(long, default_value_t = 300.0)]
+    #[arg(long, default_value_t = 300.0, allow_negative_numbers = true, value_parser = crate::out::non_negative_f64)]
     dram_ttl_s: f64,
     /// Replay mode of the V4.1 design: bounded, exact or off.
     #[arg(long, default_value = "bounded")]
     replay: String,
     /// Cache block size in tokens (multiple of 128 for V4; > 128).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     block_tokens: usize,
     /// Sync every SSD write (slow; the simulation default relies on the page cache).
     #[arg(long)]
     fsync: bool,
     /// Simulate only the first N requests.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     limit: Option<usize>,
     /// Write the full report (with time series) as JSON to PATH (`-` = stdout; the summary then
     /// goes to stderr).
@@ -128,7 +128,8 @@ fn check_empty(dir: &Path) -> csa2::Result<()> {
 }
 
 pub fn run(a: Args) -> csa2::Result<()> {
-    crate::out::json_dest(&a.json);
+    crate::out::json_dest(&a.json)?;
+    crate::out::plots_dest(&a.plots)?;
     let (name, mut reqs) = match &a.trace {
         Some(p) => (p.display().to_string(), trace::read(p)?),
         None => (

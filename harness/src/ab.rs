@@ -106,6 +106,12 @@ pub fn run(cfg: &AbConfig, reqs: &[TraceRequest], progress: &dyn Progress) -> Re
             "must be ≥ 1 (a median needs at least one timed run)",
         ));
     }
+    if cfg.prefill_max == 0 {
+        return Err(Error::invalid(
+            "prefill-max",
+            "must be ≥ 1 token (the prefill rows need a prompt)",
+        ));
+    }
     if cfg.contexts.is_empty() || cfg.contexts.iter().any(|&c| c < 1024) {
         return Err(Error::invalid("contexts", "give one or more lengths ≥ 1K"));
     }
@@ -691,6 +697,24 @@ pub fn ratio(a: f64, b: f64) -> f64 {
 mod tests {
     use super::*;
     use csa2::Geometry;
+
+    /// Regression: `csa2 ab --prefill-max 0` panicked in `clamp` ("min > max") after building the
+    /// weights; a zero prefill length is an argument error, returned before any work.
+    #[test]
+    fn a_zero_prefill_length_is_an_argument_error() {
+        let cfg = AbConfig {
+            contexts: vec![1024],
+            decode_steps: 1,
+            warmup: 0,
+            prefill_reps: 1,
+            accuracy_max: 0,
+            scale: Scale::Tiny,
+            prefill_max: 0,
+            f32_weights: false,
+        };
+        let e = run(&cfg, &[], &()).err().expect("refused");
+        assert!(e.to_string().contains("prefill-max"), "{e}");
+    }
 
     /// Regression: the hash overflowed (and panicked under overflow checks) for any k ≥ 1.
     #[test]

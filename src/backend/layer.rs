@@ -233,6 +233,7 @@ pub fn attention_sublayer(
             ratio: None,
         };
         let main_fmt = cache.formats().main;
+        let dots = AttentionDots::backend_default();
         for ((si, span), win) in rows.spans.iter().zip(&windows) {
             let s = &plan.seqs[*si];
             let (topk_rows, main_bytes) = match lp.kv_source {
@@ -246,9 +247,13 @@ pub fn attention_sublayer(
                 None => (&[][..], std::borrow::Cow::Borrowed(&[][..])),
             };
             // Many rows selecting from few entries (prefill): decode every entry once per step
-            // instead of once per row; one decode row reads its ≤ k records directly.
+            // instead of once per row; one decode row reads its ≤ k records directly. Not where
+            // the kernel scores the records themselves (int16 on NVFP4): there the choice, which
+            // depends on the rows in this step, would change the scores of the rows.
             let n = main_bytes.len() / main_fmt.record_bytes();
-            let dense = lp.kv_source.filter(|_| n > 0 && n < span.len() * k);
+            let dense = lp
+                .kv_source
+                .filter(|_| n > 0 && n < span.len() * k && !dots.reads_records(main_fmt));
             let decoded = match dense {
                 Some(src) => Some(match bufs.decoded_main.get(&(s.req, src, n)) {
                     Some(v) => v.clone(),
@@ -278,7 +283,7 @@ pub fn attention_sublayer(
             let mut lse = vec![0f32; span.len() * h];
             attention_with_dots(
                 &params,
-                AttentionDots::backend_default(),
+                dots,
                 &AttentionInputs {
                     q: rows_of_span(&q, h * hd, span),
                     topk: topk_rows,

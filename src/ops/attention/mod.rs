@@ -214,6 +214,15 @@ impl AttentionDots {
         }
     }
 
+    /// Whether `self` scores main rows of format `main` from their records in a way that their
+    /// decoded f32 rows would not reproduce: [`AttentionDots::Int16`] on NVFP4-DS (the int16
+    /// kernel reads the E2M1 codes and block scales; the same rows handed over as f32 take the
+    /// bf16 split). A caller that may decode such rows up front (to share one decode among many
+    /// tokens) must not, or a row's bits would depend on which rows share its call.
+    pub fn reads_records(self, main: RecordFormat) -> bool {
+        self == AttentionDots::Int16 && main == RecordFormat::Nvfp4Ds && self.is_supported()
+    }
+
     /// Parses `f32`, `bf16` or `int16`.
     pub fn from_name(s: &str) -> Result<AttentionDots> {
         match s {

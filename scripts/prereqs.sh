@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Checks the system prerequisites of the test command and stops with what to install when one is
+# missing (a test that cannot run is a failure, never a silent skip).
+#   scripts/prereqs.sh          everything tests/run_all.sh needs
+#   scripts/prereqs.sh --no-vllm without the vLLM stage's system libraries (CSA2_SKIP_VLLM=1)
+set -uo pipefail
+vllm=1
+[ "${1:-}" = --no-vllm ] && vllm=0
+missing=()    # Debian / Ubuntu package names
+notes=()
+command -v cargo >/dev/null || notes+=("cargo (Rust ≥ 1.89): install with rustup, https://rustup.rs")
+command -v cc >/dev/null || missing+=(gcc)
+if ! command -v python3 >/dev/null; then
+    missing+=(python3 python3-venv)
+elif ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    missing+=(python3-venv)
+fi
+if [ "$vllm" = 1 ]; then
+    # The Mooncake store client and master (python_shim/tests_interpreted/test_mooncake.py) load
+    # these two system libraries.
+    has_lib() { ldconfig -p 2>/dev/null | grep -q "$1" || ls /usr/lib/*/"$1"* >/dev/null 2>&1; }
+    has_lib libfabric.so.1 || missing+=(libfabric1)
+    has_lib libibverbs.so.1 || missing+=(libibverbs1)
+fi
+if [ ${#missing[@]} -eq 0 ] && [ ${#notes[@]} -eq 0 ]; then
+    exit 0
+fi
+echo "error: the test command needs what this machine lacks:" >&2
+for n in "${notes[@]}"; do echo "  - $n" >&2; done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "  - system packages: ${missing[*]}" >&2
+    echo "    install them with: sudo apt-get install ${missing[*]}" >&2
+fi
+if [ "$vllm" = 1 ]; then
+    echo "  (CSA2_SKIP_VLLM=1 runs the test command without the vLLM plugin stage, which needs libfabric1 and libibverbs1)" >&2
+fi
+exit 1
