@@ -62,12 +62,15 @@ fi
 cd "$here"
 "$venv/bin/python" $safe_path -m pytest -q -p no:cacheprovider "$@"
 # With no arguments, also the device route on the host SIMT harness: a library built with
-# `--features cuda-emu` (its own target dir, so the wheel's build stays warm) runs every CUDA
-# branch of csa2_vllm.route on host tensors presented as CUDA, and tests/gpu/check_shim_route.py
-# --emu with it. CSA2_SKIP_EMU=1 skips it.
+# `--features cuda-emu` runs every CUDA branch of csa2_vllm.route on host tensors presented as
+# CUDA, and tests/gpu/check_shim_route.py --emu with it. It shares target/debug's dependencies
+# (only the core crate is compiled again) and is copied aside, since the next default build puts
+# its own libcsa2.so back in that place. CSA2_SKIP_EMU=1 skips it.
 if [ $# -eq 0 ] && [ "${CSA2_SKIP_EMU:-0}" != 1 ]; then
-    (cd "$root" && cargo build -p csa2 --features cuda-emu --lib --target-dir target/emu)
-    CSA2_LIB="$root/target/emu/debug/libcsa2.so" "$venv/bin/python" $safe_path -m pytest -q \
+    (cd "$root" && cargo build -p csa2 --features cuda-emu --lib)
+    mkdir -p "$root/target/emu-lib"
+    cp "$root/target/debug/libcsa2.so" "$root/target/emu-lib/libcsa2.so"
+    CSA2_LIB="$root/target/emu-lib/libcsa2.so" "$venv/bin/python" $safe_path -m pytest -q \
         -p no:cacheprovider tests/test_device_route.py
 fi
 # With no arguments, also the tests that run vLLM's own Triton kernels (its V4.1 metadata, gathers
