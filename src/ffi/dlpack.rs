@@ -481,15 +481,14 @@ impl<'a> View<'a> {
         arg.check_as(self.name, self.t.dtype(), self.t.shape(), dims)
     }
 
-    /// Errors unless the memory is host-readable: [`Error::NoCudaBuild`] for a CUDA tensor in a
-    /// build without the `cuda` feature, [`Error::Unsupported`] for a CUDA tensor reaching a call
-    /// that has no CUDA path.
+    /// Errors unless the memory is host-readable: [`Error::Unsupported`] for a CUDA tensor (this
+    /// call has no CUDA path in any build, so `CSA2_ERR_NO_CUDA_BUILD` would send the caller to
+    /// rebuild for nothing; calls that do have one report a missing `cuda` feature themselves).
     pub fn require_host(&self) -> Result<()> {
         match self.t.device() {
             Device::Cpu => Ok(()),
-            d if !cfg!(feature = "cuda") => Err(crate::tensor::no_cuda_build(self.name, d)),
             d => Err(Error::Unsupported(format!(
-                "`{}` is on {d}, but this call needs host memory",
+                "`{}` is on {d}, but this call needs host memory (it has no CUDA path)",
                 self.name
             ))),
         }
