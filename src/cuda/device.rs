@@ -18,9 +18,19 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     cc: (i32, i32),
+    sm_count: usize,
     name: String,
+    /// Scratch of the split attention kernel, one buffer per stream (see
+    /// [`CudaDevice::attention_workspace`]); outgrown buffers are kept until the device drops.
+    workspace: Mutex<Workspaces>,
     modules: Mutex<HashMap<&'static str, Arc<Loaded>>>,
     sync_each_launch: bool,
+}
+
+#[derive(Default)]
+struct Workspaces {
+    by_stream: HashMap<u64, CudaSlice<f32>>,
+    retired: Vec<CudaSlice<f32>>,
 }
 
 struct Loaded {
@@ -103,12 +113,20 @@ impl CudaDevice {
             .compute_capability()
             .map_err(|e| cuda_error("compute capability", e))?;
         let name = ctx.name().map_err(|e| cuda_error("device name", e))?;
+        let sm_count = ctx
+            .attribute(
+                crate::cuda::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| cuda_error("multiprocessor count", e))?
+            .max(1) as usize;
         let stream = ctx.default_stream();
         Ok(CudaDevice {
             ctx,
             stream,
             cc,
+            sm_count,
             name,
+            workspace: Mutex::new(Workspaces::default()),
             modules: Mutex::new(HashMap::new()),
             sync_each_launch: std::env::var_os("CSA2_CUDA_SYNC").is_some_and(|v| v != "0"),
         })
@@ -121,6 +139,36 @@ impl CudaDevice {
     /// Compute capability (major, minor).
     pub fn compute_capability(&self) -> (i32, i32) {
         self.cc
+    }
+    /// Streaming multiprocessors (the driver's count; 132 on the emulated device).
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
+    }
+    /// A device address of at least `floats` f32 of scratch for launches on `stream` (a raw
+    /// `CUstream`), kept for the device's life: the same address comes back for every request that
+    /// fits, so a call captured in a CUDA graph replays against it. A larger request allocates a
+    /// new buffer (host work and a synchronization of the device's stream: do it once outside
+    /// capture with the largest batch, as a warm-up does); the outgrown buffer is kept, not freed,
+    /// since work queued before may still use it. Work on one stream runs in order, so one buffer
+    /// per stream is never used by two launches at once.
+    ///
+    /// Errors: [`Error::Cuda`] when the allocation fails.
+    pub fn attention_workspace(&self, stream: u64, floats: usize) -> Result<u64> {
+        use crate::cuda::driver::DevicePtr;
+        let mut w = self.workspace.lock();
+        if let Some(b) = w.by_stream.get(&stream) {
+            if b.len() >= floats {
+                return Ok(b.device_ptr(&self.stream).0);
+            }
+        }
+        let grown = floats.max(w.by_stream.get(&stream).map_or(0, |b| 2 * b.len()));
+        let b = self.zeros::<f32>(grown)?;
+        self.synchronize()?;
+        let addr = b.device_ptr(&self.stream).0;
+        if let Some(old) = w.by_stream.insert(stream, b) {
+            w.retired.push(old);
+        }
+        Ok(addr)
     }
     /// The SASS image this device runs ([`sass_arch`]), if the fatbin has one for it.
     pub fn arch(&self) -> Option<&'static str> {

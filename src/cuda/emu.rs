@@ -28,6 +28,12 @@ pub mod sys {
     /// A device address: a host address on the emulated device.
     #[allow(non_camel_case_types)]
     pub type CUdeviceptr = u64;
+    /// The device attributes the emulated device answers.
+    #[allow(non_camel_case_types)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum CUdevice_attribute {
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    }
     /// Event flags (accepted, ignored).
     #[allow(non_camel_case_types)]
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +137,12 @@ impl CudaContext {
     }
     pub fn compute_capability(&self) -> Result<(i32, i32), DriverError> {
         Ok(self.cc)
+    }
+    /// A device attribute: the emulated device reports an H100 SXM's / H200's 132 SMs.
+    pub fn attribute(&self, attrib: sys::CUdevice_attribute) -> Result<i32, DriverError> {
+        match attrib {
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT => Ok(132),
+        }
     }
     /// Launches run synchronously: nothing is ever pending.
     pub fn synchronize(&self) -> Result<(), DriverError> {

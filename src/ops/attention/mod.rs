@@ -29,6 +29,7 @@ pub mod cuda;
 mod int16;
 pub mod pools;
 pub mod reference;
+pub mod split_plan;
 
 pub use pools::{attention_pools, PoolDesc, PoolInputs, PoolLayout, PoolView};
 

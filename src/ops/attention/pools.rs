@@ -508,9 +508,10 @@ mod tests {
                             "kind {ki} hp {hp} {kernel:?}: padded heads of token {ti} not zero"
                         );
                     }
-                    let (to, tl) = match kernel {
-                        PoolsKernel::Simt => (GPU_BF16_VS_F64, GPU_F32_VS_F64),
-                        PoolsKernel::Mma => (BF16_DOTS_VS_F64, BF16_DOTS_VS_F64),
+                    let (to, tl) = if kernel.tensor_core() {
+                        (BF16_DOTS_VS_F64, BF16_DOTS_VS_F64)
+                    } else {
+                        (GPU_BF16_VS_F64, GPU_F32_VS_F64)
                     };
                     let st = compare(&live, &ro, &to);
                     assert!(st.ok(&to), "kind {ki} hp {hp} {kernel:?}: out {st:?}");
