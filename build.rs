@@ -588,6 +588,27 @@ const MUTANTS: &[(&str, &str, &str, &str)] = &[
         "dst[i] = f32_to_bf16_bits(f[i]);\n        }\n        __syncthreads();",
         "dst[i] = f32_to_bf16_bits(f[i]);\n        }",
     ),
+    // The split kernel's combine weighting every partial by e^0 (each partial's own max ignored).
+    (
+        "attention",
+        "split_combine_ignores_partial_max",
+        "float w = expf(m_s - M);",
+        "float w = expf(M - M);",
+    ),
+    // The split kernel reading its raw records without waiting for their cp.async copies.
+    (
+        "attention",
+        "split_cp_async_wait_removed",
+        "cp_async_wait<1>();",
+        "",
+    ),
+    // The barrier between the two dim-half warps writing their S halves and reading each other's.
+    (
+        "attention",
+        "split_s_half_barrier_removed",
+        "__syncthreads();  // both halves of S written",
+        "",
+    ),
     // The barrier between the top-k's histogram counts and thread 0's bucket scan, removed.
     (
         "topk",

@@ -258,7 +258,7 @@ pub(super) struct PoolLaunch {
 
 /// Every argument of one `attn_pools_bf16` launch (device addresses; 0 = null for the optional
 /// ones), checked by the entry that builds it.
-pub(super) struct PoolsLaunch {
+pub(crate) struct PoolsLaunch {
     pub(super) ordinal: i32,
     pub(super) tokens: usize,
     pub(super) padded_heads: usize,
@@ -475,7 +475,7 @@ pub(super) fn launch_pools(c: &PoolsLaunch, stream: u64, kernel: PoolsKernel) ->
 
 /// [`launch_pools`] with the split kernel's plan given (`None`: [`split_plan`] for the batch and
 /// the device; ignored by the other kernels).
-pub(super) fn launch_pools_planned(
+pub(crate) fn launch_pools_planned(
     c: &PoolsLaunch,
     stream: u64,
     kernel: PoolsKernel,
