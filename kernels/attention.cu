@@ -683,10 +683,9 @@ __device__ __forceinline__ void sk_store_row(u16* row, int c, const u32* v) {
     for (int j = 0; j < 4; ++j) {
         int jj = (j + (c >> 1)) & 3;
         u32x4 w;
-        w.w[0] = v[4 * jj];
-        w.w[1] = v[4 * jj + 1];
-        w.w[2] = v[4 * jj + 2];
-        w.w[3] = v[4 * jj + 3];
+        // Selects, not v[4·jj + e]: a register array indexed at run time would live in local memory.
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w.w[e] = jj == 0 ? v[e] : jj == 1 ? v[4 + e] : jj == 2 ? v[8 + e] : v[12 + e];
         *(u32x4*)(row + 32 * c + 8 * jj) = w;
     }
 }

@@ -20,16 +20,18 @@ pub struct CudaDevice {
     cc: (i32, i32),
     sm_count: usize,
     name: String,
-    /// Scratch of the split attention kernel, one buffer per stream (see
+    /// Scratch of the split attention kernel (see
     /// [`CudaDevice::attention_workspace`]); outgrown buffers are kept until the device drops.
     workspace: Mutex<Workspaces>,
+    /// Held from a split launch's workspace lookup until its combine is queued.
+    split_launch: Mutex<()>,
     modules: Mutex<HashMap<&'static str, Arc<Loaded>>>,
     sync_each_launch: bool,
 }
 
 #[derive(Default)]
 struct Workspaces {
-    by_stream: HashMap<u64, CudaSlice<f32>>,
+    current: Option<CudaSlice<f32>>,
     retired: Vec<CudaSlice<f32>>,
 }
 
@@ -127,6 +129,7 @@ impl CudaDevice {
             sm_count,
             name,
             workspace: Mutex::new(Workspaces::default()),
+            split_launch: Mutex::new(()),
             modules: Mutex::new(HashMap::new()),
             sync_each_launch: std::env::var_os("CSA2_CUDA_SYNC").is_some_and(|v| v != "0"),
         })
@@ -144,31 +147,43 @@ impl CudaDevice {
     pub fn sm_count(&self) -> usize {
         self.sm_count
     }
-    /// A device address of at least `floats` f32 of scratch for launches on `stream` (a raw
-    /// `CUstream`), kept for the device's life: the same address comes back for every request that
-    /// fits, so a call captured in a CUDA graph replays against it. A larger request allocates a
-    /// new buffer (host work and a synchronization of the device's stream: do it once outside
-    /// capture with the largest batch, as a warm-up does); the outgrown buffer is kept, not freed,
-    /// since work queued before may still use it. Work on one stream runs in order, so one buffer
-    /// per stream is never used by two launches at once.
+    /// The lock a split attention launch holds from [`CudaDevice::attention_workspace`] until its
+    /// combine launch is queued, so that two host threads launching on one stream queue their
+    /// (split, combine) pairs one after the other, never interleaved over the shared workspace.
+    pub(crate) fn split_launch_lock(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.split_launch.lock()
+    }
+    /// A device address of at least `floats` f32 of scratch for the split attention kernel, or
+    /// `None` when that needs an allocation and `may_allocate` is false (the caller's stream is
+    /// being captured: the launch then runs unsplit). One buffer per device, kept for the
+    /// device's life, so every request that fits gets the same address and a captured graph
+    /// replays against it; a larger request allocates a new buffer (host work and a
+    /// synchronization of the device's stream — a warm-up call with the largest batch before
+    /// capture does it) and keeps the outgrown one, since queued or captured work may still use
+    /// it. The buffer is shared by every stream: launches on one stream are ordered (and the pair
+    /// lock keeps each split + combine together); split attention on two streams of one device
+    /// running at the same time is outside the contract (vLLM runs attention on one stream).
     ///
     /// Errors: [`Error::Cuda`] when the allocation fails.
-    pub fn attention_workspace(&self, stream: u64, floats: usize) -> Result<u64> {
+    pub fn attention_workspace(&self, floats: usize, may_allocate: bool) -> Result<Option<u64>> {
         use crate::cuda::driver::DevicePtr;
         let mut w = self.workspace.lock();
-        if let Some(b) = w.by_stream.get(&stream) {
+        if let Some(b) = &w.current {
             if b.len() >= floats {
-                return Ok(b.device_ptr(&self.stream).0);
+                return Ok(Some(b.device_ptr(&self.stream).0));
             }
         }
-        let grown = floats.max(w.by_stream.get(&stream).map_or(0, |b| 2 * b.len()));
+        if !may_allocate {
+            return Ok(None);
+        }
+        let grown = floats.max(w.current.as_ref().map_or(0, |b| 2 * b.len()));
         let b = self.zeros::<f32>(grown)?;
         self.synchronize()?;
         let addr = b.device_ptr(&self.stream).0;
-        if let Some(old) = w.by_stream.insert(stream, b) {
+        if let Some(old) = w.current.replace(b) {
             w.retired.push(old);
         }
-        Ok(addr)
+        Ok(Some(addr))
     }
     /// The SASS image this device runs ([`sass_arch`]), if the fatbin has one for it.
     pub fn arch(&self) -> Option<&'static str> {

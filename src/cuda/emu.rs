@@ -34,6 +34,14 @@ pub mod sys {
     pub enum CUdevice_attribute {
         CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     }
+    /// A stream's capture status (the emulated device never captures).
+    #[allow(non_camel_case_types)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum CUstreamCaptureStatus {
+        CU_STREAM_CAPTURE_STATUS_NONE,
+        CU_STREAM_CAPTURE_STATUS_ACTIVE,
+        CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+    }
     /// Event flags (accepted, ignored).
     #[allow(non_camel_case_types)]
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -347,6 +355,10 @@ impl CudaStream {
     }
     pub fn cu_stream(&self) -> sys::CUstream {
         self.handle
+    }
+    /// Never capturing: the emulated device has no graphs.
+    pub fn capture_status(&self) -> Result<sys::CUstreamCaptureStatus, DriverError> {
+        Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
     pub fn synchronize(&self) -> Result<(), DriverError> {
         Ok(())

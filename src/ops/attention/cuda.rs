@@ -570,15 +570,28 @@ pub(crate) fn launch_pools_planned(
         return Ok(());
     }
     // The split kernel: (chunk, splits, workspace) after the common arguments, grid z = splits.
-    let plan = plan.unwrap_or_else(|| plan_for(c, dev.sm_count()));
+    let mut plan = plan.unwrap_or_else(|| plan_for(c, dev.sm_count()));
     if plan.chunk_keys == 0 || !plan.chunk_keys.is_multiple_of(TILE_KEYS) || plan.splits == 0 {
         return Err(Error::Internal(format!("split plan {plan:?}")));
     }
-    let splits = grid_rows("key splits", plan.splits)?;
+    // No allocation while the stream is being captured: without a workspace large enough already,
+    // the captured launch runs unsplit (same results class, other bits than a split plan).
+    let _pair = dev.split_launch_lock();
+    let capturing = !s.capture_status().is_ok_and(|st| {
+        st == crate::cuda::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    });
     let ws = match plan.workspace_floats(c.tokens, c.padded_heads, KV_DIM) {
         0 => 0u64,
-        n => dev.attention_workspace(stream, n)?,
+        n => match dev.attention_workspace(n, !capturing)? {
+            Some(a) => a,
+            None => {
+                plan =
+                    SplitPlan::with_chunk(c.main_idx.1 + c.swa_idx.1, c.main_idx.1 + c.swa_idx.1);
+                0
+            }
+        },
     };
+    let splits = grid_rows("key splits", plan.splits)?;
     let (chunk, nsplit) = (i("chunk", plan.chunk_keys)?, splits as i32);
     b.arg(&chunk).arg(&nsplit).arg(&ws);
     let split_cfg = crate::cuda::driver::LaunchConfig {

@@ -26,6 +26,7 @@ pub mod cpu;
 mod crew;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod decode_model;
 mod int16;
 pub mod pools;
 pub mod reference;

@@ -633,7 +633,8 @@ mod tests {
     /// error record; the key skipped), sink and lse, 64 and 128 padded heads with fewer live ones,
     /// 16-byte aligned pools (the cp.async path) and unaligned ones (plain loads), SWA-only
     /// layers: against the f64 reference. Then the merge rule: the same plan gives the same bits
-    /// on a second run, and a token's bits under one plan do not depend on the batch it is in.
+    /// on a second run, and a token's bits under one plan do not depend on the batch it is in,
+    /// nor on another thread's split launches sharing the workspace.
     #[cfg(feature = "cuda")]
     #[test]
     fn cuda_split_kernel_every_split_count_matches_reference_and_keeps_its_bits() {
@@ -811,6 +812,20 @@ mod tests {
                     lb(&lse[2 * h..5 * h]),
                     "{what}: lse of a sub-batch"
                 );
+                // Two host threads launching split batches on one stream at once (the workspace is
+                // shared): each gets the bits of its lone run.
+                if ki == 0 {
+                    std::thread::scope(|sc| {
+                        let a = sc.spawn(|| (0..3).map(|_| run(0..t)).collect::<Vec<_>>());
+                        let b = sc.spawn(|| (0..3).map(|_| run(2..5)).collect::<Vec<_>>());
+                        for r in a.join().unwrap() {
+                            assert_eq!(r.0, o, "{what}: a concurrent launch changed the bits");
+                        }
+                        for r in b.join().unwrap() {
+                            assert_eq!(r.0, sub.0, "{what}: a concurrent launch changed the bits");
+                        }
+                    });
+                }
             }
         }
     }
