@@ -836,7 +836,7 @@ mod tests {
     /// destination until the wait), the barrier between the two S halves removed.
     #[cfg(feature = "cuda-emu")]
     #[test]
-    fn broken_split_kernels_fail_the_split_test() {
+    fn cuda_broken_split_kernels_fail_the_split_test() {
         for mutant in [
             "split_combine_ignores_partial_max",
             "split_cp_async_wait_removed",
