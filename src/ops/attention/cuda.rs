@@ -453,8 +453,9 @@ impl PoolsKernel {
     }
 }
 
-/// Blocks of `attn_pools_bf16_split` one SM holds at a time (its `__launch_bounds__(256, 1)`, about
-/// 200 registers per thread and 44 KB of shared memory: one), as the split plan assumes.
+/// Blocks of `attn_pools_bf16_split` one SM holds at a time, as the split plan assumes: its
+/// `__launch_bounds__(256, 1)`, 255 registers per thread and 44 KB of shared memory allow one
+/// (a GPU build's test checks this against the embedded ptxas figures).
 pub const SPLIT_BLOCKS_PER_SM: usize = 1;
 
 /// The split plan a launch of `c` uses on `dev` (pure: shapes and the SM count only).
@@ -703,6 +704,30 @@ mod tests {
             matches!(&e, crate::Error::Invalid { .. }) && e.to_string().contains("65535"),
             "{e}"
         );
+    }
+
+    /// The device reports its SM count (132 on the emulated device, an H100 SXM's / H200's) and
+    /// the split plan of the model's batch 32 uses it: four chunks of 160 keys, 128 blocks.
+    #[test]
+    fn the_split_plan_takes_the_devices_sm_count() {
+        use super::super::split_plan::{split_plan, SplitPlan};
+        use super::SPLIT_BLOCKS_PER_SM;
+        if !CudaDevice::driver_present() {
+            println!("SKIPPED: no CUDA driver");
+            return;
+        }
+        let dev = CudaDevice::shared(0).unwrap();
+        #[cfg(feature = "cuda-emu")]
+        assert_eq!(dev.sm_count(), 132);
+        if dev.sm_count() == 132 {
+            assert_eq!(
+                split_plan(32, 1, 640, dev.sm_count(), SPLIT_BLOCKS_PER_SM),
+                SplitPlan {
+                    chunk_keys: 160,
+                    splits: 4
+                }
+            );
+        }
     }
 
     /// Mutation check: `indexed_view_on_cuda_matches_the_reference`, run in a child process on a
