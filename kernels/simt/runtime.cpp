@@ -47,6 +47,7 @@ void __tsan_release(void* addr);
 extern "C" {
 void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, size_t size);
 void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old, size_t* size_old);
+void __asan_unpoison_memory_region(void const volatile* addr, size_t size);
 }
 #endif
 
@@ -99,6 +100,13 @@ void fiber_main();
 // then fiber_main as the return address (entered with the stack 16-byte aligned as after a call).
 void* fresh_stack(char* base, size_t size) {
     uintptr_t top = (reinterpret_cast<uintptr_t>(base) + size) & ~uintptr_t{15};
+#ifdef CSA2_SIMT_ASAN
+    // A finished fiber never returns from fiber_main, so the redzones AddressSanitizer poisoned in
+    // its top frames stay poisoned; the words written below would hit them (how deep those
+    // redzones sit depends on the compiler's inlining). Instrumented frames set their own shadow
+    // on entry, so only this layout needs clearing.
+    __asan_unpoison_memory_region(reinterpret_cast<void*>(top - 256), 256);
+#endif
     uint64_t* p = reinterpret_cast<uint64_t*>(top);
     *--p = 0;  // fiber_main's own return address: none (it never returns)
     *--p = reinterpret_cast<uint64_t>(&fiber_main);
