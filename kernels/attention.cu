@@ -637,8 +637,12 @@ __device__ __forceinline__ void sk_issue(SplitSmem& sm, int buf, int t, int kbas
 __device__ __forceinline__ u32 sk_byte(const u32x4& v, int i) { return (v.w[i >> 2] >> (8 * (i & 3))) & 0xffu; }
 
 // Dims [32c, 32c + 32) of the raw record `r` (format fmt) as 16 bf16 pairs (lower dim in the low
-// half). Reads 16-byte vectors from shared memory: the 8 threads of a quarter warp read 8
-// consecutive vectors (NVFP4) or every other one (MXFP8/V4, two loads each), conflict-free.
+// half). Reads 16-byte vectors from shared memory, served per quarter warp (8 threads c0 .. c0 + 7
+// of one key, 128 bytes per pass): NVFP4 threads read 8 consecutive vectors, conflict-free. MXFP8
+// and V4 NoPE threads read two vectors 32 bytes apart; in plain order thread c's first vector sits
+// in 16-byte bank group 2c mod 8, so c and c + 4 collide (2-way). Thread c therefore reads its half
+// x = (c / 4) mod 2 first: group (2c + x) mod 8 is {0, 2, 4, 6} for c0 .. c0 + 3 and {1, 3, 5, 7}
+// for the next four — conflict-free — and the halves are put back in order with selects.
 __device__ __forceinline__ void sk_dequant_row(const u8* r, int fmt, int c, u32* o) {
     if (fmt == CSA2_FMT_NVFP4) {
         u32x4 d = *(const u32x4*)(r + 16 * c);
@@ -651,13 +655,21 @@ __device__ __forceinline__ void sk_dequant_row(const u8* r, int fmt, int c, u32*
         }
     } else if (fmt == CSA2_FMT_MXFP8 || c < CSA2_NOPE_DIM / 32) {
         float s = e8m0_decode(fmt == CSA2_FMT_MXFP8 ? r[CSA2_MXFP8_DATA + c] : r[CSA2_V4_DATA + c / 2]);
+        int x = (c >> 2) & 1;
+        u32x4 first = *(const u32x4*)(r + 32 * c + 16 * x);
+        u32x4 second = *(const u32x4*)(r + 32 * c + 16 * (x ^ 1));
+        u32x4 half[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            u32x4 d = *(const u32x4*)(r + 32 * c + 16 * h);
+        for (int e = 0; e < 4; ++e) {
+            half[0].w[e] = x ? second.w[e] : first.w[e];
+            half[1].w[e] = x ? first.w[e] : second.w[e];
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
             for (int i = 0; i < 8; ++i)
-                o[8 * h + i] = pack_bf16x2(e4m3_decode(sk_byte(d, 2 * i)) * s, e4m3_decode(sk_byte(d, 2 * i + 1)) * s);
-        }
+                o[8 * h + i] =
+                    pack_bf16x2(e4m3_decode(sk_byte(half[h], 2 * i)) * s, e4m3_decode(sk_byte(half[h], 2 * i + 1)) * s);
     } else {
         // V4 RoPE dims: already bf16 (little-endian pairs), copied as they are.
         const u8* b = r + CSA2_NOPE_DIM + 64 * (c - CSA2_NOPE_DIM / 32);

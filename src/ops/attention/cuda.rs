@@ -454,7 +454,7 @@ impl PoolsKernel {
 }
 
 /// Blocks of `attn_pools_bf16_split` one SM holds at a time, as the split plan assumes: its
-/// `__launch_bounds__(256, 1)`, 255 registers per thread and 44 KB of shared memory allow one
+/// `__launch_bounds__(256, 1)`, 254–255 registers per thread and 44 KB of shared memory allow one
 /// (a GPU build's test checks this against the embedded ptxas figures).
 pub const SPLIT_BLOCKS_PER_SM: usize = 1;
 
