@@ -124,6 +124,7 @@ fn main() {
         .collect();
     let mut common = args(&["-O3", "-std=c++17"]);
     common.extend(defines.iter().map(|(n, v)| format!("-D{n}={v}")));
+    let figures = std::sync::Mutex::new(Vec::<PtxasFigures>::new());
     std::thread::scope(|s| {
         let handles: Vec<_> = jobs
             .iter()
@@ -131,6 +132,7 @@ fn main() {
                 let nvcc = &nvcc;
                 let common = &common;
                 let kdir = &kdir;
+                let figures = &figures;
                 s.spawn(move || {
                     let o = Command::new(nvcc)
                         .args(common)
@@ -145,6 +147,10 @@ fn main() {
                             String::from_utf8_lossy(&o.stderr)
                         );
                     }
+                    figures
+                        .lock()
+                        .unwrap()
+                        .extend(ptxas_figures(&String::from_utf8_lossy(&o.stderr)));
                     for line in ptxas_summary(&String::from_utf8_lossy(&o.stderr)) {
                         if report || line.contains("SPILLS") {
                             println!("cargo:warning=csa2 kernels: {what}: {line}");
@@ -230,7 +236,90 @@ fn main() {
         ));
     }
     gen.push_str("];\n");
+    let mut figures = figures.into_inner().unwrap();
+    figures.sort_by(|a, b| (&a.kernel, &a.arch).cmp(&(&b.kernel, &b.arch)));
+    gen.push_str(&ptxas_table(&figures));
     std::fs::write(out.join("embedded_kernels.rs"), gen).unwrap();
+}
+
+/// ptxas' figures for one entry point and arch, as `-Xptxas -v` prints them.
+struct PtxasFigures {
+    kernel: String,
+    arch: String,
+    registers: u32,
+    shared_bytes: u32,
+    stack_bytes: u32,
+    spill_stores: u32,
+    spill_loads: u32,
+}
+
+/// The number just before `unit` in `line` (e.g. "44160 bytes smem" → 44160).
+fn number_before(line: &str, unit: &str) -> Option<u32> {
+    let head = &line[..line.find(unit)?];
+    head.trim_end()
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Every entry point's figures from `ptxas -v` output (the SASS builds).
+fn ptxas_figures(stderr: &str) -> Vec<PtxasFigures> {
+    let mut out = Vec::new();
+    let mut cur: Option<PtxasFigures> = None;
+    for l in stderr.lines() {
+        if let Some(rest) = l.split("Compiling entry function '").nth(1) {
+            let kernel = rest.split('\'').next().unwrap_or("?").to_string();
+            let arch = rest
+                .split("for '")
+                .nth(1)
+                .unwrap_or("?")
+                .trim_end_matches('\'')
+                .to_string();
+            cur = Some(PtxasFigures {
+                kernel,
+                arch,
+                registers: 0,
+                shared_bytes: 0,
+                stack_bytes: 0,
+                spill_stores: 0,
+                spill_loads: 0,
+            });
+        } else if let (true, Some(c)) = (l.contains("bytes stack frame"), cur.as_mut()) {
+            c.stack_bytes = number_before(l, "bytes stack frame").unwrap_or(0);
+            c.spill_stores = number_before(l, "bytes spill stores").unwrap_or(0);
+            c.spill_loads = number_before(l, "bytes spill loads").unwrap_or(0);
+        } else if l.contains("Used ") && cur.is_some() {
+            let mut c = cur.take().unwrap();
+            c.registers = number_before(l, "registers").unwrap_or(0);
+            c.shared_bytes = number_before(l, "bytes smem").unwrap_or(0);
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The generated `PTXAS` table (empty in builds without nvcc).
+fn ptxas_table(figures: &[PtxasFigures]) -> String {
+    let mut g = String::from(
+        "/// ptxas' figures of every kernel entry point as this build compiled it (empty without nvcc):\n\
+         /// `(kernel, arch, registers, static shared bytes, stack bytes, spill stores, spill loads)`.\n\
+         pub static PTXAS: &[(&str, &str, u32, u32, u32, u32, u32)] = &[\n",
+    );
+    for f in figures {
+        g.push_str(&format!(
+            "    ({:?}, {:?}, {}, {}, {}, {}, {}),\n",
+            f.kernel,
+            f.arch,
+            f.registers,
+            f.shared_bytes,
+            f.stack_bytes,
+            f.spill_stores,
+            f.spill_loads
+        ));
+    }
+    g.push_str("];\n");
+    g
 }
 
 fn args(a: &[&str]) -> Vec<String> {
@@ -542,7 +631,9 @@ fn build_host_modules() {
         )
     };
     let mut gen = String::from(
-        "/// The host-compiled kernel modules (feature `cuda-emu`), one per kernel file.\n\
+        "/// No nvcc in a host SIMT build (the name the GPU build's constant has).\n\
+         pub const NVCC_VERSION: &str = \"none (host SIMT build)\";\n\
+         /// The host-compiled kernel modules (feature `cuda-emu`), one per kernel file.\n\
          pub static MODULES: &[EmbeddedModule] = &[\n",
     );
     for k in KERNELS {
@@ -568,6 +659,7 @@ fn build_host_modules() {
         ));
     }
     gen.push_str("];\n");
+    gen.push_str(&ptxas_table(&[]));
     std::fs::write(out.join("embedded_kernels.rs"), gen).unwrap();
 }
 
@@ -587,6 +679,27 @@ const MUTANTS: &[(&str, &str, &str, &str)] = &[
         "mma_tile_barrier_removed",
         "dst[i] = f32_to_bf16_bits(f[i]);\n        }\n        __syncthreads();",
         "dst[i] = f32_to_bf16_bits(f[i]);\n        }",
+    ),
+    // The split kernel's combine weighting every partial by e^0 (each partial's own max ignored).
+    (
+        "attention",
+        "split_combine_ignores_partial_max",
+        "float w = expf(m_s - M);",
+        "float w = expf(M - M);",
+    ),
+    // The split kernel reading its raw records without waiting for their cp.async copies.
+    (
+        "attention",
+        "split_cp_async_wait_removed",
+        "cp_async_wait<1>();",
+        "",
+    ),
+    // The barrier between the two dim-half warps writing their S halves and reading each other's.
+    (
+        "attention",
+        "split_s_half_barrier_removed",
+        "__syncthreads();  // both halves of S written",
+        "",
     ),
     // The barrier between the top-k's histogram counts and thread 0's bucket scan, removed.
     (

@@ -501,3 +501,433 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
         if (lb) lse[(i64)t * n_heads + hb] = m1 == CSA2_NEG_INF ? CSA2_NEG_INF : m1 + logf(l1);
     }
 }
+
+// ---- split-over-keys tensor-core kernel (the default GPU route) -----------------------------------
+//
+// attn_pools_bf16_split: same arguments and results as attn_pools_bf16 plus (chunk, splits, ws).
+// Flash-decoding: the keys of token t — its compressed list then its SWA list, one sequence of
+// n_keys = main_len + swa_len positions — are cut into chunks of `chunk` keys (a multiple of 16,
+// chosen by the launch: src/ops/attention/cuda.rs::split_plan); block (x, t, s) handles chunk s
+// of token t for the 64 padded heads 64·x .. 64·x + 63. A chunk boundary may fall anywhere: inside
+// the compressed list, inside the SWA list or between them; a chunk past n_keys is empty.
+//
+// Per block and head the kernel keeps the online-softmax state (m, l, o) of its chunk in f32
+// (o unnormalised: o = Σ e^{z − m} v). With splits == 1 it finishes the head itself; otherwise it
+// writes (m, l, o) to the workspace and attn_pools_combine merges the chunks of each head.
+//
+// Merge rule (fixed, so the bits of a head never depend on timing, on which block ran first or on
+// the other tokens of the batch): M = max over the chunks' m; L = Σ_s w_s·l_s and O = Σ_s w_s·o_s
+// with w_s = e^{m_s − M}, summed in ascending chunk order starting from 0; out = O·f with
+// f = sink_factor(M, L, sink) (the sink enters once, here); lse = M + log L. A single chunk gives
+// w = 1, L = l, O = o exactly, which is what the splits == 1 path computes directly. The bits of
+// a token therefore depend on its own inputs and on `chunk` only: two batches planned with the same
+// chunk give every shared token the same bits, whatever the batch size or the split count.
+//
+// Workspace (splits > 1): f32 [T][splits][hp][D] partial outputs, then f32 [T][splits][hp][2]
+// (m, l); empty chunks write only (−inf, 0). Sized and owned by the launch (one buffer per stream,
+// kept at a fixed address, so a captured graph replays against it).
+//
+// Warp layout as attn_pools_bf16_mma: warp w owns heads 16·(w % 4) .. +16 and the output dims
+// 256·(w / 4) .. +256. Unlike it:
+//   - Q's A fragments for the warp's own 256 dims are loaded once per block and stay in registers
+//     (64 per lane); each warp computes S = Q·Kᵀ over its 256 dims only, and the two dim-half warps
+//     of a head tile add their halves through shared memory in a fixed order (half 0 + half 1), so
+//     both hold the same S bits.
+//   - Records are streamed: the raw bytes of tile i + 2 are copied into shared memory with 16-byte
+//     cp.async while tile i computes (two raw buffers; a record whose address is not 16-byte aligned,
+//     e.g. a V4 record's 8 scale bytes, is copied with plain loads instead), then dequantised from
+//     shared memory with 16-byte loads into the bf16 key tile.
+//   - The bf16 key tile is written with 16-byte stores in a rotated order (see sk_store_row) and read
+//     by the fragments with the padded row stride, both without bank conflicts.
+
+#define SK_KT 16
+#define SK_REC 592         // raw bytes per key in shared memory: the largest record (584) rounded up to 16
+#define SK_KS (D + 8)      // bf16 row stride of the dequantised tile
+#define SK_HALF (D / 2)    // dims per warp
+#define SK_NT (SK_HALF / 8)
+#define SK_KSTEP (SK_HALF / 16)
+#if CSA2_NVFP4_DATA + CSA2_NVFP4_SCALE > SK_REC || CSA2_MXFP8_DATA + CSA2_MXFP8_SCALE > SK_REC || \
+    CSA2_V4_DATA + CSA2_V4_SCALE > SK_REC || CSA2_NVFP4_DATA % 16 || CSA2_MXFP8_DATA % 16 || CSA2_V4_DATA % 16
+#error "attn_pools_bf16_split: every record must fit one raw slot, its scales starting 16-byte aligned"
+#endif
+#if D != 512 || CSA2_NOPE_DIM % 64 != 0
+#error "attn_pools_bf16_split: its dequantising split is 16 threads × 32 dims of a 512-dim key"
+#endif
+
+// 16 bytes, the unit of the kernel's vector loads and stores (as CUDA's uint4).
+struct __align__(16) u32x4 {
+    u32 w[4];
+};
+
+// Asynchronous global → shared copies (sm_80+). The host SIMT harness queues them per thread and
+// performs them at the wait, poisoning the destination at issue, so a read before the wait shows.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#ifdef CSA2_SIMT_HOST
+    csa2_simt::cp_async(smem, gmem, 16);
+#else
+    u32 s = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef CSA2_SIMT_HOST
+    csa2_simt::cp_async_commit();
+#else
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#ifdef CSA2_SIMT_HOST
+    csa2_simt::cp_async_wait(N);
+#else
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// n bytes from global `src` to shared `dst` (16-byte aligned), shared by the 16 threads part = 0..15
+// of a key: 16-byte cp.async when src is 16-byte aligned (the tail, if any, with plain loads),
+// byte loads otherwise.
+__device__ __forceinline__ void sk_copy(u8* dst, const u8* src, int n, int part) {
+    if (((u64)src & 15) == 0) {
+        int v = n >> 4;
+        for (int c = part; c < v; c += 16) cp_async16(dst + 16 * c, src + 16 * c);
+        for (int b = 16 * v + part; b < n; b += 16) dst[b] = src[b];
+    } else {
+        for (int b = part; b < n; b += 16) dst[b] = src[b];
+    }
+}
+
+struct SplitSmem {
+    u8 raw[2][SK_KT][SK_REC];   // raw records of two tiles in flight
+    u16 kt[SK_KT * SK_KS];      // the dequantised bf16 key tile
+    float sx[8][8][32];         // S halves: [warp][fragment value][lane]
+    i64 slot[2][SK_KT];
+    int kind[2][SK_KT];
+};
+
+// Slots of keys kbase .. kbase + 15 (positions in the token's key sequence; none at or past kend)
+// into buffer `buf`, and their records' copies issued (one cp.async group per thread, committed
+// even when empty so the wait counts stay aligned). Thread (kk = tid / 16, part = tid % 16).
+__device__ __forceinline__ void sk_issue(SplitSmem& sm, int buf, int t, int kbase, int kend, const PoolsRow& pr,
+                                         const i32* main_idx, int km, const i32* swa_idx, int ks, i32* err) {
+    int tid = threadIdx.x, lane = tid & 31, kk = tid >> 4, part = tid & 15;
+    int k = kbase + kk;
+    i64 slot = -1;
+    int kind = 0;
+    if (part == 0 && k < kend) pools_key_slot(t, k, pr, main_idx, km, swa_idx, ks, err, &slot, &kind);
+    slot = __shfl_sync(CSA2_FULL_MASK, slot, lane & 16);
+    kind = __shfl_sync(CSA2_FULL_MASK, kind, lane & 16);
+    if (part == 0) {
+        sm.slot[buf][kk] = slot;
+        sm.kind[buf][kk] = kind;
+    }
+    if (slot >= 0) {
+        const Pool& p = kind == 1 ? pr.mp : pr.sp;
+        int db = fmt_data_bytes(p.fmt), sb = fmt_scale_bytes(p.fmt);
+        SlotPtr sp = pool_slot_ptr((u8*)p.base, p.stride, slot, p.states, db, sb, p.layout);
+        sk_copy(sm.raw[buf][kk], sp.data, db, part);
+        sk_copy(sm.raw[buf][kk] + db, sp.scale, sb, part);
+    }
+    cp_async_commit();
+}
+
+// Byte i (0..15) of a 16-byte vector.
+__device__ __forceinline__ u32 sk_byte(const u32x4& v, int i) { return (v.w[i >> 2] >> (8 * (i & 3))) & 0xffu; }
+
+// Dims [32c, 32c + 32) of the raw record `r` (format fmt) as 16 bf16 pairs (lower dim in the low
+// half). Reads 16-byte vectors from shared memory, served per quarter warp (8 threads c0 .. c0 + 7
+// of one key, 128 bytes per pass): NVFP4 threads read 8 consecutive vectors, conflict-free. MXFP8
+// and V4 NoPE threads read two vectors 32 bytes apart; in plain order thread c's first vector sits
+// in 16-byte bank group 2c mod 8, so c and c + 4 collide (2-way). Thread c therefore reads its half
+// x = (c / 4) mod 2 first: group (2c + x) mod 8 is {0, 2, 4, 6} for c0 .. c0 + 3 and {1, 3, 5, 7}
+// for the next four — conflict-free — and the halves are put back in order with selects.
+__device__ __forceinline__ void sk_dequant_row(const u8* r, int fmt, int c, u32* o) {
+    if (fmt == CSA2_FMT_NVFP4) {
+        u32x4 d = *(const u32x4*)(r + 16 * c);
+        float s0 = e4m3_decode(r[CSA2_NVFP4_DATA + 2 * c]), s1 = e4m3_decode(r[CSA2_NVFP4_DATA + 2 * c + 1]);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            u32 b = sk_byte(d, i);
+            float s = i < 8 ? s0 : s1;
+            o[i] = pack_bf16x2(e2m1_decode(b & 0xf) * s, e2m1_decode(b >> 4) * s);
+        }
+    } else if (fmt == CSA2_FMT_MXFP8 || c < CSA2_NOPE_DIM / 32) {
+        float s = e8m0_decode(fmt == CSA2_FMT_MXFP8 ? r[CSA2_MXFP8_DATA + c] : r[CSA2_V4_DATA + c / 2]);
+        int x = (c >> 2) & 1;
+        u32x4 first = *(const u32x4*)(r + 32 * c + 16 * x);
+        u32x4 second = *(const u32x4*)(r + 32 * c + 16 * (x ^ 1));
+        u32x4 half[2];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            half[0].w[e] = x ? second.w[e] : first.w[e];
+            half[1].w[e] = x ? first.w[e] : second.w[e];
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                o[8 * h + i] =
+                    pack_bf16x2(e4m3_decode(sk_byte(half[h], 2 * i)) * s, e4m3_decode(sk_byte(half[h], 2 * i + 1)) * s);
+    } else {
+        // V4 RoPE dims: already bf16 (little-endian pairs), copied as they are.
+        const u8* b = r + CSA2_NOPE_DIM + 64 * (c - CSA2_NOPE_DIM / 32);
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+            u32x4 d = *(const u32x4*)(b + 16 * h);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) o[4 * h + i] = d.w[i];
+        }
+    }
+}
+
+// Stores the 64 bytes of dims [32c, 32c + 32) of one key row as four 16-byte vectors. Bank
+// arithmetic: a 16-byte store is served per quarter warp (8 threads, 128 bytes per pass). The 8
+// threads c = c0 .. c0 + 7 of one key write at byte 64c + 16j of the row in pass j; with the plain
+// order j, the 16-byte bank group (4 banks) of thread c is (4c + j) mod 8, so c and c + 2 collide:
+// 4-way conflicts. Rotating the vector order to j' = (j + c / 2) mod 4 gives group
+// 4·(c mod 2) + (j + c / 2) mod 4: the even threads take the four groups 0..3 in some order and the
+// odd threads 4..7, all eight distinct — conflict-free. (The row stride, 1040 bytes, is a multiple
+// of 16, so each row starts at a bank group boundary; the pad exists for the fragment reads.)
+__device__ __forceinline__ void sk_store_row(u16* row, int c, const u32* v) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        int jj = (j + (c >> 1)) & 3;
+        u32x4 w;
+        // Selects, not v[4·jj + e]: a register array indexed at run time would live in local memory.
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w.w[e] = jj == 0 ? v[e] : jj == 1 ? v[4 + e] : jj == 2 ? v[8 + e] : v[12 + e];
+        *(u32x4*)(row + 32 * c + 8 * jj) = w;
+    }
+}
+
+// One head's finished output factor and lse from its merged (M, L): the sink enters here, once.
+// Shared by the splits == 1 path of the split kernel and by attn_pools_combine (same bits).
+__device__ __forceinline__ float sk_factor(float M, float L, float sk) {
+    return M == CSA2_NEG_INF ? 0.0f : sink_factor(M, L, sk);
+}
+__device__ __forceinline__ float sk_lse(float M, float L) { return M == CSA2_NEG_INF ? CSA2_NEG_INF : M + logf(L); }
+
+#define ATTN_SPLIT_ARGS ATTN_POOLS_ARGS, int chunk, int splits, float *__restrict__ ws
+
+extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf16_split(ATTN_SPLIT_ARGS) {
+    __shared__ __align__(16) SplitSmem sm;
+    int t = blockIdx.y, sidx = blockIdx.z, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int g = lane >> 2, tg = lane & 3, half = warp >> 2;
+    int h0 = blockIdx.x * CSA2_ATTN_MMA_HEADS_PER_BLOCK + (warp & 3) * 16;
+    int d0 = half * SK_HALF;
+    PoolsRow pr = POOLS_ROW(t);
+    int kbeg = sidx * chunk, kend = kbeg + chunk;
+    if (kend > pr.n_keys) kend = pr.n_keys;
+    int n_tiles = kend > kbeg ? (kend - kbeg + SK_KT - 1) / SK_KT : 0;
+
+    // Prefetch the first two tiles before touching Q.
+    sk_issue(sm, 0, t, kbeg, kend, pr, main_idx, km, swa_idx, ks, err);
+    sk_issue(sm, 1, t, kbeg + SK_KT, kend, pr, main_idx, km, swa_idx, ks, err);
+
+    // Q's A fragments for this warp's 16 heads and 256 dims, once (heads past hp do not exist).
+    u32 qa[SK_KSTEP][4];
+    {
+        const u16* q0 = q + ((i64)t * hp + h0 + g) * D + d0 + 2 * tg;
+        const u16* q1 = q0 + 8 * D;
+#pragma unroll
+        for (int j = 0; j < SK_KSTEP; ++j) {
+            qa[j][0] = *(const u32*)(q0 + 16 * j);
+            qa[j][1] = *(const u32*)(q1 + 16 * j);
+            qa[j][2] = *(const u32*)(q0 + 16 * j + 8);
+            qa[j][3] = *(const u32*)(q1 + 16 * j + 8);
+        }
+    }
+    float o[SK_NT][4];
+#pragma unroll
+    for (int n = 0; n < SK_NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = CSA2_NEG_INF, m1 = CSA2_NEG_INF, l0 = 0.0f, l1 = 0.0f;
+
+    for (int it = 0; it < n_tiles; ++it) {
+        int buf = it & 1, k0 = kbeg + it * SK_KT;
+        cp_async_wait<1>();  // this thread's copies of tile `it` have landed (tile it + 1 may not)
+        __syncthreads();     // everyone's have; the key tile and the S halves of tile it − 1 are free
+        // Which of this thread's four score columns (keys nt·8 + 2·tg + e) are real keys: read now,
+        // before the issue below reuses the slot buffer for tile it + 2.
+        bool valid[2][2];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                int kk = nt * 8 + 2 * tg + e;
+                valid[nt][e] = (k0 + kk) < kend && sm.slot[buf][kk] >= 0;
+            }
+        {
+            int kk = tid >> 4, c = tid & 15;
+            i64 slot = sm.slot[buf][kk];
+            u32 v[16];
+            if (slot < 0) {
+#pragma unroll
+                for (int i = 0; i < 16; ++i) v[i] = 0u;
+            } else {
+                sk_dequant_row(sm.raw[buf][kk], sm.kind[buf][kk] == 1 ? main_fmt : swa_fmt, c, v);
+            }
+            sk_store_row(sm.kt + kk * SK_KS, c, v);
+        }
+        __syncthreads();  // key tile written; raw buffer `buf` is free again
+        sk_issue(sm, buf, t, k0 + 2 * SK_KT, kend, pr, main_idx, km, swa_idx, ks, err);
+
+        // This warp's half of S = Q Kᵀ: 16 heads × 16 keys over dims d0 .. d0 + 255.
+        float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int j = 0; j < SK_KSTEP; ++j) {
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                const u16* kr = sm.kt + (nt * 8 + g) * SK_KS + d0 + 16 * j;
+                u32 b0 = *(const u32*)(kr + 2 * tg), b1 = *(const u32*)(kr + 8 + 2 * tg);
+                mma_bf16_16816(s[nt], qa[j][0], qa[j][1], qa[j][2], qa[j][3], b0, b1);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sm.sx[warp][i][lane] = s[i >> 2][i & 3];
+        __syncthreads();  // both halves of S written
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            int w0 = warp & 3;  // the half-0 warp of this head tile, then the half-1 warp
+            s[i >> 2][i & 3] = sm.sx[w0][i][lane] + sm.sx[w0 + 4][i][lane];
+        }
+        // Scale and mask: the key of s[nt][j] is nt·8 + 2·tg + (j & 1).
+        float tm0 = CSA2_NEG_INF, tm1 = CSA2_NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                s[nt][j] = valid[nt][j & 1] ? s[nt][j] * scale : CSA2_NEG_INF;
+                if (j < 2) tm0 = fmaxf(tm0, s[nt][j]);
+                else tm1 = fmaxf(tm1, s[nt][j]);
+            }
+        tm0 = fmaxf(tm0, __shfl_xor_sync(CSA2_FULL_MASK, tm0, 1));
+        tm0 = fmaxf(tm0, __shfl_xor_sync(CSA2_FULL_MASK, tm0, 2));
+        tm1 = fmaxf(tm1, __shfl_xor_sync(CSA2_FULL_MASK, tm1, 1));
+        tm1 = fmaxf(tm1, __shfl_xor_sync(CSA2_FULL_MASK, tm1, 2));
+        float n0 = fmaxf(m0, tm0), n1 = fmaxf(m1, tm1);
+        float c0 = n0 == CSA2_NEG_INF ? 1.0f : expf(m0 - n0);
+        float c1 = n1 == CSA2_NEG_INF ? 1.0f : expf(m1 - n1);
+        float p[2][4];
+        float r0 = 0.0f, r1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float nn = j < 2 ? n0 : n1;
+                p[nt][j] = nn == CSA2_NEG_INF ? 0.0f : expf(s[nt][j] - nn);
+                if (j < 2) r0 += p[nt][j];
+                else r1 += p[nt][j];
+            }
+        r0 += __shfl_xor_sync(CSA2_FULL_MASK, r0, 1);
+        r0 += __shfl_xor_sync(CSA2_FULL_MASK, r0, 2);
+        r1 += __shfl_xor_sync(CSA2_FULL_MASK, r1, 1);
+        r1 += __shfl_xor_sync(CSA2_FULL_MASK, r1, 2);
+        l0 = l0 * c0 + r0;
+        l1 = l1 * c1 + r1;
+        m0 = n0;
+        m1 = n1;
+        u32 pa0 = pack_bf16x2(p[0][0], p[0][1]), pa1 = pack_bf16x2(p[0][2], p[0][3]);
+        u32 pa2 = pack_bf16x2(p[1][0], p[1][1]), pa3 = pack_bf16x2(p[1][2], p[1][3]);
+#pragma unroll
+        for (int n = 0; n < SK_NT; ++n) {
+            o[n][0] *= c0;
+            o[n][1] *= c0;
+            o[n][2] *= c1;
+            o[n][3] *= c1;
+            // B = V (16 keys × 8 dims), col-major: b0 = keys 2tg, 2tg + 1 at dim g; b1 = keys + 8.
+            // Word banks: (260·2tg + dim / 2) mod 32 = 8tg + g / 2 + const: 16 words, two lanes each.
+            const u16* v0 = sm.kt + (2 * tg) * SK_KS + d0 + n * 8 + g;
+            u32 b0 = (u32)v0[0] | ((u32)v0[SK_KS] << 16);
+            u32 b1 = (u32)v0[8 * SK_KS] | ((u32)v0[9 * SK_KS] << 16);
+            mma_bf16_16816(o[n], pa0, pa1, pa2, pa3, b0, b1);
+        }
+    }
+    cp_async_wait<0>();  // no copy outlives the block
+
+    int ha = h0 + g, hb = h0 + g + 8;
+    bool la = ha < n_heads, lb = hb < n_heads;
+    if (splits == 1) {
+        float f0 = sk_factor(m0, l0, (sink && la) ? sink[ha] : CSA2_NEG_INF);
+        float f1 = sk_factor(m1, l1, (sink && lb) ? sink[hb] : CSA2_NEG_INF);
+        u16* oa = out + ((i64)t * hp + ha) * D + d0;
+        u16* ob = out + ((i64)t * hp + hb) * D + d0;
+#pragma unroll
+        for (int n = 0; n < SK_NT; ++n) {
+            int c = n * 8 + 2 * tg;
+            *(u32*)(oa + c) = la ? pack_bf16x2(o[n][0] * f0, o[n][1] * f0) : 0u;
+            *(u32*)(ob + c) = lb ? pack_bf16x2(o[n][2] * f1, o[n][3] * f1) : 0u;
+        }
+        if (half == 0 && tg == 0 && lse) {
+            if (la) lse[(i64)t * n_heads + ha] = sk_lse(m0, l0);
+            if (lb) lse[(i64)t * n_heads + hb] = sk_lse(m1, l1);
+        }
+        return;
+    }
+    // Partial (m, l, o) of this chunk for the combine; an empty chunk writes only (−inf, 0).
+    i64 part = (i64)t * splits + sidx;
+    float* ml = ws + (i64)gridDim.y * splits * hp * D + part * hp * 2;
+    if (half == 0 && tg == 0) {
+        ml[2 * ha] = m0;
+        ml[2 * ha + 1] = l0;
+        ml[2 * hb] = m1;
+        ml[2 * hb + 1] = l1;
+    }
+    if (m0 != CSA2_NEG_INF || m1 != CSA2_NEG_INF) {
+        float* pa = ws + (part * hp + ha) * D + d0;
+        float* pb = ws + (part * hp + hb) * D + d0;
+#pragma unroll
+        for (int n = 0; n < SK_NT; ++n) {
+            int c = n * 8 + 2 * tg;
+            pa[c] = o[n][0];
+            pa[c + 1] = o[n][1];
+            pb[c] = o[n][2];
+            pb[c + 1] = o[n][3];
+        }
+    }
+}
+
+// Merges the `splits` partials of attn_pools_bf16_split per (token, head) by the rule above.
+// Grid = (hp / 8, T), block = 256: warp w takes head 8·x + w, lane i the dims 4i + 128j (j < 4) as
+// 16-byte vectors. Padded heads are written as zeros; lse only for live heads.
+extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS) attn_pools_combine(
+    const float* __restrict__ ws, int splits, int hp, int n_heads, const float* __restrict__ sink,
+    u16* __restrict__ out, float* __restrict__ lse) {
+    int t = blockIdx.y, lane = threadIdx.x & 31, h = blockIdx.x * (CSA2_ATTN_THREADS / 32) + (threadIdx.x >> 5);
+    u16* oh = out + ((i64)t * hp + h) * D;
+    if (h >= n_heads) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) *(u32*)(oh + 4 * lane + 128 * j) = *(u32*)(oh + 4 * lane + 128 * j + 2) = 0u;
+        return;
+    }
+    const float* ml = ws + (i64)gridDim.y * splits * hp * D + ((i64)t * splits * hp + h) * 2;
+    float M = CSA2_NEG_INF;
+    for (int s = 0; s < splits; ++s) M = fmaxf(M, ml[(i64)s * hp * 2]);
+    float L = 0.0f;
+    float acc[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int s = 0; s < splits && M != CSA2_NEG_INF; ++s) {
+        float m_s = ml[(i64)s * hp * 2];
+        if (m_s == CSA2_NEG_INF) continue;  // an empty chunk: no output was written
+        float w = expf(m_s - M);
+        L += w * ml[(i64)s * hp * 2 + 1];
+        const float* po = ws + (((i64)t * splits + s) * hp + h) * D + 4 * lane;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float4 v = *(const float4*)(po + 128 * j);
+            acc[j][0] += w * v.x;
+            acc[j][1] += w * v.y;
+            acc[j][2] += w * v.z;
+            acc[j][3] += w * v.w;
+        }
+    }
+    float f = sk_factor(M, L, sink ? sink[h] : CSA2_NEG_INF);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        *(u32*)(oh + 4 * lane + 128 * j) = pack_bf16x2(acc[j][0] * f, acc[j][1] * f);
+        *(u32*)(oh + 4 * lane + 128 * j + 2) = pack_bf16x2(acc[j][2] * f, acc[j][3] * f);
+    }
+    if (lane == 0 && lse) lse[(i64)t * n_heads + h] = sk_lse(M, L);
+}

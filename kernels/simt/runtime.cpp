@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 
 #include <cstdarg>
+#include <deque>
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
@@ -138,8 +139,17 @@ constexpr size_t kStack = 128 * 1024;
 enum class State { Ready, Waiting, Done };
 enum class Wait { None, Block, Warp };
 
+// One queued cp.async of a thread.
+struct AsyncCopy {
+    void* dst;
+    const void* src;
+    unsigned bytes;
+};
+
 struct Fiber {
     void* sp = nullptr;  // saved stack pointer while switched out
+    std::vector<AsyncCopy> open_copies;             // issued, not yet committed
+    std::deque<std::vector<AsyncCopy>> groups;      // committed, not yet waited for (oldest first)
     char* stack = nullptr;
     ThreadState ts;
     int linear = 0;
@@ -346,6 +356,29 @@ uint64_t shfl(unsigned mask, uint64_t bits, ShflMode mode, int arg, int width) {
     return v;
 }
 
+void cp_async(void* dst, const void* src, unsigned bytes) {
+    if (bytes != 4 && bytes != 8 && bytes != 16) fail("cp.async of %u bytes (4, 8 or 16 only)", bytes);
+    if (((uintptr_t)dst | (uintptr_t)src) % bytes != 0)
+        fail("cp.async of %u bytes with a misaligned address (dst %p, src %p)", bytes, dst, src);
+    std::memset(dst, 0xff, bytes);
+    g_run->cur->open_copies.push_back(AsyncCopy{dst, src, bytes});
+}
+
+void cp_async_commit() {
+    Fiber* f = g_run->cur;
+    f->groups.push_back(std::move(f->open_copies));
+    f->open_copies.clear();
+}
+
+void cp_async_wait(int n) {
+    Fiber* f = g_run->cur;
+    if (n < 0) fail("cp.async.wait_group %d", n);
+    while ((int)f->groups.size() > n) {
+        for (const AsyncCopy& c : f->groups.front()) std::memcpy(c.dst, c.src, c.bytes);
+        f->groups.pop_front();
+    }
+}
+
 namespace {
 
 float bf16_lo(uint32_t v) { return from_bits<float>((uint64_t)((v & 0xffffu) << 16)); }
@@ -456,6 +489,8 @@ bool run_block(Run& r, Dim3 grid, Dim3 block, Dim3 bidx) {
         f.state = State::Ready;
         f.wait = Wait::None;
         f.started = false;
+        f.open_copies.clear();
+        f.groups.clear();
         f.ts.thread_idx = Dim3{(unsigned)i % block.x, (unsigned)(i / block.x) % block.y, (unsigned)(i / (block.x * block.y))};
         f.ts.block_idx = bidx;
         f.ts.block_dim = block;

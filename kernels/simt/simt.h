@@ -52,6 +52,15 @@ uint64_t shfl(unsigned mask, uint64_t bits, ShflMode mode, int arg, int width);
 void mma_m16n8k16_bf16_f32(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                            uint32_t b1);
 
+// cp.async (global → shared, sm_80+) for the calling thread: the copy is queued and its destination
+// poisoned (0xFF bytes) at issue; cp_async_commit closes the thread's open copies into a group;
+// cp_async_wait(n) performs the thread's oldest committed groups until at most n remain. A read of
+// the destination before the wait that covers it therefore sees the poison, and a copy still queued
+// when its thread returns is dropped (its block's shared memory dies with it).
+void cp_async(void* dst, const void* src, unsigned bytes);
+void cp_async_commit();
+void cp_async_wait(int n);
+
 // cvt.rn.satfinite.e2m1x2.f32 d, a, b: a's code in bits 4..7, b's in bits 0..3.
 uint32_t cvt_rn_satfinite_e2m1x2_f32(float a, float b);
 

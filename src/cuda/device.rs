@@ -18,9 +18,21 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     cc: (i32, i32),
+    sm_count: usize,
     name: String,
+    /// Scratch of the split attention kernel (see
+    /// [`CudaDevice::attention_workspace`]); outgrown buffers are kept until the device drops.
+    workspace: Mutex<Workspaces>,
+    /// Held from a split launch's workspace lookup until its combine is queued.
+    split_launch: Mutex<()>,
     modules: Mutex<HashMap<&'static str, Arc<Loaded>>>,
     sync_each_launch: bool,
+}
+
+#[derive(Default)]
+struct Workspaces {
+    current: Option<CudaSlice<f32>>,
+    retired: Vec<CudaSlice<f32>>,
 }
 
 struct Loaded {
@@ -103,12 +115,21 @@ impl CudaDevice {
             .compute_capability()
             .map_err(|e| cuda_error("compute capability", e))?;
         let name = ctx.name().map_err(|e| cuda_error("device name", e))?;
+        let sm_count = ctx
+            .attribute(
+                crate::cuda::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| cuda_error("multiprocessor count", e))?
+            .max(1) as usize;
         let stream = ctx.default_stream();
         Ok(CudaDevice {
             ctx,
             stream,
             cc,
+            sm_count,
             name,
+            workspace: Mutex::new(Workspaces::default()),
+            split_launch: Mutex::new(()),
             modules: Mutex::new(HashMap::new()),
             sync_each_launch: std::env::var_os("CSA2_CUDA_SYNC").is_some_and(|v| v != "0"),
         })
@@ -121,6 +142,48 @@ impl CudaDevice {
     /// Compute capability (major, minor).
     pub fn compute_capability(&self) -> (i32, i32) {
         self.cc
+    }
+    /// Streaming multiprocessors (the driver's count; 132 on the emulated device).
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
+    }
+    /// The lock a split attention launch holds from [`CudaDevice::attention_workspace`] until its
+    /// combine launch is queued, so that two host threads launching on one stream queue their
+    /// (split, combine) pairs one after the other, never interleaved over the shared workspace.
+    pub(crate) fn split_launch_lock(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.split_launch.lock()
+    }
+    /// A device address of at least `floats` f32 of scratch for the split attention kernel, or
+    /// `None` when that needs an allocation and `may_allocate` is false (the caller's stream is
+    /// being captured: the launch then runs unsplit). One buffer per device, kept for the
+    /// device's life, so every request that fits gets the same address and a captured graph
+    /// replays against it; a larger request allocates a new buffer (host work and a
+    /// synchronization of the device's stream — a warm-up call with the largest batch before
+    /// capture does it) and keeps the outgrown one, since queued or captured work may still use
+    /// it. The buffer is shared by every stream: launches on one stream are ordered (and the pair
+    /// lock keeps each split + combine together); split attention on two streams of one device
+    /// running at the same time is outside the contract (vLLM runs attention on one stream).
+    ///
+    /// Errors: [`Error::Cuda`] when the allocation fails.
+    pub fn attention_workspace(&self, floats: usize, may_allocate: bool) -> Result<Option<u64>> {
+        use crate::cuda::driver::DevicePtr;
+        let mut w = self.workspace.lock();
+        if let Some(b) = &w.current {
+            if b.len() >= floats {
+                return Ok(Some(b.device_ptr(&self.stream).0));
+            }
+        }
+        if !may_allocate {
+            return Ok(None);
+        }
+        let grown = floats.max(w.current.as_ref().map_or(0, |b| 2 * b.len()));
+        let b = self.zeros::<f32>(grown)?;
+        self.synchronize()?;
+        let addr = b.device_ptr(&self.stream).0;
+        if let Some(old) = w.current.replace(b) {
+            w.retired.push(old);
+        }
+        Ok(Some(addr))
     }
     /// The SASS image this device runs ([`sass_arch`]), if the fatbin has one for it.
     pub fn arch(&self) -> Option<&'static str> {

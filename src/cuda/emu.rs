@@ -28,6 +28,20 @@ pub mod sys {
     /// A device address: a host address on the emulated device.
     #[allow(non_camel_case_types)]
     pub type CUdeviceptr = u64;
+    /// The device attributes the emulated device answers.
+    #[allow(non_camel_case_types)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum CUdevice_attribute {
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    }
+    /// A stream's capture status (the emulated device never captures).
+    #[allow(non_camel_case_types)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum CUstreamCaptureStatus {
+        CU_STREAM_CAPTURE_STATUS_NONE,
+        CU_STREAM_CAPTURE_STATUS_ACTIVE,
+        CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+    }
     /// Event flags (accepted, ignored).
     #[allow(non_camel_case_types)]
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +145,12 @@ impl CudaContext {
     }
     pub fn compute_capability(&self) -> Result<(i32, i32), DriverError> {
         Ok(self.cc)
+    }
+    /// A device attribute: the emulated device reports an H100 SXM's / H200's 132 SMs.
+    pub fn attribute(&self, attrib: sys::CUdevice_attribute) -> Result<i32, DriverError> {
+        match attrib {
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT => Ok(132),
+        }
     }
     /// Launches run synchronously: nothing is ever pending.
     pub fn synchronize(&self) -> Result<(), DriverError> {
@@ -335,6 +355,10 @@ impl CudaStream {
     }
     pub fn cu_stream(&self) -> sys::CUstream {
         self.handle
+    }
+    /// Never capturing: the emulated device has no graphs.
+    pub fn capture_status(&self) -> Result<sys::CUstreamCaptureStatus, DriverError> {
+        Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
     pub fn synchronize(&self) -> Result<(), DriverError> {
         Ok(())

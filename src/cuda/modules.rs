@@ -136,6 +136,8 @@ pub const EXPECTED_KERNELS: &[(&str, &[&str])] = &[
             "sparse_decode_attn_f32",
             "attn_pools_bf16",
             "attn_pools_bf16_mma",
+            "attn_pools_bf16_split",
+            "attn_pools_combine",
         ],
     ),
     ("mhc", &["mega_mhc_bf16"]),

@@ -34,6 +34,8 @@ pub const ATTN_THREADS: usize = 256;
 pub const ATTN_HEADS_PER_BLOCK: usize = 16;
 /// `kernels/attention.cu`: heads per block of the tensor-core kernel (4 warps × 16-head tiles).
 pub const ATTN_MMA_HEADS_PER_BLOCK: usize = 64;
+/// `kernels/attention.cu` `attn_pools_combine`: heads per block (one warp each).
+pub const ATTN_COMBINE_HEADS_PER_BLOCK: usize = ATTN_THREADS / 32;
 
 /// Element-type codes of float tensor arguments whose dtype is a launch parameter (the pooled
 /// indexer's `q`, `w` and logits accept what the host entry accepts: f32, bf16, f16).

@@ -9,9 +9,12 @@
 //!   pages and block tables (docs/SPEC.md §2 "Attention"), one function over tensor views in host
 //!   or device memory.
 
+use super::split_plan::{split_plan, SplitPlan, TILE_KEYS};
 use super::{PoolDesc, PoolLayout};
 use crate::cuda::device::{as_i32, cfg, check_len, cuda_error, grid_rows, launch, OrNull};
-use crate::cuda::shapes::{ATTN_HEADS_PER_BLOCK, ATTN_MMA_HEADS_PER_BLOCK, ATTN_THREADS};
+use crate::cuda::shapes::{
+    ATTN_COMBINE_HEADS_PER_BLOCK, ATTN_HEADS_PER_BLOCK, ATTN_MMA_HEADS_PER_BLOCK, ATTN_THREADS,
+};
 use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
 use crate::ffi::dlpack::View;
@@ -255,7 +258,7 @@ pub(super) struct PoolLaunch {
 
 /// Every argument of one `attn_pools_bf16` launch (device addresses; 0 = null for the optional
 /// ones), checked by the entry that builds it.
-pub(super) struct PoolsLaunch {
+pub(crate) struct PoolsLaunch {
     pub(super) ordinal: i32,
     pub(super) tokens: usize,
     pub(super) padded_heads: usize,
@@ -419,32 +422,67 @@ pub(crate) fn attention_indexed_rows_with(
 /// Which pool attention kernel a launch runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolsKernel {
-    /// `attn_pools_bf16`: f32 SIMT dots, the correctness kernel.
+    /// `attn_pools_bf16`: f32 SIMT dots, the reference kernel.
     Simt,
-    /// `attn_pools_bf16_mma`: bf16 `mma.sync` tensor-core dots (P rounded to bf16:
-    /// `BF16_DOTS_VS_F64`).
+    /// `attn_pools_bf16_mma`: bf16 `mma.sync` tensor-core dots, one block per (token, 64 heads)
+    /// (P rounded to bf16: `BF16_DOTS_VS_F64`).
     Mma,
+    /// `attn_pools_bf16_split` (+ `attn_pools_combine`): the tensor-core kernel split over keys,
+    /// records streamed with `cp.async`; the default. Same numerics class as [`PoolsKernel::Mma`].
+    Split,
 }
 
 impl PoolsKernel {
-    /// Both kernels.
-    pub const ALL: [PoolsKernel; 2] = [PoolsKernel::Simt, PoolsKernel::Mma];
+    /// Every kernel.
+    pub const ALL: [PoolsKernel; 3] = [PoolsKernel::Simt, PoolsKernel::Mma, PoolsKernel::Split];
 
-    /// The kernel the entries run: `CSA2_ATTENTION_KERNEL=mma` selects the tensor-core one,
-    /// anything else, or unset, the SIMT one. Read per call (no device work), so one process
-    /// can compare both.
+    /// The kernel the entries run: `CSA2_ATTENTION_KERNEL=simt` the reference kernel, `=mma` the
+    /// unsplit tensor-core kernel, anything else, or unset, the split kernel. Read per call (no
+    /// device work), so one process can compare them.
     pub fn from_env() -> PoolsKernel {
-        if std::env::var("CSA2_ATTENTION_KERNEL").is_ok_and(|v| v == "mma") {
-            PoolsKernel::Mma
-        } else {
-            PoolsKernel::Simt
+        match std::env::var("CSA2_ATTENTION_KERNEL").ok().as_deref() {
+            Some("simt") => PoolsKernel::Simt,
+            Some("mma") => PoolsKernel::Mma,
+            _ => PoolsKernel::Split,
         }
     }
+
+    /// Whether the kernel uses bf16 tensor-core dots (tolerance `BF16_DOTS_VS_F64`).
+    pub fn tensor_core(self) -> bool {
+        self != PoolsKernel::Simt
+    }
+}
+
+/// Blocks of `attn_pools_bf16_split` one SM holds at a time, as the split plan assumes: its
+/// `__launch_bounds__(256, 1)`, 254–255 registers per thread and 44 KB of shared memory allow one
+/// (a GPU build's test checks this against the embedded ptxas figures).
+pub const SPLIT_BLOCKS_PER_SM: usize = 1;
+
+/// The split plan a launch of `c` uses on `dev` (pure: shapes and the SM count only).
+pub(super) fn plan_for(c: &PoolsLaunch, sm_count: usize) -> SplitPlan {
+    split_plan(
+        c.tokens,
+        c.padded_heads / ATTN_MMA_HEADS_PER_BLOCK,
+        c.main_idx.1 + c.swa_idx.1,
+        sm_count,
+        SPLIT_BLOCKS_PER_SM,
+    )
 }
 
 /// Launches the pool attention kernel `kernel` on `stream`; returns after the launch.
 pub(super) fn launch_pools(c: &PoolsLaunch, stream: u64, kernel: PoolsKernel) -> Result<()> {
-    let mma = kernel == PoolsKernel::Mma;
+    launch_pools_planned(c, stream, kernel, None)
+}
+
+/// [`launch_pools`] with the split kernel's plan given (`None`: [`split_plan`] for the batch and
+/// the device; ignored by the other kernels).
+pub(crate) fn launch_pools_planned(
+    c: &PoolsLaunch,
+    stream: u64,
+    kernel: PoolsKernel,
+    plan: Option<SplitPlan>,
+) -> Result<()> {
+    let mma = kernel.tensor_core();
     if mma && (!c.q.is_multiple_of(4) || !c.out.is_multiple_of(4)) {
         return Err(Error::invalid(
             "q / out",
@@ -456,10 +494,10 @@ pub(super) fn launch_pools(c: &PoolsLaunch, stream: u64, kernel: PoolsKernel) ->
     let dev = device(c.ordinal)?;
     let f = dev.function(
         "attention",
-        if mma {
-            "attn_pools_bf16_mma"
-        } else {
-            "attn_pools_bf16"
+        match kernel {
+            PoolsKernel::Simt => "attn_pools_bf16",
+            PoolsKernel::Mma => "attn_pools_bf16_mma",
+            PoolsKernel::Split => "attn_pools_bf16_split",
         },
     )?;
     // SAFETY: `stream` is the caller's live stream of this device's primary context (the
@@ -524,11 +562,62 @@ pub(super) fn launch_pools(c: &PoolsLaunch, stream: u64, kernel: PoolsKernel) ->
         .arg(&sfmt)
         .arg(&slay);
     b.arg(&sink).arg(&c.scale).arg(&out).arg(&lse).arg(&err);
-    // SAFETY: the arguments follow the kernel's signature above in order and type; every
-    // tensor was checked (shape, dtype, device, compact, disjoint outputs) by the entry, and the
-    // kernel bounds-checks every slot against blocks · states before reading a pool.
-    unsafe { b.launch(cfg(grid, ATTN_THREADS as u32)) }
-        .map_err(|e| cuda_error("launch attn_pools_bf16", e))?;
+    if kernel != PoolsKernel::Split {
+        // SAFETY: the arguments follow the kernel's signature above in order and type; every
+        // tensor was checked (shape, dtype, device, compact, disjoint outputs) by the entry, and
+        // the kernel bounds-checks every slot against blocks · states before reading a pool.
+        unsafe { b.launch(cfg(grid, ATTN_THREADS as u32)) }
+            .map_err(|e| cuda_error("launch attn_pools_bf16", e))?;
+        return Ok(());
+    }
+    // The split kernel: (chunk, splits, workspace) after the common arguments, grid z = splits.
+    let mut plan = plan.unwrap_or_else(|| plan_for(c, dev.sm_count()));
+    if plan.chunk_keys == 0 || !plan.chunk_keys.is_multiple_of(TILE_KEYS) || plan.splits == 0 {
+        return Err(Error::Internal(format!("split plan {plan:?}")));
+    }
+    // No allocation while the stream is being captured: without a workspace large enough already,
+    // the captured launch runs unsplit (same results class, other bits than a split plan).
+    let _pair = dev.split_launch_lock();
+    let capturing = !s.capture_status().is_ok_and(|st| {
+        st == crate::cuda::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    });
+    let ws = match plan.workspace_floats(c.tokens, c.padded_heads, KV_DIM) {
+        0 => 0u64,
+        n => match dev.attention_workspace(n, !capturing)? {
+            Some(a) => a,
+            None => {
+                plan =
+                    SplitPlan::with_chunk(c.main_idx.1 + c.swa_idx.1, c.main_idx.1 + c.swa_idx.1);
+                0
+            }
+        },
+    };
+    let splits = grid_rows("key splits", plan.splits)?;
+    let (chunk, nsplit) = (i("chunk", plan.chunk_keys)?, splits as i32);
+    b.arg(&chunk).arg(&nsplit).arg(&ws);
+    let split_cfg = crate::cuda::driver::LaunchConfig {
+        grid_dim: (grid.0, grid.1, splits),
+        block_dim: (ATTN_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: as above, plus (chunk, splits, ws): ws holds workspace_floats(..) f32 for this plan,
+    // owned by the device for this stream.
+    unsafe { b.launch(split_cfg) }.map_err(|e| cuda_error("launch attn_pools_bf16_split", e))?;
+    if plan.splits > 1 {
+        let fc = dev.function("attention", "attn_pools_combine")?;
+        let mut b = s.launch_builder(&fc);
+        // attn_pools_combine(ws, splits, hp, n_heads, sink, out, lse)
+        b.arg(&ws).arg(&nsplit).arg(&hp).arg(&nh);
+        b.arg(&sink).arg(&out).arg(&lse);
+        let grid = (
+            (c.padded_heads / ATTN_COMBINE_HEADS_PER_BLOCK) as u32,
+            grid_y,
+        );
+        // SAFETY: the signature above; ws was written by the split launch queued before on the
+        // same stream.
+        unsafe { b.launch(cfg(grid, ATTN_THREADS as u32)) }
+            .map_err(|e| cuda_error("launch attn_pools_combine", e))?;
+    }
     Ok(())
 }
 
@@ -617,6 +706,30 @@ mod tests {
         );
     }
 
+    /// The device reports its SM count (132 on the emulated device, an H100 SXM's / H200's) and
+    /// the split plan of the model's batch 32 uses it: four chunks of 160 keys, 128 blocks.
+    #[test]
+    fn the_split_plan_takes_the_devices_sm_count() {
+        use super::super::split_plan::{split_plan, SplitPlan};
+        use super::SPLIT_BLOCKS_PER_SM;
+        if !CudaDevice::driver_present() {
+            println!("SKIPPED: no CUDA driver");
+            return;
+        }
+        let dev = CudaDevice::shared(0).unwrap();
+        #[cfg(feature = "cuda-emu")]
+        assert_eq!(dev.sm_count(), 132);
+        if dev.sm_count() == 132 {
+            assert_eq!(
+                split_plan(32, 1, 640, dev.sm_count(), SPLIT_BLOCKS_PER_SM),
+                SplitPlan {
+                    chunk_keys: 160,
+                    splits: 4
+                }
+            );
+        }
+    }
+
     /// Mutation check: `indexed_view_on_cuda_matches_the_reference`, run in a child process on a
     /// deliberately broken build of the tensor-core kernel (two A fragments swapped; the tile
     /// barrier removed), must fail.
@@ -703,9 +816,11 @@ mod tests {
             dev.test_view_mut(&dout, &[t, h, KV_DIM]),
             dev.test_view_mut(&dlse, &[t, h]),
         );
-        match kernel {
-            PoolsKernel::Simt => attention_indexed_view(&p, &views, 0, &mut o, &mut l),
-            PoolsKernel::Mma => attention_indexed_rows_with(kernel, &p, &views, 0, &mut o, &mut l),
+        // The default kernel through the view entry, the others through the same launch named.
+        if kernel == PoolsKernel::from_env() {
+            attention_indexed_view(&p, &views, 0, &mut o, &mut l)
+        } else {
+            attention_indexed_rows_with(kernel, &p, &views, 0, &mut o, &mut l)
         }
         .unwrap();
         dev.synchronize_context().unwrap();
@@ -732,9 +847,10 @@ mod tests {
         let (ro, rl) = reference::attention_rows(&p, &qf, &f.sink, &rows, main, swa);
         let ro: Vec<f64> = ro.iter().map(|&v| bf16::from_f64(v).to_f64()).collect();
         // The tensor-core kernel rounds the softmax weights to bf16 before P·V.
-        let (tol_out, tol_lse) = match kernel {
-            PoolsKernel::Simt => (GPU_BF16_VS_F64, GPU_F32_VS_F64),
-            PoolsKernel::Mma => (BF16_DOTS_VS_F64, BF16_DOTS_VS_F64),
+        let (tol_out, tol_lse) = if kernel.tensor_core() {
+            (BF16_DOTS_VS_F64, BF16_DOTS_VS_F64)
+        } else {
+            (GPU_BF16_VS_F64, GPU_F32_VS_F64)
         };
         let st = compare(&out, &ro, &tol_out);
         assert!(st.ok(&tol_out), "{kernel:?} out: {st:?}");

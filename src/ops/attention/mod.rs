@@ -26,9 +26,11 @@ pub mod cpu;
 mod crew;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod decode_model;
 mod int16;
 pub mod pools;
 pub mod reference;
+pub mod split_plan;
 
 pub use pools::{attention_pools, PoolDesc, PoolInputs, PoolLayout, PoolView};
 

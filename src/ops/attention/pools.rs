@@ -508,9 +508,10 @@ mod tests {
                             "kind {ki} hp {hp} {kernel:?}: padded heads of token {ti} not zero"
                         );
                     }
-                    let (to, tl) = match kernel {
-                        PoolsKernel::Simt => (GPU_BF16_VS_F64, GPU_F32_VS_F64),
-                        PoolsKernel::Mma => (BF16_DOTS_VS_F64, BF16_DOTS_VS_F64),
+                    let (to, tl) = if kernel.tensor_core() {
+                        (BF16_DOTS_VS_F64, BF16_DOTS_VS_F64)
+                    } else {
+                        (GPU_BF16_VS_F64, GPU_F32_VS_F64)
                     };
                     let st = compare(&live, &ro, &to);
                     assert!(st.ok(&to), "kind {ki} hp {hp} {kernel:?}: out {st:?}");
@@ -523,6 +524,342 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// One pool for the split-kernel test: slab bytes, the pool's offset into them, descriptor.
+    #[cfg(feature = "cuda")]
+    type TestPool = (Vec<u8>, usize, PoolDesc);
+
+    /// Runs the split kernel under `plan` over tokens `tokens` of the lists (a sub-batch: the
+    /// rows of q and of the lists are sliced) and returns (out bf16 bits, lse, err).
+    #[cfg(feature = "cuda")]
+    #[allow(clippy::too_many_arguments)]
+    fn run_split(
+        q: &[bf16],
+        hp: usize,
+        h: usize,
+        sink: &[f32],
+        main: Option<&TestPool>,
+        swa: &TestPool,
+        l: &Lists,
+        (km, ks): (usize, usize),
+        tokens: std::ops::Range<usize>,
+        plan: Option<crate::ops::attention::split_plan::SplitPlan>,
+    ) -> (Vec<u16>, Vec<f32>, Vec<i32>) {
+        use crate::cuda::driver::DevicePtr;
+        use crate::cuda::CudaDevice;
+        use crate::ops::attention::cuda::{
+            launch_pools_planned, PoolLaunch, PoolsKernel, PoolsLaunch,
+        };
+        let dev = CudaDevice::shared(0).unwrap();
+        let a = |b: &crate::cuda::DeviceBuffer<u8>| b.device_ptr(dev.stream()).0;
+        let t = tokens.len();
+        let bytes = |v: &[u8]| dev.upload(v).unwrap();
+        let cast = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let row = hp * KV_DIM;
+        let qb: Vec<u8> = q[tokens.start * row..tokens.end * row]
+            .iter()
+            .flat_map(|v| v.to_bits().to_le_bytes())
+            .collect();
+        let sl = |v: &[i32], w: usize| cast(&v[tokens.start * w..tokens.end * w]);
+        let bufs = (
+            bytes(&qb),
+            bytes(&swa.0),
+            main.map(|m| bytes(&m.0)),
+            bytes(&sl(&l.main_idx, km)),
+            bytes(&sl(&l.main_len, 1)),
+            bytes(&sl(&l.swa_idx, ks)),
+            bytes(&sl(&l.swa_len, 1)),
+            bytes(
+                &sink
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            ),
+        );
+        let out = bytes(&vec![0xA5u8; t * row * 2]);
+        let lse = bytes(&vec![0u8; t * h * 4]);
+        let err = bytes(&[0u8; 16]);
+        let launch = PoolsLaunch {
+            ordinal: 0,
+            tokens: t,
+            padded_heads: hp,
+            heads: h,
+            q: a(&bufs.0),
+            main: main.map(|m| PoolLaunch {
+                addr: a(bufs.2.as_ref().unwrap()) + m.1 as u64,
+                desc: m.2,
+            }),
+            main_idx: (a(&bufs.3), km),
+            main_len: a(&bufs.4),
+            swa: PoolLaunch {
+                addr: a(&bufs.1) + swa.1 as u64,
+                desc: swa.2,
+            },
+            swa_idx: (a(&bufs.5), ks),
+            swa_len: a(&bufs.6),
+            sink: a(&bufs.7),
+            scale: AttentionParams::default().scale,
+            out: a(&out),
+            lse: a(&lse),
+            err: a(&err),
+        };
+        launch_pools_planned(
+            &launch,
+            dev.stream().cu_stream() as u64,
+            PoolsKernel::Split,
+            plan,
+        )
+        .unwrap();
+        dev.synchronize().unwrap();
+        let words = |b: &crate::cuda::DeviceBuffer<u8>| dev.download(b).unwrap();
+        let o = words(&out);
+        let o = o
+            .chunks(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        let f =
+            |v: Vec<u8>| -> Vec<[u8; 4]> { v.chunks(4).map(|c| c.try_into().unwrap()).collect() };
+        let lse = f(words(&lse)).into_iter().map(f32::from_le_bytes).collect();
+        let err = f(words(&err)).into_iter().map(i32::from_le_bytes).collect();
+        (o, lse, err)
+    }
+
+    /// The split kernel (`attn_pools_bf16_split` + `attn_pools_combine`) under every split count
+    /// of a 64-key list (chunks of 16, 32, 48 and 64 keys, and the device's own plan): chunk
+    /// boundaries inside the compressed list, inside the SWA list and between them, a token with
+    /// no keys, tokens whose lists are shorter than one chunk, −1 holes, a slot past its pool (the
+    /// error record; the key skipped), sink and lse, 64 and 128 padded heads with fewer live ones,
+    /// 16-byte aligned pools (the cp.async path) and unaligned ones (plain loads), SWA-only
+    /// layers: against the f64 reference. Then the merge rule: the same plan gives the same bits
+    /// on a second run, and a token's bits under one plan do not depend on the batch it is in,
+    /// nor on another thread's split launches sharing the workspace.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_split_kernel_every_split_count_matches_reference_and_keeps_its_bits() {
+        use crate::cuda::CudaDevice;
+        use crate::ops::attention::split_plan::SplitPlan;
+        use crate::tolerance::BF16_DOTS_VS_F64;
+        if !CudaDevice::driver_present() {
+            println!("SKIPPED: no CUDA driver");
+            return;
+        }
+        let mut rng = Rng::new(35);
+        let (t, km, ks) = (6, 40, 24);
+        // (main, swa, aligned): aligned pools start at offset 0 with a page stride of whole
+        // 16-byte units; the others at an odd offset with an 8-byte-misaligned stride.
+        let kinds: [(Option<RecordFormat>, RecordFormat, bool); 4] = [
+            (Some(RecordFormat::Nvfp4Ds), RecordFormat::Mxfp8, true),
+            (Some(RecordFormat::V4Record), RecordFormat::V4Record, true),
+            (Some(RecordFormat::Nvfp4Ds), RecordFormat::Mxfp8, false),
+            (None, RecordFormat::Mxfp8, true),
+        ];
+        for (ki, (mf, sf, aligned)) in kinds.into_iter().enumerate() {
+            let (hp, h) = if ki % 2 == 0 { (64, 64) } else { (128, 40) };
+            let pool = |rng: &mut Rng, f: RecordFormat, blocks, states| -> TestPool {
+                let off = if aligned { 0 } else { 3 };
+                let (mut b, mut d, _) = slab(rng, f, PoolLayout::vllm(f), blocks, states, off);
+                if aligned {
+                    // slab's stride is page + 200 bytes; round it to whole 16-byte units.
+                    let stride = d.block_stride.div_ceil(16) * 16;
+                    let mut nb = vec![0x7Fu8; blocks * stride];
+                    for blk in 0..blocks {
+                        nb[blk * stride..][..d.block_stride]
+                            .copy_from_slice(&b[blk * d.block_stride..][..d.block_stride]);
+                    }
+                    d.block_stride = stride;
+                    b = nb;
+                }
+                (b, off, d)
+            };
+            let swa = pool(&mut rng, sf, 4, 16);
+            let main = mf.map(|f| pool(&mut rng, f, 3, 16));
+            let (nm, ns) = (main.as_ref().map_or(0, |m| m.2.slots()), swa.2.slots());
+            let km = if main.is_some() { km } else { 0 };
+            // (main_len, swa_len) per token: full; no keys at all; shorter than one chunk; chunk
+            // boundaries inside the compressed list and inside the SWA list; a boundary exactly
+            // between the lists (32 compressed keys, chunks of 16 and 32).
+            let lens: [(usize, usize); 6] = [(40, 24), (0, 0), (5, 3), (17, 24), (40, 9), (32, 20)];
+            let mut l = Lists {
+                main_idx: vec![],
+                main_len: vec![],
+                swa_idx: vec![],
+                swa_len: vec![],
+            };
+            use rand::Rng as _;
+            for &(lm, ls) in lens.iter() {
+                let lm = if km == 0 { 0 } else { lm };
+                for c in 0..km {
+                    l.main_idx.push(if c >= lm {
+                        i32::MAX
+                    } else if c % 7 == 3 {
+                        -1
+                    } else {
+                        rng.random_range(0..nm) as i32
+                    });
+                }
+                for c in 0..ks {
+                    l.swa_idx.push(if c >= ls {
+                        -7
+                    } else {
+                        rng.random_range(0..ns) as i32
+                    });
+                }
+                l.main_len.push(lm as i32);
+                l.swa_len.push(ls as i32);
+            }
+            // Token 4: one SWA slot past the pool — recorded, skipped (the reference sees −1).
+            let bad = (4 * ks + 2, ns as i32 + 5);
+            l.swa_idx[bad.0] = bad.1;
+            let mut ref_swa = l.swa_idx.clone();
+            ref_swa[bad.0] = -1;
+            let qv = rand_normal(&mut rng, t * hp * KV_DIM, 2.0);
+            let q: Vec<bf16> = qv.iter().map(|&v| bf16::from_f32(v)).collect();
+            let sink = rand_normal(&mut rng, h, 1.0);
+            let mut qf = vec![0f32; t * h * KV_DIM];
+            for ti in 0..t {
+                for j in 0..h * KV_DIM {
+                    qf[ti * h * KV_DIM + j] = q[ti * hp * KV_DIM + j].to_f32();
+                }
+            }
+            let p = AttentionParams {
+                heads: h,
+                ..Default::default()
+            };
+            let views = (
+                main.as_ref()
+                    .map(|m| PoolView::new(m.2, &m.0[m.1..], "main").unwrap()),
+                PoolView::new(swa.2, &swa.0[swa.1..], "swa").unwrap(),
+            );
+            let ii = IndexedInputs {
+                q: &qf,
+                sink: &sink,
+                main_idx: &l.main_idx,
+                main_len: Some(&l.main_len),
+                swa_idx: &ref_swa,
+                swa_len: Some(&l.swa_len),
+            };
+            let mrows = views.0.map_or(KvRows::F32(&[]), KvRows::Pool);
+            let rows = plan_indexed(&p, &ii, &mrows, &KvRows::Pool(views.1)).unwrap();
+            let (ro, rl) =
+                reference::attention_rows(&p, &qf, &sink, &rows, mrows, KvRows::Pool(views.1));
+            let ro: Vec<f64> = ro.iter().map(|&v| bf16::from_f64(v).to_f64()).collect();
+            let plans = [16, 32, 48, 64]
+                .map(|c| Some(SplitPlan::with_chunk(c, km + ks)))
+                .into_iter()
+                .chain([None]);
+            for plan in plans {
+                let what = format!("kind {ki} hp {hp} plan {plan:?}");
+                let run = |range| {
+                    run_split(
+                        &q,
+                        hp,
+                        h,
+                        &sink,
+                        main.as_ref(),
+                        &swa,
+                        &l,
+                        (km, ks),
+                        range,
+                        plan,
+                    )
+                };
+                let (o, lse, err) = run(0..t);
+                assert_eq!(err, vec![2, 4, 2, bad.1], "{what}: the error record");
+                let mut live = Vec::with_capacity(t * h * KV_DIM);
+                for ti in 0..t {
+                    let r = &o[ti * hp * KV_DIM..][..hp * KV_DIM];
+                    live.extend(r[..h * KV_DIM].iter().map(|&b| bf16::from_bits(b).to_f32()));
+                    assert!(
+                        r[h * KV_DIM..].iter().all(|&b| b == 0),
+                        "{what}: padded heads of token {ti}"
+                    );
+                }
+                let st = compare(&live, &ro, &BF16_DOTS_VS_F64);
+                assert!(st.ok(&BF16_DOTS_VS_F64), "{what}: out {st:?}");
+                let st = compare(&lse, &rl, &BF16_DOTS_VS_F64);
+                assert!(st.ok(&BF16_DOTS_VS_F64), "{what}: lse {st:?}");
+                // The empty token: zeros and −inf.
+                assert!(
+                    o[hp * KV_DIM..2 * hp * KV_DIM].iter().all(|&b| b == 0),
+                    "{what}"
+                );
+                assert!(
+                    lse[h..2 * h].iter().all(|&v| v == f32::NEG_INFINITY),
+                    "{what}"
+                );
+                if plan.is_none() {
+                    continue;
+                }
+                // Same plan, same bits: a second run, and tokens 2..4 as a batch of their own.
+                let again = run(0..t);
+                assert_eq!(again.0, o, "{what}: a second run changed the bits");
+                assert_eq!(
+                    again.1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    lse.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{what}"
+                );
+                let sub = run(2..5);
+                assert_eq!(
+                    sub.0[..],
+                    o[2 * hp * KV_DIM..5 * hp * KV_DIM],
+                    "{what}: a token's bits depend on its batch"
+                );
+                let lb = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    lb(&sub.1),
+                    lb(&lse[2 * h..5 * h]),
+                    "{what}: lse of a sub-batch"
+                );
+                // Two host threads launching split batches on one stream at once (the workspace is
+                // shared): each gets the bits of its lone run.
+                if ki == 0 {
+                    std::thread::scope(|sc| {
+                        let a = sc.spawn(|| (0..3).map(|_| run(0..t)).collect::<Vec<_>>());
+                        let b = sc.spawn(|| (0..3).map(|_| run(2..5)).collect::<Vec<_>>());
+                        for r in a.join().unwrap() {
+                            assert_eq!(r.0, o, "{what}: a concurrent launch changed the bits");
+                        }
+                        for r in b.join().unwrap() {
+                            assert_eq!(r.0, sub.0, "{what}: a concurrent launch changed the bits");
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// Mutation check: the split-kernel test, run in a child process on deliberately broken builds
+    /// of the split kernel, must fail: the combine weighting every partial as if its max were the
+    /// token's (w = 1), the wait for the cp.async copies removed (the harness poisons their
+    /// destination until the wait), the barrier between the two S halves removed.
+    #[cfg(feature = "cuda-emu")]
+    #[test]
+    fn cuda_broken_split_kernels_fail_the_split_test() {
+        for mutant in [
+            "split_combine_ignores_partial_max",
+            "split_cp_async_wait_removed",
+            "split_s_half_barrier_removed",
+        ] {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "ops::attention::pools::tests::cuda_split_kernel_every_split_count_matches_reference_and_keeps_its_bits",
+                    "--test-threads",
+                    "1",
+                ])
+                .env("CSA2_EMU_MUTANT", format!("attention:{mutant}"))
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            // A sanitizer build (scripts/simt-sanitizers.sh) may stop at its report instead.
+            let caught = text.contains("1 failed") || text.contains("Sanitizer");
+            assert!(
+                !out.status.success() && caught,
+                "the {mutant} build passed the split test:\n{text}"
+            );
         }
     }
 
