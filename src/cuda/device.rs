@@ -352,9 +352,8 @@ impl CudaDevice {
             ));
         }
         // The exact arch's PTX where embedded, else the portable sm_80 PTX.
-        let exact = |f: &dyn Fn(&str) -> Option<&'static str>| {
-            arch.and_then(f).or_else(|| f("sm_80"))
-        };
+        let exact =
+            |f: &dyn Fn(&str) -> Option<&'static str>| arch.and_then(f).or_else(|| f("sm_80"));
         let image = match path {
             // SASS for the table's GPUs, the driver's JIT of the sm_80 PTX for the others.
             LoadPath::Fatbin => Ptx::from_binary(em.fatbin.to_vec()),
