@@ -1763,9 +1763,10 @@ Csa2Status csa2_indexer_logits_in_blocks(const Csa2IndexerLogitsInBlocksArgs *ar
 // Follow with [`super::csa2_topk`] for the top-k entry ids.
 //
 // Devices: every tensor (and the pool) `kDLCPU` → the CPU path, in place on the strided pool;
-// all `kDLCUDA` on one device → csa2's kernel (`indexer_logits_pool_f32`) launched on `stream`
-// (asynchronous: returns after the launch; nothing is copied to the host, nothing synchronizes,
-// nothing is allocated; CUDA-graph capturable once the modules are loaded, see
+// all `kDLCUDA` on one device → csa2's kernel (`indexer_logits_pool_f32_q*`, the entry point of
+// `q_quant`) launched on `stream` (asynchronous: returns after the launch; nothing is copied to
+// the host, nothing synchronizes, nothing is allocated; CUDA-graph capturable once the modules
+// are loaded, see
 // [`super::csa2_cuda_preload`]). `q`, `w` and `logits_out` are float32, bfloat16 or float16 on
 // both devices; at most 32 heads on CUDA; bad requests, blocks or positions are not seen on the
 // host but recorded in `error` (the kernel writes −∞ for what they touch). A build without the

@@ -80,10 +80,13 @@ extern "C" __global__ void indexer_logits_f32(
 // pool whose pages are `block_stride` bytes apart (vLLM's per-block slab, read from the tensor's
 // stride(0)). logit = Σ_{h < heads} w[t,h] · max(q[t,h] · k_j, 0) for visible (j < (pos + 1) div
 // ratio), mapped entries; -Inf elsewhere. ReLU is fmaxf(x, 0): NaN → 0, as the CPU entry's
-// `f32::max`. The query is fake-quantised first (q_quant: 0 none, 1 MXFP4, 2 FP8 with one
-// power-of-two scale per row, 3 bf16; the rules of src/formats/records.rs). q, w and logits are
-// f32, bf16 or f16, each named by its CSA2_DTYPE_* code (the host entry's dtypes; loads are exact,
-// the logits are rounded to nearest even on the store, as the host entry's conversion).
+// `f32::max`. The query is fake-quantised first (none, MXFP4, FP8 with one power-of-two scale per
+// row, or bf16; the rules of src/formats/records.rs): the mode is a template parameter with one
+// entry point each (`indexer_logits_pool_f32_qnone`, `_qmxfp4`, `_qfp8`, `_qbf16`, the
+// QueryQuant the launch code names), so each entry point holds only its own quantiser's code.
+// q, w and logits are f32, bf16 or f16, each named by its CSA2_DTYPE_* code (the host entry's
+// dtypes; loads are exact, the logits are rounded to nearest even on the store, as the host
+// entry's conversion).
 //
 // Nothing is checked on the host (that would need the values): a negative position, a request
 // outside 0..n_req or a block id outside -1..blocks is recorded once in err[4] = {kind (1 request,
@@ -94,13 +97,20 @@ extern "C" __global__ void indexer_logits_f32(
 // Launch: grid = (ceil(n_cols / ENTRIES_PER_BLOCK), min(rows, 65535)), block = WARPS · 32; grid
 // rows stride over the query rows.
 
+// The query modes (QueryQuant, src/ops/indexer/mod.rs).
+#define QQ_NONE 0
+#define QQ_MXFP4 1
+#define QQ_FP8 2
+#define QQ_BF16 3
+
 // In-lane fake quantisation of one head row (DIM values in registers), bit-exact to
 // QueryQuant::apply (src/ops/indexer/mod.rs).
-__device__ __forceinline__ void fake_quant_row(float* v, int q_quant) {
-    if (q_quant == 3) {
+template <int QQ>
+__device__ __forceinline__ void fake_quant_row(float* v) {
+    if constexpr (QQ == QQ_BF16) {
 #pragma unroll
         for (int i = 0; i < DIM; ++i) v[i] = bf16_round(v[i]);
-    } else if (q_quant == 1) {
+    } else if constexpr (QQ == QQ_MXFP4) {
         // DeepSeek MXFP4 per 32: e = clamp(ceil(log2(max(amax, 6·2^-126) / 6)), -127, 127).
 #pragma unroll
         for (int b = 0; b < DIM / 32; ++b) {
@@ -117,7 +127,7 @@ __device__ __forceinline__ void fake_quant_row(float* v, int q_quant) {
 #pragma unroll
             for (int i = 0; i < 32; ++i) v[32 * b + i] = e2m1_decode(e2m1_encode_sw(v[32 * b + i] * inv)) * s;
         }
-    } else if (q_quant == 2) {
+    } else if constexpr (QQ == QQ_FP8) {
         // E4M3 with one scale 2^e per row: amax floored at 1e-4, e = clamp(ceil(log2(amax/448)), -126, 127).
         float a = 0.0f;
 #pragma unroll
@@ -145,24 +155,30 @@ __device__ __forceinline__ void pool_flag(i32* err, int kind, int row, i64 col, 
 
 // q: (rows, heads, DIM) f32; w: (rows, heads) f32; pos: (rows,) i32 or i64 (pos_i64); req: (rows,)
 // i32; block_table: (n_req, max_blocks) i32, -1 = unmapped; pool: block-planar 68-B MXFP4 index K
-// (`blocks` pages of `states` records, `block_stride` bytes apart); logits: (rows, n_cols) f32.
-extern "C" __global__ void __launch_bounds__(CSA2_INDEXER_THREADS) indexer_logits_pool_f32(
-    const void* __restrict__ q, int q_dtype, const void* __restrict__ w, int w_dtype,
-    const void* __restrict__ pos, int pos_i64, const i32* __restrict__ req, int n_req,
-    const i32* __restrict__ block_table, int max_blocks, const u8* __restrict__ pool, i64 block_stride,
-    int states, i64 blocks, int ratio, int heads, int q_quant, void* __restrict__ logits, int logits_dtype,
-    int n_cols, int rows, i32* __restrict__ err) {
-    __shared__ float4 ks[WARPS][DIM / 4];
+// (`blocks` pages of `states` records, `block_stride` bytes apart); logits: (rows, n_cols) f32;
+// ks: the block's shared key rows (one per warp).
+// The pooled indexer's parameters, shared by the body and its four entry points.
+#define INDEXER_POOL_PARAMS                                                                            \
+    const void *__restrict__ q, int q_dtype, const void *__restrict__ w, int w_dtype,                 \
+        const void *__restrict__ pos, int pos_i64, const i32 *__restrict__ req, int n_req,            \
+        const i32 *__restrict__ block_table, int max_blocks, const u8 *__restrict__ pool,             \
+        i64 block_stride, int states, i64 blocks, int ratio, int heads, void *__restrict__ logits,    \
+        int logits_dtype, int n_cols, int rows, i32 *__restrict__ err
+
+template <int QQ>
+__device__ __forceinline__ void indexer_logits_pool(INDEXER_POOL_PARAMS, float4 (*ks)[DIM / 4]) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     bool live = lane < heads;
     for (int t = blockIdx.y; t < rows; t += gridDim.y) {
         // Lane h keeps head h's (fake-quantised) query and weight in registers; lanes past the
-        // heads add exact zeros.
+        // heads add exact zeros. Every lane quantises (a zero row stays zero in every mode, and
+        // those lanes' sums are dropped below): under a `live` branch the quantiser cost the bf16
+        // entry point 255 registers and a spill on sm_86/sm_89.
         float qh[DIM];
         i64 q0 = ((i64)t * heads + (live ? lane : 0)) * DIM;
 #pragma unroll
         for (int i = 0; i < DIM; ++i) qh[i] = live ? load_float(q, q_dtype, q0 + i) : 0.0f;
-        if (live) fake_quant_row(qh, q_quant);
+        fake_quant_row<QQ>(qh);
         float wh = live ? load_float(w, w_dtype, (i64)t * heads + lane) : 0.0f;
         i64 p = pos_i64 ? ((const i64*)pos)[t] : (i64)((const i32*)pos)[t];
         i32 r = req[t];
@@ -219,6 +235,26 @@ extern "C" __global__ void __launch_bounds__(CSA2_INDEXER_THREADS) indexer_logit
         }
     }
 }
+
+// The entry points, one per query mode: each declares the block's key tile (a __shared__ inside
+// the template would not be one variable per entry point on the host SIMT harness) and runs the
+// body with its mode. Written out by name: build.rs and the launch-log check find each kernel by
+// its own declaration, not through a macro.
+#define INDEXER_POOL_ENTRY_BODY(QQ)                                                                        \
+    {                                                                                                      \
+        __shared__ float4 ks[WARPS][DIM / 4];                                                              \
+        indexer_logits_pool<QQ>(q, q_dtype, w, w_dtype, pos, pos_i64, req, n_req, block_table, max_blocks, \
+                                pool, block_stride, states, blocks, ratio, heads, logits, logits_dtype,    \
+                                n_cols, rows, err, ks);                                                    \
+    }
+extern "C" __global__ void __launch_bounds__(CSA2_INDEXER_THREADS)
+    indexer_logits_pool_f32_qnone(INDEXER_POOL_PARAMS) INDEXER_POOL_ENTRY_BODY(QQ_NONE)
+extern "C" __global__ void __launch_bounds__(CSA2_INDEXER_THREADS)
+    indexer_logits_pool_f32_qmxfp4(INDEXER_POOL_PARAMS) INDEXER_POOL_ENTRY_BODY(QQ_MXFP4)
+extern "C" __global__ void __launch_bounds__(CSA2_INDEXER_THREADS)
+    indexer_logits_pool_f32_qfp8(INDEXER_POOL_PARAMS) INDEXER_POOL_ENTRY_BODY(QQ_FP8)
+extern "C" __global__ void __launch_bounds__(CSA2_INDEXER_THREADS)
+    indexer_logits_pool_f32_qbf16(INDEXER_POOL_PARAMS) INDEXER_POOL_ENTRY_BODY(QQ_BF16)
 
 // Expands a kept-block list (T, k) i32 (-1 padded; from kernels/topk.cu's candidate_blocks_f32)
 // into a pool mask (T, mask_stride) u8. Launch: grid = T, block = 256.

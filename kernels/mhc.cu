@@ -36,12 +36,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) mega_mhc_bf16(
     __shared__ u16 u_s[TOK][MAX_D];
     __shared__ float red[THREADS / 32][TOK][NMIX + 2];
     __shared__ float tot[TOK][NMIX + 2];
+    // The block's coefficients, the same for every thread. Kept in registers (96 per thread) they
+    // sat beside the 96 mix accumulators through the column loop and the kernel spilled (sm_80 to
+    // sm_90a); shared memory holds them once per block.
+    __shared__ float pp[TOK][NS];
+    __shared__ float cp[TOK][NS * NS];
+    __shared__ float pc[TOK][NS];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int t0 = blockIdx.x * TOK;
     int nt = n_tokens - t0 < TOK ? n_tokens - t0 : TOK;
 
-    float pp[TOK][NS], cp[TOK][NS * NS], pc[TOK][NS];
-    for (int k = 0; k < TOK; ++k) {
+    if (tid < TOK) {
+        int k = tid;
         int t = k < nt ? t0 + k : t0;
         for (int i = 0; i < NS; ++i) {
             pp[k][i] = y ? post_prev[t * NS + i] : 0.0f;
@@ -49,6 +55,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) mega_mhc_bf16(
         }
         for (int i = 0; i < NS * NS; ++i) cp[k][i] = y ? comb_prev[t * NS * NS + i] : 0.0f;
     }
+    __syncthreads();
     float acc[TOK][NMIX];
     float ssx[TOK], ssu[TOK];
     for (int k = 0; k < TOK; ++k) {
@@ -97,6 +104,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) mega_mhc_bf16(
     }
 
     // Deterministic block reduction of the 24 mix partials and the two sums of squares per token.
+    // The loops index acc by a run-time (k, m), so acc goes through the stack frame here (416 B);
+    // unrolled, the reduction keeps it in registers but spills on sm_100a.
     for (int k = 0; k < TOK; ++k) {
         for (int m = 0; m < NMIX + 2; ++m) {
             float v = m < NMIX ? acc[k][m] : (m == NMIX ? ssx[k] : ssu[k]);

@@ -74,6 +74,37 @@ fn split_attention_blocks_per_sm_match_the_ptxas_figures() {
     }
 }
 
+/// The pooled indexer has an entry point per query quantisation, each clear of the 255-register
+/// cap (one entry for every mode held 255), and the Mega-mHC boundary does not spill, on every
+/// SASS arch this build compiles.
+#[cfg(not(feature = "cuda-emu"))]
+#[test]
+fn pooled_indexer_entries_and_mhc_fit_their_registers() {
+    use csa2::cuda::modules::PTXAS;
+    use csa2::cuda::shapes::SASS_ARCHS;
+    use csa2::ops::indexer::{cuda::pool_kernel, QueryQuant};
+    let figures = |k: &str, arch: &str| {
+        *PTXAS
+            .iter()
+            .find(|f| f.0 == k && f.1 == arch)
+            .unwrap_or_else(|| panic!("no ptxas figures for {k} on {arch}"))
+    };
+    for &(_, arch) in SASS_ARCHS {
+        for q in [
+            QueryQuant::None,
+            QueryQuant::Mxfp4,
+            QueryQuant::Fp8,
+            QueryQuant::Bf16,
+        ] {
+            let k = pool_kernel(q);
+            let f = figures(k, arch);
+            assert!(f.2 < 255 && (f.5, f.6) == (0, 0), "{k} on {arch}: {f:?}");
+        }
+        let f = figures("mega_mhc_bf16", arch);
+        assert_eq!((f.5, f.6), (0, 0), "mega_mhc_bf16 spills on {arch}: {f:?}");
+    }
+}
+
 #[cfg(not(feature = "cuda-emu"))]
 #[test]
 fn embedded_ptx_names_every_kernel_for_both_archs() {

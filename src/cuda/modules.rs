@@ -125,7 +125,10 @@ pub const EXPECTED_KERNELS: &[(&str, &[&str])] = &[
         "indexer",
         &[
             "indexer_logits_f32",
-            "indexer_logits_pool_f32",
+            "indexer_logits_pool_f32_qnone",
+            "indexer_logits_pool_f32_qmxfp4",
+            "indexer_logits_pool_f32_qfp8",
+            "indexer_logits_pool_f32_qbf16",
             "candidate_mask_from_blocks",
         ],
     ),

@@ -124,7 +124,7 @@ pub fn logits(
     Ok(())
 }
 
-/// Launches `indexer_logits_pool_f32` for a checked [`super::logits_in_pool_view`] call on
+/// Launches `indexer_logits_pool_f32_q*` ([`pool_kernel`] of the query quantisation) for a checked [`super::logits_in_pool_view`] call on
 /// `stream` (a `CUstream` of device `ordinal`, owned by the caller; 0 = the legacy default
 /// stream). Returns after the launch: no allocation, no copy, no synchronization.
 ///
@@ -193,12 +193,6 @@ pub(crate) fn logits_in_pool_launch(
         i("ratio", p.ratio)?,
         i("heads", p.heads)?,
     );
-    let q_quant: i32 = match p.query_quant {
-        QueryQuant::None => 0,
-        QueryQuant::Mxfp4 => 1,
-        QueryQuant::Fp8 => 2,
-        QueryQuant::Bf16 => 3,
-    };
     let (pool, stride, blocks) = (
         a.keys.addr() as u64,
         desc.block_stride as i64,
@@ -207,7 +201,8 @@ pub(crate) fn logits_in_pool_launch(
     let idx = usize::try_from(ordinal)
         .map_err(|_| Error::invalid(Q.name, format!("CUDA device {ordinal} does not exist")))?;
     let dev = CudaDevice::shared(idx)?;
-    let f = dev.function("indexer", "indexer_logits_pool_f32")?;
+    let kernel = pool_kernel(p.query_quant);
+    let f = dev.function("indexer", kernel)?;
     // SAFETY: `stream` is the caller's live stream of this device's context (the entry's
     // contract); the wrapper does not own it and is dropped after the launch.
     let s = unsafe {
@@ -220,9 +215,9 @@ pub(crate) fn logits_in_pool_launch(
     );
     use crate::cuda::driver::PushKernelArg;
     let mut b = s.launch_builder(&f);
-    // indexer_logits_pool_f32(q, q_dtype, w, w_dtype, pos, pos_i64, req, n_req, block_table,
-    //   max_blocks, pool, block_stride, states, blocks, ratio, heads, q_quant, logits,
-    //   logits_dtype, n_cols, rows, err)
+    // indexer_logits_pool_f32_q*(q, q_dtype, w, w_dtype, pos, pos_i64, req, n_req, block_table,
+    //   max_blocks, pool, block_stride, states, blocks, ratio, heads, logits, logits_dtype,
+    //   n_cols, rows, err)
     b.arg(&q)
         .arg(&q_dt)
         .arg(&w)
@@ -231,12 +226,23 @@ pub(crate) fn logits_in_pool_launch(
         .arg(&pos_i64);
     b.arg(&req).arg(&nr).arg(&bt).arg(&mb);
     b.arg(&pool).arg(&stride).arg(&states).arg(&blocks);
-    b.arg(&ratio).arg(&heads).arg(&q_quant);
+    b.arg(&ratio).arg(&heads);
     b.arg(&lo).arg(&lo_dt).arg(&nc).arg(&rows_i).arg(&err);
     // SAFETY: the arguments follow the kernel's signature above in order and type; the entry
     // checked every tensor's shape, dtype, device and density, and the kernel checks every
     // request, block and position it reads against n_req, blocks and 0 before using it.
     unsafe { b.launch(cfg(grid, INDEXER_THREADS as u32)) }
-        .map_err(|e| crate::cuda::device::cuda_error("launch indexer_logits_pool_f32", e))?;
+        .map_err(|e| crate::cuda::device::cuda_error(format!("launch {kernel}"), e))?;
     Ok(())
+}
+
+/// The entry point of `kernels/indexer.cu`'s pooled indexer for a query quantisation: one per
+/// mode, each compiled with only its own quantiser.
+pub fn pool_kernel(q: QueryQuant) -> &'static str {
+    match q {
+        QueryQuant::None => "indexer_logits_pool_f32_qnone",
+        QueryQuant::Mxfp4 => "indexer_logits_pool_f32_qmxfp4",
+        QueryQuant::Fp8 => "indexer_logits_pool_f32_qfp8",
+        QueryQuant::Bf16 => "indexer_logits_pool_f32_qbf16",
+    }
 }

@@ -633,11 +633,12 @@ pub struct PoolQueries<'a> {
 
 /// [`logits_in_pool`] over tensor views, dispatched on their device (all on one): host memory
 /// runs [`logits_in_pool`] in place on the strided pool; CUDA memory (feature `cuda`) launches
-/// `indexer_logits_pool_f32` (`kernels/indexer.cu`) on `stream` — a `CUstream` of that device,
+/// `indexer_logits_pool_f32_q*` (`kernels/indexer.cu`, one entry point per [`QueryQuant`]) on
+/// `stream` — a `CUstream` of that device,
 /// borrowed (0 = the legacy default stream) — and returns after the launch: nothing is allocated,
 /// copied to or from the host, or synchronized, so a CUDA graph can capture it once the modules
-/// are loaded (`csa2_cuda_preload`). The kernel scores 1..=32 heads of queries (q_quant as
-/// [`QueryQuant`]), the sums in f32 in another order than the CPU's (both within
+/// are loaded (`csa2_cuda_preload`). The kernel scores 1..=32 heads of queries (quantised as
+/// [`QueryQuant::apply`], bit for bit), the sums in f32 in another order than the CPU's (both within
 /// [`crate::tolerance::F32_VS_F64`] of [`reference::logits_paged`]).
 ///
 /// On CUDA the values are not read on the host: a negative position, a request outside the
