@@ -28,8 +28,13 @@ for san in thread address; do
         exit 1
     fi
     echo "== CUDA kernels on the host SIMT harness under the $san sanitizer"
-    CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="env LD_PRELOAD=$lib CSA2_EMU_SANITIZER=$san \
+    launches="$(mktemp)"
+    CSA2_EMU_LAUNCH_LOG="$launches" CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="env LD_PRELOAD=$lib CSA2_EMU_SANITIZER=$san \
 TSAN_OPTIONS=halt_on_error=1:exitcode=66:ignore_noninstrumented_modules=1 ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=0 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1" \
         timeout "$limit" cargo test --features cuda-emu --lib --test suite cuda -- "${skip[@]}"
+    # Every kernel must still have run under this sanitizer (the skips and the smaller sanitizer
+    # shapes of tests/cuda_support/checks.rs leave none out).
+    python3 scripts/kernels_ran.py "$launches" "the host SIMT harness under the $san sanitizer"
+    rm -f "$launches"
 done
