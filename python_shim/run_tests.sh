@@ -90,13 +90,14 @@ run() {
         export CSA2_EXPECT_WHEEL=1
     fi
     cd "$here"
+    # --durations=5 (here and below): each run ends with its five slowest tests.
     echo "== pytest python_shim/tests"
-    "$venv/bin/python" $safe_path -m pytest -q -p no:cacheprovider "$@"
+    "$venv/bin/python" $safe_path -m pytest -q --durations=5 -p no:cacheprovider "$@"
     # With no arguments, also the device route on the host SIMT harness (the library built by
     # step 2), and tests/gpu/check_shim_route.py --emu with it.
     if [ $# -eq 0 ] && [ "${CSA2_SKIP_EMU:-0}" != 1 ]; then
         echo "== pytest python_shim/tests/test_device_route.py on the emulated-device library"
-        CSA2_LIB="$emu_lib" "$venv/bin/python" $safe_path -m pytest -q \
+        CSA2_LIB="$emu_lib" "$venv/bin/python" $safe_path -m pytest -q --durations=5 \
             -p no:cacheprovider tests/test_device_route.py
     fi
     # With no arguments, also the tests that run vLLM's own Triton kernels (its V4.1 metadata,
@@ -104,7 +105,7 @@ run() {
     # before vLLM is imported, hence a second process (see tests_interpreted/conftest.py).
     if [ $# -eq 0 ]; then
         echo "== pytest python_shim/tests_interpreted (vLLM's Triton kernels in Triton's CPU interpreter)"
-        CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 "$venv/bin/python" $safe_path -m pytest -q \
+        CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 "$venv/bin/python" $safe_path -m pytest -q --durations=5 \
             -p no:cacheprovider -W ignore::DeprecationWarning tests_interpreted
     fi
 }

@@ -195,14 +195,18 @@ fn c_abi_engine_gives_the_rust_sessions_outputs_bit_for_bit() {
     let policy = TierPolicy::v41(&g, ReplayMode::Bounded);
     let (mut hits, mut misses) = (0, 0);
     // A long TTL (every snapshot found) and a one-second one (the turns' gaps, trace gaps × 30,
-    // outlast it: every snapshot expired, an encoder replay).
+    // outlast it: every snapshot expired, an encoder replay). Trace requests 0, 22 and 44 (6,758,
+    // 5,954 and 9,615 input tokens, arriving 3 s and 12 s apart) at 0.03: 203 + 179 + 288 new
+    // tokens, so each later turn's prefix hit is longer than the window (a miss replays a whole
+    // window) and the context crosses two 256-token blocks of the paged cache. (The top-k's choice
+    // of a subset is the backend's, the same code under both faces: backend_paged's tests cover it.)
     for ttl_s in [100_000, 1] {
         let a = SessionConfig {
             turns: 3,
             token_scale: 0.03,
             decode_max: 3,
             time_scale: 30.0,
-            stride: 25,
+            stride: 22,
             ttl_s,
             chunk: 96,
         };
