@@ -5,7 +5,9 @@
 #   python_shim/run_tests.sh --build         2. the wheel of ./python_shim and the emulated-device library
 #   python_shim/run_tests.sh --run [args]    3. install the wheel and run the tests (no cargo, no network)
 # The steps are separate so tests/run_all.sh can install the venv while the Rust suites compile,
-# and run the Python tests beside the Rust ones.
+# and run the Python tests beside the Rust ones. It also splits steps 2 and 3 in two: --build-wheel,
+# --build-emu, and (with CSA2_EMU_PASS=later) --run without the emulated-device pass, then
+# --run-emu for that pass alone, so that most Python tests start before the last build.
 # Step 2 builds a wheel of ./python_shim (setuptools-rust compiles the cdylib with cargo and bundles
 # it as csa2_vllm/_csa2*.so), as `pip install ./python_shim` does, and the `--features cuda-emu`
 # library the device-route tests load.
@@ -13,7 +15,7 @@
 # bundled library, default dev), CSA2_CUDA (the wheel's `cuda` feature: auto, 1 or 0; see
 # python_shim/README.md), CSA2_SHIM_EDITABLE=1 (editable install + CSA2_LIB instead of a wheel),
 # CSA2_LIB (test that library instead of the bundled one), CSA2_SKIP_EMU=1 (no device-route
-# tests), PYTHON (default python3).
+# tests on the emulated-device library), CSA2_EMU_PASS=later (see above), PYTHON (default python3).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
@@ -51,7 +53,7 @@ setup() {
 # csa2_vllm.route on host tensors presented as CUDA. It shares target/debug's dependencies (only
 # the core crate is compiled again) and is copied aside, since the next build of another feature
 # set puts its own libcsa2.so in that place.
-build() {
+build_wheel() {
     if [ "${CSA2_SHIM_EDITABLE:-0}" != 1 ]; then
         rm -f "$wheels"/csa2_vllm-*.whl
         # -v: pip passes cargo's own progress through (otherwise minutes of silence).
@@ -61,6 +63,8 @@ build() {
             | { grep --line-buffered -E '^ *(Compiling|Finished) |^ *(warning|error)(\[|:)|^csa2: |Building wheel|Created wheel' || true; }
         ls "$wheels"/csa2_vllm-*.whl >/dev/null
     fi
+}
+build_emu() {
     if [ "${CSA2_SKIP_EMU:-0}" != 1 ]; then
         echo "== building the emulated-device library (cargo build -p csa2 --features cuda-emu --lib)"
         (cd "$root" && cargo build -p csa2 --features cuda-emu --lib)
@@ -90,16 +94,16 @@ run() {
         export CSA2_EXPECT_WHEEL=1
     fi
     cd "$here"
-    # --durations=5 (here and below): each run ends with its five slowest tests.
-    echo "== pytest python_shim/tests"
-    "$venv/bin/python" $safe_path -m pytest -q --durations=5 -p no:cacheprovider "$@"
-    # With no arguments, also the device route on the host SIMT harness (the library built by
-    # step 2), and tests/gpu/check_shim_route.py --emu with it.
+    # --durations=5 (here and below): each run ends with its five slowest tests. The tests that
+    # need the emulated-device library run in their own pass, over that library.
+    local first=() emu_pass=0
     if [ $# -eq 0 ] && [ "${CSA2_SKIP_EMU:-0}" != 1 ]; then
-        echo "== pytest python_shim/tests/test_device_route.py on the emulated-device library"
-        CSA2_LIB="$emu_lib" "$venv/bin/python" $safe_path -m pytest -q --durations=5 \
-            -p no:cacheprovider tests/test_device_route.py
+        first=(-m "not emu")
+        [ "${CSA2_EMU_PASS:-}" = later ] || emu_pass=1
     fi
+    echo "== pytest python_shim/tests"
+    "$venv/bin/python" $safe_path -m pytest -q --durations=5 -p no:cacheprovider "${first[@]}" "$@"
+    [ "$emu_pass" = 0 ] || run_emu
     # With no arguments, also the tests that run vLLM's own Triton kernels (its V4.1 metadata,
     # gathers and FlashMLA layer code) in Triton's CPU interpreter; both variables must be set
     # before vLLM is imported, hence a second process (see tests_interpreted/conftest.py).
@@ -110,13 +114,28 @@ run() {
     fi
 }
 
+# The device route on the host SIMT harness (the library of --build-emu; test_device_route.py
+# runs tests/gpu/check_shim_route.py --emu with it), on the installed wheel.
+run_emu() {
+    local safe_path=-P
+    [ "${CSA2_SHIM_EDITABLE:-0}" != 1 ] || safe_path=
+    cd "$here"
+    echo "== pytest python_shim/tests/test_device_route.py on the emulated-device library"
+    CSA2_REQUIRE_EMU=1 CSA2_LIB="$emu_lib" "$venv/bin/python" $safe_path -m pytest -q --durations=5 \
+        -p no:cacheprovider tests/test_device_route.py
+}
+
 case "${1:-}" in
     --setup) setup ;;
-    --build) build ;;
+    --build) build_wheel; build_emu ;;
+    --build-wheel) build_wheel ;;
+    --build-emu) build_emu ;;
     --run) shift; run "$@" ;;
+    --run-emu) run_emu ;;
     *)
         setup
-        build
+        build_wheel
+        build_emu
         run "$@"
         ;;
 esac

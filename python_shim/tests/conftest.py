@@ -10,6 +10,12 @@ import pytest
 os.environ.setdefault("VLLM_PLUGINS", "csa2")
 
 
+def pytest_configure(config):
+    # run_tests.sh deselects these (-m "not emu") in the pass over the bundled library and runs
+    # them in the pass over the emulated-device library.
+    config.addinivalue_line("markers", "emu: needs a library built with --features cuda-emu")
+
+
 @pytest.fixture(autouse=True)
 def _no_env_selection(monkeypatch):
     monkeypatch.delenv("CSA2_VLLM_BACKEND", raising=False)

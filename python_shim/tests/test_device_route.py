@@ -31,7 +31,17 @@ def _emu_library() -> bool:
         return False
 
 
-emu = pytest.mark.skipif(not _emu_library(), reason="needs CSA2_LIB built with --features cuda-emu")
+# run_tests.sh --run-emu sets this: there, a library without the emulated device is an error,
+# not a reason to skip.
+if os.environ.get("CSA2_REQUIRE_EMU") == "1" and not _emu_library():
+    raise RuntimeError(f"CSA2_LIB={os.environ.get('CSA2_LIB')} is not a --features cuda-emu build")
+
+
+def emu(test):
+    """Marks a test that needs the emulated-device library (skipped, with the reason, without it)."""
+    skip = pytest.mark.skipif(not _emu_library(),
+                              reason="needs CSA2_LIB built with --features cuda-emu")
+    return pytest.mark.emu(skip(test))
 
 
 @pytest.fixture
