@@ -5,9 +5,7 @@
 #   python_shim/run_tests.sh --build         2. the wheel of ./python_shim and the emulated-device library
 #   python_shim/run_tests.sh --run [args]    3. install the wheel and run the tests (no cargo, no network)
 # The steps are separate so tests/run_all.sh can install the venv while the Rust suites compile,
-# and run the Python tests beside the Rust ones. It also splits steps 2 and 3 in two: --build-wheel,
-# --build-emu, and (with CSA2_EMU_PASS=later) --run without the emulated-device pass, then
-# --run-emu for that pass alone, so that most Python tests start before the last build.
+# and run the Python tests beside the Rust ones.
 # Step 2 builds a wheel of ./python_shim (setuptools-rust compiles the cdylib with cargo and bundles
 # it as csa2_vllm/_csa2*.so), as `pip install ./python_shim` does, and the `--features cuda-emu`
 # library the device-route tests load.
@@ -15,7 +13,7 @@
 # bundled library, default dev), CSA2_CUDA (the wheel's `cuda` feature: auto, 1 or 0; see
 # python_shim/README.md), CSA2_SHIM_EDITABLE=1 (editable install + CSA2_LIB instead of a wheel),
 # CSA2_LIB (test that library instead of the bundled one), CSA2_SKIP_EMU=1 (no device-route
-# tests on the emulated-device library), CSA2_EMU_PASS=later (see above), PYTHON (default python3).
+# tests on the emulated-device library), PYTHON (default python3).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
@@ -99,7 +97,7 @@ run() {
     local first=() emu_pass=0
     if [ $# -eq 0 ] && [ "${CSA2_SKIP_EMU:-0}" != 1 ]; then
         first=(-m "not emu")
-        [ "${CSA2_EMU_PASS:-}" = later ] || emu_pass=1
+        emu_pass=1
     fi
     echo "== pytest python_shim/tests"
     "$venv/bin/python" $safe_path -m pytest -q --durations=5 -p no:cacheprovider "${first[@]}" "$@"
@@ -114,8 +112,9 @@ run() {
     fi
 }
 
-# The device route on the host SIMT harness (the library of --build-emu; test_device_route.py
-# runs tests/gpu/check_shim_route.py --emu with it), on the installed wheel.
+# The device route on the host SIMT harness (the library of step 2; test_device_route.py runs
+# tests/gpu/check_shim_route.py --emu with it), on the installed wheel. A library without the
+# emulated device fails this pass instead of skipping its tests.
 run_emu() {
     local safe_path=-P
     [ "${CSA2_SHIM_EDITABLE:-0}" != 1 ] || safe_path=
@@ -128,10 +127,7 @@ run_emu() {
 case "${1:-}" in
     --setup) setup ;;
     --build) build_wheel; build_emu ;;
-    --build-wheel) build_wheel ;;
-    --build-emu) build_emu ;;
     --run) shift; run "$@" ;;
-    --run-emu) run_emu ;;
     *)
         setup
         build_wheel
