@@ -8,10 +8,9 @@
 #
 # Two lanes share the machine. The Python lane starts at once: it installs the venvs (a first run
 # downloads ≈ 4.6 GB while the Rust code compiles), waits for the builds, then runs the Python
-# tests. The Rust lane
-# builds everything cargo builds (cargo holds target/'s lock for a whole command, so nothing else
-# may build while a cargo test runs), then runs the Rust and host SIMT harness tests while the
-# Python tests run beside them. The Python lane's output is kept in
+# tests. The Rust lane builds everything cargo builds (cargo holds target/'s lock for a whole
+# command, so nothing else may build while a cargo test runs), then runs the Rust and host SIMT
+# harness tests while the Python tests run beside them. The Python lane's output is kept in
 # target/test-logs/ and printed when it ends.
 #
 # Env: CSA2_SKIP_VLLM=1 (no vLLM plugin stage), CSA2_CUDA (the plugin wheel's `cuda` feature:
@@ -62,8 +61,9 @@ python_lane() {
         timed "$t" python "venv .venv-vllm (vllm==0.33.0, Mooncake; first run ≈ 4.6 GB download)" \
             bash python_shim/run_tests.sh --setup
     fi
-    # The Rust lane writes builds-ok (or builds-failed) when everything is compiled. (Tests
-    # started beside the builds slow them more than they gain: a cold run took 98 s longer.)
+    # The Rust lane writes builds-ok (or builds-failed) when everything is compiled. (Python tests
+    # started beside the builds slowed them more than they gained: docs/PERF.md, "Test command:
+    # where the time went".)
     while [ ! -e "$logs/builds-ok" ]; do
         [ -e "$logs/builds-failed" ] && return 1
         sleep 2

@@ -31,8 +31,8 @@ def _emu_library() -> bool:
         return False
 
 
-# run_tests.sh --run-emu sets this: there, a library without the emulated device is an error,
-# not a reason to skip.
+# run_tests.sh sets this in its pass over the emulated-device library: there, a library without
+# the emulated device is an error, not a reason to skip.
 if os.environ.get("CSA2_REQUIRE_EMU") == "1" and not _emu_library():
     raise RuntimeError(f"CSA2_LIB={os.environ.get('CSA2_LIB')} is not a --features cuda-emu build")
 

@@ -395,6 +395,14 @@ mod tests {
     /// lengths, a token with an empty SWA list, lse and sink: against the same f64 reference as
     /// the host entry, the output rounded to bf16; padded heads come out zero. Runs on the
     /// emulated device (feature `cuda-emu`) or a GPU.
+    /// Whether the kernels run as a sanitizer build of the host SIMT harness
+    /// (`CSA2_EMU_SANITIZER`, scripts/simt-sanitizers.sh): the costliest tests then keep every
+    /// case and code path with less repetition.
+    #[cfg(feature = "cuda")]
+    fn sanitized() -> bool {
+        std::env::var_os("CSA2_EMU_SANITIZER").is_some_and(|v| !v.is_empty())
+    }
+
     #[cfg(feature = "cuda")]
     #[test]
     fn cuda_pool_launch_matches_reference_for_all_record_kinds() {
@@ -456,12 +464,10 @@ mod tests {
                 let (ro, rl) =
                     reference::attention_rows(&p, &qf, &sink, &rows, mrows, KvRows::Pool(swa));
                 let ro: Vec<f64> = ro.iter().map(|&v| bf16::from_f64(v).to_f64()).collect();
-                // Under a sanitizer build of the host SIMT harness the split kernel is left to
-                // the split-kernel test below, which runs it on these kinds and head counts too.
-                let sanitized =
-                    std::env::var_os("CSA2_EMU_SANITIZER").is_some_and(|v| !v.is_empty());
+                // Under a sanitizer the split kernel is left to the split-kernel test below,
+                // which runs it on these kinds and head counts too.
                 for kernel in PoolsKernel::ALL {
-                    if sanitized && kernel == PoolsKernel::Split {
+                    if sanitized() && kernel == PoolsKernel::Split {
                         continue;
                     }
                     let bufs = (
@@ -754,12 +760,11 @@ mod tests {
             let ro: Vec<f64> = ro.iter().map(|&v| bf16::from_f64(v).to_f64()).collect();
             // Under a sanitizer build of the host SIMT harness (scripts/simt-sanitizers.sh) one
             // split plan and the unsplit one (two of the five plans): the same code paths.
-            let chunks: &[usize] =
-                if std::env::var_os("CSA2_EMU_SANITIZER").is_some_and(|v| !v.is_empty()) {
-                    &[16]
-                } else {
-                    &[16, 32, 48, 64]
-                };
+            let chunks: &[usize] = if sanitized() {
+                &[16]
+            } else {
+                &[16, 32, 48, 64]
+            };
             let plans = chunks
                 .iter()
                 .map(|&c| Some(SplitPlan::with_chunk(c, km + ks)))
