@@ -478,28 +478,56 @@ pub(super) mod x86 {
         ((d / SLICE) * pc + p) * 2 * SLICE + (d % SLICE) * 2
     }
 
-    /// Scores `st` (rows, hp) = K · (Qᵀ hi + Qᵀ lo): tiles of 6 rows × 4 vectors of 16 heads, over blocks of
-    /// 64 dims (each block's sums added to the stored partial scores, as the f32 path).
+    /// Scores `st` (rows, hp) = K · (Qᵀ hi + Qᵀ lo), over blocks of 64 dims (each block's sums
+    /// added to the stored partial scores, as the f32 path): heads in tiles of 6 rows × 4
+    /// vectors of 16 while they last, then the 1-3 vectors left (8 × 1, 8 × 2, 6 × 3). A head's
+    /// scores do not depend on the tile shape.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn scores(qt: &[u16], kb: &[u16], rows: usize, hp: usize, st: &mut [f32]) {
+        assert!(qt.len() == 2 * KV_DIM * hp && st.len() == rows * hp);
+        assert!(rows > 0 && kb.len() >= (rows - 1) * KBS + KV_DIM);
+        assert!(hp.is_multiple_of(16));
+        let full = hp / 64 * 64;
+        // SAFETY (each call): the asserts above; the head ranges are whole tiles inside hp.
+        unsafe {
+            scores_tiles::<6, 4>(qt, kb, rows, hp, 0..full, st);
+            match (hp - full) / 16 {
+                1 => scores_tiles::<8, 1>(qt, kb, rows, hp, full..hp, st),
+                2 => scores_tiles::<8, 2>(qt, kb, rows, hp, full..hp, st),
+                3 => scores_tiles::<6, 3>(qt, kb, rows, hp, full..hp, st),
+                _ => {}
+            }
+        }
+    }
+
+    /// [`scores`] over heads `hs` in tiles of `R` rows × `V` vectors of 16 heads.
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     #[allow(clippy::needless_range_loop)]
-    pub(super) unsafe fn scores(qt: &[u16], kb: &[u16], rows: usize, hp: usize, st: &mut [f32]) {
-        const R: usize = 6;
+    unsafe fn scores_tiles<const R: usize, const V: usize>(
+        qt: &[u16],
+        kb: &[u16],
+        rows: usize,
+        hp: usize,
+        hs: std::ops::Range<usize>,
+        st: &mut [f32],
+    ) {
         const DB: usize = 64;
         assert!(qt.len() == 2 * KV_DIM * hp && st.len() == rows * hp);
         assert!(rows > 0 && kb.len() >= (rows - 1) * KBS + KV_DIM);
-        assert!(hp.is_multiple_of(64) && rows > 0);
+        assert!(hs.end <= hp && (hs.end - hs.start).is_multiple_of(16 * V));
         let zero = _mm512_setzero_ps();
-        for h0 in (0..hp).step_by(64) {
+        for h0 in hs.step_by(16 * V) {
             for d0 in (0..KV_DIM).step_by(DB) {
                 for j0 in (0..rows).step_by(R) {
                     let jr: [usize; R] = std::array::from_fn(|r| (j0 + r).min(rows - 1));
-                    let mut acc = [[zero; 4]; R];
+                    let mut acc = [[zero; V]; R];
                     // Row i2 of Qᵀ is dim pair i2 / 2's hi (even i2) or lo (odd i2) half; both
                     // meet the same key pair and add into the same accumulators.
                     for i2 in d0..d0 + DB {
                         let i = i2 / 2;
-                        // SAFETY: i2 < 512, h0 + 64 ≤ hp.
-                        let qv: [__m512bh; 4] = std::array::from_fn(|v| unsafe {
+                        // SAFETY: i2 < 512, h0 + 16V ≤ hp.
+                        let qv: [__m512bh; V] = std::array::from_fn(|v| unsafe {
                             bh(_mm512_loadu_si512(
                                 qt.as_ptr().add((i2 * hp + h0 + 16 * v) * 2) as *const _,
                             ))
@@ -511,14 +539,14 @@ pub(super) mod x86 {
                                     kb.as_ptr().add(jr[r] * KBS + 2 * i) as *const i32
                                 )
                             }));
-                            for v in 0..4 {
+                            for v in 0..V {
                                 acc[r][v] = _mm512_dpbf16_ps(acc[r][v], k, qv[v]);
                             }
                         }
                     }
                     for r in 0..R.min(rows - j0) {
-                        for v in 0..4 {
-                            // SAFETY: j0 + r < rows, h0 + 64 ≤ hp.
+                        for v in 0..V {
+                            // SAFETY: j0 + r < rows, h0 + 16V ≤ hp.
                             unsafe {
                                 let p = st.as_mut_ptr().add((j0 + r) * hp + h0 + 16 * v);
                                 let a = if d0 > 0 {

@@ -5,7 +5,7 @@
 //!
 //! 1. scores `Sᵀ = K · (scale·Q)ᵀ` as a (rows, heads) tile: the query block is transposed once per
 //!    token to (512, heads) so that the heads lie along the vector lanes; the micro-kernel holds
-//!    `R` rows × 4 vectors of heads in registers and streams 128-dim blocks of `Qᵀ` (32 KiB, L1)
+//!    `R` rows × up to 4 vectors of heads in registers and streams 128-dim blocks of `Qᵀ` (32 KiB, L1)
 //!    while broadcasting key values, so no horizontal sums are needed;
 //! 2. the softmax runs down the columns (all heads at once, no horizontal reductions): each chunk
 //!    of [`CHUNK`] rows keeps its own max and sum, which are merged afterwards (the per-chunk
@@ -39,8 +39,10 @@ type ScoreChunk<'a> = (
 pub(super) const CHUNK: usize = 64;
 /// Output dims per P·V task.
 pub(super) const SLICE: usize = 64;
-/// Heads are padded to a multiple of this (4 vectors of 16 lanes or 8 vectors of 8 lanes).
-pub(super) const HEAD_PAD: usize = 64;
+/// Heads are padded to a multiple of this (one vector of 16 lanes or two of 8): the kernels take
+/// blocks of 4 vectors of heads and then the 1-3 vectors left, so a model or tensor-parallel rank
+/// with few heads does not pay for 64.
+pub(super) const HEAD_PAD: usize = 16;
 /// Dims of `Qᵀ` streamed per pass of the score micro-kernel (64 × 64 heads × 4 B = 16 KiB, L1).
 /// Each pass starts fresh accumulators that are then added to the stored partial scores: the
 /// 512-term dot products become 8 chains of 64 (one 512-long chain per lane — each lane is one
@@ -359,12 +361,24 @@ fn scores_body<V: Vf32>(
     mx: &mut [f32],
     sm: &mut [f32],
 ) {
-    // 6 rows × 4 vectors = 24 accumulators with 16 lanes (of 32 registers: 10 loads per 24 FMAs);
-    // 2 × 4 with 8 lanes (of 16 registers).
+    // Heads in blocks of 4 vectors while they last, then one block of the 1-3 vectors left (a
+    // model with few heads, or one tensor-parallel rank's share, pads only to 16 heads). With 16
+    // lanes: 6 rows × 4 vectors = 24 accumulators of 32 registers (10 loads per 24 FMAs), 8 × 1
+    // or 8 × 2, 6 × 3; with 8 lanes (16 registers): 2 × 4, and 4 × 2 for the 16 heads left.
+    let full = hp / (4 * V::L) * (4 * V::L);
     if V::L == 16 {
-        score_tiles::<V, 6>(qt, kf, hp, st);
+        score_tiles::<V, 6, 4>(qt, kf, hp, 0..full, st);
+        match (hp - full) / V::L {
+            1 => score_tiles::<V, 8, 1>(qt, kf, hp, full..hp, st),
+            2 => score_tiles::<V, 8, 2>(qt, kf, hp, full..hp, st),
+            3 => score_tiles::<V, 6, 3>(qt, kf, hp, full..hp, st),
+            _ => {}
+        }
     } else {
-        score_tiles::<V, 2>(qt, kf, hp, st);
+        score_tiles::<V, 2, 4>(qt, kf, hp, 0..full, st);
+        if full < hp {
+            score_tiles::<V, 4, 2>(qt, kf, hp, full..hp, st);
+        }
     }
     softmax_body::<V>(st, hp, mx, sm);
 }
@@ -410,35 +424,44 @@ fn softmax_body<V: Vf32>(st: &mut [f32], hp: usize, mx: &mut [f32], sm: &mut [f3
     }
 }
 
-/// The score GEMM in tiles of `R` rows × 4 vectors of heads, over blocks of [`DBLOCK`] dims (each
-/// block's sums are added to the stored partial scores); a short last tile repeats its last row.
+/// The score GEMM over heads `hs` in tiles of `R` rows × `NV` vectors of heads, over blocks of
+/// [`DBLOCK`] dims (each block's sums are added to the stored partial scores); a short last tile
+/// repeats its last row. A head's scores do not depend on the tile shape: each lane sums its
+/// own dims in the same order.
 #[inline(always)]
-fn score_tiles<V: Vf32, const R: usize>(qt: &[f32], kf: &[f32], hp: usize, st: &mut [f32]) {
+fn score_tiles<V: Vf32, const R: usize, const NV: usize>(
+    qt: &[f32],
+    kf: &[f32],
+    hp: usize,
+    hs: std::ops::Range<usize>,
+    st: &mut [f32],
+) {
     let l = V::L;
     let n = st.len() / hp;
-    assert!(kf.len() == n * KS && qt.len() == KV_DIM * hp && hp.is_multiple_of(4 * l));
+    assert!(kf.len() == n * KS && qt.len() == KV_DIM * hp && hs.end <= hp);
+    assert!((hs.end - hs.start).is_multiple_of(NV * l));
     let (zero, one) = (V::splat(0.0), V::splat(1.0));
-    for h0 in (0..hp).step_by(4 * l) {
+    for h0 in hs.step_by(NV * l) {
         for d0 in (0..KV_DIM).step_by(DBLOCK) {
             for j0 in (0..n).step_by(R) {
                 let jr: [usize; R] = std::array::from_fn(|r| (j0 + r).min(n - 1));
-                let mut acc = [[zero; 4]; R];
+                let mut acc = [[zero; NV]; R];
                 for d in d0..d0 + DBLOCK {
-                    // SAFETY: d < 512 and h0 + 4L ≤ hp.
-                    let qv: [V; 4] = std::array::from_fn(|v| unsafe {
+                    // SAFETY: d < 512 and h0 + NV·L ≤ hp.
+                    let qv: [V; NV] = std::array::from_fn(|v| unsafe {
                         V::load(qt.as_ptr().add(d * hp + h0 + v * l))
                     });
                     for r in 0..R {
                         // SAFETY: jr[r] < n, d < 512.
                         let k = V::splat(unsafe { *kf.get_unchecked(jr[r] * KS + d) });
-                        for v in 0..4 {
+                        for v in 0..NV {
                             acc[r][v] = V::fmadd(k, qv[v], acc[r][v]);
                         }
                     }
                 }
                 for (r, ar) in acc.iter().enumerate().take(n - j0) {
                     for (v, &a) in ar.iter().enumerate() {
-                        // SAFETY: j0 + r < n and h0 + 4L ≤ hp.
+                        // SAFETY: j0 + r < n and h0 + NV·L ≤ hp.
                         unsafe {
                             let p = st.as_mut_ptr().add((j0 + r) * hp + h0 + v * l);
                             let a = if d0 > 0 {

@@ -309,9 +309,20 @@ pub(super) mod x86 {
         st: &mut [f32],
     ) {
         // 3 rows × 4 vectors: 12 int32 block accumulators + 12 f32 accumulators + 4 query
-        // vectors + the broadcasts fill the 32 registers.
-        // SAFETY: same contract.
-        unsafe { scores_tiles::<3, 4>(qi, qs, kb, ks, rows, hp, st) }
+        // vectors + the broadcasts fill the 32 registers; then the 1-3 vectors of heads left
+        // (8 × 1, 6 × 2, 4 × 3). A head's scores do not depend on the tile shape.
+        assert!(hp.is_multiple_of(16));
+        let full = hp / 64 * 64;
+        // SAFETY (each call): same contract; the head ranges are whole tiles inside hp.
+        unsafe {
+            scores_tiles::<3, 4>(qi, qs, kb, ks, rows, hp, 0..full, st);
+            match (hp - full) / 16 {
+                1 => scores_tiles::<8, 1>(qi, qs, kb, ks, rows, hp, full..hp, st),
+                2 => scores_tiles::<6, 2>(qi, qs, kb, ks, rows, hp, full..hp, st),
+                3 => scores_tiles::<4, 3>(qi, qs, kb, ks, rows, hp, full..hp, st),
+                _ => {}
+            }
+        }
     }
 
     /// Dims of the query per pass of [`scores`].
@@ -319,7 +330,7 @@ pub(super) mod x86 {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    #[allow(clippy::needless_range_loop)]
+    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
     unsafe fn scores_tiles<const R: usize, const V: usize>(
         qi: &[u16],
         qs: &[f32],
@@ -327,15 +338,16 @@ pub(super) mod x86 {
         ks: &[f32],
         rows: usize,
         hp: usize,
+        hs: std::ops::Range<usize>,
         st: &mut [f32],
     ) {
         assert!(qi.len() == KV_DIM * hp && qs.len() == hp && st.len() == rows * hp);
         assert!(rows > 0 && kb.len() >= (rows - 1) * KBS + KV_DIM && ks.len() >= rows * BLOCKS);
-        assert!(hp.is_multiple_of(16 * V) && rows > 0);
+        assert!(hs.end <= hp && (hs.end - hs.start).is_multiple_of(16 * V));
         let zf = _mm512_setzero_ps();
         let zi = _mm512_setzero_si512();
         let q32 = qi.as_ptr() as *const u32;
-        for h0 in (0..hp).step_by(16 * V) {
+        for h0 in hs.step_by(16 * V) {
             // SAFETY: h0 + 16V ≤ hp.
             let sv: [__m512; V] =
                 std::array::from_fn(|v| unsafe { _mm512_loadu_ps(qs.as_ptr().add(h0 + 16 * v)) });
@@ -419,7 +431,7 @@ mod tests {
         }
         let mut rng = Rng::new(5);
         for h in [1usize, 5, 16, 64, 72] {
-            let hp = h.div_ceil(64) * 64;
+            let hp = h.div_ceil(16) * 16;
             let mut q = rand_normal(&mut rng, h * KV_DIM, 3.0);
             if h >= 5 {
                 q[KV_DIM..2 * KV_DIM].fill(0.0);

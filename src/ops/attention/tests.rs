@@ -1008,6 +1008,82 @@ fn bf16_dots_match_the_reference_and_are_batch_invariant() {
     }
 }
 
+/// A head's output and lse do not depend on how many heads share the call (heads are padded to
+/// 16 on the CPU and the score kernels take tiles of 4, 3, 2 or 1 vectors of 16 heads): every
+/// dots mode this CPU has, records and f32 rows, a decode token and a prefill batch; each call
+/// on the first `h` heads of a 120-head query (tiles 64 + 48 + 8 live) is bit-identical to those
+/// heads of the 120-head call. This is what lets a tensor-parallel rank's share of the heads
+/// compute the same bits as the whole.
+#[test]
+fn a_heads_result_does_not_depend_on_the_head_count() {
+    let mut rng = Rng::new(23);
+    let (n, s, big) = (200, 300, 120);
+    let c = case(&mut rng, 1, n, s);
+    let recs = (
+        KvRows::Records(RecordFormat::Nvfp4Ds, &c.main_rec),
+        KvRows::Records(RecordFormat::Mxfp8, &c.swa_rec),
+    );
+    let f32s = (KvRows::F32(&c.main), KvRows::F32(&c.swa));
+    for t in [1usize, 3] {
+        let q = rand_normal(&mut rng, t * big * KV_DIM, 2.0);
+        let sink = rand_normal(&mut rng, big, 1.0);
+        let k = 150;
+        let topk: Vec<i32> = (0..t * k).map(|i| ((i * 41) % n) as i32).collect();
+        let positions: Vec<i64> = (0..t as i64).map(|i| 290 - i).collect();
+        for dots in [
+            AttentionDots::F32,
+            AttentionDots::Bf16,
+            AttentionDots::Int16,
+        ] {
+            if !dots.is_supported() {
+                continue;
+            }
+            for (main, swa) in [recs, f32s] {
+                let run = |h: usize| {
+                    let q: Vec<f32> = (0..t)
+                        .flat_map(|ti| &q[(ti * big) * KV_DIM..][..h * KV_DIM])
+                        .copied()
+                        .collect();
+                    let inp = AttentionInputs {
+                        q: &q,
+                        topk: &topk,
+                        topk_len: None,
+                        positions: &positions,
+                        replay_start: &[],
+                        sink: &sink[..h],
+                    };
+                    let p = AttentionParams {
+                        heads: h,
+                        ..Default::default()
+                    };
+                    let mut out = vec![f32::NAN; t * h * KV_DIM];
+                    let mut lse = vec![f32::NAN; t * h];
+                    attention_with_dots(&p, dots, &inp, main, swa, &mut out, &mut lse).unwrap();
+                    (out, lse)
+                };
+                let (bo, bl) = run(big);
+                for h in [1usize, 16, 20, 40, 56, 64, 72, 100] {
+                    let (o, l) = run(h);
+                    for ti in 0..t {
+                        let what = format!("{dots:?} t {t} token {ti} heads {h}");
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&o[ti * h * KV_DIM..][..h * KV_DIM]),
+                            bits(&bo[ti * big * KV_DIM..][..h * KV_DIM]),
+                            "{what}: out"
+                        );
+                        assert_eq!(
+                            bits(&l[ti * h..][..h]),
+                            bits(&bl[ti * big..][..h]),
+                            "{what}: lse"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn narrow_dots_match_the_reference_and_are_batch_invariant(dots: AttentionDots) {
     use crate::tolerance::BF16_DOTS_VS_F64 as TOL;
     let mut rng = Rng::new(21);
