@@ -113,44 +113,46 @@ fn main() {
 /// H100 SXM / H200; no matmul is timed here yet). The measured column comes from the attention
 /// timing below.
 fn print_decode_model(dev: &CudaDevice, bw: f64) {
+    use csa2::ops::attention::cuda::PoolsKernel;
     use csa2::ops::attention::decode_model::{blocks_per_sm, decode_table, HOPPER};
     let arch = dev.arch().unwrap_or("sm_90a");
-    let fig = csa2::cuda::modules::PTXAS
-        .iter()
-        .find(|f| f.0 == "attn_pools_bf16_split" && f.1 == arch);
-    let Some(&(_, _, regs, smem, _, _, _)) = fig else {
+    for kernel in [PoolsKernel::Split, PoolsKernel::SplitH32] {
+        let name = kernel.entry();
+        let fig = csa2::cuda::modules::PTXAS
+            .iter()
+            .find(|f| f.0 == name && f.1 == arch);
+        let Some(&(_, _, regs, smem, _, _, _)) = fig else {
+            println!("decode model: no ptxas figures for {name} on {arch} in this build\n");
+            continue;
+        };
+        let bps = blocks_per_sm(regs, smem, 256, &HOPPER);
+        let tflops = 989.0;
         println!(
-            "decode model: no ptxas figures for attn_pools_bf16_split on {arch} in this build\n"
+            "decode attention model (MODELED; {} SMs, {name} {regs} registers, {smem} B shared \
+             → {bps} block(s)/SM; {bw:.0} GB/s measured copy, {tflops} TFLOP/s datasheet bf16):",
+            dev.sm_count()
         );
-        return;
-    };
-    let bps = blocks_per_sm(regs, smem, 256, &HOPPER);
-    let tflops = 989.0;
-    println!(
-        "decode attention model (MODELED; {} SMs, attn_pools_bf16_split {regs} registers, {smem} B shared \
-         → {bps} block(s)/SM; {bw:.0} GB/s measured copy, {tflops} TFLOP/s datasheet bf16):",
-        dev.sm_count()
-    );
-    println!("  batch context  chunk splits blocks SMs  waves   MB      GFLOP  roofline µs  SM-coverage floor µs");
-    for r in decode_table(dev.sm_count(), bps, bw, tflops) {
-        println!(
-            "  {:>5} {:>7} {:>6} {:>6} {:>6} {:>4} {:>6} {:>7.2} {:>7.2} {:>11.2} {:>11.2}",
-            r.tokens,
-            if r.context >= 1 << 20 {
-                "1M".to_string()
-            } else {
-                format!("{}K", r.context >> 10)
-            },
-            r.plan.chunk_keys,
-            r.plan.splits,
-            r.blocks,
-            r.sms_covered,
-            r.waves,
-            r.bytes / 1e6,
-            r.flops / 1e9,
-            r.roofline_us,
-            r.coverage_floor_us
-        );
+        println!("  batch context  chunk splits blocks SMs  waves   MB      GFLOP  roofline µs  SM-coverage floor µs");
+        for r in decode_table(dev.sm_count(), (kernel.heads_per_block(), bps), bw, tflops) {
+            println!(
+                "  {:>5} {:>7} {:>6} {:>6} {:>6} {:>4} {:>6} {:>7.2} {:>7.2} {:>11.2} {:>11.2}",
+                r.tokens,
+                if r.context >= 1 << 20 {
+                    "1M".to_string()
+                } else {
+                    format!("{}K", r.context >> 10)
+                },
+                r.plan.chunk_keys,
+                r.plan.splits,
+                r.blocks,
+                r.sms_covered,
+                r.waves,
+                r.bytes / 1e6,
+                r.flops / 1e9,
+                r.roofline_us,
+                r.coverage_floor_us
+            );
+        }
+        println!();
     }
-    println!();
 }

@@ -510,6 +510,8 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
 // chosen by the launch: src/ops/attention/cuda.rs::split_plan); block (x, t, s) handles chunk s
 // of token t for the 64 padded heads 64·x .. 64·x + 63. A chunk boundary may fall anywhere: inside
 // the compressed list, inside the SWA list or between them; a chunk past n_keys is empty.
+// attn_pools_bf16_split_h32: the same with 32 heads per block (block x: heads 32·x .. 32·x + 31),
+// each warp a quarter of the dims, so that it holds half the registers and two blocks share an SM.
 //
 // Per block and head the kernel keeps the online-softmax state (m, l, o) of its chunk in f32
 // (o unnormalised: o = Σ e^{z − m} v). With splits == 1 it finishes the head itself; otherwise it
@@ -527,12 +529,16 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
 // (m, l); empty chunks write only (−inf, 0). Sized and owned by the launch (one buffer per stream,
 // kept at a fixed address, so a captured graph replays against it).
 //
-// Warp layout as attn_pools_bf16_mma: warp w owns heads 16·(w % 4) .. +16 and the output dims
-// 256·(w / 4) .. +256. Unlike it:
-//   - Q's A fragments for the warp's own 256 dims are loaded once per block and stay in registers
-//     (64 per lane); each warp computes S = Q·Kᵀ over its 256 dims only, and the two dim-half warps
-//     of a head tile add their halves through shared memory in a fixed order (half 0 + half 1), so
-//     both hold the same S bits.
+// Warp layout (split_body<HT>, HT head tiles of 16 per block, DP = 8 / HT dim parts): warp w owns
+// heads 16·(w % HT) .. +16 and the output dims (512 / DP)·(w / HT) .. + 512 / DP. With HT = 4 (64
+// heads) that is attn_pools_bf16_mma's layout, dim halves of 256; with HT = 2 (32 heads) quarters
+// of 128. Unlike the mma kernel:
+//   - Q's A fragments for the warp's own dims are loaded once per block and stay in registers
+//     (64 per lane for halves, 32 for quarters, beside 128 or 64 of output accumulators); each
+//     warp computes S = Q·Kᵀ over its own dims only, and the DP warps of a head tile add their
+//     parts through shared memory in a fixed order (part 0 + part 1 + …, left to right), so all
+//     hold the same S bits. The two variants therefore round S differently: a head's bits depend
+//     on the variant (and on the chunk), never on the batch.
 //   - Records are streamed: the raw bytes of tile i + 2 are copied into shared memory with 16-byte
 //     cp.async while tile i computes (two raw buffers; a record whose address is not 16-byte aligned,
 //     e.g. a V4 record's 8 scale bytes, is copied with plain loads instead), then dequantised from
@@ -543,9 +549,6 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
 #define SK_KT 16
 #define SK_REC 592         // raw bytes per key in shared memory: the largest record (584) rounded up to 16
 #define SK_KS (D + 8)      // bf16 row stride of the dequantised tile
-#define SK_HALF (D / 2)    // dims per warp
-#define SK_NT (SK_HALF / 8)
-#define SK_KSTEP (SK_HALF / 16)
 #if CSA2_NVFP4_DATA + CSA2_NVFP4_SCALE > SK_REC || CSA2_MXFP8_DATA + CSA2_MXFP8_SCALE > SK_REC || \
     CSA2_V4_DATA + CSA2_V4_SCALE > SK_REC || CSA2_NVFP4_DATA % 16 || CSA2_MXFP8_DATA % 16 || CSA2_V4_DATA % 16
 #error "attn_pools_bf16_split: every record must fit one raw slot, its scales starting 16-byte aligned"
@@ -602,7 +605,7 @@ __device__ __forceinline__ void sk_copy(u8* dst, const u8* src, int n, int part)
 struct SplitSmem {
     u8 raw[2][SK_KT][SK_REC];   // raw records of two tiles in flight
     u16 kt[SK_KT * SK_KS];      // the dequantised bf16 key tile
-    float sx[8][8][32];         // S halves: [warp][fragment value][lane]
+    float sx[8][8][32];         // S parts: [warp][fragment value][lane]
     i64 slot[2][SK_KT];
     int kind[2][SK_KT];
 };
@@ -710,13 +713,24 @@ __device__ __forceinline__ float sk_factor(float M, float L, float sk) {
 __device__ __forceinline__ float sk_lse(float M, float L) { return M == CSA2_NEG_INF ? CSA2_NEG_INF : M + logf(L); }
 
 #define ATTN_SPLIT_ARGS ATTN_POOLS_ARGS, int chunk, int splits, float *__restrict__ ws
+#define ATTN_SPLIT_PARAMS                                                                                 \
+    q, hp, n_heads, main_idx, km, main_len, main_pool, main_stride, main_states, main_blocks, main_fmt,  \
+        main_layout, swa_idx, ks, swa_len, swa_pool, swa_stride, swa_states, swa_blocks, swa_fmt,        \
+        swa_layout, sink, scale, out, lse, err, chunk, splits, ws
 
-extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf16_split(ATTN_SPLIT_ARGS) {
+template <int HT>
+__device__ __forceinline__ void split_body(ATTN_SPLIT_ARGS) {
     __shared__ __align__(16) SplitSmem sm;
+    constexpr int DP = 8 / HT;       // dim parts: the warps that share a head tile
+    constexpr int DW = D / DP;       // dims per warp
+    constexpr int NT = DW / 8;       // P·V n-tiles (8 dims) per warp
+    constexpr int KSTEP = DW / 16;   // Q·Kᵀ k-steps (16 dims) per warp
+    constexpr int HT_LOG = HT == 4 ? 2 : 1;
+    static_assert(HT == 2 || HT == 4, "split_body: 2 or 4 head tiles per block");
     int t = blockIdx.y, sidx = blockIdx.z, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int g = lane >> 2, tg = lane & 3, half = warp >> 2;
-    int h0 = blockIdx.x * CSA2_ATTN_MMA_HEADS_PER_BLOCK + (warp & 3) * 16;
-    int d0 = half * SK_HALF;
+    int g = lane >> 2, tg = lane & 3, dpart = warp >> HT_LOG;
+    int h0 = blockIdx.x * (16 * HT) + (warp & (HT - 1)) * 16;
+    int d0 = dpart * DW;
     PoolsRow pr = POOLS_ROW(t);
     int kbeg = sidx * chunk, kend = kbeg + chunk;
     if (kend > pr.n_keys) kend = pr.n_keys;
@@ -726,22 +740,28 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
     sk_issue(sm, 0, t, kbeg, kend, pr, main_idx, km, swa_idx, ks, err);
     sk_issue(sm, 1, t, kbeg + SK_KT, kend, pr, main_idx, km, swa_idx, ks, err);
 
-    // Q's A fragments for this warp's 16 heads and 256 dims, once (heads past hp do not exist).
-    u32 qa[SK_KSTEP][4];
+    // Q's A fragments for this warp's 16 heads and DW dims, once (heads past hp do not exist).
+    // With quarters (HT = 2) only the first half of the k-steps' fragments stay in registers
+    // (16 per lane): all of them with the 64 output accumulators pass the 128 registers two
+    // blocks per SM allow (ptxas spilled 32-60 bytes); the other half is read again each tile from
+    // global memory (L1: the block's q is 32 KB).
+    constexpr int QREG = HT == 4 ? KSTEP : KSTEP / 2;
+    const u16* qrow0 = q + ((i64)t * hp + h0 + g) * D + d0 + 2 * tg;
+    u32 qa[QREG][4];
     {
-        const u16* q0 = q + ((i64)t * hp + h0 + g) * D + d0 + 2 * tg;
+        const u16* q0 = qrow0;
         const u16* q1 = q0 + 8 * D;
 #pragma unroll
-        for (int j = 0; j < SK_KSTEP; ++j) {
+        for (int j = 0; j < QREG; ++j) {
             qa[j][0] = *(const u32*)(q0 + 16 * j);
             qa[j][1] = *(const u32*)(q1 + 16 * j);
             qa[j][2] = *(const u32*)(q0 + 16 * j + 8);
             qa[j][3] = *(const u32*)(q1 + 16 * j + 8);
         }
     }
-    float o[SK_NT][4];
+    float o[NT][4];
 #pragma unroll
-    for (int n = 0; n < SK_NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m0 = CSA2_NEG_INF, m1 = CSA2_NEG_INF, l0 = 0.0f, l1 = 0.0f;
 
     for (int it = 0; it < n_tiles; ++it) {
@@ -773,15 +793,22 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
         __syncthreads();  // key tile written; raw buffer `buf` is free again
         sk_issue(sm, buf, t, k0 + 2 * SK_KT, kend, pr, main_idx, km, swa_idx, ks, err);
 
-        // This warp's half of S = Q Kᵀ: 16 heads × 16 keys over dims d0 .. d0 + 255.
+        // This warp's part of S = Q Kᵀ: 16 heads × 16 keys over dims d0 .. d0 + DW − 1.
         float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-        for (int j = 0; j < SK_KSTEP; ++j) {
+        for (int j = 0; j < KSTEP; ++j) {
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt) {
                 const u16* kr = sm.kt + (nt * 8 + g) * SK_KS + d0 + 16 * j;
                 u32 b0 = *(const u32*)(kr + 2 * tg), b1 = *(const u32*)(kr + 8 + 2 * tg);
-                mma_bf16_16816(s[nt], qa[j][0], qa[j][1], qa[j][2], qa[j][3], b0, b1);
+                if (j < QREG) {
+                    mma_bf16_16816(s[nt], qa[j][0], qa[j][1], qa[j][2], qa[j][3], b0, b1);
+                } else {
+                    const u16* q0 = qrow0 + 16 * j;
+                    const u16* q1 = q0 + 8 * D;
+                    mma_bf16_16816(s[nt], *(const u32*)q0, *(const u32*)q1, *(const u32*)(q0 + 8),
+                                   *(const u32*)(q1 + 8), b0, b1);
+                }
             }
         }
 #pragma unroll
@@ -789,8 +816,12 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
         __syncthreads();  // both halves of S written
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            int w0 = warp & 3;  // the half-0 warp of this head tile, then the half-1 warp
-            s[i >> 2][i & 3] = sm.sx[w0][i][lane] + sm.sx[w0 + 4][i][lane];
+            // The part-0 warp of this head tile, then parts 1 .. DP − 1 in order.
+            int w0 = warp & (HT - 1);
+            float acc = sm.sx[w0][i][lane];
+#pragma unroll
+            for (int pp = 1; pp < DP; ++pp) acc += sm.sx[w0 + pp * HT][i][lane];
+            s[i >> 2][i & 3] = acc;
         }
         // Scale and mask: the key of s[nt][j] is nt·8 + 2·tg + (j & 1).
         float tm0 = CSA2_NEG_INF, tm1 = CSA2_NEG_INF;
@@ -831,7 +862,7 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
         u32 pa0 = pack_bf16x2(p[0][0], p[0][1]), pa1 = pack_bf16x2(p[0][2], p[0][3]);
         u32 pa2 = pack_bf16x2(p[1][0], p[1][1]), pa3 = pack_bf16x2(p[1][2], p[1][3]);
 #pragma unroll
-        for (int n = 0; n < SK_NT; ++n) {
+        for (int n = 0; n < NT; ++n) {
             o[n][0] *= c0;
             o[n][1] *= c0;
             o[n][2] *= c1;
@@ -854,12 +885,12 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
         u16* oa = out + ((i64)t * hp + ha) * D + d0;
         u16* ob = out + ((i64)t * hp + hb) * D + d0;
 #pragma unroll
-        for (int n = 0; n < SK_NT; ++n) {
+        for (int n = 0; n < NT; ++n) {
             int c = n * 8 + 2 * tg;
             *(u32*)(oa + c) = la ? pack_bf16x2(o[n][0] * f0, o[n][1] * f0) : 0u;
             *(u32*)(ob + c) = lb ? pack_bf16x2(o[n][2] * f1, o[n][3] * f1) : 0u;
         }
-        if (half == 0 && tg == 0 && lse) {
+        if (dpart == 0 && tg == 0 && lse) {
             if (la) lse[(i64)t * n_heads + ha] = sk_lse(m0, l0);
             if (lb) lse[(i64)t * n_heads + hb] = sk_lse(m1, l1);
         }
@@ -868,7 +899,7 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
     // Partial (m, l, o) of this chunk for the combine; an empty chunk writes only (−inf, 0).
     i64 part = (i64)t * splits + sidx;
     float* ml = ws + (i64)gridDim.y * splits * hp * D + part * hp * 2;
-    if (half == 0 && tg == 0) {
+    if (dpart == 0 && tg == 0) {
         ml[2 * ha] = m0;
         ml[2 * ha + 1] = l0;
         ml[2 * hb] = m1;
@@ -878,7 +909,7 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
         float* pa = ws + (part * hp + ha) * D + d0;
         float* pb = ws + (part * hp + hb) * D + d0;
 #pragma unroll
-        for (int n = 0; n < SK_NT; ++n) {
+        for (int n = 0; n < NT; ++n) {
             int c = n * 8 + 2 * tg;
             pa[c] = o[n][0];
             pa[c + 1] = o[n][1];
@@ -886,6 +917,14 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
             pb[c + 1] = o[n][3];
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf16_split(ATTN_SPLIT_ARGS) {
+    split_body<4>(ATTN_SPLIT_PARAMS);
+}
+
+extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 2) attn_pools_bf16_split_h32(ATTN_SPLIT_ARGS) {
+    split_body<2>(ATTN_SPLIT_PARAMS);
 }
 
 // Merges the `splits` partials of attn_pools_bf16_split per (token, head) by the rule above.

@@ -43,33 +43,32 @@ fn assert_report(r: csa2::Result<Report>) {
 
 // ---- no device needed ---------------------------------------------------------------------------------
 
-/// The split attention plan's blocks per SM is what this build's ptxas figures give for the
-/// split kernel on every SASS arch (registers and static shared memory of 256-thread blocks).
+/// Each split attention kernel's blocks per SM, as its plan assumes, is what this build's ptxas
+/// figures give on every SASS arch (registers and static shared memory of 256-thread blocks):
+/// one for the 64-head kernel, two for the 32-head one; neither spills.
 #[cfg(not(feature = "cuda-emu"))]
 #[test]
 fn split_attention_blocks_per_sm_match_the_ptxas_figures() {
-    use csa2::ops::attention::cuda::SPLIT_BLOCKS_PER_SM;
+    use csa2::ops::attention::cuda::PoolsKernel;
     use csa2::ops::attention::decode_model::{blocks_per_sm, HOPPER};
-    let rows: Vec<_> = csa2::cuda::modules::PTXAS
-        .iter()
-        .filter(|f| f.0 == "attn_pools_bf16_split")
-        .collect();
-    assert!(
-        rows.iter().any(|f| f.1 == "sm_90a"),
-        "no sm_90a figures: {rows:?}"
-    );
-    for &&(_, arch, regs, smem, _, spill_st, spill_ld) in &rows {
-        assert_eq!(
-            (spill_st, spill_ld),
-            (0, 0),
-            "{arch}: the split kernel spills"
+    for kernel in [PoolsKernel::Split, PoolsKernel::SplitH32] {
+        let rows: Vec<_> = csa2::cuda::modules::PTXAS
+            .iter()
+            .filter(|f| f.0 == kernel.entry())
+            .collect();
+        assert!(
+            rows.iter().any(|f| f.1 == "sm_90a"),
+            "no sm_90a figures for {kernel:?}: {rows:?}"
         );
-        if arch == "sm_90a" || arch.starts_with("sm_10") {
-            assert_eq!(
-                blocks_per_sm(regs, smem, 256, &HOPPER) as usize,
-                SPLIT_BLOCKS_PER_SM,
-                "{arch}: {regs} registers, {smem} B shared"
-            );
+        for &&(_, arch, regs, smem, _, spill_st, spill_ld) in &rows {
+            assert_eq!((spill_st, spill_ld), (0, 0), "{arch}: {kernel:?} spills");
+            if arch == "sm_90a" || arch.starts_with("sm_10") {
+                assert_eq!(
+                    blocks_per_sm(regs, smem, 256, &HOPPER) as usize,
+                    kernel.blocks_per_sm(),
+                    "{arch}: {kernel:?}, {regs} registers, {smem} B shared"
+                );
+            }
         }
     }
 }

@@ -140,6 +140,7 @@ pub const EXPECTED_KERNELS: &[(&str, &[&str])] = &[
             "attn_pools_bf16",
             "attn_pools_bf16_mma",
             "attn_pools_bf16_split",
+            "attn_pools_bf16_split_h32",
             "attn_pools_combine",
         ],
     ),

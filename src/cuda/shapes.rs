@@ -34,6 +34,9 @@ pub const ATTN_THREADS: usize = 256;
 pub const ATTN_HEADS_PER_BLOCK: usize = 16;
 /// `kernels/attention.cu`: heads per block of the tensor-core kernel (4 warps × 16-head tiles).
 pub const ATTN_MMA_HEADS_PER_BLOCK: usize = 64;
+/// `kernels/attention.cu` `attn_pools_bf16_split_h32`: heads per block (2 × 16-head tiles, each
+/// warp a quarter of the dims).
+pub const ATTN_SPLIT_H32_HEADS_PER_BLOCK: usize = 32;
 /// `kernels/attention.cu` `attn_pools_combine`: heads per block (one warp each).
 pub const ATTN_COMBINE_HEADS_PER_BLOCK: usize = ATTN_THREADS / 32;
 

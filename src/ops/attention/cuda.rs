@@ -13,7 +13,8 @@ use super::split_plan::{split_plan, SplitPlan, TILE_KEYS};
 use super::{PoolDesc, PoolLayout};
 use crate::cuda::device::{as_i32, cfg, check_len, cuda_error, grid_rows, launch, OrNull};
 use crate::cuda::shapes::{
-    ATTN_COMBINE_HEADS_PER_BLOCK, ATTN_HEADS_PER_BLOCK, ATTN_MMA_HEADS_PER_BLOCK, ATTN_THREADS,
+    ATTN_COMBINE_HEADS_PER_BLOCK, ATTN_HEADS_PER_BLOCK, ATTN_MMA_HEADS_PER_BLOCK,
+    ATTN_SPLIT_H32_HEADS_PER_BLOCK, ATTN_THREADS,
 };
 use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
@@ -428,21 +429,33 @@ pub enum PoolsKernel {
     /// (P rounded to bf16: `BF16_DOTS_VS_F64`).
     Mma,
     /// `attn_pools_bf16_split` (+ `attn_pools_combine`): the tensor-core kernel split over keys,
-    /// records streamed with `cp.async`; the default. Same numerics class as [`PoolsKernel::Mma`].
+    /// records streamed with `cp.async`, one block per 64 heads; the default. Same numerics class
+    /// as [`PoolsKernel::Mma`].
     Split,
+    /// `attn_pools_bf16_split_h32` (+ `attn_pools_combine`): [`PoolsKernel::Split`] with 32 heads
+    /// per block and each warp a quarter of the dims: half the registers, two blocks per SM, twice
+    /// the blocks (each dequantises its keys itself). Same numerics class; other bits than
+    /// [`PoolsKernel::Split`] (S is summed over four dim parts instead of two).
+    SplitH32,
 }
 
 impl PoolsKernel {
     /// Every kernel.
-    pub const ALL: [PoolsKernel; 3] = [PoolsKernel::Simt, PoolsKernel::Mma, PoolsKernel::Split];
+    pub const ALL: [PoolsKernel; 4] = [
+        PoolsKernel::Simt,
+        PoolsKernel::Mma,
+        PoolsKernel::Split,
+        PoolsKernel::SplitH32,
+    ];
 
     /// The kernel the entries run: `CSA2_ATTENTION_KERNEL=simt` the reference kernel, `=mma` the
-    /// unsplit tensor-core kernel, anything else, or unset, the split kernel. Read per call (no
-    /// device work), so one process can compare them.
+    /// unsplit tensor-core kernel, `=split-h32` the split kernel on 32-head blocks, anything else,
+    /// or unset, the split kernel. Read per call (no device work), so one process can compare them.
     pub fn from_env() -> PoolsKernel {
         match std::env::var("CSA2_ATTENTION_KERNEL").ok().as_deref() {
             Some("simt") => PoolsKernel::Simt,
             Some("mma") => PoolsKernel::Mma,
+            Some("split-h32") => PoolsKernel::SplitH32,
             _ => PoolsKernel::Split,
         }
     }
@@ -451,21 +464,52 @@ impl PoolsKernel {
     pub fn tensor_core(self) -> bool {
         self != PoolsKernel::Simt
     }
+
+    /// Whether the kernel splits over keys (a plan, a workspace and the combine pass).
+    pub fn split(self) -> bool {
+        matches!(self, PoolsKernel::Split | PoolsKernel::SplitH32)
+    }
+
+    /// The kernel's entry point in `kernels/attention.cu`.
+    pub fn entry(self) -> &'static str {
+        match self {
+            PoolsKernel::Simt => "attn_pools_bf16",
+            PoolsKernel::Mma => "attn_pools_bf16_mma",
+            PoolsKernel::Split => "attn_pools_bf16_split",
+            PoolsKernel::SplitH32 => "attn_pools_bf16_split_h32",
+        }
+    }
+
+    /// Padded heads per block (the grid's x is padded heads / this).
+    pub fn heads_per_block(self) -> usize {
+        match self {
+            PoolsKernel::Simt => ATTN_HEADS_PER_BLOCK,
+            PoolsKernel::Mma | PoolsKernel::Split => ATTN_MMA_HEADS_PER_BLOCK,
+            PoolsKernel::SplitH32 => ATTN_SPLIT_H32_HEADS_PER_BLOCK,
+        }
+    }
+
+    /// Blocks of a split kernel one SM holds at a time, as its split plan assumes:
+    /// `attn_pools_bf16_split`'s `__launch_bounds__(256, 1)` (254–255 registers per thread, 44 KB
+    /// of shared memory) allow one, `attn_pools_bf16_split_h32`'s `(256, 2)` two (a GPU build's
+    /// test checks both against the embedded ptxas figures); 1 for the unsplit kernels.
+    pub fn blocks_per_sm(self) -> usize {
+        match self {
+            PoolsKernel::SplitH32 => 2,
+            _ => 1,
+        }
+    }
 }
 
-/// Blocks of `attn_pools_bf16_split` one SM holds at a time, as the split plan assumes: its
-/// `__launch_bounds__(256, 1)`, 254–255 registers per thread and 44 KB of shared memory allow one
-/// (a GPU build's test checks this against the embedded ptxas figures).
-pub const SPLIT_BLOCKS_PER_SM: usize = 1;
-
-/// The split plan a launch of `c` uses on `dev` (pure: shapes and the SM count only).
-pub(super) fn plan_for(c: &PoolsLaunch, sm_count: usize) -> SplitPlan {
+/// The split plan a launch of `c` with the split kernel `kernel` uses on a device of `sm_count`
+/// SMs (pure: shapes and the SM count only).
+pub(super) fn plan_for(c: &PoolsLaunch, kernel: PoolsKernel, sm_count: usize) -> SplitPlan {
     split_plan(
         c.tokens,
-        c.padded_heads / ATTN_MMA_HEADS_PER_BLOCK,
+        c.padded_heads / kernel.heads_per_block(),
         c.main_idx.1 + c.swa_idx.1,
         sm_count,
-        SPLIT_BLOCKS_PER_SM,
+        kernel.blocks_per_sm(),
     )
 }
 
@@ -492,14 +536,7 @@ pub(crate) fn launch_pools_planned(
     // One grid row per token (vLLM's batches are far below the bound).
     let grid_y = grid_rows("q", c.tokens)?;
     let dev = device(c.ordinal)?;
-    let f = dev.function(
-        "attention",
-        match kernel {
-            PoolsKernel::Simt => "attn_pools_bf16",
-            PoolsKernel::Mma => "attn_pools_bf16_mma",
-            PoolsKernel::Split => "attn_pools_bf16_split",
-        },
-    )?;
+    let f = dev.function("attention", kernel.entry())?;
     // SAFETY: `stream` is the caller's live stream of this device's primary context (the
     // entry's contract); the wrapper does not own it and is dropped right after the launch.
     let s = unsafe {
@@ -534,13 +571,9 @@ pub(crate) fn launch_pools_planned(
     let (q, mi, si, sink, out) = (c.q, c.main_idx.0, c.swa_idx.0, c.sink, c.out);
     let (ml, sl, lse, err) = (c.main_len, c.swa_len, c.lse, c.err);
     let swa_base = sp.addr;
-    // One block per 16 heads (correctness kernel) or per 64 heads (tensor-core kernel) of a token.
-    let per_block = if mma {
-        ATTN_MMA_HEADS_PER_BLOCK
-    } else {
-        ATTN_HEADS_PER_BLOCK
-    };
-    let grid = ((c.padded_heads / per_block) as u32, grid_y);
+    // One block per 16 heads (correctness kernel), per 64 heads (tensor-core kernels) or per 32
+    // (the 32-head split kernel) of a token.
+    let grid = ((c.padded_heads / kernel.heads_per_block()) as u32, grid_y);
     let mut b = s.launch_builder(&f);
     // attn_pools_bf16(q, hp, n_heads, main_idx, km, main_len, main_pool, main_stride,
     //   main_states, main_blocks, main_fmt, main_layout, swa_idx, ks, swa_len, swa_pool,
@@ -562,16 +595,16 @@ pub(crate) fn launch_pools_planned(
         .arg(&sfmt)
         .arg(&slay);
     b.arg(&sink).arg(&c.scale).arg(&out).arg(&lse).arg(&err);
-    if kernel != PoolsKernel::Split {
+    if !kernel.split() {
         // SAFETY: the arguments follow the kernel's signature above in order and type; every
         // tensor was checked (shape, dtype, device, compact, disjoint outputs) by the entry, and
         // the kernel bounds-checks every slot against blocks · states before reading a pool.
         unsafe { b.launch(cfg(grid, ATTN_THREADS as u32)) }
-            .map_err(|e| cuda_error("launch attn_pools_bf16", e))?;
+            .map_err(|e| cuda_error(format!("launch {}", kernel.entry()), e))?;
         return Ok(());
     }
     // The split kernel: (chunk, splits, workspace) after the common arguments, grid z = splits.
-    let mut plan = plan.unwrap_or_else(|| plan_for(c, dev.sm_count()));
+    let mut plan = plan.unwrap_or_else(|| plan_for(c, kernel, dev.sm_count()));
     if plan.chunk_keys == 0 || !plan.chunk_keys.is_multiple_of(TILE_KEYS) || plan.splits == 0 {
         return Err(Error::Internal(format!("split plan {plan:?}")));
     }
@@ -602,7 +635,8 @@ pub(crate) fn launch_pools_planned(
     };
     // SAFETY: as above, plus (chunk, splits, ws): ws holds workspace_floats(..) f32 for this plan,
     // owned by the device for this stream.
-    unsafe { b.launch(split_cfg) }.map_err(|e| cuda_error("launch attn_pools_bf16_split", e))?;
+    unsafe { b.launch(split_cfg) }
+        .map_err(|e| cuda_error(format!("launch {}", kernel.entry()), e))?;
     if plan.splits > 1 {
         let fc = dev.function("attention", "attn_pools_combine")?;
         let mut b = s.launch_builder(&fc);
@@ -711,7 +745,6 @@ mod tests {
     #[test]
     fn the_split_plan_takes_the_devices_sm_count() {
         use super::super::split_plan::{split_plan, SplitPlan};
-        use super::SPLIT_BLOCKS_PER_SM;
         if !CudaDevice::driver_present() {
             println!("SKIPPED: no CUDA driver");
             return;
@@ -721,7 +754,13 @@ mod tests {
         assert_eq!(dev.sm_count(), 132);
         if dev.sm_count() == 132 {
             assert_eq!(
-                split_plan(32, 1, 640, dev.sm_count(), SPLIT_BLOCKS_PER_SM),
+                split_plan(
+                    32,
+                    1,
+                    640,
+                    dev.sm_count(),
+                    PoolsKernel::Split.blocks_per_sm()
+                ),
                 SplitPlan {
                     chunk_keys: 160,
                     splits: 4

@@ -1,4 +1,4 @@
-//! A performance model of sparse decode attention on the split kernel (modeled, not measured):
+//! A performance model of sparse decode attention on the split kernels (modeled, not measured):
 //! per batch shape, the blocks the launch creates, the SMs they cover, how many fit an SM at once
 //! (from ptxas' register and shared-memory figures of the build), the bytes and FLOPs the batch
 //! must move and compute, and the roofline floor from a device's copy bandwidth and bf16 matmul
@@ -74,8 +74,11 @@ pub struct ModelRow {
 
 /// The modeled row for `tokens` tokens with lists of `km` compressed (NVFP4-DS) and `ks` SWA
 /// (MXFP8) keys, `heads` live of `padded_heads`, on `sm_count` SMs holding `blocks_per_sm` split
-/// blocks each, with `bandwidth_gbs` GB/s and `tflops` bf16 TFLOP/s. The work per token is fixed
-/// by the top-k and the window: `context` changes nothing here but is carried for the table.
+/// blocks of `heads_per_block` heads each, with `bandwidth_gbs` GB/s and `tflops` bf16 TFLOP/s.
+/// The work per token is fixed by the top-k and the window: `context` changes nothing here but is
+/// carried for the table. Every head block of a token reads the token's records; each read is
+/// counted as DRAM traffic (an upper bound: the blocks of one token run close together, so the
+/// second read is likely an L2 hit).
 #[allow(clippy::too_many_arguments)]
 pub fn model_row(
     tokens: usize,
@@ -83,11 +86,11 @@ pub fn model_row(
     (padded_heads, heads): (usize, usize),
     (km, ks): (usize, usize),
     sm_count: usize,
-    blocks_per_sm: u32,
+    (heads_per_block, blocks_per_sm): (usize, u32),
     bandwidth_gbs: f64,
     tflops: f64,
 ) -> ModelRow {
-    let head_blocks = padded_heads / 64;
+    let head_blocks = padded_heads.div_ceil(heads_per_block.max(1));
     let plan = split_plan(
         tokens,
         head_blocks,
@@ -98,7 +101,7 @@ pub fn model_row(
     let blocks = tokens * head_blocks * plan.splits;
     let slots = sm_count * blocks_per_sm.max(1) as usize;
     let t = tokens as f64;
-    let records = (km * NVFP4_DS_BYTES + ks * MXFP8_BYTES) as f64;
+    let records = (head_blocks * (km * NVFP4_DS_BYTES + ks * MXFP8_BYTES)) as f64;
     let qo = 2.0 * (padded_heads * KV_DIM * 2) as f64;
     let lists = ((km + ks) * 4 + 8 + heads * 4) as f64;
     let partials = 2.0 * 4.0 * plan.workspace_floats(1, padded_heads, KV_DIM) as f64;
@@ -122,11 +125,12 @@ pub fn model_row(
     }
 }
 
-/// The table's rows: batch 1, 32, 128 at 64K and 1M context, the model's lists (512 + 128 keys,
+/// The table's rows for a split kernel of `heads_per_block` heads per block and `blocks_per_sm`
+/// resident blocks: batch 1, 32, 128 at 64K and 1M context, the model's lists (512 + 128 keys,
 /// 64 heads).
 pub fn decode_table(
     sm_count: usize,
-    blocks_per_sm: u32,
+    (heads_per_block, blocks_per_sm): (usize, u32),
     bandwidth_gbs: f64,
     tflops: f64,
 ) -> Vec<ModelRow> {
@@ -139,7 +143,7 @@ pub fn decode_table(
                 (64, 64),
                 (512, 128),
                 sm_count,
-                blocks_per_sm,
+                (heads_per_block, blocks_per_sm),
                 bandwidth_gbs,
                 tflops,
             ));
@@ -169,7 +173,7 @@ mod tests {
     /// one wave, batch 128 128 SMs unsplit; bytes and FLOPs per token as the model's lists give.
     #[test]
     fn decode_rows_cover_the_sms() {
-        let rows = decode_table(132, 1, 4800.0, 989.0);
+        let rows = decode_table(132, (64, 1), 4800.0, 989.0);
         assert_eq!(rows.len(), 6);
         let r = |i: usize| rows[i];
         assert_eq!((r(0).blocks, r(0).sms_covered), (20, 20));
@@ -185,5 +189,20 @@ mod tests {
         for i in 0..3 {
             assert_eq!(rows[i].bytes, rows[i + 3].bytes, "context changes no work");
         }
+    }
+
+    /// The 32-head split kernel at two blocks per SM: batch 32 fills all 132 SMs twice over
+    /// (two head blocks × 4 chunks per token: 256 blocks, one wave), and its records are counted
+    /// once per head block.
+    #[test]
+    fn h32_rows_put_two_blocks_on_every_sm() {
+        let rows = decode_table(132, (32, 2), 4800.0, 989.0);
+        let r = rows[1];
+        assert_eq!((r.tokens, r.plan.splits, r.blocks), (32, 4, 256));
+        assert_eq!((r.sms_covered, r.waves, r.blocks_per_sm), (132, 1, 2));
+        let one = decode_table(132, (64, 1), 4800.0, 989.0)[2];
+        let two = rows[2];
+        assert_eq!(two.flops, one.flops, "the same tensor work");
+        assert!(two.bytes > one.bytes, "records read by both head blocks");
     }
 }

@@ -464,10 +464,10 @@ mod tests {
                 let (ro, rl) =
                     reference::attention_rows(&p, &qf, &sink, &rows, mrows, KvRows::Pool(swa));
                 let ro: Vec<f64> = ro.iter().map(|&v| bf16::from_f64(v).to_f64()).collect();
-                // Under a sanitizer the split kernel is left to the split-kernel test below,
-                // which runs it on these kinds and head counts too.
+                // Under a sanitizer the split kernels are left to the split-kernel test below,
+                // which runs them on these kinds and head counts too.
                 for kernel in PoolsKernel::ALL {
-                    if sanitized() && kernel == PoolsKernel::Split {
+                    if sanitized() && kernel.split() {
                         continue;
                     }
                     let bufs = (
@@ -544,11 +544,12 @@ mod tests {
     #[cfg(feature = "cuda")]
     type TestPool = (Vec<u8>, usize, PoolDesc);
 
-    /// Runs the split kernel under `plan` over tokens `tokens` of the lists (a sub-batch: the
-    /// rows of q and of the lists are sliced) and returns (out bf16 bits, lse, err).
+    /// Runs the split kernel `kernel` under `plan` over tokens `tokens` of the lists (a sub-batch:
+    /// the rows of q and of the lists are sliced) and returns (out bf16 bits, lse, err).
     #[cfg(feature = "cuda")]
     #[allow(clippy::too_many_arguments)]
     fn run_split(
+        kernel: crate::ops::attention::cuda::PoolsKernel,
         q: &[bf16],
         hp: usize,
         h: usize,
@@ -562,9 +563,7 @@ mod tests {
     ) -> (Vec<u16>, Vec<f32>, Vec<i32>) {
         use crate::cuda::driver::DevicePtr;
         use crate::cuda::CudaDevice;
-        use crate::ops::attention::cuda::{
-            launch_pools_planned, PoolLaunch, PoolsKernel, PoolsLaunch,
-        };
+        use crate::ops::attention::cuda::{launch_pools_planned, PoolLaunch, PoolsLaunch};
         let dev = CudaDevice::shared(0).unwrap();
         let a = |b: &crate::cuda::DeviceBuffer<u8>| b.device_ptr(dev.stream()).0;
         let t = tokens.len();
@@ -618,13 +617,7 @@ mod tests {
             lse: a(&lse),
             err: a(&err),
         };
-        launch_pools_planned(
-            &launch,
-            dev.stream().cu_stream() as u64,
-            PoolsKernel::Split,
-            plan,
-        )
-        .unwrap();
+        launch_pools_planned(&launch, dev.stream().cu_stream() as u64, kernel, plan).unwrap();
         dev.synchronize().unwrap();
         let words = |b: &crate::cuda::DeviceBuffer<u8>| dev.download(b).unwrap();
         let o = words(&out);
@@ -639,7 +632,8 @@ mod tests {
         (o, lse, err)
     }
 
-    /// The split kernel (`attn_pools_bf16_split` + `attn_pools_combine`) under every split count
+    /// The split kernels (`attn_pools_bf16_split` and `attn_pools_bf16_split_h32`, each with
+    /// `attn_pools_combine`) under every split count
     /// of a 64-key list (chunks of 16, 32, 48 and 64 keys, and the device's own plan): chunk
     /// boundaries inside the compressed list, inside the SWA list and between them, a token with
     /// no keys, tokens whose lists are shorter than one chunk, −1 holes, a slot past its pool (the
@@ -652,6 +646,7 @@ mod tests {
     #[test]
     fn cuda_split_kernel_every_split_count_matches_reference_and_keeps_its_bits() {
         use crate::cuda::CudaDevice;
+        use crate::ops::attention::cuda::PoolsKernel;
         use crate::ops::attention::split_plan::SplitPlan;
         use crate::tolerance::BF16_DOTS_VS_F64;
         if !CudaDevice::driver_present() {
@@ -769,10 +764,15 @@ mod tests {
                 .iter()
                 .map(|&c| Some(SplitPlan::with_chunk(c, km + ks)))
                 .chain([None]);
-            for plan in plans {
-                let what = format!("kind {ki} hp {hp} plan {plan:?}");
+            let kernels = [PoolsKernel::Split, PoolsKernel::SplitH32];
+            for (kernel, plan) in kernels
+                .into_iter()
+                .flat_map(|k| plans.clone().map(move |p| (k, p)))
+            {
+                let what = format!("{kernel:?} kind {ki} hp {hp} plan {plan:?}");
                 let run = |range| {
                     run_split(
+                        kernel,
                         &q,
                         hp,
                         h,
