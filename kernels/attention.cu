@@ -534,7 +534,8 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
 // heads) that is attn_pools_bf16_mma's layout, dim halves of 256; with HT = 2 (32 heads) quarters
 // of 128. Unlike the mma kernel:
 //   - Q's A fragments for the warp's own dims are loaded once per block and stay in registers
-//     (64 per lane for halves, 32 for quarters, beside 128 or 64 of output accumulators); each
+//     (64 per lane for halves beside 128 output accumulators; for quarters, beside 64, the first
+//     half of them, 16 per lane, the rest read again each tile: see QREG below); each
 //     warp computes S = Q·Kᵀ over its own dims only, and the DP warps of a head tile add their
 //     parts through shared memory in a fixed order (part 0 + part 1 + …, left to right), so all
 //     hold the same S bits. The two variants therefore round S differently: a head's bits depend
@@ -719,8 +720,7 @@ __device__ __forceinline__ float sk_lse(float M, float L) { return M == CSA2_NEG
         swa_layout, sink, scale, out, lse, err, chunk, splits, ws
 
 template <int HT>
-__device__ __forceinline__ void split_body(ATTN_SPLIT_ARGS) {
-    __shared__ __align__(16) SplitSmem sm;
+__device__ __forceinline__ void split_body(SplitSmem& sm, ATTN_SPLIT_ARGS) {
     constexpr int DP = 8 / HT;       // dim parts: the warps that share a head tile
     constexpr int DW = D / DP;       // dims per warp
     constexpr int NT = DW / 8;       // P·V n-tiles (8 dims) per warp
@@ -919,12 +919,17 @@ __device__ __forceinline__ void split_body(ATTN_SPLIT_ARGS) {
     }
 }
 
+// The entry points: each declares the block's shared memory (a __shared__ inside the template would
+// not be placed with the other shared variables on the host SIMT harness, so it would escape the
+// poisoning before each block) and runs the body with its head tiles.
 extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf16_split(ATTN_SPLIT_ARGS) {
-    split_body<4>(ATTN_SPLIT_PARAMS);
+    __shared__ __align__(16) SplitSmem sm;
+    split_body<4>(sm, ATTN_SPLIT_PARAMS);
 }
 
 extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 2) attn_pools_bf16_split_h32(ATTN_SPLIT_ARGS) {
-    split_body<2>(ATTN_SPLIT_PARAMS);
+    __shared__ __align__(16) SplitSmem sm;
+    split_body<2>(sm, ATTN_SPLIT_PARAMS);
 }
 
 // Merges the `splits` partials of attn_pools_bf16_split per (token, head) by the rule above.

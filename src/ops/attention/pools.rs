@@ -769,6 +769,11 @@ mod tests {
                 .into_iter()
                 .flat_map(|k| plans.clone().map(move |p| (k, p)))
             {
+                // Under a sanitizer the 32-head kernel (the same body on other tiles) runs one
+                // split plan on the first two kinds (both pool kinds, 64 and 128 padded heads).
+                if sanitized() && kernel == PoolsKernel::SplitH32 && (ki >= 2 || plan.is_none()) {
+                    continue;
+                }
                 let what = format!("{kernel:?} kind {ki} hp {hp} plan {plan:?}");
                 let run = |range| {
                     run_split(
@@ -833,8 +838,9 @@ mod tests {
                     "{what}: lse of a sub-batch"
                 );
                 // Two host threads launching split batches on one stream at once (the workspace is
-                // shared): each gets the bits of its lone run.
-                if ki == 0 {
+                // shared; the launch code that shares it is the same for both split kernels): each
+                // gets the bits of its lone run.
+                if ki == 0 && kernel == PoolsKernel::Split {
                     std::thread::scope(|sc| {
                         let a = sc.spawn(|| (0..3).map(|_| run(0..t)).collect::<Vec<_>>());
                         let b = sc.spawn(|| (0..3).map(|_| run(2..5)).collect::<Vec<_>>());

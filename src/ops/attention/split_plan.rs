@@ -3,7 +3,8 @@
 //! look at device memory (the per-token lengths stay on the device) and a CUDA graph can capture
 //! it.
 //!
-//! The kernel gives each (token, 64-head group, chunk of keys) one block of 256 threads; a block
+//! The kernel gives each (token, head group, chunk of keys) one block of 256 threads (64 heads a
+//! group for `attn_pools_bf16_split`, 32 for `attn_pools_bf16_split_h32`); a block
 //! walks its chunk in tiles of [`TILE_KEYS`] keys. The plan picks the chunk (a whole number of
 //! tiles) so that the batch's blocks fill the SMs in as few, as short waves as possible: for each
 //! split count `s` it models the time as `waves(s) × (tiles per chunk + per-block overhead)` plus
@@ -65,7 +66,7 @@ fn cost(tokens_blocks: usize, slots: usize, tiles: usize, splits: usize) -> (usi
     (c, chunk_tiles)
 }
 
-/// The plan for `tokens` tokens of `head_blocks` 64-head groups each, lists of at most `max_keys`
+/// The plan for `tokens` tokens of `head_blocks` head groups each, lists of at most `max_keys`
 /// keys (the columns of the compressed plus the SWA list), on a device with `sm_count` SMs that
 /// hold `blocks_per_sm` of the kernel's blocks at a time.
 pub fn split_plan(

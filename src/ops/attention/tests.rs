@@ -1084,6 +1084,37 @@ fn a_heads_result_does_not_depend_on_the_head_count() {
     }
 }
 
+/// The head-count tests again at every lower ISA level this CPU runs, each in a process of its
+/// own (`CSA2_ISA` is read once): the 8-lane kernels (AVX2 and the portable one) score 16 padded
+/// heads with their own leftover tile, which the machine's best level never runs.
+#[test]
+fn head_count_tests_at_every_lower_isa_level() {
+    use crate::isa::Isa;
+    let exe = std::env::current_exe().unwrap();
+    for isa in Isa::supported() {
+        if isa >= Isa::best() {
+            continue;
+        }
+        for test in [
+            "ops::attention::tests::a_heads_result_does_not_depend_on_the_head_count",
+            "ops::attention::tests::head_counts_row_counts_and_chunk_merge",
+        ] {
+            let out = std::process::Command::new(&exe)
+                .args(["--exact", test, "--test-threads", "1"])
+                .env("CSA2_ISA", isa.name())
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && text.contains("1 passed"),
+                "CSA2_ISA={} {test}:\n{text}{}",
+                isa.name(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
 fn narrow_dots_match_the_reference_and_are_batch_invariant(dots: AttentionDots) {
     use crate::tolerance::BF16_DOTS_VS_F64 as TOL;
     let mut rng = Rng::new(21);
