@@ -43,6 +43,58 @@ fn assert_report(r: csa2::Result<Report>) {
 
 // ---- no device needed ---------------------------------------------------------------------------------
 
+/// Every `__shared__` variable of `kernels/` is declared in the body of an `extern "C" __global__`
+/// entry point (or of a macro an entry point expands): the host SIMT harness places shared
+/// variables in its own section and poisons it before each block, and a `__shared__` inside a
+/// template or `__device__` function lands in `.bss` there instead (GCC ignores the section of a
+/// template's static), so reads before writes would go unseen.
+#[test]
+fn shared_memory_is_declared_in_entry_points() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels");
+    let mut checked = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        let ext = path.extension().and_then(|x| x.to_str());
+        if !matches!(ext, Some("cu" | "cuh")) {
+            continue;
+        }
+        let src = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = src.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
+            let code = l.split("//").next().unwrap();
+            if !code.contains("__shared__") || code.trim_start().starts_with("#define __shared__") {
+                continue;
+            }
+            checked += 1;
+            // The enclosing top-level declaration: the nearest line above at column 0 that is
+            // code (not a comment, a closing brace or a blank line).
+            let head = lines[..i]
+                .iter()
+                .rev()
+                .find(|h| {
+                    let t = h.trim_end();
+                    !t.is_empty()
+                        && !h.starts_with(' ')
+                        && !h.starts_with('\t')
+                        && !h.starts_with("//")
+                        && !h.starts_with('}')
+                })
+                .unwrap_or(&"");
+            assert!(
+                head.contains("extern \"C\" __global__") || head.starts_with("#define "),
+                "{}:{}: a __shared__ variable outside an entry point's body (in `{}`)",
+                path.display(),
+                i + 1,
+                head.trim()
+            );
+        }
+    }
+    assert!(
+        checked >= 20,
+        "found only {checked} __shared__ declarations"
+    );
+}
+
 /// Each split attention kernel's blocks per SM, as its plan assumes, is what this build's ptxas
 /// figures give on every SASS arch (registers and static shared memory of 256-thread blocks):
 /// one for the 64-head kernel, two for the 32-head one; neither spills.
