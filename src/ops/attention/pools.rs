@@ -769,10 +769,20 @@ mod tests {
                 .into_iter()
                 .flat_map(|k| plans.clone().map(move |p| (k, p)))
             {
-                // Under a sanitizer the 32-head kernel (the same body on other tiles) runs one
-                // split plan on the first two kinds (both pool kinds, 64 and 128 padded heads).
-                if sanitized() && kernel == PoolsKernel::SplitH32 && (ki >= 2 || plan.is_none()) {
-                    continue;
+                // The 32-head kernel (the same body on other tiles) runs the finest split (chunks
+                // of 16: boundaries at every place the list allows) and its own device plan on
+                // every kind; under a sanitizer only the finest split, on the first two kinds
+                // (both pool kinds, 64 and 128 padded heads).
+                if kernel == PoolsKernel::SplitH32 {
+                    let finest = plan.is_some_and(|p| p.chunk_keys == 16);
+                    let keep = if sanitized() {
+                        finest && ki < 2
+                    } else {
+                        finest || plan.is_none()
+                    };
+                    if !keep {
+                        continue;
+                    }
                 }
                 let what = format!("{kernel:?} kind {ki} hp {hp} plan {plan:?}");
                 let run = |range| {
