@@ -546,7 +546,11 @@ fn bad_inputs_get_a_one_line_error_before_any_work() {
         (vec!["geometry", "--gpu-mem-gib", "-5"], "--gpu-mem-gib"),
         (
             vec!["geometry", "--weights-gib", "500"],
-            "no room for a KV cache",
+            "weights of 500.0 GiB leave no room for a KV cache on a 131.3 GiB accelerator",
+        ),
+        (
+            vec!["geometry", "--weights-gib", "100", "--kv-gib", "50"],
+            "weights 100.0 GiB + KV 50.0 GiB exceed the accelerator's 131.3 GiB",
         ),
         (vec!["geometry", "--context", "-1"], "--context"),
         (vec!["trace", "--limit", "0"], "--limit"),

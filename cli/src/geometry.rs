@@ -107,7 +107,8 @@ pub fn run(a: Args) -> csa2::Result<()> {
                 "gpu-mem-gib/weights-gib",
                 format!(
                     "weights of {} GiB leave no room for a KV cache on a {} GiB accelerator",
-                    d.weights_gib, d.gpu_mem_gib
+                    fmt_gib(d.weights_gib),
+                    fmt_gib(d.gpu_mem_gib)
                 ),
             ));
         }
@@ -117,7 +118,9 @@ pub fn run(a: Args) -> csa2::Result<()> {
                 "kv-gib/weights-gib",
                 format!(
                     "weights {} GiB + KV {} GiB exceed the accelerator's {} GiB",
-                    d.weights_gib, d.kv_gib, d.gpu_mem_gib
+                    fmt_gib(d.weights_gib),
+                    fmt_gib(d.kv_gib),
+                    fmt_gib(d.gpu_mem_gib)
                 ),
             ));
         }
