@@ -521,6 +521,16 @@ fn every_plot_renders_with_its_text_inside_the_canvas() {
 /// printed a negative KV capacity; `trace --limit 0` printed NaN; `run --chunk 0` ran with chunks
 /// of 1; a negative number got clap's "unexpected argument"; `ab` ran two minutes before failing
 /// on an unwritable `--json` path.
+/// One request is "1 request" (the report said "1 requests").
+#[test]
+fn a_count_of_one_is_singular() {
+    let out = csa2().args(["trace", "--limit", "1"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(" 1 request, "), "{text}");
+    assert!(!text.contains(" 1 requests"), "{text}");
+}
+
 #[test]
 fn bad_inputs_get_a_one_line_error_before_any_work() {
     let tmp = tempfile::tempdir().unwrap();
@@ -558,6 +568,19 @@ fn bad_inputs_get_a_one_line_error_before_any_work() {
         (vec!["run", "--chunk", "0"], "--chunk"),
         (vec!["run", "--chunk", "-5"], "--chunk"),
         (vec!["run", "--stride", "0"], "--stride"),
+        (vec!["run", "--decode-max", "0"], "--decode-max"),
+        (
+            vec!["ab", "--contexts", "-4K"],
+            "a length must be positive, found `-4K`",
+        ),
+        (
+            vec!["ab", "--contexts", "4K,0"],
+            "a length must be positive, found `0`",
+        ),
+        (
+            vec!["ab", "--accuracy-max", "-4K"],
+            "a positive length like 128K",
+        ),
         (vec!["run", "--turns", "-2"], "--turns"),
         (vec!["bench", "ops", "--reps", "0"], "--reps"),
         (vec!["check", "--seed", "-1"], "--seed"),

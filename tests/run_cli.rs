@@ -61,6 +61,9 @@ fn digest(dir: &Path, json: &Path) -> String {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("checkpoint weights"), "{stdout}");
+    // One of a thing is singular ("1 turn", "1 block"; the run printed "1 blocks in use").
+    assert!(stdout.contains("1 turn of"), "{stdout}");
+    assert!(!stdout.contains(" 1 blocks"), "{stdout}");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
     let turns = v["turns"].as_array().unwrap();

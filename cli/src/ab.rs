@@ -24,7 +24,7 @@ pub struct Args {
     /// Context lengths for the decode rows (K = 1024, M = 1024²).
     /// The default covers the short end, the length where the candidate pool starts to bound
     /// Reindex scoring (128K), and 1M where the designs differ most; add 32K etc. at will.
-    #[arg(long, default_value = "4K,128K,1M")]
+    #[arg(long, default_value = "4K,128K,1M", allow_hyphen_values = true)]
     contexts: String,
     /// Timed decode steps per context and backend (at least 1). The two backends run their steps
     /// interleaved (A B A B ...) on the same synthesized caches, so machine drift hits both alike;
@@ -44,7 +44,7 @@ pub struct Args {
     /// key in f64 three times (end-to-end, and once on each backend's layer inputs), which costs
     /// seconds per 100K entries on 2 cores, on top of three f64 passes over the weights: by
     /// default only the shortest context (4K); `--accuracy-max 128K` adds the pooled regime.
-    #[arg(long, default_value = "4K")]
+    #[arg(long, default_value = "4K", allow_hyphen_values = true)]
     accuracy_max: String,
     /// Model scale: `full` (real dimensions; layers of one role share synthetic weights to fit in
     /// memory) or `tiny`.
@@ -80,12 +80,23 @@ fn parse_len(s: &str) -> Result<usize> {
         Some('M') | Some('m') => (&t[..t.len() - 1], 1024 * 1024),
         _ => (t, 1),
     };
-    num.parse::<usize>().map(|n| n * mul).map_err(|_| {
-        Error::invalid(
+    if num.trim_start().starts_with('-') {
+        return Err(Error::invalid(
+            "contexts",
+            format!("a length must be positive, found `{t}`"),
+        ));
+    }
+    match num.parse::<usize>().ok().and_then(|n| n.checked_mul(mul)) {
+        Some(n) if n > 0 => Ok(n),
+        Some(_) => Err(Error::invalid(
+            "contexts",
+            format!("a length must be positive, found `{t}`"),
+        )),
+        None => Err(Error::invalid(
             "contexts",
             format!("`{s}` is not a length like 4K, 32768 or 1M"),
-        )
-    })
+        )),
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -107,7 +118,7 @@ fn run_in_pool(a: Args) -> Result<()> {
         s => parse_len(s).map_err(|_| {
             Error::invalid(
                 "accuracy-max",
-                format!("expected `all`, `none` or a length like 128K, found `{s}`"),
+                format!("expected `all`, `none` or a positive length like 128K, found `{s}`"),
             )
         })?,
     };

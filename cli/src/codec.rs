@@ -71,10 +71,9 @@ fn sample(a: &Args) -> csa2::Result<()> {
     let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(&a.out, &bytes).map_err(|e| Error::io(&a.out, e))?;
     println!(
-        "sample {}: {} row{} × {dim} f32 values (seed {}) → {} bytes in {}",
+        "sample {}: {} × {dim} f32 values (seed {}) → {} bytes in {}",
         a.format,
-        a.rows,
-        if a.rows == 1 { "" } else { "s" },
+        crate::out::plural(a.rows as u64, "row"),
         a.seed,
         bytes.len(),
         a.out.display()

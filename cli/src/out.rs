@@ -97,6 +97,11 @@ fn check_writable_file(p: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `n` and the noun, plural unless `n` is 1 ("1 block", "2 blocks").
+pub fn plural(n: u64, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
 /// Value parser of a count that must be ≥ 1 (`--chunk`, `--limit`, ...): says so for 0 and for a
 /// negative number (the flag takes `allow_negative_numbers`, so clap hands `-5` over as a value).
 pub fn positive_count(s: &str) -> std::result::Result<usize, String> {

@@ -45,8 +45,8 @@ pub struct Args {
     /// New prompt tokens per turn = trace input_length × this.
     #[arg(long, default_value_t = 0.03, allow_negative_numbers = true, value_parser = crate::out::positive_f64)]
     token_scale: f64,
-    /// Generated tokens per turn are clipped to this.
-    #[arg(long, default_value_t = 16, allow_negative_numbers = true, value_parser = crate::out::count::<usize>)]
+    /// Generated tokens per turn are clipped to this (at least 1: every turn decodes).
+    #[arg(long, default_value_t = 16, allow_negative_numbers = true, value_parser = crate::out::positive_count)]
     decode_max: usize,
     /// Session seconds per trace second between turns.
     #[arg(long, default_value_t = 30.0, allow_negative_numbers = true, value_parser = crate::out::non_negative_f64)]
@@ -162,9 +162,8 @@ fn run_in_pool(a: Args) -> Result<()> {
     let backend = load_backend(&a)?;
     let g = backend.geometry();
     say!(
-        "csa2 run — {} turn{} of an agentic session through the {} backend ({} scale: hidden {}, {} heads, {} layers; {} weights)",
-        a.turns,
-        if a.turns == 1 { "" } else { "s" },
+        "csa2 run — {} of an agentic session through the {} backend ({} scale: hidden {}, {} heads, {} layers; {} weights)",
+        crate::out::plural(a.turns as u64, "turn"),
         backend.cfg.name,
         a.scale,
         g.hidden_size,
@@ -266,9 +265,9 @@ fn run_in_pool(a: Args) -> Result<()> {
     };
     match &manager {
         Some((m, r)) => say!(
-            "Cache: paged (CacheManager, {} blocks of 256 tokens): {} blocks in use = {} B of slabs measured by the allocator for {} tokens = {:.1} B/token ({} B padding in the last block); SWA rings {} B; session {:.2} s.",
-            m.total_blocks,
-            m.used_blocks,
+            "Cache: paged (CacheManager, {} of 256 tokens): {} in use = {} B of slabs measured by the allocator for {} tokens = {:.1} B/token ({} B padding in the last block); SWA rings {} B; session {:.2} s.",
+            crate::out::plural(m.total_blocks as u64, "block"),
+            crate::out::plural(m.used_blocks as u64, "block"),
             r.slab_bytes,
             r.tokens,
             r.bytes_per_token,

@@ -274,10 +274,10 @@ fn print_summary(name: &str, reports: &[SimReport], c: Option<&Comparison>, wall
             _ => "DeepSeek-V4.1-Flash: 4 Full layers, NVFP4 main KV",
         };
         say!(
-            "── {} ({}) ── {what}\n  {} requests, {} refused for HBM",
+            "── {} ({}) ── {what}\n  {}, {} refused for HBM",
             r.design,
             r.spec,
-            r.requests,
+            crate::out::plural(r.requests as u64, "request"),
             r.hbm_rejected
         );
         say!(
