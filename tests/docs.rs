@@ -3,8 +3,9 @@
 //! - Every timing in the README's command tables names the date it was measured and
 //!   docs/PERF.md, whose "Current figures" table holds a row for the same command and date (the
 //!   README once quoted 33 s for `csa2 trace` while PERF.md said 0.53 s).
-//! - README.md and the docs carry no remarks about machines being lent, numbered working periods,
-//!   issue numbers or notes that are not in the repository.
+//! - README.md, CHANGELOG.md and every docs/*.md carry no remarks about machines being lent,
+//!   numbered working periods, issue numbers, who reruns what, work branches, or notes and tools
+//!   that are not in the repository.
 
 use std::path::Path;
 
@@ -97,46 +98,140 @@ fn every_readme_timing_names_a_perf_entry_of_the_same_date() {
     assert!(rows >= 5, "found {rows} README timing rows");
 }
 
+/// Whether `line` names an issue of this project, ignoring case: the word "issue" followed by
+/// optional spaces or hyphens and a digit, or "issues" followed by a list of numbers (a comma or a
+/// slash after the first). The verb stays legal: "it issues 24 FMAs", and so does another
+/// project's "issue #N".
+fn names_an_issue(line: &str) -> bool {
+    let lower = line.to_lowercase();
+    let b = lower.as_bytes();
+    lower.match_indices("issue").any(|(i, w)| {
+        if i > 0 && b[i - 1].is_ascii_alphanumeric() {
+            return false;
+        }
+        let mut j = i + w.len();
+        let plural = b.get(j) == Some(&b's');
+        if plural {
+            j += 1;
+        }
+        while b.get(j) == Some(&b' ') || (!plural && b.get(j) == Some(&b'-')) {
+            j += 1;
+        }
+        let digits = b[j..].iter().take_while(|c| c.is_ascii_digit()).count();
+        digits > 0 && (!plural || matches!(b.get(j + digits), Some(b',' | b'/')))
+    })
+}
+
+/// Whether `line` holds `phrase`, ignoring case, as whole words: where the phrase begins or ends
+/// with a letter or digit, the text must not go on with the word on that side (so "lead" is not
+/// found in "leading"); a plural ending ("-s", "-es") still counts.
+fn has_phrase(line: &str, phrase: &str) -> bool {
+    let (lower, phrase) = (line.to_lowercase(), phrase.to_lowercase());
+    let (b, p) = (lower.as_bytes(), phrase.as_bytes());
+    let word = |c: Option<&u8>| c.is_some_and(u8::is_ascii_alphanumeric);
+    lower.match_indices(&phrase).any(|(i, _)| {
+        let after = &b[i + p.len()..];
+        let after = after
+            .strip_prefix(b"es")
+            .or_else(|| after.strip_prefix(b"s"))
+            .unwrap_or(after);
+        (!word(p.first()) || i == 0 || !word(b.get(i - 1)))
+            && (!word(p.last()) || !word(after.first()))
+    })
+}
+
+#[test]
+fn the_issue_and_phrase_matchers_tell_the_making_from_the_product() {
+    // Built from parts, like the phrases below, so this file names no issue and no lead itself.
+    let issue = ["iss", "ue"].concat();
+    let up = issue.to_uppercase();
+    for hit in [
+        format!("({issue} 28, 2026-12-05)"),
+        format!("{up} 13, finding 7: handles"),
+        format!("the {issue}-13 tests"),
+        format!("new exports ({issue}s 15, 16)"),
+        format!("({issue}s 14/15)"),
+        format!("{issue}  17"),
+    ] {
+        assert!(names_an_issue(&hit), "{hit}");
+    }
+    for miss in [
+        "per 16-dim step it issues 24 FMAs",
+        "the int16 scores issue `vpdpwssd` whole",
+        "cross-process reuse in vLLM (issue #51875)",
+        "an issued copy poisons its shared destination",
+        "tissue 3",
+    ] {
+        assert!(!names_an_issue(miss), "{miss}");
+    }
+    let lead = ["the ", "lead"].concat();
+    assert!(has_phrase(&["The Le", "ad's quiet rerun"].concat(), &lead));
+    assert!(!has_phrase("the leading dimension", &lead));
+    let tree = ["work", "tree"].concat();
+    assert!(has_phrase(&["two Work", "trees"].concat(), &tree));
+    assert!(!has_phrase("a networktree", &tree));
+    let branch = ["helper ", "branch"].concat();
+    assert!(has_phrase(&["two Helper ", "Branches"].concat(), &branch));
+    assert!(!has_phrase("a helper branching off", &branch));
+}
+
 #[test]
 fn the_docs_say_nothing_about_how_the_repository_was_made() {
-    // Phrases that would describe the repository's making rather than the product; the ones
-    // that are also ordinary words elsewhere are joined from parts, so this file does not
+    // Phrases that would describe the repository's making rather than the product, matched
+    // ignoring case as whole words (`has_phrase`); project issue numbers are `names_an_issue`.
+    // The ones that are also ordinary words elsewhere are joined from parts, so this file does not
     // itself read as such text.
     let joined = [
         ["the b", "rief"].concat(),
         ["research ", "notes"].concat(),
         ["helpers' ", "branch"].concat(),
         ["helper ", "branch"].concat(),
+        ["the ", "lead"].concat(),
+        ["work", "tree"].concat(),
+        ["farm-", "studio"].concat(),
+        ["lent-", "GPU"].concat(),
+        ["final ", "tree"].concat(),
+        ["available to this ", "work"].concat(),
     ];
-    let banned = [
+    let mut banned: Vec<&str> = joined.iter().map(String::as_str).collect();
+    banned.extend([
         " lent",
         "loans",
-        joined[0].as_str(),
-        joined[1].as_str(),
-        joined[2].as_str(),
-        joined[3].as_str(),
         "first session",
         "second session",
         "third session",
         "fourth session",
         "fifth session",
         "sixth session",
-        "Issue 1",
-        "(issue 1",
         "drawn a device",
-    ];
-    for doc in [
-        "README.md",
-        "docs/PERF.md",
-        "docs/ARCHITECTURE.md",
-        "docs/TRACE.md",
-        "docs/VLLM.md",
-    ] {
+    ]);
+    // Every docs/*.md as the directory holds it now, so a new page is read too.
+    let dir = Path::new(crate::REPO_ROOT).join("docs");
+    let mut pages: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("docs/{name}"))
+        .collect();
+    pages.sort();
+    assert!(
+        pages.iter().any(|p| p == "docs/PERF.md"),
+        "docs/*.md listed as {pages:?}"
+    );
+    let mut docs = vec!["README.md".to_string(), "CHANGELOG.md".to_string()];
+    docs.extend(pages);
+    for doc in &docs {
         let text = read(doc);
         for (n, line) in text.lines().enumerate() {
-            for b in banned {
+            assert!(
+                !names_an_issue(line),
+                "{doc}:{}: an issue number speaks of how the repository was made; name the thing \
+                 itself: {line}",
+                n + 1
+            );
+            for b in &banned {
                 assert!(
-                    !line.contains(b),
+                    !has_phrase(line, b),
                     "{doc}:{}: `{b}` speaks of how the repository was made: {line}",
                     n + 1
                 );

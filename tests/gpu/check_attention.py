@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU check of ``csa2_attention_pools`` (issue 15): csa2's CUDA kernel on vLLM-shaped page slabs.
+"""GPU check of ``csa2_attention_pools``: csa2's CUDA kernel on vLLM-shaped page slabs.
 
 Run on a machine with one NVIDIA GPU (sized for an H200: < 8 min from a cold start, no network;
 needs torch with CUDA and numpy; no vLLM):

@@ -21,9 +21,8 @@
 #      fresh process after preload only)                                      120 s
 #   5. gpu_validate at model shapes, timed beside the copy bandwidth          150 s (full only)
 #   6. module fallback load paths (PTX, compat PTX, NVRTC)                    3 × 20 s (full only)
-# Logs: $OUT/<step>.log (7 files at most, what the GPU machine sends back); the JSON of the two
-# Python checks: $OUT/attention.json, $OUT/shim_route.json. Exit status: the number of
-# steps that failed (0 = all passed).
+# Logs: $OUT/<step>.log (7 files at most); the JSON of the two Python checks: $OUT/attention.json,
+# $OUT/shim_route.json. Exit status: the number of steps that failed (0 = all passed).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -48,7 +47,7 @@ step() { # name timeout command...
 }
 
 {
-    echo "== csa2 lent-GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ), mode $mode"
+    echo "== csa2 GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), mode $mode"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
     python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
     ls -l "$bin"
