@@ -587,6 +587,10 @@ fn bad_inputs_get_a_one_line_error_before_any_work() {
         ([&tiny_ab[..], &["--json", bj]].concat(), "out.json"),
         ([&tiny_ab[..], &["--plots", bd]].concat(), "plots"),
         (vec!["trace", "--limit", "5", "--plots", bd], "plots"),
+        (
+            vec!["trace", "--limit", "5", "--ssd-dir", file.to_str().unwrap()],
+            "is not a directory",
+        ),
         (vec!["run", "--turns", "1", "--json", bj], "out.json"),
         (
             vec!["geometry", "--json", tmp.path().to_str().unwrap()],

@@ -112,7 +112,18 @@ fn gib(x: f64, name: &str) -> csa2::Result<u64> {
     Ok((x * GIB) as u64)
 }
 
+fn check_is_dir(dir: &Path) -> csa2::Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::invalid(
+            "ssd-dir",
+            format!("{} is not a directory", dir.display()),
+        ));
+    }
+    Ok(())
+}
+
 fn check_empty(dir: &Path) -> csa2::Result<()> {
+    check_is_dir(dir)?;
     if let Ok(mut it) = std::fs::read_dir(dir) {
         if it.next().is_some() {
             return Err(Error::invalid(
@@ -153,6 +164,11 @@ pub fn run(a: Args) -> csa2::Result<()> {
             true,
         ),
     };
+    // Every design's directory is checked before anything is printed or run.
+    check_is_dir(&root)?;
+    for d in &designs {
+        check_empty(&root.join(d.as_str()))?;
+    }
     let ssd_bytes = match a.ssd_gib {
         Some(x) => gib(x, "ssd-gib")?,
         None => default_ssd_bytes(&reqs),
@@ -175,9 +191,7 @@ pub fn run(a: Args) -> csa2::Result<()> {
     let started = Instant::now();
     let mut reports = Vec::new();
     for d in designs {
-        let dir = root.join(d.as_str());
-        check_empty(&dir)?;
-        let mut cfg = SimConfig::new(d, dir)?;
+        let mut cfg = SimConfig::new(d, root.join(d.as_str()))?;
         cfg.hbm_bytes = gib(a.hbm_gib, "hbm-gib")?;
         cfg.ssd_bytes = ssd_bytes;
         if let Some(x) = a.dram_gib {
