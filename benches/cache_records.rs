@@ -103,7 +103,7 @@ fn records(c: &mut Criterion) {
     }
 }
 
-/// The cost of zeroing reused blocks (issue 13, finding 8): one request allocating 8 blocks (2048
+/// The cost of zeroing reused blocks (C ABI finding 8): one request allocating 8 blocks (2048
 /// tokens) that the previous iteration freed — so every block is reused and zeroed — and freeing
 /// them, beside a plain memset of the same 8 slabs, in the same run.
 fn reuse(c: &mut Criterion) {

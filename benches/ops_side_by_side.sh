@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The issue-17 table, side by side: `csa2 bench ops` and the torch CPU baseline
+# The csa2-versus-torch ops table, side by side: `csa2 bench ops` and the torch CPU baseline
 # (benches/torch_ops.py) interleaved ROUNDS times with the same thread count for rayon and torch,
 # the load average printed before each run, then one table per round: each row's csa2 median,
 # torch's same-run median and the ratio. Extra arguments (--keys, --reps, ...) go to both.

@@ -10,8 +10,8 @@ block tables. Figures (median of --reps, one warm-up):
 - ``csa2 forward``: :func:`csa2_vllm.attention.csa2_attend`, everything ``forward_mqa`` does — the
   per-token lists from the metadata, the compact record gathers, the C ABI call, the copy out;
 - ``csa2 call``: the ``csa2_attention_indexed`` call alone on the already-compacted inputs;
-- ``csa2 pools``: :func:`csa2_vllm.attention.csa2_attend_pools`, the route ``forward_mqa`` takes
-  since issue 15 — capture-safe lists, then ``csa2_attention_pools`` in place on the pools (no
+- ``csa2 pools``: :func:`csa2_vllm.attention.csa2_attend_pools`, the route ``forward_mqa`` takes —
+  capture-safe lists, then ``csa2_attention_pools`` in place on the pools (no
   ``unique``, no gather); its output is checked equal to ``csa2 forward``'s;
 - ``torch (pre-decoded)``: the same attention in torch on keys already dequantised to f32 and
   gathered per token (a lower bound for torch: no dequantisation, no gather), with the sink in

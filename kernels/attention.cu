@@ -179,7 +179,7 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) sparse_decode
     if (part == 0) lse[(i64)t * HEADS + h] = lse_h;
 }
 
-// ---- attention over vLLM's strided page pools (issue 15; src/ops/attention/pools.rs) ------------
+// ---- attention over vLLM's strided page pools (src/ops/attention/pools.rs) ----------------------
 //
 // FlashMLA's sparse contract: per token t, the compressed entries main_idx[t, :main_len[t]] then
 // the SWA slots swa_idx[t, :swa_len[t]] (global slots page · states + state; −1 = none), one

@@ -72,7 +72,7 @@ extern "C" __global__ void indexer_logits_f32(
     }
 }
 
-// ---- the pooled indexer over vLLM's strided index-K slab (issue 15; src/ops/indexer/mod.rs
+// ---- the pooled indexer over vLLM's strided index-K slab (src/ops/indexer/mod.rs
 // `logits_in_pool`, the CPU entry this kernel mirrors) -------------------------------------------
 //
 // Row t (request req[t], position pos[t]) scores entries j < n_cols of its request: entry j lives

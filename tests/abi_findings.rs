@@ -1,4 +1,4 @@
-//! Issue 13, C ABI findings 5–10: each test names its finding and failed on the code before the
+//! C ABI findings 5–10: each test names its finding and failed on the code before the
 //! fix (a panic, an abort, a segfault, another tenant's bytes, or a wrong OK); see
 //! docs/RELIABILITY.md (C ABI section). New status codes are compared as numbers (203
 //! `CSA2_ERR_INVALID_HANDLE`, 404 `CSA2_ERR_OUT_OF_MEMORY`) so the file also builds against the

@@ -1,4 +1,4 @@
-//! Issue 13 finding 6: an allocation sized by the caller that the machine cannot satisfy is
+//! C ABI finding 6: an allocation sized by the caller that the machine cannot satisfy is
 //! `CSA2_ERR_OUT_OF_MEMORY` (404) with the byte count, not an abort. The address space of this
 //! test process is capped with `setrlimit(RLIMIT_AS)` so that real allocations really fail; the
 //! file holds this one test so the cap cannot starve another test running beside it.

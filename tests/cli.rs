@@ -1,4 +1,4 @@
-//! The command-line conventions (issue 18), through the real binary:
+//! The command-line conventions, through the real binary:
 //! - every subcommand's `--help` follows one convention (`--json <PATH>` with `-` for stdout,
 //!   `--plots <DIR>`, no rustdoc link syntax, `op` lists every op);
 //! - every JSON-capable command run with `--json -` prints one JSON document on stdout that parses,

@@ -1,4 +1,4 @@
-//! The C ABI as a hostile caller uses it (issue 14): counts no buffer can hold, null / stale /
+//! The C ABI as a hostile caller uses it: counts no buffer can hold, null / stale /
 //! freed / foreign handles, one engine from several threads and a free racing its steps, tensors
 //! of the wrong dtype, shape, strides or device, non-contiguous, zero-size and overlapping ones,
 //! dims whose products overflow, args structs smaller and larger than the header's, and damaged

@@ -132,7 +132,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Handle misuse (issue 13, finding 7): seeded call sequences over live, freed, foreign-typed,
+/// Handle misuse (C ABI finding 7): seeded call sequences over live, freed, foreign-typed,
 /// null and garbage handle values (`tests/fuzz_harness/lifecycle.rs`). `CSA2_FUZZ_HANDLE_SEQS`
 /// sequences (default 200) of 100 calls from seed `CSA2_FUZZ_SEED`.
 #[test]
@@ -158,7 +158,7 @@ fn fuzz_handle_misuse() {
     }
 }
 
-/// Concurrent calls (issue 13, findings 5 and 7): `CSA2_FUZZ_THREADS` threads (default 4) ×
+/// Concurrent calls (C ABI findings 5 and 7): `CSA2_FUZZ_THREADS` threads (default 4) ×
 /// `CSA2_FUZZ_CONCURRENT_STEPS` calls (default 3000) on shared caches while one thread frees and
 /// recreates one of them.
 #[test]

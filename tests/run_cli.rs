@@ -1,4 +1,4 @@
-//! `csa2 make-checkpoint` → `csa2 run --weights` round trip through the binary (issue 5): the run
+//! `csa2 make-checkpoint` → `csa2 run --weights` round trip through the binary: the run
 //! loads the checkpoint's tensors and its output depends on them; a checkpoint that lacks a tensor
 //! or has the wrong scale fails with a message naming the problem.
 //!

@@ -1,4 +1,4 @@
-//! Each op's tensor signature is declared once (issue 14): shapes (`Dim` values) are written only in
+//! Each op's tensor signature is declared once: shapes (`Dim` values) are written only in
 //! `src/shape.rs` and the signature declarations, and every face binds its tensors through them.
 
 use crate::REPO_ROOT;

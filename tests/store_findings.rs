@@ -1,4 +1,4 @@
-//! Issue 13, findings 1–4 (the SSD tier), one test per finding case
+//! Findings 1–4 (the SSD tier), one test per finding case
 //! (`cargo test --test suite store_findings::`). Each failed on the tier as it was before the fix
 //! (the second opener was accepted, a flipped header bit truncated the rest of its segment,
 //! eviction counted file sizes and refused after evicting, lifetimes followed the wall clock).

@@ -218,7 +218,7 @@ fn open_rejects_an_index_that_points_at_the_wrong_shard() {
     assert!(Checkpoint::open(&dir.path().join("nope")).is_err());
 }
 
-/// Synthetic weights are kept in the release's dtypes (issue 17): the in-memory model holds FP8
+/// Synthetic weights are kept in the release's dtypes: the in-memory model holds FP8
 /// E4M3 + block scales, bf16 and f32 tensors exactly as a written checkpoint of the same seed
 /// loads them, so `csa2 run` / `csa2 ab` without `--weights` multiply the checkpoint's values.
 #[test]

@@ -1,4 +1,4 @@
-//! The workspace's shape (issue 14): the core library — the cdylib vLLM loads — links no CLI,
+//! The workspace's shape: the core library — the cdylib vLLM loads — links no CLI,
 //! plotting, `.npy` or harness dependency; those belong to `cli/` and `harness/`.
 
 use crate::REPO_ROOT;

@@ -799,7 +799,7 @@ class CompressorState(_Handle):
         call("csa2_compressor_state_load", self.handle, cache.handle, rid, next_pos)
 
 
-# ---- attention in place on vLLM's strided page pools (src/ffi/attention_pools.rs; issue 15) -----
+# ---- attention in place on vLLM's strided page pools (src/ffi/attention_pools.rs) ---------------
 
 # ``POOL_INTERLEAVED`` / ``POOL_BLOCK_PLANAR`` (``Csa2PoolLayout``: a state's scales follow its
 # own data, as vLLM's V4.1 NVFP4 / MXFP8 pages; or all data of the page first, then all scales, as
@@ -884,7 +884,7 @@ def cuda_preload(ordinal: int) -> None:
     call("csa2_cuda_preload", int(ordinal))
 
 
-# ---- indexer in place on vLLM's strided MXFP4 index-K pages (src/ffi/indexer.rs; issue 15) -----
+# ---- indexer in place on vLLM's strided MXFP4 index-K pages (src/ffi/indexer.rs) ---------------
 
 
 class Csa2IndexerLogitsPoolArgs(ctypes.Structure):
@@ -931,7 +931,7 @@ def indexer_logits_pool(q, w, positions, req, keys, block_table, ratio: int, q_q
     call("csa2_indexer_logits_pool", ctypes.byref(args))
 
 
-# ---- top-k of indexer logits (src/ffi/topk.rs; the SM90 MXFP4 indexer, issue 15) ----------------
+# ---- top-k of indexer logits (src/ffi/topk.rs; the SM90 MXFP4 indexer) --------------------------
 
 __all__ += ["topk"]
 
@@ -945,7 +945,7 @@ def topk(logits, positions, ratio: int, out, counts=None) -> None:
                                           t(counts)))
 
 
-# ---- top-k on the caller's CUDA stream (src/ffi/topk.rs `csa2_topk_on_stream`; issues 14/15) ----
+# ---- top-k on the caller's CUDA stream (src/ffi/topk.rs `csa2_topk_on_stream`) ------------------
 
 
 class Csa2TopkOnStreamArgs(ctypes.Structure):
@@ -988,7 +988,7 @@ def topk_on_stream(logits, positions, ratio: int, out, counts=None, error=None,
     call("csa2_topk_on_stream", ctypes.byref(args))
 
 
-# ---- candidate blocks on the caller's CUDA stream (src/ffi/candidates.rs; issue 14) ----
+# ---- candidate blocks on the caller's CUDA stream (src/ffi/candidates.rs) --------------
 
 
 class Csa2CandidatesOnStreamArgs(ctypes.Structure):

@@ -795,7 +795,7 @@ mod tests {
         }
     }
 
-    /// The finding of issue 17: steps of 1–4 rows took a GEMV path and larger ones the `gemm`
+    /// Batch-dependent bits: steps of 1–4 rows took a GEMV path and larger ones the `gemm`
     /// crate's packed kernels, so a row's bits depended on how many rows shared its call.
     #[test]
     fn a_row_gets_the_same_bits_in_any_batch() {

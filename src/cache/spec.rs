@@ -91,7 +91,7 @@ impl CacheSpec {
         }
     }
 
-    /// The DeepSeek-V4-Flash baseline (task brief, issue 4): 43 layers, 2 SWA-only, 21 CSA layers at
+    /// The DeepSeek-V4-Flash baseline: 43 layers, 2 SWA-only, 21 CSA layers at
     /// ratio 4 with a 584-B main record and a 68-B index K, 20 HCA layers at ratio 128 with a main
     /// record only; SWA of every layer in 584-B records, all of it snapshotted (V4 persists every
     /// layer's window with the global KV). Layer order inside the stack does not change any byte

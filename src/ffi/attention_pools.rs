@@ -1,5 +1,5 @@
 //! `csa2_attention_pools`: sparse attention read in place from vLLM's strided page pools, on the
-//! host or on a CUDA device (issue 15; [`crate::ops::attention::pools`]).
+//! host or on a CUDA device ([`crate::ops::attention::pools`]).
 //!
 //! One entry for both devices: every tensor of a call is `kDLCPU` (the CPU path, in place on the
 //! same strided pools) or `kDLCUDA` on one device (csa2's kernel on the caller's stream; without

@@ -1,5 +1,4 @@
-//! vLLM's page pools, addressed in place: the descriptor both the attention and the indexer read
-//! (issue 15).
+//! vLLM's page pools, addressed in place: the descriptor both the attention and the indexer read.
 //!
 //! vLLM 0.33 keeps every layer's pages of one block id in one per-block slab. A layer's cache is
 //! a `[num_blocks, states_per_page, record_bytes]` uint8 view into that slab: its first byte is

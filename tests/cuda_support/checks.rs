@@ -1195,7 +1195,7 @@ pub fn all(dev: &CudaDevice, size: Size, seed: u64) -> Vec<(String, Result<Repor
     v
 }
 
-// ---- 7. the pooled indexer and the ordered top-k on the caller's stream (issue 15) ---------------------
+// ---- 7. the pooled indexer and the ordered top-k on the caller's stream ---------------------
 
 /// The CUDA stream csa2's device uses, as a caller's raw `CUstream` (the entries borrow it).
 fn raw_stream(dev: &CudaDevice) -> u64 {
@@ -1657,7 +1657,7 @@ pub fn check_topk_ordered(dev: &CudaDevice, size: Size, seed: u64) -> Result<Rep
     Ok(rep)
 }
 
-// ---- 8. the candidate pool's sorted block lists on the caller's stream (issue 14) ---------------------
+// ---- 8. the candidate pool's sorted block lists on the caller's stream ---------------------
 
 /// `csa2::ops::candidates::select_blocks_view_on_stream` (the capture-safe entry: block scores,
 /// pin, selection and the sort all in `candidate_blocks_f32`, positions read on the device) and

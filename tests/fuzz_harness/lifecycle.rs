@@ -1,4 +1,4 @@
-//! Handle-lifecycle and concurrency fuzzing of the C ABI (issue 13, finding 7): random sequences of
+//! Handle-lifecycle and concurrency fuzzing of the C ABI (finding 7): random sequences of
 //! calls on a pool of handle *values* — live handles, freed ones, handles of another type, null
 //! and garbage — over the cache-management, geometry, replay-plan and compressor-state exports.
 //!

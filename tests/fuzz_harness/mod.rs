@@ -28,7 +28,7 @@
 //! `CSA2_FUZZ_SAVE=1` writes the first refused single-mutation case of every (export, mutation kind)
 //! to `tests/fuzz_corpus/`, which `corpus_replays` re-runs and checks status for status.
 
-// Handle misuse and concurrent calls (issue 13, finding 7) are driven by `lifecycle.rs`, which
+// Handle misuse and concurrent calls (C ABI finding 7) are driven by `lifecycle.rs`, which
 // shares only `Source` with the families above, so no recorded case drifts.
 //
 // Each includer (the test and the fuzz target) uses its own subset.

@@ -1,7 +1,7 @@
 """The repository stands on its own: no file points outside it, and every citation of the
 specification names a section that docs/SPEC.md has.
 
-Finding (issue 18, "The SPEC is not in the repository"): README, docs and `csa2 run --help` cited
+Finding ("The SPEC is not in the repository"): README, docs and `csa2 run --help` cited
 "SPEC §1–§5" and research notes that only existed outside the repository, and docs/TRACE.md ran a
 trace from a directory beside the checkout that a clone does not have.
 """

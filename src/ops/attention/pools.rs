@@ -1,4 +1,4 @@
-//! Attention read in place from vLLM's page pools (issue 15; FlashMLA's sparse contract): each
+//! Attention read in place from vLLM's page pools (FlashMLA's sparse contract): each
 //! listed slot is resolved to its bytes at use through [`PoolView`] (the pool descriptor of
 //! `ops::pool`), so nothing is gathered or compacted. The CUDA kernel (`ops::attention::cuda`,
 //! feature `cuda`) takes the same descriptor.
@@ -901,7 +901,7 @@ mod tests {
 
     /// The in-place entry on strided slabs of all record kinds vLLM writes: (1) its f32 core
     /// against the f64 reference; (2) bit-equal to the same attention over the compacted records
-    /// (the pre-issue-15 route), rounded to bf16; padded heads zero; SWA-only layers.
+    /// (the gather-and-compact route), rounded to bf16; padded heads zero; SWA-only layers.
     #[test]
     fn in_place_matches_reference_and_compacted_route_for_all_record_kinds() {
         let mut rng = Rng::new(32);
