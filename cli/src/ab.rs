@@ -80,18 +80,18 @@ fn parse_len(s: &str) -> Result<usize> {
         Some('M') | Some('m') => (&t[..t.len() - 1], 1024 * 1024),
         _ => (t, 1),
     };
-    if num.trim_start().starts_with('-') {
-        return Err(Error::invalid(
+    let not_positive = || {
+        Error::invalid(
             "contexts",
             format!("a length must be positive, found `{t}`"),
-        ));
+        )
+    };
+    if num.trim_start().starts_with('-') {
+        return Err(not_positive());
     }
     match num.parse::<usize>().ok().and_then(|n| n.checked_mul(mul)) {
         Some(n) if n > 0 => Ok(n),
-        Some(_) => Err(Error::invalid(
-            "contexts",
-            format!("a length must be positive, found `{t}`"),
-        )),
+        Some(_) => Err(not_positive()),
         None => Err(Error::invalid(
             "contexts",
             format!("`{s}` is not a length like 4K, 32768 or 1M"),

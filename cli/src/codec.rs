@@ -73,7 +73,7 @@ fn sample(a: &Args) -> csa2::Result<()> {
     println!(
         "sample {}: {} × {dim} f32 values (seed {}) → {} bytes in {}",
         a.format,
-        crate::out::plural(a.rows as u64, "row"),
+        crate::out::plural(a.rows, "row"),
         a.seed,
         bytes.len(),
         a.out.display()

@@ -98,7 +98,7 @@ fn check_writable_file(p: &Path) -> Result<()> {
 }
 
 /// `n` and the noun, plural unless `n` is 1 ("1 block", "2 blocks").
-pub fn plural(n: u64, noun: &str) -> String {
+pub fn plural(n: usize, noun: &str) -> String {
     format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
 

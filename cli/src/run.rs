@@ -163,7 +163,7 @@ fn run_in_pool(a: Args) -> Result<()> {
     let g = backend.geometry();
     say!(
         "csa2 run — {} of an agentic session through the {} backend ({} scale: hidden {}, {} heads, {} layers; {} weights)",
-        crate::out::plural(a.turns as u64, "turn"),
+        crate::out::plural(a.turns, "turn"),
         backend.cfg.name,
         a.scale,
         g.hidden_size,
@@ -266,8 +266,8 @@ fn run_in_pool(a: Args) -> Result<()> {
     match &manager {
         Some((m, r)) => say!(
             "Cache: paged (CacheManager, {} of 256 tokens): {} in use = {} B of slabs measured by the allocator for {} tokens = {:.1} B/token ({} B padding in the last block); SWA rings {} B; session {:.2} s.",
-            crate::out::plural(m.total_blocks as u64, "block"),
-            crate::out::plural(m.used_blocks as u64, "block"),
+            crate::out::plural(m.total_blocks, "block"),
+            crate::out::plural(m.used_blocks, "block"),
             r.slab_bytes,
             r.tokens,
             r.bytes_per_token,

@@ -291,7 +291,7 @@ fn print_summary(name: &str, reports: &[SimReport], c: Option<&Comparison>, wall
             "── {} ({}) ── {what}\n  {}, {} refused for HBM",
             r.design,
             r.spec,
-            crate::out::plural(r.requests as u64, "request"),
+            crate::out::plural(r.requests, "request"),
             r.hbm_rejected
         );
         say!(
