@@ -523,11 +523,14 @@ extern "C" __global__ void __launch_bounds__(CSA2_ATTN_THREADS, 1) attn_pools_bf
 // f = sink_factor(M, L, sink) (the sink enters once, here); lse = M + log L. A single chunk gives
 // w = 1, L = l, O = o exactly, which is what the splits == 1 path computes directly. The bits of
 // a token therefore depend on its own inputs and on `chunk` only: two batches planned with the same
-// chunk give every shared token the same bits, whatever the batch size or the split count.
+// chunk give every shared token the same bits, whatever the batch size or the split count. The
+// default plan (split_plan.rs) picks the chunk from the batch size to fill the SMs, so across batch
+// sizes a token keeps its bits only under a pinned chunk.
 //
 // Workspace (splits > 1): f32 [T][splits][hp][D] partial outputs, then f32 [T][splits][hp][2]
-// (m, l); empty chunks write only (−inf, 0). Sized and owned by the launch (one buffer per stream,
-// kept at a fixed address, so a captured graph replays against it).
+// (m, l); empty chunks write only (−inf, 0). One buffer per device, reserved when the modules are
+// preloaded with room for every default plan, at a fixed address (a captured graph replays
+// against it).
 //
 // Warp layout (split_body<HT>, HT head tiles of 16 per block, DP = 8 / HT dim parts): warp w owns
 // heads 16·(w % HT) .. +16 and the output dims (512 / DP)·(w / HT) .. + 512 / DP. With HT = 4 (64

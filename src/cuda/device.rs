@@ -153,37 +153,57 @@ impl CudaDevice {
     pub(crate) fn split_launch_lock(&self) -> parking_lot::MutexGuard<'_, ()> {
         self.split_launch.lock()
     }
-    /// A device address of at least `floats` f32 of scratch for the split attention kernel, or
-    /// `None` when that needs an allocation and `may_allocate` is false (the caller's stream is
-    /// being captured: the launch then runs unsplit). One buffer per device, kept for the
-    /// device's life, so every request that fits gets the same address and a captured graph
-    /// replays against it; a larger request allocates a new buffer (host work and a
-    /// synchronization of the device's stream — a warm-up call with the largest batch before
-    /// capture does it) and keeps the outgrown one, since queued or captured work may still use
-    /// it. The buffer is shared by every stream: launches on one stream are ordered (and the pair
-    /// lock keeps each split + combine together); split attention on two streams of one device
-    /// running at the same time is outside the contract (vLLM runs attention on one stream).
+    /// A device address of at least `floats` f32 of scratch for the split attention kernel: one
+    /// buffer per device, kept for the device's life, so every request that fits gets the same
+    /// address and a captured graph replays against it. The launch code asks for the room of
+    /// every default plan (`reserved_workspace_floats`), which [`csa2_cuda_preload`] reserves, so
+    /// only a larger request (a pinned split plan) allocates a new buffer — host work and a
+    /// synchronization of the device's stream — keeping the outgrown one, since queued or
+    /// captured work may still use it. The buffer is shared by every stream: launches on one
+    /// stream are ordered (and the pair lock keeps each split + combine together); split attention
+    /// on two streams of one device running at the same time is outside the contract (vLLM runs
+    /// attention on one stream).
     ///
-    /// Errors: [`Error::Cuda`] when the allocation fails.
-    pub fn attention_workspace(&self, floats: usize, may_allocate: bool) -> Result<Option<u64>> {
+    /// [`csa2_cuda_preload`]: crate::ffi::csa2_cuda_preload
+    ///
+    /// Errors: [`Error::Invalid`] when the request needs an allocation and `may_allocate` is false
+    /// (the caller's stream is being captured); [`Error::Cuda`] when the allocation fails.
+    pub fn attention_workspace(&self, floats: usize, may_allocate: bool) -> Result<u64> {
         use crate::cuda::driver::DevicePtr;
         let mut w = self.workspace.lock();
+        let have = w.current.as_ref().map_or(0, |b| b.len());
         if let Some(b) = &w.current {
-            if b.len() >= floats {
-                return Ok(Some(b.device_ptr(&self.stream).0));
+            if have >= floats {
+                return Ok(b.device_ptr(&self.stream).0);
             }
         }
         if !may_allocate {
-            return Ok(None);
+            return Err(Error::invalid(
+                "stream",
+                format!(
+                    "split attention needs {floats} f32 of workspace and the device holds {have}; \
+                     nothing may be allocated while the stream is being captured: call \
+                     csa2_cuda_preload before the capture (it reserves the workspace of every \
+                     default split plan)"
+                ),
+            ));
         }
-        let grown = floats.max(w.current.as_ref().map_or(0, |b| 2 * b.len()));
+        let grown = floats.max(2 * have);
         let b = self.zeros::<f32>(grown)?;
         self.synchronize()?;
         let addr = b.device_ptr(&self.stream).0;
         if let Some(old) = w.current.replace(b) {
             w.retired.push(old);
         }
-        Ok(Some(addr))
+        Ok(addr)
+    }
+    /// f32 of split-attention workspace the device holds now (0 before the first reservation).
+    pub fn attention_workspace_len(&self) -> usize {
+        self.workspace
+            .lock()
+            .current
+            .as_ref()
+            .map_or(0, |b| b.len())
     }
     /// The SASS image this device runs ([`sass_arch`]), if the fatbin has one for it.
     pub fn arch(&self) -> Option<&'static str> {

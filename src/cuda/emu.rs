@@ -13,12 +13,20 @@
 //! it the module build (10.0 compiles the kernels' SM100 branches, e.g. the hardware E2M1
 //! conversion, whose PTX instruction the harness emulates); `CSA2_EMU_SCHEDULE=reverse` runs each
 //! block's threads in reverse order.
+//!
+//! Streams can be captured and the captured work replayed (`graph`): a capture refuses what the
+//! driver refuses in one (allocation, host copies, synchronisation, module loads), so a test shows
+//! a call holds no host work.
 // The items mirror cudarc's driver API of the same names and are documented there.
 #![allow(clippy::missing_safety_doc, missing_docs)]
 
 use std::ffi::{c_char, c_void, CString};
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+mod graph;
+pub use graph::CudaGraph;
 
 /// Driver-level types with cudarc's names.
 pub mod sys {
@@ -34,13 +42,29 @@ pub mod sys {
     pub enum CUdevice_attribute {
         CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     }
-    /// A stream's capture status (the emulated device never captures).
+    /// A stream's capture status.
     #[allow(non_camel_case_types)]
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum CUstreamCaptureStatus {
         CU_STREAM_CAPTURE_STATUS_NONE,
         CU_STREAM_CAPTURE_STATUS_ACTIVE,
         CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+    }
+    /// How strictly a capture refuses the calls a graph cannot hold (see `graph`).
+    #[allow(non_camel_case_types)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum CUstreamCaptureMode {
+        CU_STREAM_CAPTURE_MODE_GLOBAL,
+        CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        CU_STREAM_CAPTURE_MODE_RELAXED,
+    }
+    /// Graph instantiation flags (accepted, ignored), cudarc's newtype with its constants.
+    #[allow(non_camel_case_types)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct CUgraphInstantiate_flags(pub u32);
+    impl CUgraphInstantiate_flags {
+        pub const CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: Self = Self(1);
+        pub const CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: Self = Self(2);
     }
     /// Event flags (accepted, ignored).
     #[allow(non_camel_case_types)]
@@ -152,15 +176,24 @@ impl CudaContext {
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT => Ok(132),
         }
     }
-    /// Launches run synchronously: nothing is ever pending.
+    /// Launches run synchronously: nothing is ever pending (refused while capturing).
     pub fn synchronize(&self) -> Result<(), DriverError> {
-        Ok(())
+        graph::refuse("cuCtxSynchronize", None)
     }
     pub fn default_stream(self: &Arc<Self>) -> Arc<CudaStream> {
         Arc::new(CudaStream {
             ctx: self.clone(),
             handle: std::ptr::null_mut(),
         })
+    }
+    /// A new stream with a handle of its own (one that can be captured).
+    pub fn new_stream(self: &Arc<Self>) -> Result<Arc<CudaStream>, DriverError> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0x1000);
+        let h = NEXT.fetch_add(0x10, Ordering::Relaxed);
+        Ok(Arc::new(CudaStream {
+            ctx: self.clone(),
+            handle: h as sys::CUstream,
+        }))
     }
     /// A caller's stream handle (any value; launches are synchronous).
     pub unsafe fn wrap_borrowed_stream(self: &Arc<Self>, handle: sys::CUstream) -> Arc<CudaStream> {
@@ -181,6 +214,7 @@ impl CudaContext {
     /// process and shared by every context: a loaded shared object cannot be told apart from a
     /// later one at the same descriptor path, and its shared-memory section is per image anyway.
     pub fn load_module(self: &Arc<Self>, image: HostImage) -> Result<Arc<CudaModule>, DriverError> {
+        graph::refuse("cuModuleLoadData", None)?;
         static LOADED: parking_lot::Mutex<Vec<(usize, Arc<CudaModule>)>> =
             parking_lot::Mutex::new(Vec::new());
         let key = image.0.as_ptr() as usize;
@@ -297,6 +331,8 @@ impl<T> CudaSlice<T> {
 impl<T> Drop for CudaSlice<T> {
     fn drop(&mut self) {
         if let Some(layout) = self.owned {
+            // Freeing while this thread captures invalidates the capture (end_capture says so).
+            let _ = graph::refuse("cuMemFree", None);
             // SAFETY: allocated in `alloc` with this layout and not freed since (`leak` forgets).
             unsafe { std::alloc::dealloc(self.ptr as usize as *mut u8, layout) }
         }
@@ -329,6 +365,7 @@ impl<T> DevicePtrMut<T> for CudaSlice<T> {
 }
 
 fn alloc<T>(n: usize) -> Result<CudaSlice<T>, DriverError> {
+    graph::refuse("cuMemAlloc", None)?;
     let bytes = n
         .checked_mul(std::mem::size_of::<T>())
         .ok_or_else(|| DriverError(format!("an allocation of {n} elements overflows")))?;
@@ -356,12 +393,24 @@ impl CudaStream {
     pub fn cu_stream(&self) -> sys::CUstream {
         self.handle
     }
-    /// Never capturing: the emulated device has no graphs.
     pub fn capture_status(&self) -> Result<sys::CUstreamCaptureStatus, DriverError> {
-        Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+        Ok(graph::status(self.handle as usize))
     }
+    /// Starts capturing this stream (see [`graph`]).
+    pub fn begin_capture(&self, mode: sys::CUstreamCaptureMode) -> Result<(), DriverError> {
+        graph::begin(self.handle as usize, mode)
+    }
+    /// Ends the capture: the graph of what was recorded, or the reason it is invalid.
+    pub fn end_capture(
+        self: &Arc<Self>,
+        _flags: sys::CUgraphInstantiate_flags,
+    ) -> Result<Option<CudaGraph>, DriverError> {
+        let nodes = graph::end(self.handle as usize)?;
+        Ok(Some(CudaGraph::new(nodes, self.clone())))
+    }
+    /// Nothing is ever pending (refused while capturing).
     pub fn synchronize(&self) -> Result<(), DriverError> {
-        Ok(())
+        graph::refuse("cuStreamSynchronize", Some(self.handle as usize))
     }
     pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(
         &self,
@@ -379,6 +428,7 @@ impl CudaStream {
         &self,
         src: &S,
     ) -> Result<Vec<T>, DriverError> {
+        graph::refuse("cuMemcpyDtoH", Some(self.handle as usize))?;
         let (p, _g) = src.device_ptr(self);
         // SAFETY: `src` is a live allocation of `len` T's (its own contract).
         Ok(unsafe { std::slice::from_raw_parts(p as usize as *const T, src.elements()) }.to_vec())
@@ -397,9 +447,16 @@ impl CudaStream {
         }
         let (s, _a) = src.device_ptr(self);
         let (d, _b) = dst.device_ptr_mut(self);
-        // SAFETY: both are live allocations of at least n T's; `copy` allows overlap.
-        unsafe { std::ptr::copy(s as usize as *const T, d as usize as *mut T, n) };
-        Ok(())
+        let node = graph::Node::Copy {
+            src: s,
+            dst: d,
+            bytes: n * std::mem::size_of::<T>(),
+        };
+        // Recorded while the stream is captured, run now otherwise.
+        match graph::record(self.handle as usize, node)? {
+            Some(node) => node.run(),
+            None => Ok(()),
+        }
     }
     /// A slice over caller memory (released with [`CudaSlice::leak`]; never freed here).
     pub unsafe fn upgrade_device_ptr<T>(
@@ -417,6 +474,7 @@ impl CudaStream {
     pub fn launch_builder<'a>(&'a self, func: &'a CudaFunction) -> LaunchArgs<'a> {
         LaunchArgs {
             func,
+            stream: self.handle as usize,
             args: Vec::new(),
         }
     }
@@ -553,6 +611,7 @@ impl CudaModule {
 
     /// The kernel `name` of this module (an unknown name is an error, as from the driver).
     pub fn load_function(self: &Arc<Self>, name: &str) -> Result<CudaFunction, DriverError> {
+        graph::refuse("cuModuleGetFunction", None)?;
         if !self.kernels.iter().any(|k| k == name) {
             return Err(DriverError(format!(
                 "no kernel named `{name}` in this module (it has {})",
@@ -591,6 +650,8 @@ enum Arg {
 /// A launch being built: the kernel and its arguments in order.
 pub struct LaunchArgs<'a> {
     func: &'a CudaFunction,
+    /// The stream's handle (a launch on a captured stream is recorded, not run).
+    stream: usize,
     args: Vec<Arg>,
 }
 
@@ -628,57 +689,60 @@ unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b mut CudaSlice<T>> for LaunchArgs<'a
 }
 
 impl LaunchArgs<'_> {
-    /// Runs the kernel now, on this thread, through the host SIMT harness.
+    /// Runs the kernel now, on this thread, through the host SIMT harness — or, on a stream being
+    /// captured, records it with its argument values as they are now.
     pub unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<(), DriverError> {
-        let addrs: Vec<u64> = self
+        let args = self
             .args
             .iter()
-            .map(|a| match a {
-                Arg::Address(p) => *p,
-                Arg::Borrowed(..) => 0,
+            .map(|a| match *a {
+                Arg::Address(p) => p.to_ne_bytes().to_vec(),
+                // SAFETY: the value outlives the builder (`PushKernelArg`'s bound).
+                Arg::Borrowed(p, n) => unsafe { std::slice::from_raw_parts(p, n) }.to_vec(),
             })
             .collect();
-        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(self.args.len());
-        let mut sizes: Vec<usize> = Vec::with_capacity(self.args.len());
-        for (a, addr) in self.args.iter().zip(&addrs) {
-            match a {
-                Arg::Borrowed(p, n) => {
-                    ptrs.push(*p as *mut c_void);
-                    sizes.push(*n);
-                }
-                Arg::Address(_) => {
-                    ptrs.push(addr as *const u64 as *mut c_void);
-                    sizes.push(8);
-                }
-            }
-        }
-        let grid = [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2];
-        let block = [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2];
-        let mut msg = vec![0u8; 1024];
-        // SAFETY: the module's launch entry reads `ptrs.len()` argument pointers and sizes, writes
-        // at most `msg.len()` bytes; every argument outlives the call.
-        let rc = unsafe {
-            (self.func.module.launch)(
-                self.func.name.as_ptr(),
-                grid.as_ptr(),
-                block.as_ptr(),
-                cfg.shared_mem_bytes,
-                ptrs.as_mut_ptr(),
-                sizes.as_ptr(),
-                ptrs.len() as i32,
-                msg.as_mut_ptr() as *mut c_char,
-                msg.len(),
-            )
+        let node = graph::Node::Kernel {
+            func: self.func.clone(),
+            cfg,
+            args,
         };
-        if rc != 0 {
-            let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
-            return Err(DriverError(
-                String::from_utf8_lossy(&msg[..end]).into_owned(),
-            ));
+        match graph::record(self.stream, node)? {
+            Some(node) => node.run(),
+            None => Ok(()),
         }
-        log_launch(&self.func.name.to_string_lossy());
-        Ok(())
     }
+}
+
+/// Runs `func` over `cfg` with the argument bytes `args` through the host SIMT harness.
+fn run_kernel(func: &CudaFunction, cfg: LaunchConfig, args: &[Vec<u8>]) -> Result<(), DriverError> {
+    let mut ptrs: Vec<*mut c_void> = args.iter().map(|a| a.as_ptr() as *mut c_void).collect();
+    let sizes: Vec<usize> = args.iter().map(Vec::len).collect();
+    let grid = [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2];
+    let block = [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2];
+    let mut msg = vec![0u8; 1024];
+    // SAFETY: the module's launch entry reads `ptrs.len()` argument pointers and sizes (copying
+    // each argument's bytes) and writes at most `msg.len()` bytes; every argument outlives the call.
+    let rc = unsafe {
+        (func.module.launch)(
+            func.name.as_ptr(),
+            grid.as_ptr(),
+            block.as_ptr(),
+            cfg.shared_mem_bytes,
+            ptrs.as_mut_ptr(),
+            sizes.as_ptr(),
+            ptrs.len() as i32,
+            msg.as_mut_ptr() as *mut c_char,
+            msg.len(),
+        )
+    };
+    if rc != 0 {
+        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+        return Err(DriverError(
+            String::from_utf8_lossy(&msg[..end]).into_owned(),
+        ));
+    }
+    log_launch(&func.name.to_string_lossy());
+    Ok(())
 }
 
 /// With `CSA2_EMU_LAUNCH_LOG=<file>`, appends each kernel's name the first time this process runs

@@ -453,9 +453,11 @@ fn run_cuda(_c: &Checked, _stream: u64) -> Result<()> {
     ))
 }
 
-/// Loads every embedded CUDA module on device `ordinal` now and resolves every kernel function of
-/// every op family (call before capturing a CUDA graph: no launch afterwards loads, JITs or
-/// compiles). `CSA2_ERR_NO_CUDA_BUILD` without the `cuda` feature; `CSA2_ERR_UNSUPPORTED` without
+/// Loads every embedded CUDA module on device `ordinal` now, resolves every kernel function of
+/// every op family and reserves the split attention kernel's workspace (`4 waves × SMs × 64 heads
+/// × 514` f32: 69.5 MB on 132 SMs). Call it before capturing a CUDA graph: no launch afterwards
+/// loads, JITs, compiles or allocates (a split launch captured without it is refused with
+/// `CSA2_ERR_INVALID_ARGUMENT`, never run on another plan). `CSA2_ERR_NO_CUDA_BUILD` without the `cuda` feature; `CSA2_ERR_UNSUPPORTED` without
 /// a driver or device; `CSA2_ERR_CUDA_MODULE` when this GPU cannot load the kernels (the message
 /// says what was tried) — a GPU machine must not fall back to the host on that one.
 #[no_mangle]
@@ -746,5 +748,202 @@ mod tests {
             assert_eq!(run(&gargs), Csa2Status::Csa2Ok, "{}", last_error());
             assert_ne!(err[0], 0, "an out-of-pool slot must be recorded: {err:?}");
         }
+    }
+
+    /// The decode call captured in a CUDA graph after `csa2_cuda_preload` alone, as vLLM captures
+    /// it (emulated device: the capture refuses allocation, host copies, synchronisation and
+    /// module loads, as the driver does): the call records the split kernel and its combine pass
+    /// and writes nothing; the graph replays bit for bit as the same call run eagerly, and reads
+    /// new queries and lists at the captured addresses. Before the device reserved its split
+    /// workspace at preload, such a capture ran the launch unsplit: other bits than eager.
+    #[cfg(feature = "cuda-emu")]
+    #[test]
+    fn cuda_decode_call_captured_after_preload_alone_replays_as_eager() {
+        use crate::cuda::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        use crate::cuda::CudaDevice;
+        use crate::ops::attention::cuda::reserved_workspace_floats;
+        assert_eq!(csa2_cuda_preload(0), Csa2Status::Csa2Ok, "{}", last_error());
+        let dev = CudaDevice::shared(0).unwrap();
+        assert!(dev.attention_workspace_len() >= reserved_workspace_floats(dev.sm_count()));
+        // An SWA-only layer: 8 pages of 16 MXFP8 states, lists of 128 columns (8 tiles), so the
+        // default plan cuts each of the 3 tokens' lists into 4 chunks of 32 keys.
+        let (blocks, states, w, ks) = (8usize, 16usize, 528usize, 128usize);
+        let desc = PoolDesc {
+            format: RecordFormat::Mxfp8,
+            layout: PoolLayout::Interleaved,
+            blocks,
+            states_per_page: states,
+            block_stride: states * w,
+        };
+        let mut slab = vec![0u8; blocks * states * w];
+        for s in 0..blocks * states {
+            let row: Vec<f32> = (0..512)
+                .map(|i| ((s * 131 + i * 7919) % 613) as f32 / 300.0 - 1.0)
+                .collect();
+            let (d, _) = desc.offsets(s);
+            crate::formats::encode_rows(RecordFormat::Mxfp8, &row, &mut slab[d..][..w]).unwrap();
+        }
+        let (t, hp, h) = (3usize, 64usize, 16usize);
+        let qv = |seed: usize| -> Vec<bf16> {
+            (0..t * hp * 512)
+                .map(|i| bf16::from_f32((((i * 31 + seed) % 97) as f32 - 48.0) / 40.0))
+                .collect()
+        };
+        let lists = |seed: usize| -> (Vec<i32>, Vec<i32>) {
+            let idx = (0..t * ks)
+                .map(|i| ((i * 37 + seed) % (blocks * states)) as i32)
+                .collect();
+            (idx, vec![ks as i32, 70, 5])
+        };
+        let mut q = qv(0);
+        let (mut sidx, mut slen) = lists(0);
+        let mut sink = vec![0.25f32; h];
+        let mut midx: Vec<i32> = vec![];
+        let mut out = vec![bf16::from_f32(9.0); t * hp * 512];
+        let mut lse = vec![0f32; t * h];
+        let mut err = [0i32; 4];
+        let cuda = |mut d: DLTensor| {
+            d.device.device_type = K_DL_CUDA;
+            d
+        };
+        let (mut sq, mut sp, mut ss, mut si, mut sl, mut sm, mut sle, mut se) = (
+            [t as i64, hp as i64, 512],
+            [blocks as i64, states as i64, w as i64],
+            [h as i64],
+            [t as i64, ks as i64],
+            [t as i64],
+            [t as i64, 0],
+            [t as i64, h as i64],
+            [4i64],
+        );
+        let mut so = sq;
+        let qd = cuda(tensor(&mut q, &mut sq, None, 4, 16));
+        let pd = cuda(tensor(&mut slab, &mut sp, None, K_DL_UINT, 8));
+        let sinkd = cuda(tensor(&mut sink, &mut ss, None, K_DL_FLOAT, 32));
+        let sid = cuda(tensor(&mut sidx, &mut si, None, 0, 32));
+        let sld = cuda(tensor(&mut slen, &mut sl, None, 0, 32));
+        let mid = cuda(tensor(&mut midx, &mut sm, None, 0, 32));
+        let od = cuda(tensor(&mut out, &mut so, None, 4, 16));
+        let ld = cuda(tensor(&mut lse, &mut sle, None, K_DL_FLOAT, 32));
+        let ed = cuda(tensor(&mut err, &mut se, None, 0, 32));
+        let stream = dev.context().new_stream().unwrap();
+        let args = Csa2AttentionPoolsArgs {
+            struct_size: std::mem::size_of::<Csa2AttentionPoolsArgs>(),
+            q: &qd,
+            main: Csa2Pool {
+                tensor: std::ptr::null(),
+                format: 0,
+                layout: 0,
+            },
+            main_idx: &mid,
+            main_len: std::ptr::null(),
+            swa: Csa2Pool {
+                tensor: &pd,
+                format: 2,
+                layout: 0,
+            },
+            swa_idx: &sid,
+            swa_len: &sld,
+            sink: &sinkd,
+            heads: h as u32,
+            scale: 0.0,
+            out: &od,
+            lse: &ld,
+            error: &ed,
+            stream: stream.cu_stream() as u64,
+        };
+        // The buffers are read and written through the descriptors' pointers from here on.
+        let (qp, sip, slp, op, lp) = (
+            qd.data as *mut bf16,
+            sid.data as *mut i32,
+            sld.data as *mut i32,
+            od.data as *mut bf16,
+            ld.data as *mut f32,
+        );
+        // SAFETY: each pointer is its live Vec's buffer, of these lengths; no call runs meanwhile.
+        let read = || unsafe {
+            (
+                std::slice::from_raw_parts(op, t * hp * 512).to_vec(),
+                std::slice::from_raw_parts(lp, t * h).to_vec(),
+            )
+        };
+        let run = |a: &Csa2AttentionPoolsArgs| unsafe { csa2_attention_pools(a) };
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+            .unwrap();
+        assert_eq!(run(&args), Csa2Status::Csa2Ok, "{}", last_error());
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+            .expect("the capture holds no host work")
+            .unwrap();
+        assert_eq!(
+            graph.kernel_names(),
+            ["attn_pools_bf16_split", "attn_pools_combine"]
+        );
+        assert!(
+            read().0.iter().all(|v| v.to_f32() == 9.0),
+            "a captured call runs nothing"
+        );
+        for round in 0..2 {
+            if round == 1 {
+                // New queries and lists written in place: the graph reads them at its addresses.
+                let (ni, nl) = lists(5);
+                // SAFETY: the same buffers and lengths as above.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(qv(11).as_ptr(), qp, t * hp * 512);
+                    std::ptr::copy_nonoverlapping(ni.as_ptr(), sip, t * ks);
+                    std::ptr::copy_nonoverlapping(nl.as_ptr(), slp, t);
+                }
+            }
+            graph.launch().unwrap();
+            let replayed = read();
+            assert!(replayed.0.iter().any(|v| v.to_f32() != 9.0));
+            assert_eq!(run(&args), Csa2Status::Csa2Ok, "{}", last_error());
+            let eager = read();
+            let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&replayed.0), bits(&eager.0), "round {round}: out");
+            let fbits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(fbits(&replayed.1), fbits(&eager.1), "round {round}: lse");
+        }
+        assert_eq!(err, [0; 4]);
+    }
+
+    /// What a capture refuses on the emulated device (the driver's rules the capture test relies
+    /// on): an allocation on the capturing thread fails and invalidates the capture, whose end
+    /// names it; a split launch that would need a larger workspace while its stream is captured
+    /// is refused with the remedy, not run on another plan.
+    #[cfg(feature = "cuda-emu")]
+    #[test]
+    fn cuda_capture_refuses_host_work_and_a_missing_workspace() {
+        use crate::cuda::driver::sys::{
+            CUgraphInstantiate_flags as F, CUstreamCaptureMode as M, CUstreamCaptureStatus as S,
+        };
+        use crate::cuda::CudaDevice;
+        let dev = CudaDevice::shared(0).unwrap();
+        let stream = dev.context().new_stream().unwrap();
+        assert!(dev
+            .stream()
+            .begin_capture(M::CU_STREAM_CAPTURE_MODE_GLOBAL)
+            .is_err());
+        stream
+            .begin_capture(M::CU_STREAM_CAPTURE_MODE_GLOBAL)
+            .unwrap();
+        let e = dev.zeros::<f32>(4).unwrap_err().to_string();
+        assert!(e.contains("STREAM_CAPTURE_UNSUPPORTED"), "{e}");
+        assert_eq!(
+            stream.capture_status().unwrap(),
+            S::CU_STREAM_CAPTURE_STATUS_INVALIDATED
+        );
+        let e = stream
+            .end_capture(F::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("INVALIDATED") && e.contains("cuMemAlloc"), "{e}");
+        let more = dev.attention_workspace_len() + 1;
+        let e = dev
+            .attention_workspace(more, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("csa2_cuda_preload"), "{e}");
     }
 }

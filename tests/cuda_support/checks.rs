@@ -1202,12 +1202,39 @@ fn raw_stream(dev: &CudaDevice) -> u64 {
     dev.stream().cu_stream() as u64
 }
 
+/// Captures `call` (given a fresh stream of `dev` as a raw `CUstream`) in a CUDA graph, replays the
+/// graph once and waits for it — what vLLM does with a decode step. The call must queue device work
+/// only: a capture refuses allocation, host copies, synchronisation and module loads (the emulated
+/// device applies the driver's rules), and the capture's error names the first such call.
+fn replay_captured(dev: &CudaDevice, call: impl FnOnce(u64) -> Result<()>) -> Result<()> {
+    use csa2::cuda::driver::sys::{CUgraphInstantiate_flags as F, CUstreamCaptureMode as M};
+    let driver = |op: &str, e: &dyn std::fmt::Display| csa2::Error::Cuda {
+        op: op.into(),
+        reason: e.to_string(),
+    };
+    let s = dev
+        .context()
+        .new_stream()
+        .map_err(|e| driver("new stream", &e))?;
+    s.begin_capture(M::CU_STREAM_CAPTURE_MODE_GLOBAL)
+        .map_err(|e| driver("begin capture", &e))?;
+    let called = call(s.cu_stream() as u64);
+    let graph = s.end_capture(F::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    called?;
+    let graph = graph
+        .map_err(|e| driver("end capture", &e))?
+        .ok_or_else(|| driver("end capture", &"nothing was captured"))?;
+    graph.launch().map_err(|e| driver("graph launch", &e))?;
+    s.synchronize()
+        .map_err(|e| driver("stream synchronize", &e))
+}
+
 /// `csa2::ops::indexer::logits_in_pool_view` on a strided, offset, block-planar MXFP4 index-K slab
 /// laid out as vLLM 0.33 does (pages `block_stride` bytes apart, other layers' bytes between them):
 /// GPU vs the CPU entry on the same slab and vs the f64 reference, for each query quantisation
 /// (each an entry point of its own, also checked bit for bit against the unquantised one on
 /// queries quantised on the host); the kernel's error record for a bad block and a negative
-/// position; a bitwise rerun.
+/// position; a bitwise rerun captured in a CUDA graph on another stream and replayed.
 pub fn check_indexer_pool(dev: &CudaDevice, size: Size, seed: u64) -> Result<Report> {
     use csa2::ops::attention::{PoolDesc, PoolLayout};
     use csa2::ops::indexer::{PoolPlace, PoolQueries, QueryQuant};
@@ -1303,7 +1330,8 @@ pub fn check_indexer_pool(dev: &CudaDevice, size: Size, seed: u64) -> Result<Rep
                   bt_dev: &csa2::cuda::DeviceBuffer<i32>,
                   pos_dev: &csa2::cuda::DeviceBuffer<i64>,
                   out: &mut csa2::cuda::DeviceBuffer<f32>,
-                  err: &mut csa2::cuda::DeviceBuffer<i32>|
+                  err: &mut csa2::cuda::DeviceBuffer<i32>,
+                  stream: u64|
      -> Result<()> {
         // SAFETY: every buffer outlives the views and the launch (synchronized below).
         unsafe {
@@ -1325,7 +1353,7 @@ pub fn check_indexer_pool(dev: &CudaDevice, size: Size, seed: u64) -> Result<Rep
             };
             let mut ov = dev_view_mut(dev, out, &[t, n_cols]);
             let mut ev = dev_view_mut(dev, err, &[4]);
-            indexer::logits_in_pool_view(p, &call, &mut ov, Some(&mut ev), raw_stream(dev))
+            indexer::logits_in_pool_view(p, &call, &mut ov, Some(&mut ev), stream)
         }
     };
     let run = |p: &IndexerParams,
@@ -1335,7 +1363,7 @@ pub fn check_indexer_pool(dev: &CudaDevice, size: Size, seed: u64) -> Result<Rep
                out: &mut csa2::cuda::DeviceBuffer<f32>,
                err: &mut csa2::cuda::DeviceBuffer<i32>|
      -> Result<()> {
-        launch(p, q_dev, bt_dev, pos_dev, out, err)?;
+        launch(p, q_dev, bt_dev, pos_dev, out, err, raw_stream(dev))?;
         dev.synchronize()
     };
     // Every query quantisation (each its own entry point).
@@ -1374,9 +1402,12 @@ pub fn check_indexer_pool(dev: &CudaDevice, size: Size, seed: u64) -> Result<Rep
             format!("{e:?}"),
         );
         if quant == QueryQuant::None {
-            run(&p, &dq, &dbt, &dp, &mut dout, &mut derr)?;
+            // The rerun as a CUDA graph captured on another stream and replayed: no host work in
+            // the call, and the same bits.
+            dout = dev.zeros::<f32>(t * n_cols)?;
+            replay_captured(dev, |s| launch(&p, &dq, &dbt, &dp, &mut dout, &mut derr, s))?;
             rep.check(
-                "bitwise rerun",
+                "bitwise rerun, captured in a graph and replayed",
                 bits_eq_f32(&dev.download(&dout)?, &got),
                 "",
             );
@@ -1489,7 +1520,7 @@ pub fn check_indexer_pool(dev: &CudaDevice, size: Size, seed: u64) -> Result<Rep
     if size.iters > 0 {
         let mut z = dev.zeros::<i32>(4)?;
         let us = time_us(dev, size.iters, || {
-            launch(&p, &dq, &dbt, &dp, &mut dout, &mut z)
+            launch(&p, &dq, &dbt, &dp, &mut dout, &mut z, raw_stream(dev))
         })?;
         let visible: usize = pos
             .iter()
@@ -1504,7 +1535,7 @@ pub fn check_indexer_pool(dev: &CudaDevice, size: Size, seed: u64) -> Result<Rep
 /// order comes from the kernel, positions are read on the device) and the synchronous
 /// `select_rows_view`: both equal to the CPU entry on the same rows, for k = 512 and 2048, with
 /// ties, signed zeros, NaN, −∞ and rows that select everything; counts and the error record of a
-/// negative position.
+/// negative position; the on-stream call captured in a CUDA graph and replayed, equal to eager.
 pub fn check_topk_ordered(dev: &CudaDevice, size: Size, seed: u64) -> Result<Report> {
     use csa2::ops::topk::{select_rows_view, select_rows_view_on_stream};
     let mut rep = Report::new("top-k in the order contract on the caller's stream");
@@ -1606,6 +1637,23 @@ pub fn check_topk_ordered(dev: &CudaDevice, size: Size, seed: u64) -> Result<Rep
             e == [1, 8, 0, -4],
             format!("{e:?}"),
         );
+        // The same call captured in a CUDA graph on another stream and replayed.
+        let (mut gout, mut gcnt) = (dev.zeros::<i32>(t * k)?, dev.zeros::<i32>(t)?);
+        replay_captured(dev, |s| {
+            // SAFETY: as above; the graph is replayed and waited for before the views drop.
+            unsafe {
+                let lv = dev_view(dev, &dl, &[t, n]);
+                let pv = dev_view(dev, &dp, &[t]);
+                let mut ov = dev_view_mut(dev, &mut gout, &[t, k]);
+                let mut cv = dev_view_mut(dev, &mut gcnt, &[t]);
+                select_rows_view_on_stream(&lv, &pv, 1, &mut ov, Some(&mut cv), None, s)
+            }
+        })?;
+        rep.check(
+            &format!("k={k}: captured in a graph and replayed == eager"),
+            dev.download(&gout)? == got && dev.download(&gcnt)? == counts,
+            "",
+        );
         // The synchronous entry (csa2_topk's) on the rows it accepts.
         let sel: Vec<usize> = ok_rows.clone();
         let sub_l: Vec<f32> = sel
@@ -1667,7 +1715,7 @@ pub fn check_topk_ordered(dev: &CudaDevice, size: Size, seed: u64) -> Result<Rep
 /// visible, every block −∞ or NaN (only the pinned block kept), +∞ logits tying the pin, ties,
 /// signed zeros, and visible counts around the block size, the ratio, 64-state page boundaries
 /// and `block_size · B`; int32 and int64 positions; the error record of a negative position; a
-/// bitwise rerun.
+/// bitwise rerun captured in a CUDA graph on another stream and replayed.
 pub fn check_candidates_ordered(dev: &CudaDevice, size: Size, seed: u64) -> Result<Report> {
     use csa2::ops::candidates::{select_blocks_view, select_blocks_view_on_stream};
     let mut rep = Report::new("candidate blocks sorted in the kernel (caller's stream)");
@@ -1777,33 +1825,42 @@ pub fn check_candidates_ordered(dev: &CudaDevice, size: Size, seed: u64) -> Resu
         let pos32: Vec<i32> = pos.iter().map(|&v| v as i32).collect();
         let (dp64, dp32) = (dev.upload(&pos)?, dev.upload(&pos32)?);
         let mut runs = vec![];
-        for _ in 0..2 {
+        // The first run eager on csa2's stream, the second captured in a CUDA graph on another
+        // stream and replayed.
+        for captured in [false, true] {
             let mut dout = dev.upload(&vec![77i32; t * b])?;
             let mut dcnt = dev.upload(&vec![77i32; t])?;
             let mut derr = dev.zeros::<i32>(4)?;
-            // SAFETY: the buffers outlive the views and the launch (synchronized below).
-            unsafe {
-                let lv = dev_view(dev, &dl, &[t, n]);
-                let pv = if pos_i64 {
-                    dev_view(dev, &dp64, &[t])
-                } else {
-                    dev_view(dev, &dp32, &[t])
-                };
-                let mut ov = dev_view_mut(dev, &mut dout, &[t, b]);
-                let mut cv = dev_view_mut(dev, &mut dcnt, &[t]);
-                let mut ev = dev_view_mut(dev, &mut derr, &[4]);
-                select_blocks_view_on_stream(
-                    &p,
-                    &lv,
-                    &pv,
-                    ratio,
-                    &mut ov,
-                    Some(&mut cv),
-                    Some(&mut ev),
-                    raw_stream(dev),
-                )?;
+            let mut call = |s: u64| {
+                // SAFETY: the buffers outlive the views and the launch (synchronized below).
+                unsafe {
+                    let lv = dev_view(dev, &dl, &[t, n]);
+                    let pv = if pos_i64 {
+                        dev_view(dev, &dp64, &[t])
+                    } else {
+                        dev_view(dev, &dp32, &[t])
+                    };
+                    let mut ov = dev_view_mut(dev, &mut dout, &[t, b]);
+                    let mut cv = dev_view_mut(dev, &mut dcnt, &[t]);
+                    let mut ev = dev_view_mut(dev, &mut derr, &[4]);
+                    select_blocks_view_on_stream(
+                        &p,
+                        &lv,
+                        &pv,
+                        ratio,
+                        &mut ov,
+                        Some(&mut cv),
+                        Some(&mut ev),
+                        s,
+                    )
+                }
+            };
+            if captured {
+                replay_captured(dev, call)?;
+            } else {
+                call(raw_stream(dev))?;
+                dev.synchronize()?;
             }
-            dev.synchronize()?;
             runs.push((
                 dev.download(&dout)?,
                 dev.download(&dcnt)?,
@@ -1830,7 +1887,7 @@ pub fn check_candidates_ordered(dev: &CudaDevice, size: Size, seed: u64) -> Resu
             format!("{e:?}"),
         );
         rep.check(
-            &format!("{tag}: rerun bitwise identical"),
+            &format!("{tag}: rerun captured in a graph and replayed, bitwise identical"),
             runs[0] == runs[1],
             "",
         );

@@ -9,7 +9,7 @@
 //!   pages and block tables (docs/SPEC.md §2 "Attention"), one function over tensor views in host
 //!   or device memory.
 
-use super::split_plan::{split_plan, SplitPlan, TILE_KEYS};
+use super::split_plan::{split_plan, split_workspace_floats, SplitPlan, TILE_KEYS};
 use super::{PoolDesc, PoolLayout};
 use crate::cuda::device::{as_i32, cfg, check_len, cuda_error, grid_rows, launch, OrNull};
 use crate::cuda::shapes::{
@@ -243,7 +243,23 @@ fn device(ordinal: i32) -> Result<Arc<CudaDevice>> {
 /// Loads every embedded module on device `ordinal` and resolves every kernel function of each
 /// (before a CUDA-graph capture: afterwards no launch of any family loads, JITs or compiles).
 pub fn preload(ordinal: i32) -> Result<()> {
-    device(ordinal)?.preload_all().map(|_| ())
+    let dev = device(ordinal)?;
+    dev.preload_all()?;
+    dev.attention_workspace(reserved_workspace_floats(dev.sm_count()), true)
+        .map(|_| ())
+}
+
+/// f32 of split-kernel workspace a device reserves (when its modules are preloaded, or at its
+/// first split launch): the partials of every plan [`split_plan`] makes for either split kernel on
+/// `sm_count` SMs (at most [`MAX_SPLIT_WAVES`](super::split_plan::MAX_SPLIT_WAVES) waves of
+/// blocks) — 69.5 MB on 132 SMs. So no launch of a default plan allocates.
+pub fn reserved_workspace_floats(sm_count: usize) -> usize {
+    PoolsKernel::ALL
+        .iter()
+        .filter(|k| k.split())
+        .map(|k| split_workspace_floats(sm_count, k.heads_per_block(), k.blocks_per_sm(), KV_DIM))
+        .max()
+        .unwrap_or(0)
 }
 
 fn addr_opt(v: &Option<View>) -> u64 {
@@ -604,26 +620,22 @@ pub(crate) fn launch_pools_planned(
         return Ok(());
     }
     // The split kernel: (chunk, splits, workspace) after the common arguments, grid z = splits.
-    let mut plan = plan.unwrap_or_else(|| plan_for(c, kernel, dev.sm_count()));
+    let plan = plan.unwrap_or_else(|| plan_for(c, kernel, dev.sm_count()));
     if plan.chunk_keys == 0 || !plan.chunk_keys.is_multiple_of(TILE_KEYS) || plan.splits == 0 {
         return Err(Error::Internal(format!("split plan {plan:?}")));
     }
-    // No allocation while the stream is being captured: without a workspace large enough already,
-    // the captured launch runs unsplit (same results class, other bits than a split plan).
+    // The device's one workspace: reserved at preload (or here, at the first split launch) with
+    // room for every default plan; only a pinned plan larger than that grows it, never while the
+    // stream is being captured (a clear error then, not another plan).
     let _pair = dev.split_launch_lock();
     let capturing = !s.capture_status().is_ok_and(|st| {
         st == crate::cuda::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
     });
     let ws = match plan.workspace_floats(c.tokens, c.padded_heads, KV_DIM) {
         0 => 0u64,
-        n => match dev.attention_workspace(n, !capturing)? {
-            Some(a) => a,
-            None => {
-                plan =
-                    SplitPlan::with_chunk(c.main_idx.1 + c.swa_idx.1, c.main_idx.1 + c.swa_idx.1);
-                0
-            }
-        },
+        n => {
+            dev.attention_workspace(n.max(reserved_workspace_floats(dev.sm_count())), !capturing)?
+        }
     };
     let splits = grid_rows("key splits", plan.splits)?;
     let (chunk, nsplit) = (i("chunk", plan.chunk_keys)?, splits as i32);
@@ -634,7 +646,7 @@ pub(crate) fn launch_pools_planned(
         shared_mem_bytes: 0,
     };
     // SAFETY: as above, plus (chunk, splits, ws): ws holds workspace_floats(..) f32 for this plan,
-    // owned by the device for this stream.
+    // the device's one workspace, held by this launch pair (split_launch_lock).
     unsafe { b.launch(split_cfg) }
         .map_err(|e| cuda_error(format!("launch {}", kernel.entry()), e))?;
     if plan.splits > 1 {

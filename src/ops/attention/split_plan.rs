@@ -10,7 +10,8 @@
 //! split count `s` it models the time as `waves(s) × (tiles per chunk + per-block overhead)` plus
 //! the combine pass when `s > 1`, and keeps the cheapest (the fewer splits on a tie). A token's
 //! output bits depend on its own inputs and on the chunk only (the merge rule in the kernel's
-//! comment), never on the other tokens of the batch.
+//! comment), never on the other tokens' values; the chunk depends on the batch size, so a token
+//! keeps its bits across batch sizes only under a pinned chunk ([`SplitPlan::with_chunk`]).
 
 /// Keys per tile of the split kernel (one `mma` n-pair of keys).
 pub const TILE_KEYS: usize = 16;
@@ -24,6 +25,13 @@ pub const BLOCK_OVERHEAD_TILES: usize = 2;
 pub const COMBINE_TILES: usize = 1;
 /// `gridDim.z`'s limit, which bounds the split count.
 pub const MAX_SPLITS: usize = 65_535;
+/// The most waves a split plan launches: a plan with more than one chunk per token keeps its
+/// blocks within `MAX_SPLIT_WAVES × SMs × blocks per SM`, so the partials of every such plan fit
+/// one workspace reserved per device when its kernels load ([`split_workspace_floats`]) and no
+/// launch ever allocates — also while its stream is being captured in a CUDA graph. Four waves
+/// cost at most 16 % of the modeled time over an unbounded plan (lists of 640 keys, batches
+/// 1–2,048, 132 SMs; the worst is batch 265, which splits in three instead of five).
+pub const MAX_SPLIT_WAVES: usize = 4;
 
 /// One launch's cut of every token's keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +65,18 @@ impl SplitPlan {
     }
 }
 
+/// f32 of workspace that holds the partials of every split plan on a device of `sm_count` SMs,
+/// for a kernel of `heads_per_block` heads per block with `blocks_per_sm` resident blocks and
+/// rows of `dim` values: `MAX_SPLIT_WAVES` waves of blocks, each its heads' `(dim + 2)` f32.
+pub fn split_workspace_floats(
+    sm_count: usize,
+    heads_per_block: usize,
+    blocks_per_sm: usize,
+    dim: usize,
+) -> usize {
+    MAX_SPLIT_WAVES * sm_count.max(1) * blocks_per_sm.max(1) * heads_per_block * (dim + 2)
+}
+
 /// The modeled cost of one candidate (tiles' worth of one block's work, per wave, summed).
 fn cost(tokens_blocks: usize, slots: usize, tiles: usize, splits: usize) -> (usize, usize) {
     let chunk_tiles = tiles.div_ceil(splits);
@@ -68,7 +88,8 @@ fn cost(tokens_blocks: usize, slots: usize, tiles: usize, splits: usize) -> (usi
 
 /// The plan for `tokens` tokens of `head_blocks` head groups each, lists of at most `max_keys`
 /// keys (the columns of the compressed plus the SWA list), on a device with `sm_count` SMs that
-/// hold `blocks_per_sm` of the kernel's blocks at a time.
+/// hold `blocks_per_sm` of the kernel's blocks at a time. A split plan launches at most
+/// [`MAX_SPLIT_WAVES`] waves.
 pub fn split_plan(
     tokens: usize,
     head_blocks: usize,
@@ -82,6 +103,9 @@ pub fn split_plan(
     let most = (tiles / MIN_CHUNK_TILES).clamp(1, MAX_SPLITS);
     let mut best = (usize::MAX, tiles, 1);
     for s in 1..=most {
+        if s > 1 && base * s > MAX_SPLIT_WAVES * slots {
+            break;
+        }
         // Equal chunks of whole tiles; a split count that leaves a trailing chunk empty for the
         // longest list is the same cut as a smaller one.
         let chunk_tiles = tiles.div_ceil(s);
@@ -172,6 +196,42 @@ mod tests {
                             t * finer > sms || finer > tiles / MIN_CHUNK_TILES,
                             "{keys} {t} {sms}: {p:?} leaves SMs idle with keys to spare"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every split plan's partials fit the workspace a device reserves for its kernel, for every
+    /// batch up to 4,096 tokens (the bound that lets a launch never allocate), and the bound costs
+    /// at most 16 % of the modeled time of the best unbounded plan.
+    #[test]
+    fn every_split_plan_fits_the_reserved_workspace() {
+        let unbounded = |t: usize, hb: usize, keys: usize, sms: usize, bps: usize| {
+            let tiles = keys.div_ceil(TILE_KEYS).max(1);
+            (1..=(tiles / MIN_CHUNK_TILES).max(1))
+                .filter(|&s| tiles.div_ceil(tiles.div_ceil(s)) == s)
+                .map(|s| cost(t * hb, sms * bps, tiles, s).0)
+                .min()
+                .unwrap()
+        };
+        for (hpb, bps) in [(64usize, 1usize), (32, 2)] {
+            for hp in [64usize, 128] {
+                let hb = hp / hpb;
+                for sms in [1usize, 78, 132, 148] {
+                    let room = split_workspace_floats(sms, hpb, bps, 512);
+                    for keys in [16usize, 100, 640, 2048 + 128] {
+                        for t in 1..=4096 {
+                            let p = split_plan(t, hb, keys, sms, bps);
+                            let need = p.workspace_floats(t, hp, 512);
+                            assert!(need <= room, "{t} {hp} {sms} {keys}: {p:?} needs {need}");
+                            if sms == 132 && keys == 640 {
+                                let tiles = keys.div_ceil(TILE_KEYS);
+                                let c = cost(t * hb, sms * bps, tiles, p.splits).0;
+                                let best = unbounded(t, hb, keys, sms, bps);
+                                assert!(c * 100 <= best * 116, "{t} {hp}: {c} vs {best}");
+                            }
+                        }
                     }
                 }
             }
