@@ -641,7 +641,9 @@ mod tests {
     /// 16-byte aligned pools (the cp.async path) and unaligned ones (plain loads), SWA-only
     /// layers: against the f64 reference. Then the merge rule: the same plan gives the same bits
     /// on a second run, and a token's bits under one plan do not depend on the batch it is in,
-    /// nor on another thread's split launches sharing the workspace.
+    /// nor on the split count for one chunk (empty chunks appended; a single chunk through the
+    /// combine pass or the direct path), nor on another thread's split launches sharing the
+    /// workspace.
     #[cfg(feature = "cuda")]
     #[test]
     fn cuda_split_kernel_every_split_count_matches_reference_and_keeps_its_bits() {
@@ -847,6 +849,30 @@ mod tests {
                     lb(&lse[2 * h..5 * h]),
                     "{what}: lse of a sub-batch"
                 );
+                // The merge rule across split counts: the same chunk with two empty chunks
+                // appended (more splits, nothing more to merge) keeps every bit, and for the
+                // 64-key chunk (one chunk, the direct splits == 1 path) the combine pass over that
+                // chunk and two empty ones gives the direct path's bits.
+                let p = plan.expect("a pinned plan");
+                let wider = SplitPlan {
+                    chunk_keys: p.chunk_keys,
+                    splits: p.splits + 2,
+                };
+                let w = run_split(
+                    kernel,
+                    &q,
+                    hp,
+                    h,
+                    &sink,
+                    main.as_ref(),
+                    &swa,
+                    &l,
+                    (km, ks),
+                    0..t,
+                    Some(wider),
+                );
+                assert_eq!(w.0, o, "{what}: {wider:?} changed the bits");
+                assert_eq!(lb(&w.1), lb(&lse), "{what}: {wider:?} changed the lse");
                 // Two host threads launching split batches on one stream at once (the workspace is
                 // shared; the launch code that shares it is the same for both split kernels): each
                 // gets the bits of its lone run.
