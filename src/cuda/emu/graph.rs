@@ -56,9 +56,6 @@ struct Capture {
     invalidated: Option<String>,
 }
 
-// SAFETY: a capture holds kernel handles (Send + Sync) and plain bytes.
-unsafe impl Send for Capture {}
-
 static CAPTURES: Mutex<Vec<Capture>> = Mutex::new(Vec::new());
 
 /// Starts capturing `stream`.

@@ -240,8 +240,9 @@ fn device(ordinal: i32) -> Result<Arc<CudaDevice>> {
     CudaDevice::shared(idx)
 }
 
-/// Loads every embedded module on device `ordinal` and resolves every kernel function of each
-/// (before a CUDA-graph capture: afterwards no launch of any family loads, JITs or compiles).
+/// Loads every embedded module on device `ordinal`, resolves every kernel function of each and
+/// reserves the split attention workspace ([`reserved_workspace_floats`]) — before a CUDA-graph
+/// capture: afterwards no launch of any family loads, JITs, compiles or allocates.
 pub fn preload(ordinal: i32) -> Result<()> {
     let dev = device(ordinal)?;
     dev.preload_all()?;
