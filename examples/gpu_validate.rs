@@ -132,10 +132,10 @@ fn print_decode_model(dev: &CudaDevice, bw: f64) {
              → {bps} block(s)/SM; {bw:.0} GB/s measured copy, {tflops} TFLOP/s datasheet bf16):",
             dev.sm_count()
         );
-        println!("  batch context  chunk splits blocks SMs  waves   MB      GFLOP  roofline µs  SM-coverage floor µs");
+        println!("  batch context  chunk splits blocks SMs  waves   MB  partials MB  GFLOP  roofline µs  plan floor µs");
         for r in decode_table(dev.sm_count(), (kernel.heads_per_block(), bps), bw, tflops) {
             println!(
-                "  {:>5} {:>7} {:>6} {:>6} {:>6} {:>4} {:>6} {:>7.2} {:>7.2} {:>11.2} {:>11.2}",
+                "  {:>5} {:>7} {:>6} {:>6} {:>6} {:>4} {:>6} {:>7.2} {:>9.2} {:>7.2} {:>11.2} {:>11.2}",
                 r.tokens,
                 if r.context >= 1 << 20 {
                     "1M".to_string()
@@ -148,6 +148,7 @@ fn print_decode_model(dev: &CudaDevice, bw: f64) {
                 r.sms_covered,
                 r.waves,
                 r.bytes / 1e6,
+                r.partial_bytes / 1e6,
                 r.flops / 1e9,
                 r.roofline_us,
                 r.coverage_floor_us

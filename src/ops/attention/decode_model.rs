@@ -61,14 +61,18 @@ pub struct ModelRow {
     pub blocks_per_sm: u32,
     /// Waves of the split kernel.
     pub waves: usize,
-    /// Bytes the batch must move: records, q, out, lists, lse, and the partials when split.
+    /// Bytes the batch must move, whatever the kernel: records, q, out, lists, lse.
     pub bytes: f64,
+    /// Bytes the split plan adds: its f32 partials written and read by the combine pass (0
+    /// unsplit), counted as DRAM traffic.
+    pub partial_bytes: f64,
     /// Tensor FLOPs: 2 × heads × keys × (512 + 512) per token.
     pub flops: f64,
-    /// Roofline floor, µs: max(bytes / bandwidth, FLOPs / matmul rate).
+    /// Roofline floor, µs: max(bytes / bandwidth, FLOPs / matmul rate) — the same for every
+    /// kernel, and the one the GPU check measures a kernel against.
     pub roofline_us: f64,
-    /// The floor when only the covered SMs compute: max(bytes / bandwidth,
-    /// FLOPs / (rate × covered / SMs)).
+    /// The plan's own floor: its partials moved too, and only the covered SMs computing:
+    /// max((bytes + partial_bytes) / bandwidth, FLOPs / (rate × covered / SMs)).
     pub coverage_floor_us: f64,
 }
 
@@ -105,7 +109,8 @@ pub fn model_row(
     let qo = 2.0 * (padded_heads * KV_DIM * 2) as f64;
     let lists = ((km + ks) * 4 + 8 + heads * 4) as f64;
     let partials = 2.0 * 4.0 * plan.workspace_floats(1, padded_heads, KV_DIM) as f64;
-    let bytes = t * (records + qo + lists + partials);
+    let bytes = t * (records + qo + lists);
+    let partial_bytes = t * partials;
     let flops = t * 2.0 * heads as f64 * (km + ks) as f64 * (2 * KV_DIM) as f64;
     let mem_us = bytes / (bandwidth_gbs * 1e3);
     let cmp_us = flops / (tflops * 1e6);
@@ -119,9 +124,11 @@ pub fn model_row(
         blocks_per_sm,
         waves: blocks.div_ceil(slots),
         bytes,
+        partial_bytes,
         flops,
         roofline_us: mem_us.max(cmp_us),
-        coverage_floor_us: mem_us.max(cmp_us * sm_count as f64 / covered.max(1) as f64),
+        coverage_floor_us: ((bytes + partial_bytes) / (bandwidth_gbs * 1e3))
+            .max(cmp_us * sm_count as f64 / covered.max(1) as f64),
     }
 }
 
@@ -186,6 +193,11 @@ mod tests {
             128.0 * (215_040.0 + 131_072.0 + (640 * 4 + 8 + 256) as f64)
         );
         assert!(r(1).coverage_floor_us >= r(1).roofline_us);
+        // Split in four: the same least bytes per token as unsplit, the partials apart (four
+        // chunks of 64 heads × 514 f32, written and read).
+        assert_eq!(r(1).bytes / 32.0, r(2).bytes / 128.0);
+        assert_eq!(r(1).partial_bytes, 32.0 * 4.0 * 64.0 * 514.0 * 4.0 * 2.0);
+        assert_eq!(r(2).partial_bytes, 0.0);
         for i in 0..3 {
             assert_eq!(rows[i].bytes, rows[i + 3].bytes, "context changes no work");
         }
