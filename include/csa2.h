@@ -143,9 +143,6 @@ typedef enum {
   CSA2_REPLAY_OFF = 2,
 } Csa2ReplayMode;
 
-// Graph instantiation flags (accepted, ignored), cudarc's newtype with its constants.
-typedef struct CUgraphInstantiate_flags CUgraphInstantiate_flags;
-
 // Opaque KV cache manager handle (paged block pool, block tables, prefix index). Free with
 // [`csa2_cache_free`]. Internally locked: see the module docs for what may run concurrently.
 typedef struct Csa2Cache Csa2Cache;
@@ -1044,9 +1041,10 @@ Csa2Status csa2_attention_pools(const Csa2AttentionPoolsArgs *args);
 // every op family and reserves the split attention kernel's workspace (`4 waves × SMs × 64 heads
 // × 514` f32: 69.5 MB on 132 SMs). Call it before capturing a CUDA graph: no launch afterwards
 // loads, JITs, compiles or allocates (a split launch captured without it is refused with
-// `CSA2_ERR_INVALID_ARGUMENT`, never run on another plan). `CSA2_ERR_NO_CUDA_BUILD` without the `cuda` feature; `CSA2_ERR_UNSUPPORTED` without
-// a driver or device; `CSA2_ERR_CUDA_MODULE` when this GPU cannot load the kernels (the message
-// says what was tried) — a GPU machine must not fall back to the host on that one.
+// `CSA2_ERR_INVALID_ARGUMENT`, never run on another plan). `CSA2_ERR_NO_CUDA_BUILD` without the
+// `cuda` feature; `CSA2_ERR_UNSUPPORTED` without a driver or device; `CSA2_ERR_CUDA_MODULE` when
+// this GPU cannot load the kernels (the message says what was tried) — a GPU machine must not
+// fall back to the host on that one.
 Csa2Status csa2_cuda_preload(int32_t ordinal);
 
 // Creates a KV cache manager for geometry `g` with KV layout `layout` (a `Csa2KvLayout`),

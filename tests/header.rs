@@ -24,3 +24,24 @@ fn header_is_up_to_date() {
          CSA2_BLESS=1 cargo test --test suite header::\nand commit the result."
     );
 }
+
+/// Every type the header declares is csa2's own (`Csa2…`): a C or C++ file includes it beside
+/// `<cuda.h>` and `dlpack.h`, so a driver or DLPack name declared here again would not compile
+/// there (the emulated device's `CUgraphInstantiate_flags` once leaked into it).
+#[test]
+fn header_declares_only_csa2_names() {
+    let text = std::fs::read_to_string(format!("{}/include/csa2.h", crate::REPO_ROOT)).unwrap();
+    let foreign: Vec<&str> = text
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_end();
+            if let Some(rest) = l.strip_prefix("} ") {
+                return rest.strip_suffix(';');
+            }
+            let rest = l.strip_prefix("typedef ")?.strip_suffix(';')?;
+            rest.rsplit(' ').next()
+        })
+        .filter(|name| !name.starts_with("Csa2"))
+        .collect();
+    assert!(foreign.is_empty(), "types that are not csa2's: {foreign:?}");
+}

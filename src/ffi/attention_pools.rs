@@ -457,9 +457,10 @@ fn run_cuda(_c: &Checked, _stream: u64) -> Result<()> {
 /// every op family and reserves the split attention kernel's workspace (`4 waves × SMs × 64 heads
 /// × 514` f32: 69.5 MB on 132 SMs). Call it before capturing a CUDA graph: no launch afterwards
 /// loads, JITs, compiles or allocates (a split launch captured without it is refused with
-/// `CSA2_ERR_INVALID_ARGUMENT`, never run on another plan). `CSA2_ERR_NO_CUDA_BUILD` without the `cuda` feature; `CSA2_ERR_UNSUPPORTED` without
-/// a driver or device; `CSA2_ERR_CUDA_MODULE` when this GPU cannot load the kernels (the message
-/// says what was tried) — a GPU machine must not fall back to the host on that one.
+/// `CSA2_ERR_INVALID_ARGUMENT`, never run on another plan). `CSA2_ERR_NO_CUDA_BUILD` without the
+/// `cuda` feature; `CSA2_ERR_UNSUPPORTED` without a driver or device; `CSA2_ERR_CUDA_MODULE` when
+/// this GPU cannot load the kernels (the message says what was tried) — a GPU machine must not
+/// fall back to the host on that one.
 #[no_mangle]
 pub extern "C" fn csa2_cuda_preload(ordinal: i32) -> Csa2Status {
     guarded("csa2_cuda_preload", || preload(ordinal))
@@ -895,7 +896,13 @@ mod tests {
                     std::ptr::copy_nonoverlapping(nl.as_ptr(), slp, t);
                 }
             }
-            graph.launch().unwrap();
+            {
+                // A replay's split and combine pair shares the device's workspace as an eager
+                // launch pair does: the other tests' split launches wait, as they wait for eager
+                // pairs.
+                let _pair = dev.split_launch_lock();
+                graph.launch().unwrap();
+            }
             let replayed = read();
             assert!(replayed.0.iter().any(|v| v.to_f32() != 9.0));
             assert_eq!(run(&args), Csa2Status::Csa2Ok, "{}", last_error());
@@ -939,9 +946,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("INVALIDATED") && e.contains("cuMemAlloc"), "{e}");
-        let more = dev.attention_workspace_len() + 1;
+        // More than any buffer of the device (whose size other tests may grow meanwhile).
         let e = dev
-            .attention_workspace(more, false)
+            .attention_workspace(1 << 40, false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("csa2_cuda_preload"), "{e}");

@@ -10,7 +10,9 @@
 //! fail with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidate the capture, and
 //! `end_capture` then fails with `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` naming the first such
 //! call. (The driver applies `GLOBAL` to every thread; the emulator checks the capturing thread
-//! only, so tests running beside a capture are not affected.) `RELAXED` refuses nothing.
+//! only, so tests running beside a capture are not affected. It is stricter than the driver on
+//! stream-ordered allocation, which cudarc uses where available and a capture may hold as graph
+//! memory nodes: csa2's calls must allocate nothing at all.) `RELAXED` refuses nothing.
 //! `CudaGraph::launch` replays the recorded operations in order against the same addresses.
 
 use super::{sys, CudaFunction, CudaStream, DriverError, LaunchConfig};
@@ -149,10 +151,12 @@ pub(super) fn refuse(op: &str, stream: Option<usize>) -> Result<(), DriverError>
     }
 }
 
-/// A captured stream's work, replayable (cudarc's `CudaGraph`).
+/// A captured stream's work, replayable (cudarc's `CudaGraph`; neither `Send` nor `Sync`, as
+/// cudarc's is not).
 pub struct CudaGraph {
     nodes: Vec<Node>,
     _stream: Arc<CudaStream>,
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl std::fmt::Debug for CudaGraph {
@@ -166,6 +170,7 @@ impl CudaGraph {
         CudaGraph {
             nodes,
             _stream: stream,
+            _not_send: std::marker::PhantomData,
         }
     }
     /// Replays the recorded operations in order.

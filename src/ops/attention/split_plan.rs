@@ -30,7 +30,7 @@ pub const MAX_SPLITS: usize = 65_535;
 /// one workspace reserved per device when its kernels load ([`split_workspace_floats`]) and no
 /// launch ever allocates — also while its stream is being captured in a CUDA graph. Four waves
 /// cost at most 16 % of the modeled time over an unbounded plan (lists of 640 keys, batches
-/// 1–2,048, 132 SMs; the worst is batch 265, which splits in three instead of five).
+/// 1–2,048, 132 SMs; the worst is batch 265, which runs unsplit instead of in four chunks).
 pub const MAX_SPLIT_WAVES: usize = 4;
 
 /// One launch's cut of every token's keys.
