@@ -332,7 +332,7 @@ pub(crate) fn attention_pools_launch(c: &Checked, stream: u64) -> Result<()> {
             err: addr_opt(&c.error),
         },
         stream,
-        PoolsKernel::from_env(),
+        PoolsKernel::from_env()?,
     )
 }
 
@@ -350,7 +350,7 @@ pub(crate) fn attention_indexed_rows(
     out: &mut TensorViewMut<'_>,
     lse: &mut TensorViewMut<'_>,
 ) -> Result<()> {
-    attention_indexed_rows_with(PoolsKernel::from_env(), p, a, stream, out, lse)
+    attention_indexed_rows_with(PoolsKernel::from_env()?, p, a, stream, out, lse)
 }
 
 /// [`attention_indexed_rows`] with the kernel named.
@@ -466,14 +466,27 @@ impl PoolsKernel {
     ];
 
     /// The kernel the entries run: `CSA2_ATTENTION_KERNEL=simt` the reference kernel, `=mma` the
-    /// unsplit tensor-core kernel, `=split-h32` the split kernel on 32-head blocks, anything else,
-    /// or unset, the split kernel. Read per call (no device work), so one process can compare them.
-    pub fn from_env() -> PoolsKernel {
-        match std::env::var("CSA2_ATTENTION_KERNEL").ok().as_deref() {
-            Some("simt") => PoolsKernel::Simt,
-            Some("mma") => PoolsKernel::Mma,
-            Some("split-h32") => PoolsKernel::SplitH32,
-            _ => PoolsKernel::Split,
+    /// unsplit tensor-core kernel, `=split` (or unset, or empty) the split kernel, `=split-h32`
+    /// the split kernel on 32-head blocks. Read per call (no device work), so one process can
+    /// compare them.
+    ///
+    /// Errors: [`Error::Invalid`] for any other value (a misspelt name must not run the default
+    /// kernel silently).
+    pub fn from_env() -> Result<PoolsKernel> {
+        PoolsKernel::from_setting(std::env::var("CSA2_ATTENTION_KERNEL").ok().as_deref())
+    }
+
+    /// The kernel a `CSA2_ATTENTION_KERNEL` value names (`None`: unset); see [`Self::from_env`].
+    pub fn from_setting(v: Option<&str>) -> Result<PoolsKernel> {
+        match v {
+            None | Some("") | Some("split") => Ok(PoolsKernel::Split),
+            Some("simt") => Ok(PoolsKernel::Simt),
+            Some("mma") => Ok(PoolsKernel::Mma),
+            Some("split-h32") => Ok(PoolsKernel::SplitH32),
+            Some(o) => Err(Error::invalid(
+                "CSA2_ATTENTION_KERNEL",
+                format!("`{o}` is not one of simt, mma, split, split-h32"),
+            )),
         }
     }
 
@@ -696,6 +709,24 @@ mod tests {
         }
     }
 
+    /// `CSA2_ATTENTION_KERNEL` names one of the four kernels; unset or empty is the split kernel,
+    /// and any other value is an error naming the choices (a misspelt name used to run the
+    /// default kernel without a word).
+    #[test]
+    fn cuda_kernel_setting_names_a_kernel_or_is_an_error() {
+        let k = PoolsKernel::from_setting;
+        assert_eq!(k(None).unwrap(), PoolsKernel::Split);
+        assert_eq!(k(Some("")).unwrap(), PoolsKernel::Split);
+        assert_eq!(k(Some("split")).unwrap(), PoolsKernel::Split);
+        assert_eq!(k(Some("simt")).unwrap(), PoolsKernel::Simt);
+        assert_eq!(k(Some("mma")).unwrap(), PoolsKernel::Mma);
+        assert_eq!(k(Some("split-h32")).unwrap(), PoolsKernel::SplitH32);
+        for bad in ["splitt", "SPLIT", "h32", "split_h32"] {
+            let e = k(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains(bad) && e.contains("split-h32"), "{e}");
+        }
+    }
+
     /// More rows than `gridDim.y` allows is a typed error before anything is read or launched
     /// (the views below point at no memory).
     #[test]
@@ -869,7 +900,7 @@ mod tests {
             dev.test_view_mut(&dlse, &[t, h]),
         );
         // The default kernel through the view entry, the others through the same launch named.
-        if kernel == PoolsKernel::from_env() {
+        if kernel == PoolsKernel::from_env().unwrap() {
             attention_indexed_view(&p, &views, 0, &mut o, &mut l)
         } else {
             attention_indexed_rows_with(kernel, &p, &views, 0, &mut o, &mut l)
