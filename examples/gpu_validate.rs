@@ -2,8 +2,11 @@
 //! then timed (CUDA events, 3 warm-ups, median of N) beside the device's measured copy bandwidth.
 //!
 //! Run through `tests/gpu/validate.sh` (it builds this with `--features cuda` and keeps the log);
-//! directly: `cargo run --release --features cuda --example gpu_validate -- [--iters N] [--seed S]`.
-//! Exit status 0 only when every check passed; 2 when there is no GPU.
+//! directly: `cargo run --release --features cuda --example gpu_validate -- [--iters N] [--seed S]
+//! [--small] [--model-json PATH]`. `--model-json` also writes the split kernels' decode model
+//! (blocks, SMs covered, blocks per SM from this build's ptxas figures, waves, bytes, partials,
+//! FLOPs per batch and context) for `tests/gpu/check_attention.py --model`, which prints it beside
+//! its measured times. Exit status 0 only when every check passed; 2 when there is no GPU.
 
 #[path = "../tests/cuda_support/mod.rs"]
 mod cuda_support;
@@ -18,14 +21,19 @@ fn main() {
         .map(|d| d.as_secs())
         .unwrap_or(1);
     let mut small = false;
+    let mut model_json: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--iters" => iters = args.next().and_then(|v| v.parse().ok()).expect("--iters N"),
             "--seed" => seed = args.next().and_then(|v| v.parse().ok()).expect("--seed S"),
             "--small" => small = true,
+            "--model-json" => model_json = Some(args.next().expect("--model-json PATH")),
             other => {
-                eprintln!("unknown argument {other}; usage: gpu_validate [--iters N] [--seed S] [--small]");
+                eprintln!(
+                    "unknown argument {other}; usage: gpu_validate [--iters N] [--seed S] \
+                     [--small] [--model-json PATH]"
+                );
                 std::process::exit(64);
             }
         }
@@ -66,7 +74,15 @@ fn main() {
         }
     };
     println!("measured device copy bandwidth (read + write, 1 GiB memcpy D2D): {bw:.0} GB/s\n");
-    print_decode_model(&dev, bw);
+    let model = print_decode_model(&dev, bw);
+    if let Some(path) = &model_json {
+        let text = serde_json::to_string_pretty(&model).expect("plain JSON values");
+        if let Err(e) = std::fs::write(path, text) {
+            println!("FAIL: writing {path}: {e}");
+            std::process::exit(1);
+        }
+        println!("decode model written to {path}\n");
+    }
 
     let size = Size {
         large: !small,
@@ -110,9 +126,12 @@ fn main() {
 /// The split attention kernel's performance model for this device (modeled, not measured): blocks
 /// per SM from this build's ptxas figures, the SM count from the driver, the roofline from the
 /// copy bandwidth measured above and the bf16 dense tensor rate of the datasheet (989 TFLOP/s on
-/// H100 SXM / H200; no matmul is timed here yet). The measured column comes from the attention
-/// timing below.
-fn print_decode_model(dev: &CudaDevice, bw: f64) {
+/// H100 SXM / H200; no matmul is timed here). The measured times are `tests/gpu/check_attention.py`'s,
+/// which prints this model beside them (`--model`, from `--model-json`) with the roofline from its
+/// own measured copy and matmul. Returns the model as JSON: the device's SM count and, per split kernel (by its
+/// `CSA2_ATTENTION_KERNEL` name), its ptxas figures, blocks per SM and rows.
+fn print_decode_model(dev: &CudaDevice, bw: f64) -> serde_json::Value {
+    let mut kernels = serde_json::Map::new();
     use csa2::ops::attention::cuda::PoolsKernel;
     use csa2::ops::attention::decode_model::{blocks_per_sm, decode_table, HOPPER};
     let arch = dev.arch().unwrap_or("sm_90a");
@@ -133,7 +152,29 @@ fn print_decode_model(dev: &CudaDevice, bw: f64) {
             dev.sm_count()
         );
         println!("  batch context  chunk splits blocks SMs  waves   MB  partials MB  GFLOP  roofline µs  plan floor µs");
-        for r in decode_table(dev.sm_count(), (kernel.heads_per_block(), bps), bw, tflops) {
+        let rows = decode_table(dev.sm_count(), (kernel.heads_per_block(), bps), bw, tflops);
+        kernels.insert(
+            kernel.setting().to_string(),
+            serde_json::json!({
+                "entry": name,
+                "registers": regs,
+                "shared_bytes": smem,
+                "blocks_per_sm": bps,
+                "rows": rows.iter().map(|r| serde_json::json!({
+                    "batch": r.tokens,
+                    "context": r.context,
+                    "chunk_keys": r.plan.chunk_keys,
+                    "splits": r.plan.splits,
+                    "blocks": r.blocks,
+                    "sms_covered": r.sms_covered,
+                    "waves": r.waves,
+                    "bytes": r.bytes,
+                    "partial_bytes": r.partial_bytes,
+                    "flops": r.flops,
+                })).collect::<Vec<_>>(),
+            }),
+        );
+        for r in rows {
             println!(
                 "  {:>5} {:>7} {:>6} {:>6} {:>6} {:>4} {:>6} {:>7.2} {:>9.2} {:>7.2} {:>11.2} {:>11.2}",
                 r.tokens,
@@ -156,4 +197,11 @@ fn print_decode_model(dev: &CudaDevice, bw: f64) {
         }
         println!();
     }
+    serde_json::json!({
+        "device": dev.name(),
+        "sm_count": dev.sm_count(),
+        "arch": arch,
+        "copy_GBps": bw,
+        "kernels": kernels,
+    })
 }

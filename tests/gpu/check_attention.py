@@ -397,9 +397,39 @@ def timing(kind, device, rng_np, rng, bw, tf, results, contexts, batches, iters)
     return rows
 
 
+#: The split kernels' decode model written by ``gpu_validate --model-json`` (``--model``): blocks,
+#: SMs covered and blocks per SM from the build's ptxas figures, per kernel, batch and context.
+MODEL = None
+
+
+def model_of(kern, context, batch, moved, flops, bw, tf):
+    """The model's row for this kernel and shape beside a measurement, or None: its launch shape
+    and the plan's floor from this run's figures — the row's bytes plus the split's partials at
+    the copy bandwidth, or the FLOPs at the matmul rate on the covered SMs only."""
+    k = (MODEL or {}).get("kernels", {}).get(kern)
+    row = next((r for r in (k or {}).get("rows", [])
+                if r["batch"] == batch and r["context"] == context), None)
+    if row is None:
+        return None
+    sms = MODEL["sm_count"]
+    floor = max((moved + row["partial_bytes"]) / (bw * 1e9),
+                flops / (tf * 1e12) * sms / max(1, row["sms_covered"])) * 1e6
+    return {"blocks": row["blocks"], "sms_covered": row["sms_covered"], "sm_count": sms,
+            "blocks_per_sm": k["blocks_per_sm"], "splits": row["splits"], "waves": row["waves"],
+            "partial_MB": row["partial_bytes"] / 1e6, "plan_floor_us": floor}
+
+
+def model_text(m):
+    return ("" if m is None else
+            f"  | model: {m['splits']} split(s), {m['blocks']} blocks on {m['sms_covered']}/"
+            f"{m['sm_count']} SMs, {m['blocks_per_sm']}/SM, {m['waves']} wave(s), partials "
+            f"{m['partial_MB']:.2f} MB, plan floor {m['plan_floor_us']:.1f} µs")
+
+
 def row_of(kind, kern, context, batch, us, ref_us, slabs, bw, tf):
     """One timing row: bytes moved = the listed records + q + out + the two slot lists; FLOPs =
-    QKᵀ and PV over the 640 rows of each token for 64 heads."""
+    QKᵀ and PV over the 640 rows of each token for 64 heads; with ``--model``, the split kernels'
+    modeled launch shape and plan floor beside it."""
     rows_per_tok = TOPK + WINDOW
     moved = batch * (TOPK * slabs.main_w + WINDOW * slabs.swa_w + 2 * 64 * 512 * 2
                      + rows_per_tok * 4)
@@ -409,10 +439,11 @@ def row_of(kind, kern, context, batch, us, ref_us, slabs, bw, tf):
     roof_us = max(moved / (bw * 1e9), flops / (tf * 1e12)) * 1e6
     row = {"kind": kind, "kernel": kern, "context": context, "batch": batch, "us": us,
            "GB/s": gbs, "TFLOP/s": tfs, "roofline_us": roof_us, "pct_roofline": 100 * roof_us / us,
-           "torch_ref_us": ref_us, "speedup_vs_torch": ref_us / us}
+           "torch_ref_us": ref_us, "speedup_vs_torch": ref_us / us,
+           "model": model_of(kern, context, batch, moved, flops, bw, tf)}
     log(f"   {kind:24s} {kern:4s} ctx {context:>8d} B {batch:>4d}: {us:9.1f} µs {gbs:8.1f} GB/s "
         f"{tfs:6.2f} TFLOP/s  roofline {roof_us:8.1f} µs ({100 * roof_us / us:5.1f} %)  "
-        f"torch ref {ref_us:9.1f} µs (×{ref_us / us:.1f})")
+        f"torch ref {ref_us:9.1f} µs (×{ref_us / us:.1f})" + model_text(row["model"]))
     return row
 
 
@@ -424,7 +455,27 @@ def main():
     ap.add_argument("--contexts", default="65536,1048576")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--model", help="the decode model gpu_validate --model-json wrote: printed "
+                                    "beside the split kernels' timing rows")
     args = ap.parse_args()
+    global MODEL
+    if args.model:
+        try:
+            with open(args.model) as f:
+                MODEL = json.load(f)
+            names = ", ".join(MODEL["kernels"]) or "none (no ptxas figures in that build)"
+            log(f"== decode model from {args.model}: {MODEL['sm_count']} SMs, kernels {names}")
+        except (OSError, ValueError, KeyError) as e:
+            log(f"SETUP ERROR: the decode model {args.model}: {e}")
+            return 2
+        if args.dry_run:
+            # The join on the CPU: each modeled row beside its own bytes at the model's copy
+            # bandwidth and the datasheet matmul rate (a GPU run uses its measured figures).
+            for kern, k in MODEL["kernels"].items():
+                for r in k["rows"]:
+                    m = model_of(kern, r["context"], r["batch"], r["bytes"], r["flops"],
+                                 MODEL["copy_GBps"], 989.0)
+                    log(f"   {kern:9s} ctx {r['context']:>8d} B {r['batch']:>4d}" + model_text(m))
     t_start = time.time()
     results = []
     rng_np = np.random.default_rng(15)

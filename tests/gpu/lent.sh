@@ -56,13 +56,19 @@ step() { # name timeout command...
 export CSA2_LIB="$bin/libcsa2.so"
 step unit 90 "$bin/csa2_lib" cuda:: --test-threads=1
 step suite 90 "$bin/suite" cuda:: --nocapture --test-threads=1
-step validate_small 45 "$bin/gpu_validate" --small --iters 3 --seed 17
+step validate_small 45 "$bin/gpu_validate" --small --iters 3 --seed 17 \
+    --model-json "$out/decode_model.json"
+# The split kernels' decode model (this build's ptxas figures, this GPU's SM count) beside the
+# attention timings, when gpu_validate got as far as writing it.
+model=()
+[ -s "$out/decode_model.json" ] && model=(--model "$out/decode_model.json")
 if [ "$mode" = quick ]; then
     step attention 120 python3 tests/gpu/check_attention.py --contexts 65536 --iters 10 \
-        --json "$out/attention.json"
+        "${model[@]}" --json "$out/attention.json"
     step shim_route 120 python3 tests/gpu/check_shim_route.py --json "$out/shim_route.json"
 else
-    step attention 150 python3 tests/gpu/check_attention.py --iters 20 --json "$out/attention.json"
+    step attention 150 python3 tests/gpu/check_attention.py --iters 20 "${model[@]}" \
+        --json "$out/attention.json"
     step shim_route 120 python3 tests/gpu/check_shim_route.py --json "$out/shim_route.json"
     step validate_large 150 "$bin/gpu_validate" --iters 20 --seed 18
     step loads 60 bash -c 'for p in ptx compat nvrtc; do echo "== CSA2_CUDA_LOAD=$p";

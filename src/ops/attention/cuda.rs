@@ -479,14 +479,27 @@ impl PoolsKernel {
     /// The kernel a `CSA2_ATTENTION_KERNEL` value names (`None`: unset); see [`Self::from_env`].
     pub fn from_setting(v: Option<&str>) -> Result<PoolsKernel> {
         match v {
-            None | Some("") | Some("split") => Ok(PoolsKernel::Split),
-            Some("simt") => Ok(PoolsKernel::Simt),
-            Some("mma") => Ok(PoolsKernel::Mma),
-            Some("split-h32") => Ok(PoolsKernel::SplitH32),
-            Some(o) => Err(Error::invalid(
-                "CSA2_ATTENTION_KERNEL",
-                format!("`{o}` is not one of simt, mma, split, split-h32"),
-            )),
+            None | Some("") => Ok(PoolsKernel::Split),
+            Some(s) => PoolsKernel::ALL
+                .into_iter()
+                .find(|k| k.setting() == s)
+                .ok_or_else(|| {
+                    let names: Vec<&str> = PoolsKernel::ALL.iter().map(|k| k.setting()).collect();
+                    Error::invalid(
+                        "CSA2_ATTENTION_KERNEL",
+                        format!("`{s}` is not one of {}", names.join(", ")),
+                    )
+                }),
+        }
+    }
+
+    /// The kernel's `CSA2_ATTENTION_KERNEL` value ([`Self::from_setting`]'s inverse).
+    pub fn setting(self) -> &'static str {
+        match self {
+            PoolsKernel::Simt => "simt",
+            PoolsKernel::Mma => "mma",
+            PoolsKernel::Split => "split",
+            PoolsKernel::SplitH32 => "split-h32",
         }
     }
 
@@ -721,6 +734,9 @@ mod tests {
         assert_eq!(k(Some("simt")).unwrap(), PoolsKernel::Simt);
         assert_eq!(k(Some("mma")).unwrap(), PoolsKernel::Mma);
         assert_eq!(k(Some("split-h32")).unwrap(), PoolsKernel::SplitH32);
+        for kernel in PoolsKernel::ALL {
+            assert_eq!(k(Some(kernel.setting())).unwrap(), kernel);
+        }
         for bad in ["splitt", "SPLIT", "h32", "split_h32"] {
             let e = k(Some(bad)).unwrap_err().to_string();
             assert!(e.contains(bad) && e.contains("split-h32"), "{e}");
