@@ -496,6 +496,37 @@ mod tests {
         host_tensor(data.as_mut_ptr().cast(), code, bits, shape, strides)
     }
 
+    /// The arguments of an SWA-only call on an MXFP8 interleaved pool, no error record, stream 0:
+    /// `[q, swa pool, swa_idx, swa_len, main_idx (no columns), sink, out, lse]` and the heads.
+    fn swa_only_args(t: [&DLTensor; 8], heads: usize) -> Csa2AttentionPoolsArgs {
+        let [q, swa, swa_idx, swa_len, main_idx, sink, out, lse] = t;
+        Csa2AttentionPoolsArgs {
+            struct_size: std::mem::size_of::<Csa2AttentionPoolsArgs>(),
+            q,
+            main: Csa2Pool {
+                tensor: std::ptr::null(),
+                format: 0,
+                layout: 0,
+            },
+            main_idx,
+            main_len: std::ptr::null(),
+            swa: Csa2Pool {
+                tensor: swa,
+                format: 2,
+                layout: 0,
+            },
+            swa_idx,
+            swa_len,
+            sink,
+            heads: heads as u32,
+            scale: 0.0,
+            out,
+            lse,
+            error: std::ptr::null(),
+            stream: 0,
+        }
+    }
+
     /// `csa2_cuda_preload` resolves every kernel function of every family on the one device
     /// registry the launches use (it used to fill a registry of the attention family only, so the
     /// indexer's, top-k's and candidates' first launch loaded its module — inside a graph capture
@@ -600,31 +631,7 @@ mod tests {
         let mid = tensor(&mut midx, &mut sm, None, 0, 32);
         let od = tensor(&mut out, &mut so, None, 4, 16);
         let ld = tensor(&mut lse, &mut sle, None, K_DL_FLOAT, 32);
-        let args = Csa2AttentionPoolsArgs {
-            struct_size: std::mem::size_of::<Csa2AttentionPoolsArgs>(),
-            q: &qd,
-            main: Csa2Pool {
-                tensor: std::ptr::null(),
-                format: 0,
-                layout: 0,
-            },
-            main_idx: &mid,
-            main_len: std::ptr::null(),
-            swa: Csa2Pool {
-                tensor: &pd,
-                format: 2,
-                layout: 0,
-            },
-            swa_idx: &sid,
-            swa_len: &sld,
-            sink: &sinkd,
-            heads: h as u32,
-            scale: 0.0,
-            out: &od,
-            lse: &ld,
-            error: std::ptr::null(),
-            stream: 0,
-        };
+        let args = swa_only_args([&qd, &pd, &sid, &sld, &mid, &sinkd, &od, &ld], h);
         let run = |a: &Csa2AttentionPoolsArgs| unsafe { csa2_attention_pools(a) };
         // Refusals first: nothing may be written.
         let small = Csa2AttentionPoolsArgs {
@@ -829,29 +836,9 @@ mod tests {
         let ed = cuda(tensor(&mut err, &mut se, None, 0, 32));
         let stream = dev.context().new_stream().unwrap();
         let args = Csa2AttentionPoolsArgs {
-            struct_size: std::mem::size_of::<Csa2AttentionPoolsArgs>(),
-            q: &qd,
-            main: Csa2Pool {
-                tensor: std::ptr::null(),
-                format: 0,
-                layout: 0,
-            },
-            main_idx: &mid,
-            main_len: std::ptr::null(),
-            swa: Csa2Pool {
-                tensor: &pd,
-                format: 2,
-                layout: 0,
-            },
-            swa_idx: &sid,
-            swa_len: &sld,
-            sink: &sinkd,
-            heads: h as u32,
-            scale: 0.0,
-            out: &od,
-            lse: &ld,
             error: &ed,
             stream: stream.cu_stream() as u64,
+            ..swa_only_args([&qd, &pd, &sid, &sld, &mid, &sinkd, &od, &ld], h)
         };
         // The buffers are read and written through the descriptors' pointers from here on.
         let (qp, sip, slp, op, lp) = (

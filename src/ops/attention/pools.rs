@@ -787,7 +787,7 @@ mod tests {
                     }
                 }
                 let what = format!("{kernel:?} kind {ki} hp {hp} plan {plan:?}");
-                let run = |range| {
+                let run_with = |range, plan| {
                     run_split(
                         kernel,
                         &q,
@@ -802,6 +802,7 @@ mod tests {
                         plan,
                     )
                 };
+                let run = |range| run_with(range, plan);
                 let (o, lse, err) = run(0..t);
                 assert_eq!(err, vec![2, 4, 2, bad.1], "{what}: the error record");
                 let mut live = Vec::with_capacity(t * h * KV_DIM);
@@ -858,19 +859,7 @@ mod tests {
                     chunk_keys: p.chunk_keys,
                     splits: p.splits + 2,
                 };
-                let w = run_split(
-                    kernel,
-                    &q,
-                    hp,
-                    h,
-                    &sink,
-                    main.as_ref(),
-                    &swa,
-                    &l,
-                    (km, ks),
-                    0..t,
-                    Some(wider),
-                );
+                let w = run_with(0..t, Some(wider));
                 assert_eq!(w.0, o, "{what}: {wider:?} changed the bits");
                 assert_eq!(lb(&w.1), lb(&lse), "{what}: {wider:?} changed the lse");
                 // Two host threads launching split batches on one stream at once (the workspace is
